@@ -1,0 +1,52 @@
+#include "rendezvous/log.h"
+
+#include <cstdlib>
+#include <mutex>
+
+#include <spdlog/sinks/stdout_sinks.h>
+
+namespace dtrun {
+namespace {
+
+std::mutex g_mu;
+spdlog::level::level_enum g_level = spdlog::level::info;
+bool g_level_set = false;
+
+}  // namespace
+
+std::shared_ptr<spdlog::logger> Logger(const std::string& name) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  if (auto existing = spdlog::get(name)) return existing;
+  if (!g_level_set) {
+    const char* env = std::getenv("DTRUN_LOG_LEVEL");
+    if (env && *env) {
+      auto level = spdlog::level::from_str(env);
+      if (level != spdlog::level::off || std::string(env) == "off") g_level = level;
+    }
+    g_level_set = true;
+  }
+  auto logger = std::make_shared<spdlog::logger>(
+      name, std::make_shared<spdlog::sinks::stderr_sink_mt>());
+  logger->set_pattern("[%Y-%m-%d %H:%M:%S.%e] [%l] [%n] %v");
+  logger->set_level(g_level);
+  logger->flush_on(spdlog::level::trace);
+  spdlog::register_logger(logger);
+  return logger;
+}
+
+bool SetLogLevel(const std::string& level) {
+  std::string name = level;
+  if (name.empty()) {
+    const char* env = std::getenv("DTRUN_LOG_LEVEL");
+    name = env && *env ? env : "info";
+  }
+  auto parsed = spdlog::level::from_str(name);
+  if (parsed == spdlog::level::off && name != "off") return false;
+  std::lock_guard<std::mutex> lock(g_mu);
+  g_level = parsed;
+  g_level_set = true;
+  spdlog::apply_all([parsed](std::shared_ptr<spdlog::logger> l) { l->set_level(parsed); });
+  return true;
+}
+
+}  // namespace dtrun

@@ -1,0 +1,113 @@
+#include "rendezvous/memory_store.h"
+
+#include <cstdio>
+
+#include "rendezvous/store_state.h"
+
+namespace dtrun::rdzv {
+
+std::string DescribeKeys(const std::vector<std::string>& keys) {
+  std::string out = "[";
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (i == 3 && keys.size() > 4) {
+      out += ", ... " + std::to_string(keys.size() - 3) + " more";
+      break;
+    }
+    out += (i ? ", " : "") + keys[i];
+  }
+  return out + "]";
+}
+
+std::string DescribeSeconds(std::chrono::nanoseconds d) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.2fs",
+                std::chrono::duration<double>(d).count());
+  return buf;
+}
+
+Status MemoryStore::Set(const std::string& key, std::string_view value) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    data_[key] = std::string(value);
+  }
+  changed_.notify_all();
+  return Status::Ok();
+}
+
+Result<std::string> MemoryStore::Get(const std::string& key) {
+  Status s = Wait({key}, timeout_);
+  if (!s.ok()) return s;
+  std::lock_guard<std::mutex> lock(mu_);
+  return data_[key];
+}
+
+Result<int64_t> MemoryStore::Add(const std::string& key, int64_t delta) {
+  int64_t value = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = data_.find(key);
+    if (it != data_.end() && !ParseCounter(it->second, &value)) {
+      return Status::Invalid("add to key '" + key +
+                             "': value is not a decimal integer");
+    }
+    value += delta;
+    data_[key] = std::to_string(value);
+  }
+  changed_.notify_all();
+  return value;
+}
+
+Result<std::string> MemoryStore::CompareSet(const std::string& key,
+                                            std::string_view expected,
+                                            std::string_view desired) {
+  std::string result;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = data_.find(key);
+    if (it == data_.end()) {
+      if (expected.empty()) data_[key] = std::string(desired);
+      result = std::string(expected.empty() ? desired : expected);
+    } else if (it->second == expected) {
+      it->second = std::string(desired);
+      result = it->second;
+    } else {
+      result = it->second;
+    }
+  }
+  changed_.notify_all();
+  return result;
+}
+
+bool MemoryStore::AllExist(const std::vector<std::string>& keys) const {
+  for (const auto& k : keys) {
+    if (!data_.count(k)) return false;
+  }
+  return true;
+}
+
+Result<bool> MemoryStore::Check(const std::vector<std::string>& keys) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return AllExist(keys);
+}
+
+Status MemoryStore::Wait(const std::vector<std::string>& keys,
+                         std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (changed_.wait_for(lock, timeout, [&] { return AllExist(keys); })) {
+    return Status::Ok();
+  }
+  return Status::Timeout("memory store: wait for keys " + DescribeKeys(keys) +
+                         " timed out after " + DescribeSeconds(timeout));
+}
+
+Result<bool> MemoryStore::DeleteKey(const std::string& key) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return data_.erase(key) == 1;
+}
+
+Result<int64_t> MemoryStore::NumKeys() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return static_cast<int64_t>(data_.size());
+}
+
+}  // namespace dtrun::rdzv

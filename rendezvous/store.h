@@ -1,0 +1,45 @@
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "rendezvous/status.h"
+
+namespace dtrun::rdzv {
+
+// A c10d-style key-value store: values are bytes, ADD keeps a decimal
+// string, WAIT returns once every key exists. Implementations are
+// thread-safe; calls on one object are serialized.
+class Store {
+ public:
+  virtual ~Store() = default;
+
+  virtual Status Set(const std::string& key, std::string_view value) = 0;
+  // Waits up to timeout() for `key` to exist, then returns its value.
+  virtual Result<std::string> Get(const std::string& key) = 0;
+  // Adds `delta` to the counter at `key` (missing = 0); returns the new value.
+  virtual Result<int64_t> Add(const std::string& key, int64_t delta) = 0;
+  // Sets `key` to `desired` if its value is `expected` (or if it is missing
+  // and `expected` is empty). Returns the value the key holds afterwards
+  // (c10d quirk: `expected` when missing and `expected` is non-empty).
+  virtual Result<std::string> CompareSet(const std::string& key,
+                                         std::string_view expected,
+                                         std::string_view desired) = 0;
+  // True iff every key exists. Never blocks on the keys.
+  virtual Result<bool> Check(const std::vector<std::string>& keys) = 0;
+  // Blocks until every key exists; Status::Timeout after `timeout`.
+  virtual Status Wait(const std::vector<std::string>& keys,
+                      std::chrono::milliseconds timeout) = 0;
+  // True if the key existed.
+  virtual Result<bool> DeleteKey(const std::string& key) = 0;
+  virtual Result<int64_t> NumKeys() = 0;
+  // Default timeout of Get and of Wait(keys).
+  virtual std::chrono::milliseconds timeout() const = 0;
+
+  Status Wait(const std::vector<std::string>& keys) { return Wait(keys, timeout()); }
+};
+
+}  // namespace dtrun::rdzv

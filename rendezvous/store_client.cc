@@ -1,0 +1,393 @@
+#include "rendezvous/store_client.h"
+
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <random>
+#include <thread>
+
+#include "rendezvous/memory_store.h"
+
+namespace dtrun::rdzv {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+int MillisUntil(Clock::time_point deadline) {
+  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+  if (left.count() <= 0) return 0;
+  return left.count() > 1000000 ? 1000000 : static_cast<int>(left.count()) + 1;
+}
+
+// Waits for `events` on fd; false on timeout. EINTR restarts with the
+// remaining time.
+bool PollFor(int fd, short events, Clock::time_point deadline) {
+  for (;;) {
+    pollfd p{fd, events, 0};
+    int ms = MillisUntil(deadline);
+    int r = ::poll(&p, 1, ms);
+    if (r > 0) return true;
+    if (r == 0 && Clock::now() >= deadline) return false;
+    if (r < 0 && errno != EINTR) return true;  // let the next call report it
+  }
+}
+
+// One non-blocking connect attempt to one resolved address.
+int TryConnect(const addrinfo* ai, Clock::time_point deadline, std::string* error) {
+  int fd = ::socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC,
+                    ai->ai_protocol);
+  if (fd < 0) {
+    *error = std::strerror(errno);
+    return -1;
+  }
+  int rc = ::connect(fd, ai->ai_addr, ai->ai_addrlen);
+  if (rc != 0 && errno == EINPROGRESS) {
+    if (!PollFor(fd, POLLOUT, deadline)) {
+      *error = "connect timed out";
+      ::close(fd);
+      return -1;
+    }
+    int err = 0;
+    socklen_t len = sizeof(err);
+    ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
+    rc = err == 0 ? 0 : -1;
+    errno = err;
+  }
+  if (rc != 0) {
+    *error = std::strerror(errno);
+    ::close(fd);
+    return -1;
+  }
+  int one = 1;
+  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  return fd;
+}
+
+}  // namespace
+
+Result<std::unique_ptr<TcpStoreClient>> TcpStoreClient::Connect(
+    const StoreClientOptions& opts) {
+  std::unique_ptr<TcpStoreClient> client(new TcpStoreClient(opts));
+  std::lock_guard<std::mutex> lock(client->mu_);
+  Status s = client->Open();
+  if (!s.ok()) return s;
+  return client;
+}
+
+TcpStoreClient::~TcpStoreClient() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+std::string TcpStoreClient::address() const {
+  bool v6 = opts_.host.find(':') != std::string::npos;
+  return (v6 ? "[" + opts_.host + "]" : opts_.host) + ":" + std::to_string(opts_.port);
+}
+
+std::string TcpStoreClient::K(const std::string& key) const {
+  return opts_.c10d_key_prefix ? "/" + key : key;
+}
+
+Status TcpStoreClient::Open() {
+  auto started = Clock::now();
+  auto deadline = started + opts_.connect_timeout;
+  std::mt19937 rng(std::random_device{}());
+  std::uniform_real_distribution<double> jitter(0.75, 1.25);
+  auto backoff = std::chrono::milliseconds(50);
+  std::string last_error;
+  for (int attempt = 1;; ++attempt) {
+    addrinfo hints{};
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    addrinfo* res = nullptr;
+    int gai = ::getaddrinfo(opts_.host.c_str(), std::to_string(opts_.port).c_str(),
+                            &hints, &res);
+    if (gai != 0) {
+      last_error = std::string("cannot resolve host: ") + ::gai_strerror(gai);
+    }
+    for (addrinfo* ai = res; ai && fd_ < 0; ai = ai->ai_next) {
+      fd_ = TryConnect(ai, deadline, &last_error);
+    }
+    if (res) ::freeaddrinfo(res);
+    if (fd_ >= 0) {
+      rbuf_.clear();
+      Status s = Handshake(Clock::now() + opts_.timeout);
+      if (s.ok()) return s;
+      last_error = s.message();
+      Fail(Status::Ok());
+    }
+    auto now = Clock::now();
+    if (now >= deadline) {
+      return Status::Unavailable(
+          "store " + address() + ": cannot connect after " +
+          DescribeSeconds(now - started) + " and " + std::to_string(attempt) +
+          " attempts (last error: " + last_error +
+          "); check that the store (dtrun or dtstore) is running there and that "
+          "MASTER_ADDR/MASTER_PORT or --rdzv-endpoint point at it");
+    }
+    auto sleep = std::chrono::duration_cast<std::chrono::milliseconds>(backoff * jitter(rng));
+    std::this_thread::sleep_for(std::min<Clock::duration>(sleep, deadline - now));
+    backoff = std::min(backoff * 2, std::chrono::milliseconds(1000));
+  }
+}
+
+Status TcpStoreClient::Handshake(Deadline deadline) {
+  if (opts_.dialect != Dialect::kTorch2) return Status::Ok();
+  Request validate;
+  validate.op = Op::kValidate;
+  validate.word = kValidateMagic;
+  Request ping;
+  ping.op = Op::kPing;
+  ping.word = static_cast<uint32_t>(::getpid());
+  std::string bytes;
+  EncodeRequest(validate, Dialect::kTorch2, &bytes);
+  EncodeRequest(ping, Dialect::kTorch2, &bytes);
+  std::string echo;
+  auto started = Clock::now();
+  Status sent = SendBytes(bytes, "VALIDATE", deadline);
+  if (!sent.ok()) return sent;
+  Status s = ReadExact(4, &echo, "PING", deadline, started);
+  if (!s.ok()) return s;
+  uint32_t got = 0;
+  size_t pos = 0;
+  GetU32(echo, &pos, &got);
+  if (got != ping.word) {
+    return Status::Invalid("PING echo mismatch: the server at " + address() +
+                           " does not speak the torch>=2.2 store protocol");
+  }
+  return Status::Ok();
+}
+
+Status TcpStoreClient::Fail(Status s) {
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = -1;
+  rbuf_.clear();
+  return s;
+}
+
+Status TcpStoreClient::SendRequest(const Request& req, const std::string& what,
+                                   Deadline deadline) {
+  if (fd_ < 0) {
+    Status s = Open();
+    if (!s.ok()) return s;
+  }
+  std::string bytes;
+  EncodeRequest(req, opts_.dialect, &bytes);
+  return SendBytes(bytes, what, deadline);
+}
+
+Status TcpStoreClient::SendBytes(const std::string& bytes, const std::string& what,
+                                 Deadline deadline) {
+  size_t sent = 0;
+  while (sent < bytes.size()) {
+    ssize_t n = ::send(fd_, bytes.data() + sent, bytes.size() - sent, MSG_NOSIGNAL);
+    if (n > 0) {
+      sent += static_cast<size_t>(n);
+    } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
+      if (!PollFor(fd_, POLLOUT, deadline)) {
+        return Fail(Status::Timeout("store " + address() + ": " + what +
+                                    ": send timed out"));
+      }
+    } else {
+      return Fail(Status::Unavailable("store " + address() + ": " + what +
+                                      ": send failed: " + std::strerror(errno)));
+    }
+  }
+  return Status::Ok();
+}
+
+Status TcpStoreClient::ReadExact(size_t n, std::string* out, const std::string& what,
+                                 Deadline deadline, Deadline started) {
+  char chunk[64 * 1024];
+  while (rbuf_.size() < n) {
+    if (!PollFor(fd_, POLLIN, deadline)) {
+      return Status::Timeout("store " + address() + ": " + what + ": no reply after " +
+                             DescribeSeconds(Clock::now() - started));
+    }
+    ssize_t got = ::recv(fd_, chunk, sizeof(chunk), 0);
+    if (got > 0) {
+      rbuf_.append(chunk, static_cast<size_t>(got));
+    } else if (got == 0) {
+      return Fail(Status::Unavailable("store " + address() + ": " + what +
+                                      ": connection closed by the store"));
+    } else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+      return Fail(Status::Unavailable("store " + address() + ": " + what +
+                                      ": receive failed: " + std::strerror(errno)));
+    }
+  }
+  out->assign(rbuf_, 0, n);
+  rbuf_.erase(0, n);
+  return Status::Ok();
+}
+
+Status TcpStoreClient::ReadBytes(std::string* out, const std::string& what,
+                                 Deadline deadline, Deadline started) {
+  std::string len_bytes;
+  Status s = ReadExact(8, &len_bytes, what, deadline, started);
+  if (!s.ok()) return s;
+  uint64_t len = 0;
+  size_t pos = 0;
+  GetU64(len_bytes, &pos, &len);
+  return ReadExact(len, out, what, deadline, started);
+}
+
+Status TcpStoreClient::WaitLocked(const std::vector<std::string>& keys, Op op,
+                                  int64_t number, std::chrono::milliseconds timeout) {
+  Request req;
+  req.op = op;
+  req.number = number;
+  for (const auto& k : keys) req.keys.push_back(K(k));
+  std::string what = std::string(op == Op::kWait ? "wait for keys " : "barrier on ") +
+                     DescribeKeys(keys);
+  auto started = Clock::now();
+  Status s = SendRequest(req, what, started + timeout);
+  if (!s.ok()) return s;
+  std::string reply;
+  s = ReadExact(1, &reply, what, started + timeout, started);
+  if (s.ok() || s.code() != Status::Code::kTimeout) return s;
+  Status timed_out = Status::Timeout(
+      "store " + address() + ": " + what + " timed out after " +
+      DescribeSeconds(Clock::now() - started) +
+      "; the process that should set them may have failed, or use a longer timeout");
+  if (opts_.dialect != Dialect::kTorch2) return Fail(timed_out);
+  Request cancel;
+  cancel.op = Op::kCancelWait;
+  s = SendRequest(cancel, "cancel wait", OpDeadline());
+  if (s.ok()) s = ReadExact(1, &reply, "cancel wait", OpDeadline(), Clock::now());
+  if (s.ok() && reply[0] == static_cast<char>(kStopWaiting)) {
+    // The keys arrived just as we gave up: the late reply comes first.
+    s = ReadExact(1, &reply, "cancel wait", OpDeadline(), Clock::now());
+  }
+  if (!s.ok() || reply[0] != static_cast<char>(kWaitCanceled)) Fail(Status::Ok());
+  return timed_out;
+}
+
+Status TcpStoreClient::Call(const Request& req, const std::string& what,
+                            int reply_size, std::string* reply) {
+  auto started = Clock::now();
+  auto deadline = started + opts_.timeout;
+  Status s = SendRequest(req, what, deadline);
+  if (s.ok() && reply_size > 0) {
+    s = ReadExact(static_cast<size_t>(reply_size), reply, what, deadline, started);
+  } else if (s.ok() && reply_size == kLengthPrefixed) {
+    s = ReadBytes(reply, what, deadline, started);
+  }
+  // A reply that never came may still arrive: start the next call afresh.
+  if (s.code() == Status::Code::kTimeout) Fail(Status::Ok());
+  return s;
+}
+
+namespace {
+
+Request MakeRequest(Op op, std::vector<std::string> keys,
+                    std::vector<std::string> values = {}, int64_t number = 0) {
+  Request req;
+  req.op = op;
+  req.keys = std::move(keys);
+  req.values = std::move(values);
+  req.number = number;
+  return req;
+}
+
+int64_t I64(const std::string& bytes) {
+  int64_t v = 0;
+  size_t pos = 0;
+  GetI64(bytes, &pos, &v);
+  return v;
+}
+
+}  // namespace
+
+Status TcpStoreClient::Set(const std::string& key, std::string_view value) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return Call(MakeRequest(Op::kSet, {K(key)}, {std::string(value)}),
+              "set key '" + key + "'", 0, nullptr);
+}
+
+Status TcpStoreClient::Append(const std::string& key, std::string_view value) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return Call(MakeRequest(Op::kAppend, {K(key)}, {std::string(value)}),
+              "append to key '" + key + "'", 0, nullptr);
+}
+
+Result<std::string> TcpStoreClient::Get(const std::string& key) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Status s = WaitLocked({key}, Op::kWait, 0, opts_.timeout);
+  std::string value;
+  if (s.ok()) {
+    s = Call(MakeRequest(Op::kGet, {K(key)}), "get key '" + key + "'",
+             kLengthPrefixed, &value);
+  }
+  if (!s.ok()) return s;
+  return value;
+}
+
+Result<int64_t> TcpStoreClient::Add(const std::string& key, int64_t delta) {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::string reply;
+  // c10d sends its worker counter "init/" without the "/" prefix.
+  Status s = Call(MakeRequest(Op::kAdd, {key == "init/" ? key : K(key)}, {}, delta),
+                  "add to key '" + key + "'", 8, &reply);
+  if (!s.ok()) return s;
+  return I64(reply);
+}
+
+Result<std::string> TcpStoreClient::CompareSet(const std::string& key,
+                                               std::string_view expected,
+                                               std::string_view desired) {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::string value;
+  Status s = Call(MakeRequest(Op::kCompareSet, {K(key)},
+                              {std::string(expected), std::string(desired)}),
+                  "compare_set key '" + key + "'", kLengthPrefixed, &value);
+  if (!s.ok()) return s;
+  return value;
+}
+
+Result<bool> TcpStoreClient::Check(const std::vector<std::string>& keys) {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<std::string> wire_keys;
+  for (const auto& k : keys) wire_keys.push_back(K(k));
+  std::string reply;
+  Status s = Call(MakeRequest(Op::kCheck, std::move(wire_keys)),
+                  "check keys " + DescribeKeys(keys), 1, &reply);
+  if (!s.ok()) return s;
+  return reply[0] == static_cast<char>(kCheckReady);
+}
+
+Status TcpStoreClient::Wait(const std::vector<std::string>& keys,
+                            std::chrono::milliseconds timeout) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return WaitLocked(keys, Op::kWait, 0, timeout);
+}
+
+Status TcpStoreClient::Barrier(const std::string& key, int64_t world_size,
+                               std::chrono::milliseconds timeout) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return WaitLocked({key}, Op::kBarrier, world_size, timeout);
+}
+
+Result<bool> TcpStoreClient::DeleteKey(const std::string& key) {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::string reply;
+  Status s = Call(MakeRequest(Op::kDeleteKey, {K(key)}), "delete key '" + key + "'",
+                  8, &reply);
+  if (!s.ok()) return s;
+  return I64(reply) == 1;
+}
+
+Result<int64_t> TcpStoreClient::NumKeys() {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::string reply;
+  Status s = Call(MakeRequest(Op::kGetNumKeys, {}), "num_keys", 8, &reply);
+  if (!s.ok()) return s;
+  return I64(reply);
+}
+
+}  // namespace dtrun::rdzv

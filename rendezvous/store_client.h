@@ -1,0 +1,95 @@
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "rendezvous/store.h"
+#include "rendezvous/wire.h"
+
+namespace dtrun::rdzv {
+
+struct StoreClientOptions {
+  std::string host = "127.0.0.1";
+  uint16_t port = 29500;
+  // Default timeout of every operation, and of Get/Wait(keys). Default 300 s
+  // (c10d's).
+  std::chrono::milliseconds timeout = std::chrono::seconds(300);
+  // How long Connect keeps retrying a refused or unreachable address, with
+  // exponential backoff (50 ms doubling to 1 s, +-25% jitter). Default 60 s.
+  std::chrono::milliseconds connect_timeout = std::chrono::seconds(60);
+  // kTorch2 (VALIDATE + PING, CANCEL_WAIT on wait timeout) for dtrun's own
+  // server; kTorch113 to talk to a PyTorch 1.13 server.
+  Dialect dialect = Dialect::kTorch2;
+  // Prepend "/" to every key as c10d's TCPStore client does, so keys look
+  // the same to PyTorch's clients and ours. Default true.
+  bool c10d_key_prefix = true;
+};
+
+// Store client over TCP, speaking c10d's TCPStore protocol. Blocking calls
+// with deadlines; every error names the address, the operation, the key and
+// the time waited. Thread-safe: calls are serialized by a mutex (one request
+// in flight per connection, as in c10d).
+class TcpStoreClient : public Store {
+ public:
+  // Connects (retrying until connect_timeout) and, for kTorch2, validates.
+  static Result<std::unique_ptr<TcpStoreClient>> Connect(const StoreClientOptions& opts);
+  ~TcpStoreClient() override;
+
+  Status Set(const std::string& key, std::string_view value) override;
+  Result<std::string> Get(const std::string& key) override;
+  Result<int64_t> Add(const std::string& key, int64_t delta) override;
+  Result<std::string> CompareSet(const std::string& key, std::string_view expected,
+                                 std::string_view desired) override;
+  Result<bool> Check(const std::vector<std::string>& keys) override;
+  // On timeout the server-side registration is canceled (kTorch2) or the
+  // connection replaced (kTorch113), so a late reply never desynchronizes
+  // the next request (the 1.13 client's latent bug).
+  Status Wait(const std::vector<std::string>& keys,
+              std::chrono::milliseconds timeout) override;
+  Result<bool> DeleteKey(const std::string& key) override;
+  Result<int64_t> NumKeys() override;
+  std::chrono::milliseconds timeout() const override { return opts_.timeout; }
+
+  using Store::Wait;
+
+  // kTorch2 only: APPEND, and the server-side counting barrier.
+  Status Append(const std::string& key, std::string_view value);
+  Status Barrier(const std::string& key, int64_t world_size,
+                 std::chrono::milliseconds timeout);
+
+  // "host:port" for messages.
+  std::string address() const;
+
+ private:
+  using Deadline = std::chrono::steady_clock::time_point;
+  explicit TcpStoreClient(const StoreClientOptions& opts) : opts_(opts) {}
+
+  Status Open();  // REQUIRES: mu_
+  Status Handshake(Deadline deadline);
+  std::string K(const std::string& key) const;
+  Status SendRequest(const Request& req, const std::string& what, Deadline deadline);
+  Status SendBytes(const std::string& bytes, const std::string& what, Deadline deadline);
+  Status ReadExact(size_t n, std::string* out, const std::string& what,
+                   Deadline deadline, Deadline started);
+  Status ReadBytes(std::string* out, const std::string& what, Deadline deadline,
+                   Deadline started);
+  // Sends `req` and reads its reply: none (reply_size 0), reply_size bytes,
+  // or kLengthPrefixed bytes. REQUIRES: mu_.
+  static constexpr int kLengthPrefixed = -1;
+  Status Call(const Request& req, const std::string& what, int reply_size,
+              std::string* reply);
+  Status WaitLocked(const std::vector<std::string>& keys, Op op, int64_t number,
+                    std::chrono::milliseconds timeout);
+  Deadline OpDeadline() const { return std::chrono::steady_clock::now() + opts_.timeout; }
+  Status Fail(Status s);  // closes the socket: the stream is out of sync
+
+  StoreClientOptions opts_;
+  std::mutex mu_;
+  int fd_ = -1;
+  std::string rbuf_;  // received, not yet consumed
+};
+
+}  // namespace dtrun::rdzv

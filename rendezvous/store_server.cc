@@ -1,0 +1,340 @@
+#include "rendezvous/store_server.h"
+
+#include <atomic>
+#include <cstdio>
+#include <future>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include <asio.hpp>
+
+#include "rendezvous/log.h"
+#include "rendezvous/store_state.h"
+
+namespace dtrun::rdzv {
+namespace {
+
+constexpr size_t kReadChunk = 64 * 1024;
+using asio::ip::tcp;
+
+std::string FormatEndpoint(const tcp::endpoint& ep) {
+  std::string addr = ep.address().to_string();
+  if (ep.address().is_v6()) addr = "[" + addr + "]";
+  return addr + ":" + std::to_string(ep.port());
+}
+
+}  // namespace
+
+// One client connection. Owned by Impl::sessions_ and by in-flight handlers;
+// touched only on the loop thread.
+struct Session : std::enable_shared_from_this<Session> {
+  Session(tcp::socket s, ConnId conn_id) : socket(std::move(s)), id(conn_id) {}
+
+  tcp::socket socket;
+  ConnId id;
+  std::string peer;
+  Dialect dialect = Dialect::kUnknown;
+  uint64_t requests = 0;    // requests decoded so far
+  std::string in;           // received bytes; in[in_off..] not yet decoded
+  size_t in_off = 0;
+  size_t need = 1;          // decode again once this many bytes are buffered
+  std::string out;          // replies not yet handed to the kernel
+  std::string writing;      // the buffer of the write in flight
+  bool write_busy = false;
+  bool read_busy = false;
+  bool dirty = false;       // listed in Impl::dirty_
+  bool closed = false;
+  std::unique_ptr<char[]> buf{new char[kReadChunk]};
+};
+
+class StoreServer::Impl : public ReplySink {
+ public:
+  explicit Impl(const StoreServerOptions& opts)
+      : opts_(opts), log_(Logger("dtrun.store")) {}
+
+  Status Listen();
+  void Accept();
+  void StartRead(const std::shared_ptr<Session>& s);
+  void OnRead(const std::shared_ptr<Session>& s, const asio::error_code& ec, size_t n);
+  bool Process(Session* s);
+  void StartWrite(const std::shared_ptr<Session>& s);
+  void FlushDirty();
+  void Close(Session* s, const std::string& reason);
+  void Send(ConnId conn, std::string_view bytes) override;
+  void CloseAll();
+  template <typename Fn>
+  auto OnLoop(Fn fn) -> decltype(fn());
+
+  StoreServerOptions opts_;
+  std::shared_ptr<spdlog::logger> log_;
+  asio::io_context io_;
+  tcp::acceptor acceptor_{io_};
+  asio::steady_timer accept_retry_{io_};
+  std::string host_;
+  uint16_t port_ = 0;
+  StoreState state_;
+  std::unordered_map<ConnId, std::shared_ptr<Session>> sessions_;
+  std::vector<std::shared_ptr<Session>> dirty_;
+  ConnId next_id_ = 1;
+  std::thread thread_;
+  std::atomic<bool> stopped_{false};
+};
+
+Status StoreServer::Impl::Listen() {
+  std::vector<std::string> hosts = {opts_.host};
+  if (opts_.host == "::") hosts.push_back("0.0.0.0");
+  std::string last_error;
+  for (const auto& host : hosts) {
+    asio::error_code ec;
+    tcp::resolver resolver(io_);
+    auto results = resolver.resolve(host, std::to_string(opts_.port),
+                                    tcp::resolver::passive, ec);
+    if (ec) {
+      last_error = "cannot resolve '" + host + "': " + ec.message();
+      continue;
+    }
+    for (const auto& r : results) {
+      tcp::endpoint ep = r.endpoint();
+      acceptor_.close(ec);
+      acceptor_.open(ep.protocol(), ec);
+      if (!ec && ep.address().is_v6()) acceptor_.set_option(asio::ip::v6_only(false), ec);
+      if (!ec) acceptor_.set_option(tcp::acceptor::reuse_address(true), ec);
+      if (!ec) acceptor_.bind(ep, ec);
+      if (!ec) acceptor_.listen(opts_.backlog, ec);
+      if (!ec) {
+        port_ = acceptor_.local_endpoint().port();
+        host_ = host;
+        return Status::Ok();
+      }
+      last_error = "cannot listen on " + FormatEndpoint(ep) + ": " + ec.message();
+    }
+  }
+  acceptor_.close();
+  return Status::Unavailable("store: " + last_error +
+                             "; choose another --port (0 picks a free one) or --host");
+}
+
+void StoreServer::Impl::Accept() {
+  acceptor_.async_accept([this](const asio::error_code& ec, tcp::socket socket) {
+    if (ec == asio::error::operation_aborted || stopped_) return;
+    if (ec) {
+      // Out of descriptors (EMFILE) and the like: accepting again at once
+      // would spin, so back off briefly and keep serving who we have.
+      log_->warn("accept failed: {}; retrying in 50 ms", ec.message());
+      accept_retry_.expires_after(std::chrono::milliseconds(50));
+      accept_retry_.async_wait([this](const asio::error_code& e) {
+        if (!e) Accept();
+      });
+      return;
+    }
+    asio::error_code ignored;
+    socket.set_option(tcp::no_delay(true), ignored);
+    auto s = std::make_shared<Session>(std::move(socket), next_id_++);
+    auto remote = s->socket.remote_endpoint(ignored);
+    s->peer = ignored ? "unknown peer" : FormatEndpoint(remote);
+    sessions_.emplace(s->id, s);
+    log_->debug("connection {} from {}", s->id, s->peer);
+    StartRead(s);
+    Accept();
+  });
+}
+
+void StoreServer::Impl::StartRead(const std::shared_ptr<Session>& s) {
+  if (s->read_busy || s->closed) return;
+  s->read_busy = true;
+  s->socket.async_read_some(
+      asio::buffer(s->buf.get(), kReadChunk),
+      [this, s](const asio::error_code& ec, size_t n) { OnRead(s, ec, n); });
+}
+
+void StoreServer::Impl::OnRead(const std::shared_ptr<Session>& s,
+                               const asio::error_code& ec, size_t n) {
+  s->read_busy = false;
+  if (s->closed) return;
+  if (ec) {
+    if (ec != asio::error::eof && ec != asio::error::connection_reset) {
+      log_->debug("connection {} from {}: {}", s->id, s->peer, ec.message());
+    }
+    Close(s.get(), "");
+    return;
+  }
+  s->in.append(s->buf.get(), n);
+  bool alive = Process(s.get());
+  FlushDirty();
+  if (!alive) return;
+  // Backpressure: a client that sends requests but never reads its replies
+  // is not read from until they drain (StartWrite resumes reading).
+  if (s->out.size() + s->writing.size() <= opts_.max_pending_reply_bytes) StartRead(s);
+}
+
+bool StoreServer::Impl::Process(Session* s) {
+  while (s->in.size() - s->in_off >= s->need) {
+    std::string_view avail(s->in.data() + s->in_off, s->in.size() - s->in_off);
+    if (s->dialect == Dialect::kUnknown) {
+      s->dialect = DetectDialect(avail);
+      if (s->dialect == Dialect::kUnknown) {
+        s->need = 5;
+        break;
+      }
+    }
+    Request req;
+    size_t consumed = 0;
+    std::string error;
+    DecodeState st = DecodeRequest(avail, s->dialect, opts_.limits, &req, &consumed, &error);
+    if (st == DecodeState::kNeedMore) {
+      s->need = consumed;
+      break;
+    }
+    if (st == DecodeState::kMalformed) {
+      if (s->requests == 0 && avail[0] == 0 && s->dialect == Dialect::kTorch113) {
+        uint32_t magic = 0;
+        size_t pos = 1;
+        GetU32(avail, &pos, &magic);
+        char hex[16];
+        std::snprintf(hex, sizeof(hex), "0x%08X", magic);
+        error += std::string(" (or a VALIDATE with wrong magic ") + hex +
+                 ", expected 0x3C85F7CE)";
+      }
+      Close(s, "malformed request: " + error);
+      return false;
+    }
+    s->in_off += consumed;
+    s->need = 1;
+    if (s->dialect == Dialect::kTorch2 && s->requests == 0 && req.op != Op::kValidate) {
+      Close(s, std::string("first request is ") + OpName(req.op) + ", not VALIDATE");
+      return false;
+    }
+    ++s->requests;
+    log_->trace("connection {}: {}", s->id, OpName(req.op));
+    Status status = state_.Apply(s->id, req, this);
+    if (!status.ok()) {
+      Close(s, status.message());
+      return false;
+    }
+  }
+  if (s->in_off == s->in.size()) {
+    s->in.clear();
+    s->in_off = 0;
+  } else if (s->in_off >= kReadChunk) {
+    s->in.erase(0, s->in_off);
+    s->in_off = 0;
+  }
+  return true;
+}
+
+void StoreServer::Impl::Send(ConnId conn, std::string_view bytes) {
+  auto it = sessions_.find(conn);
+  if (it == sessions_.end() || it->second->closed) return;
+  Session* s = it->second.get();
+  s->out.append(bytes.data(), bytes.size());
+  if (!s->dirty) {
+    s->dirty = true;
+    dirty_.push_back(it->second);
+  }
+}
+
+void StoreServer::Impl::FlushDirty() {
+  for (auto& s : dirty_) {
+    s->dirty = false;
+    StartWrite(s);
+  }
+  dirty_.clear();
+}
+
+void StoreServer::Impl::StartWrite(const std::shared_ptr<Session>& s) {
+  if (s->write_busy || s->closed || s->out.empty()) return;
+  s->write_busy = true;
+  s->writing.swap(s->out);
+  s->out.clear();
+  asio::async_write(s->socket, asio::buffer(s->writing),
+                    [this, s](const asio::error_code& ec, size_t) {
+                      s->write_busy = false;
+                      s->writing.clear();
+                      if (s->closed) return;
+                      if (ec) {
+                        Close(s.get(), "");
+                        return;
+                      }
+                      StartWrite(s);
+                      if (s->out.size() + s->writing.size() <=
+                          opts_.max_pending_reply_bytes) {
+                        StartRead(s);
+                      }
+                    });
+}
+
+void StoreServer::Impl::Close(Session* s, const std::string& reason) {
+  if (s->closed) return;
+  s->closed = true;
+  if (!reason.empty()) {
+    log_->warn("closing connection from {}: {}", s->peer, reason);
+  } else {
+    log_->debug("connection {} from {} closed", s->id, s->peer);
+  }
+  state_.Disconnect(s->id);
+  asio::error_code ignored;
+  s->socket.shutdown(tcp::socket::shutdown_both, ignored);
+  s->socket.close(ignored);
+  sessions_.erase(s->id);  // may drop the last owner: touch nothing after
+}
+
+void StoreServer::Impl::CloseAll() {
+  asio::error_code ignored;
+  acceptor_.close(ignored);
+  accept_retry_.cancel();
+  std::vector<std::shared_ptr<Session>> all;
+  for (auto& kv : sessions_) all.push_back(kv.second);
+  for (auto& s : all) Close(s.get(), "");
+}
+
+template <typename Fn>
+auto StoreServer::Impl::OnLoop(Fn fn) -> decltype(fn()) {
+  std::packaged_task<decltype(fn())()> task(std::move(fn));
+  auto result = task.get_future();
+  asio::post(io_, [&task] { task(); });
+  return result.get();
+}
+
+Result<std::unique_ptr<StoreServer>> StoreServer::Start(const StoreServerOptions& options) {
+  auto impl = std::make_unique<Impl>(options);
+  Status s = impl->Listen();
+  if (!s.ok()) return s;
+  impl->Accept();
+  return std::unique_ptr<StoreServer>(new StoreServer(std::move(impl)));
+}
+
+StoreServer::StoreServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+StoreServer::~StoreServer() { Stop(); }
+
+const std::string& StoreServer::host() const { return impl_->host_; }
+uint16_t StoreServer::port() const { return impl_->port_; }
+
+void StoreServer::Run() { impl_->io_.run(); }
+
+void StoreServer::RunInBackground() {
+  impl_->thread_ = std::thread([this] { impl_->io_.run(); });
+}
+
+void StoreServer::Stop() {
+  if (!impl_->stopped_.exchange(true)) {
+    asio::post(impl_->io_, [this] {
+      impl_->CloseAll();
+      impl_->io_.stop();
+    });
+  }
+  if (impl_->thread_.joinable() && impl_->thread_.get_id() != std::this_thread::get_id()) {
+    impl_->thread_.join();
+  }
+}
+
+void StoreServer::WithState(const std::function<void(StoreState&)>& fn) {
+  impl_->OnLoop([&] { fn(impl_->state_); });
+}
+
+size_t StoreServer::NumConnections() {
+  return impl_->OnLoop([this] { return impl_->sessions_.size(); });
+}
+
+}  // namespace dtrun::rdzv

@@ -1,0 +1,295 @@
+#include "rendezvous/store_state.h"
+
+#include <algorithm>
+#include <charconv>
+
+namespace dtrun::rdzv {
+namespace {
+
+void Reply(ReplySink* sink, ConnId conn, const std::string& bytes) {
+  sink->Send(conn, bytes);
+}
+
+}  // namespace
+
+bool ParseCounter(std::string_view text, int64_t* value) {
+  if (!text.empty() && text.front() == '+') text.remove_prefix(1);
+  if (text.empty()) return false;
+  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), *value);
+  return ec == std::errc() && end == text.data() + text.size();
+}
+
+Status StoreState::Apply(ConnId conn, const Request& req, ReplySink* sink) {
+  std::string out;
+  switch (req.op) {
+    case Op::kValidate:
+      if (req.word != kValidateMagic) {
+        return Status::Invalid("VALIDATE with wrong magic");
+      }
+      return Status::Ok();
+    case Op::kPing:
+      PutU32(&out, req.word);
+      break;
+    case Op::kSet:
+      Set(req.keys[0], req.values[0], sink);
+      return Status::Ok();
+    case Op::kMultiSet:
+      for (size_t i = 0; i < req.keys.size(); ++i) {
+        Set(req.keys[i], req.values[i], sink);
+      }
+      return Status::Ok();
+    case Op::kAppend: {
+      auto it = data_.find(req.keys[0]);
+      Set(req.keys[0], (it == data_.end() ? "" : it->second) + req.values[0],
+          sink);
+      return Status::Ok();
+    }
+    case Op::kCompareSet: {
+      const std::string& key = req.keys[0];
+      const std::string& expected = req.values[0];
+      const std::string& desired = req.values[1];
+      auto it = data_.find(key);
+      if (it == data_.end()) {
+        if (expected.empty()) Set(key, desired, sink);
+        PutBytes(&out, expected.empty() ? desired : expected);
+      } else if (it->second == expected) {
+        Set(key, desired, sink);
+        PutBytes(&out, desired);
+      } else {
+        PutBytes(&out, it->second);
+      }
+      break;
+    }
+    case Op::kGet: {
+      auto it = data_.find(req.keys[0]);
+      PutBytes(&out, it == data_.end() ? std::string_view() : it->second);
+      break;
+    }
+    case Op::kMultiGet:
+      for (const auto& key : req.keys) {
+        auto it = data_.find(key);
+        PutBytes(&out, it == data_.end() ? std::string_view() : it->second);
+      }
+      break;
+    case Op::kAdd: {
+      int64_t result = 0;
+      Status s = Add(req.keys[0], req.number, &result, sink);
+      if (!s.ok()) return s;
+      PutI64(&out, result);
+      break;
+    }
+    case Op::kCheck: {
+      bool all = std::all_of(req.keys.begin(), req.keys.end(),
+                             [this](const std::string& k) { return Exists(k); });
+      PutU8(&out, all ? kCheckReady : kCheckNotReady);
+      break;
+    }
+    case Op::kWait:
+      Wait(conn, req.keys, sink);
+      return Status::Ok();
+    case Op::kGetNumKeys:
+      PutI64(&out, static_cast<int64_t>(data_.size()));
+      break;
+    case Op::kDeleteKey: {
+      auto it = data_.find(req.keys[0]);
+      bool found = it != data_.end();
+      if (found) {
+        std::string old = std::move(it->second);
+        data_.erase(it);
+        Notify(req.keys[0], kWatchDeleted, old, "", sink);
+      }
+      PutI64(&out, found ? 1 : 0);
+      break;
+    }
+    case Op::kWatchKey:
+      watchers_[req.keys[0]].push_back(conn);
+      PutU8(&out, kWatchRegistered);
+      break;
+    case Op::kCancelWait:
+      CancelWaits(conn);
+      PutU8(&out, kWaitCanceled);
+      break;
+    case Op::kQueuePush:
+      queues_[req.keys[0]].push_back(req.values[0]);
+      Wake(req.keys[0], /*only_one=*/true, sink);
+      return Status::Ok();
+    case Op::kQueuePop:
+      QueuePop(conn, req.keys[0], sink);
+      return Status::Ok();
+    case Op::kQueueLen: {
+      auto it = queues_.find(req.keys[0]);
+      PutI64(&out, it == queues_.end() ? 0 : static_cast<int64_t>(it->second.size()));
+      break;
+    }
+    case Op::kListKeys:
+      PutI64(&out, static_cast<int64_t>(data_.size()));
+      for (const auto& kv : data_) PutBytes(&out, kv.first);
+      break;
+    case Op::kBarrier: {
+      int64_t count = 0;
+      Status s = Add(req.keys[0], 1, &count, sink);
+      if (!s.ok()) return s;
+      barriers_[req.keys[0]].push_back({conn, req.number});
+      ReleaseBarriers(req.keys[0], sink);
+      return Status::Ok();
+    }
+  }
+  Reply(sink, conn, out);
+  return Status::Ok();
+}
+
+void StoreState::Set(const std::string& key, std::string value, ReplySink* sink) {
+  auto [it, created] = data_.try_emplace(key);
+  bool watched = !watchers_.empty() && watchers_.count(key);
+  std::string old;
+  if (watched) old = it->second;
+  it->second = std::move(value);
+  if (watched) {
+    Notify(key, created ? kWatchCreated : kWatchUpdated, old, it->second, sink);
+  }
+  Wake(key, /*only_one=*/false, sink);
+}
+
+Status StoreState::Add(const std::string& key, int64_t delta, int64_t* result,
+                       ReplySink* sink) {
+  int64_t current = 0;
+  auto it = data_.find(key);
+  if (it != data_.end() && !ParseCounter(it->second, &current)) {
+    return Status::Invalid("ADD to key '" + key +
+                           "' whose value is not a decimal integer");
+  }
+  *result = current + delta;
+  Set(key, std::to_string(*result), sink);
+  ReleaseBarriers(key, sink);
+  return Status::Ok();
+}
+
+bool StoreState::Exists(const std::string& key) const {
+  if (data_.count(key)) return true;
+  auto q = queues_.find(key);
+  return q != queues_.end() && !q->second.empty();
+}
+
+void StoreState::Wait(ConnId conn, const std::vector<std::string>& keys,
+                      ReplySink* sink) {
+  std::vector<std::string> missing;
+  for (const auto& key : keys) {
+    if (!Exists(key)) missing.push_back(key);
+  }
+  if (missing.empty()) {
+    Reply(sink, conn, std::string(1, static_cast<char>(kStopWaiting)));
+    return;
+  }
+  uint64_t id = next_waiter_++;
+  for (const auto& key : missing) key_waiters_[key].push_back(id);
+  size_t count = missing.size();
+  waiters_.emplace(id, Waiter{conn, count, std::move(missing)});
+  conn_waiters_[conn].push_back(id);
+}
+
+void StoreState::Wake(const std::string& key, bool only_one, ReplySink* sink) {
+  auto it = key_waiters_.find(key);
+  if (it == key_waiters_.end()) return;
+  std::vector<uint64_t>& ids = it->second;
+  size_t used = 0;
+  for (bool woke = false; used < ids.size() && !(only_one && woke); ++used) {
+    auto w = waiters_.find(ids[used]);
+    woke = true;
+    if (--w->second.missing > 0) continue;
+    ConnId conn = w->second.conn;
+    Forget(ids[used], key);
+    Reply(sink, conn, std::string(1, static_cast<char>(kStopWaiting)));
+  }
+  ids.erase(ids.begin(), ids.begin() + used);
+  if (ids.empty()) key_waiters_.erase(it);
+}
+
+void StoreState::Forget(uint64_t id, const std::string& except_key) {
+  auto w = waiters_.find(id);
+  for (const auto& key : w->second.keys) {
+    if (key == except_key) continue;
+    auto kw = key_waiters_.find(key);
+    if (kw == key_waiters_.end()) continue;
+    auto& ids = kw->second;
+    ids.erase(std::remove(ids.begin(), ids.end(), id), ids.end());
+    if (ids.empty()) key_waiters_.erase(kw);
+  }
+  auto& mine = conn_waiters_[w->second.conn];
+  mine.erase(std::remove(mine.begin(), mine.end(), id), mine.end());
+  if (mine.empty()) conn_waiters_.erase(w->second.conn);
+  waiters_.erase(w);
+}
+
+void StoreState::ReleaseBarriers(const std::string& key, ReplySink* sink) {
+  auto it = barriers_.find(key);
+  if (it == barriers_.end()) return;
+  int64_t count = 0;
+  auto d = data_.find(key);
+  if (d == data_.end() || !ParseCounter(d->second, &count)) return;
+  auto& list = it->second;
+  auto released = std::stable_partition(
+      list.begin(), list.end(),
+      [count](const BarrierWaiter& b) { return count < b.world_size; });
+  for (auto b = released; b != list.end(); ++b) {
+    Reply(sink, b->conn, std::string(1, static_cast<char>(kStopWaiting)));
+  }
+  list.erase(released, list.end());
+  if (list.empty()) barriers_.erase(it);
+}
+
+void StoreState::CancelWaits(ConnId conn) {
+  auto it = conn_waiters_.find(conn);
+  if (it != conn_waiters_.end()) {
+    std::vector<uint64_t> ids = it->second;
+    for (uint64_t id : ids) Forget(id, "");
+  }
+  for (auto b = barriers_.begin(); b != barriers_.end();) {
+    auto& list = b->second;
+    list.erase(std::remove_if(list.begin(), list.end(),
+                              [conn](const BarrierWaiter& w) { return w.conn == conn; }),
+               list.end());
+    b = list.empty() ? barriers_.erase(b) : std::next(b);
+  }
+}
+
+void StoreState::Disconnect(ConnId conn) {
+  CancelWaits(conn);
+  for (auto w = watchers_.begin(); w != watchers_.end();) {
+    auto& list = w->second;
+    list.erase(std::remove(list.begin(), list.end(), conn), list.end());
+    w = list.empty() ? watchers_.erase(w) : std::next(w);
+  }
+}
+
+void StoreState::Clear() {
+  data_.clear();
+  queues_.clear();
+}
+
+void StoreState::Notify(const std::string& key, uint8_t type,
+                        std::string_view old_value, std::string_view new_value,
+                        ReplySink* sink) {
+  auto it = watchers_.find(key);
+  if (it == watchers_.end()) return;
+  std::string msg;
+  PutU8(&msg, type);
+  PutBytes(&msg, key);
+  PutBytes(&msg, old_value);
+  PutBytes(&msg, new_value);
+  for (ConnId conn : it->second) Reply(sink, conn, msg);
+}
+
+void StoreState::QueuePop(ConnId conn, const std::string& key, ReplySink* sink) {
+  std::string out;
+  auto it = queues_.find(key);
+  int64_t len = it == queues_.end() ? 0 : static_cast<int64_t>(it->second.size());
+  PutI64(&out, len);
+  if (len > 0) {
+    PutBytes(&out, it->second.front());
+    it->second.pop_front();
+    if (it->second.empty()) queues_.erase(it);
+  }
+  Reply(sink, conn, out);
+}
+
+}  // namespace dtrun::rdzv

@@ -1,0 +1,88 @@
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "rendezvous/status.h"
+#include "rendezvous/wire.h"
+
+namespace dtrun::rdzv {
+
+using ConnId = uint64_t;
+
+// Where StoreState sends reply bytes: to the requesting connection, or to
+// others (a released WAIT, a WATCH_KEY notification).
+class ReplySink {
+ public:
+  virtual ~ReplySink() = default;
+  virtual void Send(ConnId conn, std::string_view bytes) = 0;
+};
+
+// The store's server logic: key map, queues, waiters and watchers. Pure: no
+// I/O, no clock, no threads; the server's event loop owns it and is the only
+// caller. Semantics follow c10d (libuv backend where versions differ: GET of
+// a missing key returns empty bytes, COMPARE_SET wakes waiters).
+class StoreState {
+ public:
+  // Applies one decoded request from `conn` and sends its replies through
+  // `sink`. Returns non-ok when the request is invalid (ADD to a value that
+  // is not a decimal integer, a VALIDATE with the wrong magic); the caller
+  // then closes `conn` and calls Disconnect.
+  Status Apply(ConnId conn, const Request& req, ReplySink* sink);
+
+  // Forgets every WAIT, BARRIER and WATCH_KEY registration of `conn`.
+  void Disconnect(ConnId conn);
+
+  // Removes every key and queue (a fresh key space for a new attempt).
+  // Waiters stay registered and are released as keys appear again.
+  void Clear();
+
+  size_t NumKeys() const { return data_.size(); }
+  size_t NumWaiters() const { return waiters_.size(); }
+
+ private:
+  struct Waiter {
+    ConnId conn;
+    size_t missing;                 // registrations not yet released
+    std::vector<std::string> keys;  // the keys it is registered on
+  };
+  struct BarrierWaiter {
+    ConnId conn;
+    int64_t world_size;
+  };
+
+  void Set(const std::string& key, std::string value, ReplySink* sink);
+  Status Add(const std::string& key, int64_t delta, int64_t* result,
+             ReplySink* sink);
+  bool Exists(const std::string& key) const;
+  void Wait(ConnId conn, const std::vector<std::string>& keys, ReplySink* sink);
+  void CancelWaits(ConnId conn);
+  // A key came into existence or changed: release waiters (all of them, or
+  // one for a queue push) and barriers counting on it.
+  void Wake(const std::string& key, bool only_one, ReplySink* sink);
+  // Drops waiter `id` from every index except key_waiters_[except_key],
+  // which the caller is iterating.
+  void Forget(uint64_t id, const std::string& except_key);
+  void ReleaseBarriers(const std::string& key, ReplySink* sink);
+  void Notify(const std::string& key, uint8_t type, std::string_view old_value,
+              std::string_view new_value, ReplySink* sink);
+  void QueuePop(ConnId conn, const std::string& key, ReplySink* sink);
+
+  std::unordered_map<std::string, std::string> data_;
+  std::unordered_map<std::string, std::deque<std::string>> queues_;
+  uint64_t next_waiter_ = 1;
+  std::unordered_map<uint64_t, Waiter> waiters_;
+  std::unordered_map<std::string, std::vector<uint64_t>> key_waiters_;
+  std::unordered_map<ConnId, std::vector<uint64_t>> conn_waiters_;
+  std::unordered_map<std::string, std::vector<BarrierWaiter>> barriers_;
+  std::unordered_map<std::string, std::vector<ConnId>> watchers_;
+};
+
+// Parses a stored counter the way ADD does: optional sign, decimal digits.
+bool ParseCounter(std::string_view text, int64_t* value);
+
+}  // namespace dtrun::rdzv

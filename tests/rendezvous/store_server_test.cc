@@ -1,0 +1,316 @@
+// Our server with our client and with hand-made bytes over real loopback
+// sockets: both dialects, partial frames, and every bad-input path.
+#include "rendezvous/store_server.h"
+
+#include <sys/resource.h>
+
+#include <gtest/gtest.h>
+#include <spdlog/sinks/ostream_sink.h>
+
+#include <memory>
+#include <sstream>
+#include <thread>
+#include <vector>
+
+#include "rendezvous/log.h"
+#include "rendezvous/store_client.h"
+#include "rendezvous/store_state.h"
+#include "tests/testing/loopback_server.h"
+#include "tests/testing/raw_conn.h"
+
+namespace dtrun::rdzv {
+namespace {
+
+using std::chrono::milliseconds;
+using testing::RawConn;
+
+std::string Encode(Request req, Dialect d) {
+  std::string out;
+  EncodeRequest(req, d, &out);
+  return out;
+}
+
+Request Req(Op op, std::vector<std::string> keys = {}, std::vector<std::string> values = {},
+            int64_t number = 0) {
+  Request r;
+  r.op = op;
+  r.keys = std::move(keys);
+  r.values = std::move(values);
+  r.number = number;
+  return r;
+}
+
+std::string Validate() {
+  Request v = Req(Op::kValidate);
+  v.word = kValidateMagic;
+  return Encode(v, Dialect::kTorch2);
+}
+
+class StoreServerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    log_sink_ = std::make_shared<spdlog::sinks::ostream_sink_mt>(log_);
+    Logger("dtrun.store")->sinks().push_back(log_sink_);
+    StoreServerOptions opts;
+    opts.host = "127.0.0.1";
+    opts.limits.max_value_bytes = 1 << 20;
+    auto server = StoreServer::Start(opts);
+    ASSERT_TRUE(server.ok()) << server.status().message();
+    server_ = std::move(*server);
+    server_->RunInBackground();
+  }
+  void TearDown() override {
+    server_->Stop();
+    auto& sinks = Logger("dtrun.store")->sinks();
+    sinks.erase(std::remove(sinks.begin(), sinks.end(), log_sink_), sinks.end());
+  }
+
+  std::unique_ptr<TcpStoreClient> Client(Dialect d = Dialect::kTorch2,
+                                         milliseconds timeout = milliseconds(2000)) {
+    StoreClientOptions opts;
+    opts.port = server_->port();
+    opts.dialect = d;
+    opts.timeout = timeout;
+    opts.connect_timeout = milliseconds(2000);
+    auto client = TcpStoreClient::Connect(opts);
+    EXPECT_TRUE(client.ok()) << client.status().message();
+    return client.ok() ? std::move(*client) : nullptr;
+  }
+
+  // The server still serves a well-behaved client.
+  void ExpectServing() {
+    auto c = Client();
+    ASSERT_TRUE(c);
+    EXPECT_EQ(*c->Add("alive", 1), 1 + alive_++);
+  }
+
+  std::string Warnings() { return log_.str(); }
+
+  std::unique_ptr<StoreServer> server_;
+  std::ostringstream log_;
+  std::shared_ptr<spdlog::sinks::ostream_sink_mt> log_sink_;
+  int alive_ = 0;
+};
+
+class StoreServerDialectTest : public StoreServerTest,
+                               public ::testing::WithParamInterface<Dialect> {};
+
+TEST_P(StoreServerDialectTest, ClientRunsEveryOperation) {
+  auto c = Client(GetParam());
+  ASSERT_TRUE(c);
+  ASSERT_TRUE(c->Set("k", "v").ok());
+  EXPECT_EQ(*c->Get("k"), "v");
+  EXPECT_EQ(*c->Add("n", 5), 5);
+  EXPECT_EQ(*c->Add("n", -7), -2);
+  EXPECT_EQ(*c->CompareSet("k", "v", "w"), "w");
+  EXPECT_EQ(*c->CompareSet("k", "v", "z"), "w");
+  EXPECT_EQ(*c->CompareSet("fresh", "", "x"), "x");
+  EXPECT_TRUE(*c->Check({"k", "n"}));
+  EXPECT_FALSE(*c->Check({"k", "missing"}));
+  EXPECT_EQ(*c->NumKeys(), 3);
+  EXPECT_TRUE(*c->DeleteKey("k"));
+  EXPECT_FALSE(*c->DeleteKey("k"));
+  EXPECT_TRUE(c->Wait({"n", "fresh"}, milliseconds(100)).ok());
+}
+
+TEST_P(StoreServerDialectTest, WaitReleasesWhenAnotherClientSets) {
+  auto waiter = Client(GetParam());
+  auto setter = Client(GetParam());
+  std::thread t([&] { setter->Set("late", "1"); });
+  EXPECT_TRUE(waiter->Wait({"late"}, milliseconds(2000)).ok());
+  t.join();
+}
+
+TEST_P(StoreServerDialectTest, WaitTimeoutLeavesClientInSync) {
+  auto c = Client(GetParam());
+  Status s = c->Wait({"never"}, milliseconds(50));
+  EXPECT_EQ(s.code(), Status::Code::kTimeout);
+  EXPECT_NE(s.message().find("[never]"), std::string::npos);
+  EXPECT_NE(s.message().find("127.0.0.1:"), std::string::npos);
+  // The key appears after the timeout; the next reply must still be ours.
+  auto other = Client(GetParam());
+  other->Set("never", "now");
+  EXPECT_EQ(*c->Add("counter", 3), 3);
+  EXPECT_EQ(*c->Get("never"), "now");
+}
+
+INSTANTIATE_TEST_SUITE_P(BothDialects, StoreServerDialectTest,
+                         ::testing::Values(Dialect::kTorch113, Dialect::kTorch2),
+                         [](const auto& info) {
+                           return info.param == Dialect::kTorch2 ? "Torch2" : "Torch113";
+                         });
+
+TEST_F(StoreServerTest, BarrierAndAppendOverTorch2) {
+  auto a = Client();
+  auto b = Client();
+  std::thread t([&] { EXPECT_TRUE(b->Barrier("bar", 2, milliseconds(2000)).ok()); });
+  EXPECT_TRUE(a->Barrier("bar", 2, milliseconds(2000)).ok());
+  t.join();
+  a->Append("log", "x");
+  a->Append("log", "y");
+  EXPECT_EQ(*a->Get("log"), "xy");
+  Status s = a->Barrier("lonely", 2, milliseconds(30));
+  EXPECT_EQ(s.code(), Status::Code::kTimeout);
+  EXPECT_EQ(*a->Add("after", 1), 1);
+}
+
+TEST_F(StoreServerTest, BuffersFramesArrivingOneByteAtATime) {
+  RawConn conn(server_->port());
+  std::string bytes = Encode(Req(Op::kSet, {"/k"}, {"value"}), Dialect::kTorch113) +
+                      Encode(Req(Op::kGet, {"/k"}), Dialect::kTorch113);
+  for (char c : bytes) ASSERT_TRUE(conn.Send(std::string(1, c)));
+  std::string expected;
+  PutBytes(&expected, "value");
+  EXPECT_EQ(conn.Read(expected.size()), expected);
+}
+
+TEST_F(StoreServerTest, AnswersManyPipelinedRequestsInOneRead) {
+  RawConn conn(server_->port());
+  std::string bytes;
+  for (int i = 0; i < 100; ++i) bytes += Encode(Req(Op::kAdd, {"/c"}, {}, 1), Dialect::kTorch113);
+  ASSERT_TRUE(conn.Send(bytes));
+  std::string replies = conn.Read(800);
+  ASSERT_EQ(replies.size(), 800u);
+  int64_t last = 0;
+  size_t pos = 792;
+  GetI64(replies, &pos, &last);
+  EXPECT_EQ(last, 100);
+}
+
+TEST_F(StoreServerTest, UnknownOpcodeClosesOnlyThatConnection) {
+  auto good = Client();
+  good->Set("kept", "1");
+  RawConn bad(server_->port());
+  bad.Send(std::string(1, '\x2a'));
+  EXPECT_TRUE(bad.ClosedByPeer());
+  EXPECT_EQ(*good->Get("kept"), "1");
+  EXPECT_NE(Warnings().find("unknown opcode 42"), std::string::npos);
+  EXPECT_NE(Warnings().find("127.0.0.1:"), std::string::npos);
+  ExpectServing();
+}
+
+TEST_F(StoreServerTest, LengthAboveCapClosesWithoutAllocating) {
+  RawConn bad(server_->port());
+  std::string frame(1, '\0');
+  PutU64(&frame, 1);
+  frame += "k";
+  PutU64(&frame, uint64_t(1) << 40);  // a 1 TiB value
+  bad.Send(frame);
+  EXPECT_TRUE(bad.ClosedByPeer());
+  EXPECT_NE(Warnings().find("value length 1099511627776 exceeds the cap"), std::string::npos);
+  ExpectServing();
+}
+
+TEST_F(StoreServerTest, TruncatedFrameThenDisconnectIsHarmless) {
+  {
+    RawConn conn(server_->port());
+    std::string frame = Encode(Req(Op::kSet, {"/t"}, {"0123456789"}), Dialect::kTorch113);
+    conn.Send(frame.substr(0, frame.size() - 3));
+  }
+  ExpectServing();
+  auto c = Client();
+  EXPECT_FALSE(*c->Check({"t"}));
+}
+
+TEST_F(StoreServerTest, SilentClientDoesNotBlockOthers) {
+  RawConn silent(server_->port());
+  ASSERT_TRUE(silent.ok());
+  ExpectServing();
+  EXPECT_FALSE(silent.ClosedByPeer(milliseconds(50)));
+}
+
+TEST_F(StoreServerTest, ClientDisconnectingMidWaitIsForgotten) {
+  {
+    RawConn waiter(server_->port());
+    waiter.Send(Encode(Req(Op::kWait, {"/w1", "/w2"}), Dialect::kTorch113));
+    auto c = Client();
+    c->Add("sync", 1);  // the WAIT above was handled before this
+  }
+  auto c = Client();
+  c->Set("w1", "1");
+  c->Set("w2", "1");
+  ExpectServing();
+  size_t waiters = 1;
+  server_->WithState([&](StoreState& s) { waiters = s.NumWaiters(); });
+  EXPECT_EQ(waiters, 0u);
+}
+
+TEST_F(StoreServerTest, WrongValidateMagicIsRejected) {
+  RawConn bad(server_->port());
+  std::string frame(1, '\0');
+  PutU32(&frame, 0x12345678);
+  PutU32(&frame, 0);
+  bad.Send(frame);
+  EXPECT_TRUE(bad.ClosedByPeer());
+  EXPECT_NE(Warnings().find("wrong magic 0x12345678"), std::string::npos);
+  ExpectServing();
+}
+
+TEST_F(StoreServerTest, Torch2ConnectionMustStartWithValidate) {
+  RawConn conn(server_->port());
+  conn.Send(Validate() + Encode(Req(Op::kGetNumKeys), Dialect::kTorch2));
+  EXPECT_EQ(conn.Read(8).size(), 8u);
+  ExpectServing();
+}
+
+TEST_F(StoreServerTest, AddToTextValueClosesThatConnection) {
+  auto c = Client();
+  c->Set("text", "abc");
+  auto r = c->Add("text", 1);
+  EXPECT_FALSE(r.ok());
+  EXPECT_NE(Warnings().find("not a decimal integer"), std::string::npos);
+  EXPECT_EQ(*c->Get("text"), "abc");  // the client reconnects
+}
+
+TEST_F(StoreServerTest, ServesAThousandIdleConnections) {
+  rlimit lim{};
+  getrlimit(RLIMIT_NOFILE, &lim);
+  if (lim.rlim_cur < 2200 && lim.rlim_max >= 2200) {
+    lim.rlim_cur = lim.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &lim);
+  }
+  std::vector<std::unique_ptr<RawConn>> idle;
+  for (int i = 0; i < 1000; ++i) {
+    idle.push_back(std::make_unique<RawConn>(server_->port()));
+    ASSERT_TRUE(idle.back()->ok()) << "connection " << i;
+  }
+  ExpectServing();
+  EXPECT_GE(server_->NumConnections(), 1000u);
+}
+
+TEST_F(StoreServerTest, StopClosesEveryConnection) {
+  RawConn conn(server_->port());
+  ExpectServing();
+  server_->Stop();
+  EXPECT_TRUE(conn.ClosedByPeer());
+}
+
+TEST(StoreServerListenTest, BusyPortIsAClearError) {
+  auto first = StoreServer::Start(testing::LoopbackServerOptions());
+  ASSERT_TRUE(first.ok());
+  StoreServerOptions opts;
+  opts.host = "127.0.0.1";
+  opts.port = (*first)->port();
+  auto second = StoreServer::Start(opts);
+  ASSERT_FALSE(second.ok());
+  EXPECT_NE(second.status().message().find("Address already in use"), std::string::npos);
+  EXPECT_NE(second.status().message().find("--port"), std::string::npos);
+}
+
+TEST(StoreClientConnectTest, NamesAddressWhenNothingListens) {
+  uint16_t port = 0;
+  {
+    auto probe = StoreServer::Start(testing::LoopbackServerOptions());
+    port = (*probe)->port();
+  }
+  StoreClientOptions opts;
+  opts.port = port;
+  opts.connect_timeout = milliseconds(200);
+  auto c = TcpStoreClient::Connect(opts);
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("127.0.0.1:" + std::to_string(port)), std::string::npos);
+  EXPECT_NE(c.status().message().find("Connection refused"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace dtrun::rdzv

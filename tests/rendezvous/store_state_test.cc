@@ -1,0 +1,242 @@
+#include "rendezvous/store_state.h"
+
+#include <gtest/gtest.h>
+
+#include <map>
+
+namespace dtrun::rdzv {
+namespace {
+
+// Collects what StoreState sends, per connection.
+class FakeSink : public ReplySink {
+ public:
+  void Send(ConnId conn, std::string_view bytes) override { sent[conn].append(bytes); }
+  std::string Take(ConnId conn) {
+    std::string out = sent[conn];
+    sent[conn].clear();
+    return out;
+  }
+  std::map<ConnId, std::string> sent;
+};
+
+std::string I64Bytes(int64_t v) {
+  std::string out;
+  PutI64(&out, v);
+  return out;
+}
+std::string BytesOf(std::string_view v) {
+  std::string out;
+  PutBytes(&out, v);
+  return out;
+}
+const std::string kStop(1, '\0');
+
+class StoreStateTest : public ::testing::Test {
+ protected:
+  Status Do(ConnId conn, Op op, std::vector<std::string> keys,
+            std::vector<std::string> values = {}, int64_t number = 0) {
+    Request req;
+    req.op = op;
+    req.keys = std::move(keys);
+    req.values = std::move(values);
+    req.number = number;
+    return state_.Apply(conn, req, &sink_);
+  }
+  StoreState state_;
+  FakeSink sink_;
+};
+
+TEST_F(StoreStateTest, SetThenGetReturnsValue) {
+  ASSERT_TRUE(Do(1, Op::kSet, {"/k"}, {"v"}).ok());
+  EXPECT_EQ(sink_.Take(1), "");
+  ASSERT_TRUE(Do(1, Op::kGet, {"/k"}).ok());
+  EXPECT_EQ(sink_.Take(1), BytesOf("v"));
+}
+
+TEST_F(StoreStateTest, GetOfMissingKeyReturnsEmpty) {
+  ASSERT_TRUE(Do(1, Op::kGet, {"/none"}).ok());
+  EXPECT_EQ(sink_.Take(1), BytesOf(""));
+}
+
+TEST_F(StoreStateTest, AddKeepsDecimalText) {
+  Do(1, Op::kAdd, {"/c"}, {}, 5);
+  EXPECT_EQ(sink_.Take(1), I64Bytes(5));
+  Do(1, Op::kAdd, {"/c"}, {}, -2);
+  EXPECT_EQ(sink_.Take(1), I64Bytes(3));
+  Do(1, Op::kGet, {"/c"});
+  EXPECT_EQ(sink_.Take(1), BytesOf("3"));
+}
+
+TEST_F(StoreStateTest, AddToNonNumberFailsTheConnection) {
+  Do(1, Op::kSet, {"/c"}, {"abc"});
+  Status s = Do(1, Op::kAdd, {"/c"}, {}, 1);
+  EXPECT_EQ(s.code(), Status::Code::kInvalid);
+  EXPECT_NE(s.message().find("/c"), std::string::npos);
+}
+
+TEST_F(StoreStateTest, CompareSetFollowsC10dInAllFourCases) {
+  Do(1, Op::kCompareSet, {"/a"}, {"", "x"});  // missing, expected empty: create
+  EXPECT_EQ(sink_.Take(1), BytesOf("x"));
+  Do(1, Op::kCompareSet, {"/b"}, {"e", "x"});  // missing, expected non-empty
+  EXPECT_EQ(sink_.Take(1), BytesOf("e"));
+  EXPECT_EQ(state_.NumKeys(), 1u);
+  Do(1, Op::kCompareSet, {"/a"}, {"x", "y"});  // equal: swap
+  EXPECT_EQ(sink_.Take(1), BytesOf("y"));
+  Do(1, Op::kCompareSet, {"/a"}, {"zz", "q"});  // different: current
+  EXPECT_EQ(sink_.Take(1), BytesOf("y"));
+}
+
+TEST_F(StoreStateTest, WaitRepliesAtOnceWhenKeysExist) {
+  Do(1, Op::kSet, {"/a"}, {"1"});
+  Do(2, Op::kWait, {"/a"});
+  EXPECT_EQ(sink_.Take(2), kStop);
+}
+
+TEST_F(StoreStateTest, WaitOnTwoKeysReleasesAfterBoth) {
+  Do(2, Op::kWait, {"/a", "/b"});
+  EXPECT_EQ(sink_.Take(2), "");
+  Do(1, Op::kSet, {"/a"}, {"1"});
+  EXPECT_EQ(sink_.Take(2), "");
+  Do(1, Op::kAdd, {"/b"}, {}, 1);
+  EXPECT_EQ(sink_.Take(2), kStop);
+  EXPECT_EQ(state_.NumWaiters(), 0u);
+}
+
+TEST_F(StoreStateTest, CompareSetCreatingKeyWakesWaiters) {
+  Do(2, Op::kWait, {"/a"});
+  Do(1, Op::kCompareSet, {"/a"}, {"", "v"});
+  EXPECT_EQ(sink_.Take(2), kStop);
+}
+
+TEST_F(StoreStateTest, DisconnectForgetsWaiters) {
+  Do(2, Op::kWait, {"/a", "/b"});
+  state_.Disconnect(2);
+  EXPECT_EQ(state_.NumWaiters(), 0u);
+  Do(1, Op::kSet, {"/a"}, {"1"});
+  Do(1, Op::kSet, {"/b"}, {"1"});
+  EXPECT_EQ(sink_.Take(2), "");
+}
+
+TEST_F(StoreStateTest, CancelWaitRepliesCanceledEvenWithoutWaits) {
+  Do(2, Op::kCancelWait, {});
+  EXPECT_EQ(sink_.Take(2), std::string(1, '\x01'));
+  Do(2, Op::kWait, {"/a"});
+  Do(2, Op::kCancelWait, {});
+  EXPECT_EQ(sink_.Take(2), std::string(1, '\x01'));
+  Do(1, Op::kSet, {"/a"}, {"1"});
+  EXPECT_EQ(sink_.Take(2), "");
+}
+
+TEST_F(StoreStateTest, CheckIsReadyOnlyWhenAllKeysExist) {
+  Do(1, Op::kSet, {"/a"}, {"1"});
+  Do(1, Op::kCheck, {"/a", "/b"});
+  EXPECT_EQ(sink_.Take(1), std::string(1, '\x01'));
+  Do(1, Op::kSet, {"/b"}, {"1"});
+  Do(1, Op::kCheck, {"/a", "/b"});
+  EXPECT_EQ(sink_.Take(1), kStop);
+}
+
+TEST_F(StoreStateTest, DeleteKeyReportsWhetherItExisted) {
+  Do(1, Op::kSet, {"/a"}, {"1"});
+  Do(1, Op::kDeleteKey, {"/a"});
+  EXPECT_EQ(sink_.Take(1), I64Bytes(1));
+  Do(1, Op::kDeleteKey, {"/a"});
+  EXPECT_EQ(sink_.Take(1), I64Bytes(0));
+  Do(1, Op::kGetNumKeys, {});
+  EXPECT_EQ(sink_.Take(1), I64Bytes(0));
+}
+
+TEST_F(StoreStateTest, WatchKeyNotifiesCreateUpdateDelete) {
+  Do(9, Op::kWatchKey, {"/w"});
+  EXPECT_EQ(sink_.Take(9), std::string(1, '\x03'));
+  Do(1, Op::kSet, {"/w"}, {"1"});
+  Do(1, Op::kSet, {"/w"}, {"2"});
+  Do(1, Op::kDeleteKey, {"/w"});
+  std::string expected = std::string(1, '\x01') + BytesOf("/w") + BytesOf("") + BytesOf("1") +
+                         std::string(1, '\x00') + BytesOf("/w") + BytesOf("1") + BytesOf("2") +
+                         std::string(1, '\x02') + BytesOf("/w") + BytesOf("2") + BytesOf("");
+  EXPECT_EQ(sink_.Take(9), expected);
+}
+
+TEST_F(StoreStateTest, AppendCreatesThenExtends) {
+  Do(1, Op::kAppend, {"/a"}, {"x"});
+  Do(1, Op::kAppend, {"/a"}, {"y"});
+  Do(1, Op::kGet, {"/a"});
+  EXPECT_EQ(sink_.Take(1), BytesOf("xy"));
+}
+
+TEST_F(StoreStateTest, MultiSetAndMultiGetKeepOrder) {
+  Do(1, Op::kMultiSet, {"/a", "/b"}, {"1", "2"});
+  Do(1, Op::kMultiGet, {"/b", "/a", "/c"});
+  EXPECT_EQ(sink_.Take(1), BytesOf("2") + BytesOf("1") + BytesOf(""));
+}
+
+TEST_F(StoreStateTest, QueuePushWakesOneWaiterAndPopIsFifo) {
+  Do(2, Op::kWait, {"q"});
+  Do(3, Op::kWait, {"q"});
+  Do(1, Op::kQueuePush, {"q"}, {"first"});
+  EXPECT_EQ(sink_.Take(2), kStop);
+  EXPECT_EQ(sink_.Take(3), "");
+  Do(1, Op::kQueuePush, {"q"}, {"second"});
+  Do(1, Op::kQueueLen, {"q"});
+  EXPECT_EQ(sink_.Take(1), I64Bytes(2));
+  Do(2, Op::kQueuePop, {"q"});
+  EXPECT_EQ(sink_.Take(2), I64Bytes(2) + BytesOf("first"));
+  Do(2, Op::kQueuePop, {"q"});
+  Do(2, Op::kQueuePop, {"q"});
+  EXPECT_EQ(sink_.Take(2), I64Bytes(1) + BytesOf("second") + I64Bytes(0));
+}
+
+TEST_F(StoreStateTest, BarrierReleasesEveryoneAtWorldSize) {
+  Do(1, Op::kBarrier, {"/b"}, {}, 3);
+  Do(2, Op::kBarrier, {"/b"}, {}, 3);
+  EXPECT_EQ(sink_.Take(1) + sink_.Take(2), "");
+  Do(3, Op::kBarrier, {"/b"}, {}, 3);
+  EXPECT_EQ(sink_.Take(1), kStop);
+  EXPECT_EQ(sink_.Take(2), kStop);
+  EXPECT_EQ(sink_.Take(3), kStop);
+}
+
+TEST_F(StoreStateTest, ListKeysNamesEveryKey) {
+  Do(1, Op::kSet, {"/a"}, {"1"});
+  Do(1, Op::kListKeys, {});
+  EXPECT_EQ(sink_.Take(1), I64Bytes(1) + BytesOf("/a"));
+}
+
+TEST_F(StoreStateTest, ValidateChecksMagicAndPingEchoes) {
+  Request v;
+  v.op = Op::kValidate;
+  v.word = 0x12345678;
+  EXPECT_FALSE(state_.Apply(1, v, &sink_).ok());
+  v.word = kValidateMagic;
+  EXPECT_TRUE(state_.Apply(1, v, &sink_).ok());
+  Request ping;
+  ping.op = Op::kPing;
+  ping.word = 4242;
+  state_.Apply(1, ping, &sink_);
+  std::string expected;
+  PutU32(&expected, 4242);
+  EXPECT_EQ(sink_.Take(1), expected);
+}
+
+TEST_F(StoreStateTest, ClearEmptiesKeysButKeepsWaiters) {
+  Do(1, Op::kSet, {"/a"}, {"1"});
+  Do(2, Op::kWait, {"/b"});
+  state_.Clear();
+  EXPECT_EQ(state_.NumKeys(), 0u);
+  Do(1, Op::kSet, {"/b"}, {"1"});
+  EXPECT_EQ(sink_.Take(2), kStop);
+}
+
+TEST(ParseCounterTest, AcceptsSignedDecimalOnly) {
+  int64_t v = 0;
+  EXPECT_TRUE(ParseCounter("-12", &v));
+  EXPECT_EQ(v, -12);
+  EXPECT_TRUE(ParseCounter("+3", &v));
+  EXPECT_FALSE(ParseCounter("", &v));
+  EXPECT_FALSE(ParseCounter("1x", &v));
+  EXPECT_FALSE(ParseCounter("99999999999999999999", &v));
+}
+
+}  // namespace
+}  // namespace dtrun::rdzv
