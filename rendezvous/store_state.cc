@@ -158,7 +158,10 @@ Status StoreState::Add(const std::string& key, int64_t delta, int64_t* result,
     return Status::Invalid("ADD to key '" + key +
                            "' whose value is not a decimal integer");
   }
-  *result = current + delta;
+  if (__builtin_add_overflow(current, delta, result)) {
+    return Status::Invalid("ADD of " + std::to_string(delta) + " to key '" + key +
+                           "' overflows a 64-bit counter");
+  }
   Set(key, std::to_string(*result), sink);
   ReleaseBarriers(key, sink);
   return Status::Ok();
@@ -197,17 +200,17 @@ void StoreState::Wake(const std::string& key, bool only_one, ReplySink* sink) {
     woke = true;
     if (--w->second.missing > 0) continue;
     ConnId conn = w->second.conn;
-    Forget(ids[used], key);
+    Forget(ids[used], &key);
     Reply(sink, conn, std::string(1, static_cast<char>(kStopWaiting)));
   }
   ids.erase(ids.begin(), ids.begin() + used);
   if (ids.empty()) key_waiters_.erase(it);
 }
 
-void StoreState::Forget(uint64_t id, const std::string& except_key) {
+void StoreState::Forget(uint64_t id, const std::string* except_key) {
   auto w = waiters_.find(id);
   for (const auto& key : w->second.keys) {
-    if (key == except_key) continue;
+    if (except_key && key == *except_key) continue;
     auto kw = key_waiters_.find(key);
     if (kw == key_waiters_.end()) continue;
     auto& ids = kw->second;
@@ -241,7 +244,7 @@ void StoreState::CancelWaits(ConnId conn) {
   auto it = conn_waiters_.find(conn);
   if (it != conn_waiters_.end()) {
     std::vector<uint64_t> ids = it->second;
-    for (uint64_t id : ids) Forget(id, "");
+    for (uint64_t id : ids) Forget(id, nullptr);
   }
   for (auto b = barriers_.begin(); b != barriers_.end();) {
     auto& list = b->second;

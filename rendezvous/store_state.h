@@ -64,9 +64,9 @@ class StoreState {
   // A key came into existence or changed: release waiters (all of them, or
   // one for a queue push) and barriers counting on it.
   void Wake(const std::string& key, bool only_one, ReplySink* sink);
-  // Drops waiter `id` from every index except key_waiters_[except_key],
-  // which the caller is iterating.
-  void Forget(uint64_t id, const std::string& except_key);
+  // Drops waiter `id` from every index except key_waiters_[*except_key]
+  // (when not null), which the caller is iterating.
+  void Forget(uint64_t id, const std::string* except_key);
   void ReleaseBarriers(const std::string& key, ReplySink* sink);
   void Notify(const std::string& key, uint8_t type, std::string_view old_value,
               std::string_view new_value, ReplySink* sink);

@@ -74,6 +74,13 @@ TEST_F(StoreStateTest, AddToNonNumberFailsTheConnection) {
   EXPECT_NE(s.message().find("/c"), std::string::npos);
 }
 
+TEST_F(StoreStateTest, AddThatOverflowsFailsTheConnection) {
+  Do(1, Op::kAdd, {"/c"}, {}, INT64_MAX);
+  EXPECT_EQ(Do(1, Op::kAdd, {"/c"}, {}, 1).code(), Status::Code::kInvalid);
+  Do(1, Op::kGet, {"/c"});
+  EXPECT_EQ(sink_.Take(1), I64Bytes(INT64_MAX) + BytesOf(std::to_string(INT64_MAX)));
+}
+
 TEST_F(StoreStateTest, CompareSetFollowsC10dInAllFourCases) {
   Do(1, Op::kCompareSet, {"/a"}, {"", "x"});  // missing, expected empty: create
   EXPECT_EQ(sink_.Take(1), BytesOf("x"));
@@ -115,6 +122,16 @@ TEST_F(StoreStateTest, DisconnectForgetsWaiters) {
   Do(1, Op::kSet, {"/a"}, {"1"});
   Do(1, Op::kSet, {"/b"}, {"1"});
   EXPECT_EQ(sink_.Take(2), "");
+}
+
+// Found by the fuzzer: the empty string is a valid key.
+TEST_F(StoreStateTest, CancelingAWaitOnTheEmptyKeyForgetsIt) {
+  Do(2, Op::kWait, {""});
+  Do(2, Op::kCancelWait, {});
+  sink_.Take(2);
+  Do(1, Op::kSet, {""}, {"1"});
+  EXPECT_EQ(sink_.Take(2), "");
+  EXPECT_EQ(state_.NumWaiters(), 0u);
 }
 
 TEST_F(StoreStateTest, CancelWaitRepliesCanceledEvenWithoutWaits) {
