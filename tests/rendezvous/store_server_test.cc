@@ -5,16 +5,15 @@
 #include <sys/resource.h>
 
 #include <gtest/gtest.h>
-#include <spdlog/sinks/ostream_sink.h>
 
 #include <memory>
-#include <sstream>
 #include <thread>
 #include <vector>
 
 #include "rendezvous/log.h"
 #include "rendezvous/store_client.h"
 #include "rendezvous/store_state.h"
+#include "tests/testing/log_capture.h"
 #include "tests/testing/loopback_server.h"
 #include "tests/testing/raw_conn.h"
 
@@ -49,7 +48,7 @@ std::string Validate() {
 class StoreServerTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    log_sink_ = std::make_shared<spdlog::sinks::ostream_sink_mt>(log_);
+    log_sink_ = std::make_shared<testing::LogCapture>();
     Logger("dtrun.store")->sinks().push_back(log_sink_);
     StoreServerOptions opts;
     opts.host = "127.0.0.1";
@@ -84,11 +83,10 @@ class StoreServerTest : public ::testing::Test {
     EXPECT_EQ(*c->Add("alive", 1), 1 + alive_++);
   }
 
-  std::string Warnings() { return log_.str(); }
+  std::string Warnings() { return log_sink_->Text(); }
 
   std::unique_ptr<StoreServer> server_;
-  std::ostringstream log_;
-  std::shared_ptr<spdlog::sinks::ostream_sink_mt> log_sink_;
+  std::shared_ptr<testing::LogCapture> log_sink_;
   int alive_ = 0;
 };
 
