@@ -16,6 +16,7 @@ namespace dtrun::rdzv {
 namespace {
 
 constexpr size_t kReadChunk = 64 * 1024;
+constexpr int kSendBufferBytes = 4 << 20;
 using asio::ip::tcp;
 
 std::string FormatEndpoint(const tcp::endpoint& ep) {
@@ -61,14 +62,14 @@ class StoreServer::Impl : public ReplySink {
   void StartWrite(const std::shared_ptr<Session>& s);
   void FlushDirty();
   void Close(Session* s, const std::string& reason);
-  void Send(ConnId conn, std::string_view bytes) override;
+  std::string* Out(ConnId conn) override;
   void CloseAll();
   template <typename Fn>
   auto OnLoop(Fn fn) -> decltype(fn());
 
   StoreServerOptions opts_;
   std::shared_ptr<spdlog::logger> log_;
-  asio::io_context io_;
+  asio::io_context io_{1};  // one thread runs it: lets asio skip some locking
   tcp::acceptor acceptor_{io_};
   asio::steady_timer accept_retry_{io_};
   std::string host_;
@@ -130,6 +131,10 @@ void StoreServer::Impl::Accept() {
     }
     asio::error_code ignored;
     socket.set_option(tcp::no_delay(true), ignored);
+    // Loopback's send buffer starts small and grows slowly; a 1 MiB reply
+    // would go out in ~17 writes, each a trip through epoll. The kernel caps
+    // this at net.core.wmem_max.
+    socket.set_option(asio::socket_base::send_buffer_size(kSendBufferBytes), ignored);
     auto s = std::make_shared<Session>(std::move(socket), next_id_++);
     auto remote = s->socket.remote_endpoint(ignored);
     s->peer = ignored ? "unknown peer" : FormatEndpoint(remote);
@@ -223,15 +228,15 @@ bool StoreServer::Impl::Process(Session* s) {
   return true;
 }
 
-void StoreServer::Impl::Send(ConnId conn, std::string_view bytes) {
+std::string* StoreServer::Impl::Out(ConnId conn) {
   auto it = sessions_.find(conn);
-  if (it == sessions_.end() || it->second->closed) return;
+  if (it == sessions_.end() || it->second->closed) return nullptr;
   Session* s = it->second.get();
-  s->out.append(bytes.data(), bytes.size());
   if (!s->dirty) {
     s->dirty = true;
     dirty_.push_back(it->second);
   }
+  return &s->out;
 }
 
 void StoreServer::Impl::FlushDirty() {
@@ -247,7 +252,14 @@ void StoreServer::Impl::StartWrite(const std::shared_ptr<Session>& s) {
   s->write_busy = true;
   s->writing.swap(s->out);
   s->out.clear();
-  asio::async_write(s->socket, asio::buffer(s->writing),
+  // asio's transfer_all caps each write_some at 64 KiB; ask for the rest of
+  // the buffer each time, so a large reply is one system call when the
+  // socket has room.
+  size_t total = s->writing.size();
+  auto whole = [total](const asio::error_code& ec, size_t done) -> size_t {
+    return ec ? 0 : total - done;
+  };
+  asio::async_write(s->socket, asio::buffer(s->writing), whole,
                     [this, s](const asio::error_code& ec, size_t) {
                       s->write_busy = false;
                       s->writing.clear();

@@ -6,9 +6,11 @@
 namespace dtrun::rdzv {
 namespace {
 
-void Reply(ReplySink* sink, ConnId conn, const std::string& bytes) {
-  sink->Send(conn, bytes);
+// Appends a one-byte reply; no-op when the connection is gone.
+void ReplyU8(ReplySink* sink, ConnId conn, uint8_t v) {
+  if (std::string* out = sink->Out(conn)) PutU8(out, v);
 }
+
 
 }  // namespace
 
@@ -20,7 +22,8 @@ bool ParseCounter(std::string_view text, int64_t* value) {
 }
 
 Status StoreState::Apply(ConnId conn, const Request& req, ReplySink* sink) {
-  std::string out;
+  std::string* reply = sink->Out(conn);
+  std::string& out = reply ? *reply : discard_;
   switch (req.op) {
     case Op::kValidate:
       if (req.word != kValidateMagic) {
@@ -134,7 +137,7 @@ Status StoreState::Apply(ConnId conn, const Request& req, ReplySink* sink) {
       return Status::Ok();
     }
   }
-  Reply(sink, conn, out);
+  discard_.clear();
   return Status::Ok();
 }
 
@@ -180,7 +183,7 @@ void StoreState::Wait(ConnId conn, const std::vector<std::string>& keys,
     if (!Exists(key)) missing.push_back(key);
   }
   if (missing.empty()) {
-    Reply(sink, conn, std::string(1, static_cast<char>(kStopWaiting)));
+    ReplyU8(sink, conn, kStopWaiting);
     return;
   }
   uint64_t id = next_waiter_++;
@@ -201,7 +204,7 @@ void StoreState::Wake(const std::string& key, bool only_one, ReplySink* sink) {
     if (--w->second.missing > 0) continue;
     ConnId conn = w->second.conn;
     Forget(ids[used], &key);
-    Reply(sink, conn, std::string(1, static_cast<char>(kStopWaiting)));
+    ReplyU8(sink, conn, kStopWaiting);
   }
   ids.erase(ids.begin(), ids.begin() + used);
   if (ids.empty()) key_waiters_.erase(it);
@@ -234,7 +237,7 @@ void StoreState::ReleaseBarriers(const std::string& key, ReplySink* sink) {
       list.begin(), list.end(),
       [count](const BarrierWaiter& b) { return count < b.world_size; });
   for (auto b = released; b != list.end(); ++b) {
-    Reply(sink, b->conn, std::string(1, static_cast<char>(kStopWaiting)));
+    ReplyU8(sink, b->conn, kStopWaiting);
   }
   list.erase(released, list.end());
   if (list.empty()) barriers_.erase(it);
@@ -279,11 +282,15 @@ void StoreState::Notify(const std::string& key, uint8_t type,
   PutBytes(&msg, key);
   PutBytes(&msg, old_value);
   PutBytes(&msg, new_value);
-  for (ConnId conn : it->second) Reply(sink, conn, msg);
+  for (ConnId conn : it->second) {
+    if (std::string* out = sink->Out(conn)) out->append(msg);
+  }
 }
 
 void StoreState::QueuePop(ConnId conn, const std::string& key, ReplySink* sink) {
-  std::string out;
+  std::string* reply = sink->Out(conn);
+  if (!reply) return;
+  std::string& out = *reply;
   auto it = queues_.find(key);
   int64_t len = it == queues_.end() ? 0 : static_cast<int64_t>(it->second.size());
   PutI64(&out, len);
@@ -292,7 +299,6 @@ void StoreState::QueuePop(ConnId conn, const std::string& key, ReplySink* sink) 
     it->second.pop_front();
     if (it->second.empty()) queues_.erase(it);
   }
-  Reply(sink, conn, out);
 }
 
 }  // namespace dtrun::rdzv

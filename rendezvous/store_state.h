@@ -14,12 +14,15 @@ namespace dtrun::rdzv {
 
 using ConnId = uint64_t;
 
-// Where StoreState sends reply bytes: to the requesting connection, or to
-// others (a released WAIT, a WATCH_KEY notification).
+// Where StoreState writes reply bytes: to the requesting connection, or to
+// others (a released WAIT, a WATCH_KEY notification). Replies are appended
+// straight into the connection's output buffer, so a large value is copied
+// once.
 class ReplySink {
  public:
   virtual ~ReplySink() = default;
-  virtual void Send(ConnId conn, std::string_view bytes) = 0;
+  // The output buffer of `conn` to append to, or null when it is gone.
+  virtual std::string* Out(ConnId conn) = 0;
 };
 
 // The store's server logic: key map, queues, waiters and watchers. Pure: no
@@ -72,6 +75,7 @@ class StoreState {
               std::string_view new_value, ReplySink* sink);
   void QueuePop(ConnId conn, const std::string& key, ReplySink* sink);
 
+  std::string discard_;  // replies to a connection that is gone
   std::unordered_map<std::string, std::string> data_;
   std::unordered_map<std::string, std::deque<std::string>> queues_;
   uint64_t next_waiter_ = 1;

@@ -13,8 +13,11 @@ namespace {
 
 class NullSink : public dtrun::rdzv::ReplySink {
  public:
-  void Send(dtrun::rdzv::ConnId, std::string_view bytes) override { sent += bytes.size(); }
-  size_t sent = 0;
+  std::string* Out(dtrun::rdzv::ConnId) override {
+    out.clear();
+    return &out;
+  }
+  std::string out;
 };
 
 }  // namespace

@@ -10,7 +10,7 @@ namespace {
 // Collects what StoreState sends, per connection.
 class FakeSink : public ReplySink {
  public:
-  void Send(ConnId conn, std::string_view bytes) override { sent[conn].append(bytes); }
+  std::string* Out(ConnId conn) override { return &sent[conn]; }
   std::string Take(ConnId conn) {
     std::string out = sent[conn];
     sent[conn].clear();

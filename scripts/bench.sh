@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Builds the benchmarks and runs them against the real peers, printing the
+# Markdown tables README carries. Usage: scripts/bench.sh [SECONDS_PER_CELL]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/install-deps.sh
+scripts/build.sh build-bench -DDTRUN_BUILD_BENCHMARKS=ON -DDTRUN_BUILD_TESTS=OFF \
+  -DCMAKE_BUILD_TYPE=Release
+echo "== store: dtstore vs libtorch 1.13 TCPStore server ($(nproc) cores, $(date -u +%F))"
+build-bench/tests/bench/store_bench --dtstore build-bench/apps/dtstore \
+  --torch-host build-bench/tests/bench/torch_store_host --seconds "${1:-1}"
