@@ -1,0 +1,85 @@
+#pragma once
+
+#include <chrono>
+#include <optional>
+#include <vector>
+
+#include "apps/dtrun/clock.h"
+
+namespace dtrun::agent {
+
+struct AgentOptions {
+  int nproc = 1;                                   // workers in the local group
+  int max_restarts = 0;                            // group restarts allowed
+  std::chrono::milliseconds term_timeout{30000};   // SIGTERM -> SIGKILL grace
+};
+
+// How one worker ended, as the spawner saw it.
+struct WorkerExit {
+  int local_rank = 0;
+  int pid = 0;
+  int exit_code = 0;  // when it exited
+  int signal = 0;     // when a signal killed it (then exit_code is 0)
+  bool failed() const { return exit_code != 0 || signal != 0; }
+};
+
+struct Action {
+  enum class Kind {
+    kStartGroup,   // spawn every local worker for attempt `restart_count`
+    kSignalGroup,  // send `signo` to every live worker's process group
+    kFinish,       // exit: `failed` after the last attempt, or `signo` if stopped
+  };
+  Kind kind;
+  int restart_count = 0;
+  int signo = 0;
+  bool failed = false;
+};
+
+enum class Phase {
+  kIdle,          // before Start
+  kRunning,       // the group runs
+  kStopping,      // a worker failed: the others are being stopped
+  kShuttingDown,  // dtrun got a stop signal: every worker is being stopped
+  kFinished,
+};
+
+// The local agent's state machine: events in, actions out. No I/O, no clock
+// of its own (callers pass `now`). Owned and called by one thread.
+class Agent {
+ public:
+  explicit Agent(const AgentOptions& options) : opts_(options) {}
+
+  // -> StartGroup(0).
+  std::vector<Action> Start(TimePoint now);
+  // The spawner started the group of the last StartGroup.
+  void OnGroupStarted();
+  std::vector<Action> OnWorkerExit(const WorkerExit& exit, TimePoint now);
+  // SIGINT/SIGTERM/... to dtrun. A second one while stopping escalates to
+  // SIGKILL at once.
+  std::vector<Action> OnSignal(int signo, TimePoint now);
+  // Call at deadline() (or later): escalates a stop to SIGKILL.
+  std::vector<Action> OnTick(TimePoint now);
+
+  // When OnTick must run next; none while nothing is pending.
+  std::optional<TimePoint> deadline() const;
+  Phase phase() const { return phase_; }
+  int restart_count() const { return restart_count_; }
+  int alive() const { return alive_; }
+  // Failures of the attempt that ended last, in the order they were seen.
+  const std::vector<WorkerExit>& failures() const { return failures_; }
+
+ private:
+  std::vector<Action> Stop(Phase phase, int signo, TimePoint now);
+  std::vector<Action> GroupGone();
+
+  AgentOptions opts_;
+  Phase phase_ = Phase::kIdle;
+  int restart_count_ = 0;
+  int alive_ = 0;
+  int stop_signal_ = 0;
+  bool killed_ = false;
+  TimePoint kill_at_{};
+  std::vector<WorkerExit> failures_;
+};
+
+}  // namespace dtrun::agent

@@ -1,0 +1,165 @@
+#include "apps/dtrun/cli.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <thread>
+
+#include <CLI/CLI.hpp>
+
+namespace dtrun::agent {
+namespace {
+
+// Raw text of the flags whose values need more than CLI11's conversions.
+struct RawFlags {
+  std::string nproc = "1", nnodes = "1:1", redirects = "0", tee = "0", rdzv_conf;
+  std::string local_ranks_filter;
+  double term_timeout_s = 30;
+  int master_port = -1;
+};
+
+// "--nproc-per-node,--nproc_per_node" for a dashed flag name.
+std::string BothSpellings(const std::string& dashed) {
+  std::string under = dashed;
+  for (size_t i = 2; i < under.size(); ++i) {
+    if (under[i] == '-') under[i] = '_';
+  }
+  return under == dashed ? dashed : dashed + "," + under;
+}
+
+// torchrun reads any option from PET_<DEST> when it is not on the command line.
+std::string PetName(const std::string& dashed) {
+  std::string name = "PET_";
+  for (size_t i = 2; i < dashed.size(); ++i) {
+    name += dashed[i] == '-' ? '_' : static_cast<char>(std::toupper(dashed[i]));
+  }
+  return name;
+}
+
+template <typename T>
+CLI::Option* Flag(CLI::App& app, const std::string& dashed, T& target, const std::string& help,
+                  const std::string& group, const std::string& shortname = "") {
+  std::string names = (shortname.empty() ? "" : shortname + ",") + BothSpellings(dashed);
+  return app.add_option(names, target, help)->envname(PetName(dashed))->group(group);
+}
+
+CLI::Option* Switch(CLI::App& app, const std::string& dashed, bool& target,
+                    const std::string& help, const std::string& group,
+                    const std::string& shortname = "") {
+  std::string names = (shortname.empty() ? "" : shortname + ",") + BothSpellings(dashed);
+  return app.add_flag(names, target, help)->envname(PetName(dashed))->group(group);
+}
+
+void AddFlags(CLI::App& app, LaunchConfig& c, RawFlags& raw, std::string& ignored) {
+  const std::string workers = "Workers", rdzv = "Rendezvous", fail = "Failures and signals",
+                    logs = "Logging";
+  Flag(app, "--nproc-per-node", raw.nproc, "workers on this node: N, cpu, gpu or auto (default 1)", workers);
+  Switch(app, "--module", c.module, "run the entrypoint as a Python module (python -m)", workers, "-m");
+  Switch(app, "--no-python", c.no_python, "run the entrypoint directly, never through python", workers);
+  Switch(app, "--run-path", c.run_path, "run the entrypoint file with python", workers);
+  Flag(app, "--python", c.python, "python interpreter for .py/-m entrypoints (default: $PYTHON_EXEC or python3)", workers);
+  Flag(app, "--role", c.role, "worker role name (ROLE_NAME)", workers)->capture_default_str();
+  Flag(app, "--start-method", ignored, "accepted for torchrun compatibility; workers are always new processes", workers);
+
+  Flag(app, "--nnodes", raw.nnodes, "number of nodes: N or MIN:MAX (default 1:1)", rdzv);
+  Flag(app, "--node-rank", c.node_rank, "rank of this node for static rendezvous", rdzv)->capture_default_str();
+  Flag(app, "--master-addr", c.master_addr, "address of the node that hosts the store", rdzv)->capture_default_str();
+  Flag(app, "--master-port", raw.master_port, "store port (default: a free port on a single node, else 29500)", rdzv);
+  Switch(app, "--standalone", c.standalone, "single-node job on free ports, with a fresh run id", rdzv);
+  Flag(app, "--rdzv-backend", c.rdzv_backend, "static or c10d", rdzv)->capture_default_str();
+  Flag(app, "--rdzv-endpoint", c.rdzv_endpoint, "host[:port] of the rendezvous store", rdzv);
+  Flag(app, "--rdzv-id", c.rdzv_id, "job id (TORCHELASTIC_RUN_ID)", rdzv)->capture_default_str();
+  Flag(app, "--rdzv-conf", raw.rdzv_conf, "rendezvous settings k=v,k=v", rdzv);
+  Flag(app, "--local-addr", c.local_addr, "address this node advertises", rdzv);
+
+  Flag(app, "--max-restarts", c.max_restarts, "restarts of the worker group before failing", fail)->capture_default_str();
+  Flag(app, "--monitor-interval", c.monitor_interval_s, "accepted for compatibility: dtrun sees worker exits at once", fail);
+  app.add_option("--term-timeout,--term_timeout,--shutdown-timeout,--shutdown_timeout", raw.term_timeout_s,
+                 "seconds between SIGTERM and SIGKILL when stopping workers (default 30)")
+      ->envname("TORCH_ELASTIC_SHUTDOWN_TIMEOUT")->group(fail);
+
+  Flag(app, "--log-dir", c.log_dir, "folder for per-attempt worker logs and error files", logs);
+  Flag(app, "--redirects", raw.redirects, "streams to files only: 0 none, 1 out, 2 err, 3 both, or lr:v,...", logs, "-r");
+  Flag(app, "--tee", raw.tee, "streams to files and console: same values as --redirects", logs, "-t");
+  Flag(app, "--local-ranks-filter", raw.local_ranks_filter, "console shows only these local ranks, e.g. 0,1", logs);
+  app.add_option("--log-level", c.log_level, "trace|debug|info|warn|error|off (default: $DTRUN_LOG_LEVEL or info)")
+      ->group(logs);
+}
+
+// Applies the raw flags to the config; returns a message naming the bad flag.
+std::string ApplyRaw(const RawFlags& raw, LaunchConfig* c) {
+  if (!ParseNnodes(raw.nnodes, &c->min_nodes, &c->max_nodes)) {
+    return "--nnodes: '" + raw.nnodes + "' is not N or MIN:MAX with 0 < MIN <= MAX";
+  }
+  auto nproc = ParseNprocPerNode(raw.nproc, static_cast<int>(std::thread::hardware_concurrency()),
+                                 CountGpus());
+  if (!nproc.ok()) return nproc.status().message();
+  c->nproc_per_node = *nproc;
+  if (!ParseStreamSpec(raw.redirects, &c->redirects)) {
+    return "--redirects: '" + raw.redirects + "' is not 0-3 or LOCAL_RANK:0-3,...";
+  }
+  if (!ParseStreamSpec(raw.tee, &c->tee)) {
+    return "--tee: '" + raw.tee + "' is not 0-3 or LOCAL_RANK:0-3,...";
+  }
+  if (!ParseRdzvConf(raw.rdzv_conf, &c->rdzv_conf)) {
+    return "--rdzv-conf: '" + raw.rdzv_conf + "' is not key=value,key=value";
+  }
+  if (raw.master_port > 65535 || raw.master_port < -1) {
+    return "--master-port: " + std::to_string(raw.master_port) + " is not a port (0-65535)";
+  }
+  if (raw.master_port >= 0) c->master_port = static_cast<uint16_t>(raw.master_port);
+  if (raw.term_timeout_s < 0) return "--term-timeout must be >= 0 seconds";
+  c->term_timeout = std::chrono::milliseconds(static_cast<int64_t>(raw.term_timeout_s * 1000));
+  if (!raw.local_ranks_filter.empty()) {
+    std::string item;
+    for (size_t i = 0; i <= raw.local_ranks_filter.size(); ++i) {
+      char ch = i < raw.local_ranks_filter.size() ? raw.local_ranks_filter[i] : ',';
+      if (ch != ',') {
+        item += ch;
+        continue;
+      }
+      char* end = nullptr;
+      long r = std::strtol(item.c_str(), &end, 10);
+      if (item.empty() || *end) {
+        return "--local-ranks-filter: '" + raw.local_ranks_filter + "' is not a list like 0,1";
+      }
+      c->local_ranks_filter.push_back(static_cast<int>(r));
+      item.clear();
+    }
+  }
+  return "";
+}
+
+}  // namespace
+
+CliResult ParseCommandLine(int argc, const char* const* argv) {
+  CliResult result;
+  LaunchConfig& c = result.config;
+  if (const char* exec = std::getenv("PYTHON_EXEC")) c.python = exec;
+  CLI::App app{"dtrun: launch one worker per slot with torchrun's environment, "
+               "host the store, restart failed groups.\n"
+               "Usage: dtrun [flags] PROGRAM|SCRIPT.py [ARGS...]"};
+  app.prefix_command();  // everything after the entrypoint belongs to it
+  RawFlags raw;
+  std::string ignored;
+  AddFlags(app, c, raw, ignored);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    int rc = app.exit(e);
+    result.exit_code = rc == 0 ? 0 : 2;
+    return result;
+  }
+  c.entrypoint = app.remaining();
+  std::string error = ApplyRaw(raw, &c);
+  if (error.empty()) {
+    Status s = Validate(&c);
+    if (!s.ok()) error = s.message();
+  }
+  if (!error.empty()) {
+    std::fprintf(stderr, "dtrun: %s\nRun with --help for more information.\n", error.c_str());
+    result.exit_code = 2;
+  }
+  return result;
+}
+
+}  // namespace dtrun::agent

@@ -1,0 +1,20 @@
+#pragma once
+
+#include <string>
+
+#include "apps/dtrun/launch_config.h"
+
+namespace dtrun::agent {
+
+// Outcome of parsing the command line.
+struct CliResult {
+  int exit_code = -1;  // >= 0: exit now with it (help printed, or usage error)
+  LaunchConfig config; // valid when exit_code < 0
+};
+
+// Parses torchrun's flags (dash and underscore spellings, PET_* environment
+// fallbacks) into a validated LaunchConfig. Usage errors are printed to
+// stderr naming the flag, with exit code 2; --help prints and exits 0.
+CliResult ParseCommandLine(int argc, const char* const* argv);
+
+}  // namespace dtrun::agent

@@ -1,0 +1,84 @@
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "rendezvous/status.h"
+
+namespace dtrun::agent {
+
+// Which of a worker's streams go to files (redirect) or to files and the
+// console (tee). Bit 1 = stdout, bit 2 = stderr, as torchrun's 0..3.
+struct StreamSpec {
+  int all = 0;                      // applies to local ranks not in per_rank
+  std::map<int, int> per_rank;      // "lr:v,lr:v" form
+  int For(int local_rank) const {
+    auto it = per_rank.find(local_rank);
+    return it == per_rank.end() ? all : it->second;
+  }
+};
+
+// Everything dtrun was asked to do, after parsing and defaults. Plain data;
+// Validate() checks it and fills derived fields.
+struct LaunchConfig {
+  // Workers.
+  int nproc_per_node = 1;              // --nproc-per-node; int, cpu, gpu, auto
+  std::vector<std::string> entrypoint; // program (or script/module) + args
+  bool module = false;                 // -m: run `python -m entrypoint[0]`
+  bool no_python = false;              // --no-python: exec entrypoint directly
+  bool run_path = false;               // --run-path: run the file with python
+  std::string python = "python3";      // --python, else $PYTHON_EXEC
+  std::string role = "default";        // --role -> ROLE_NAME
+
+  // Nodes and rendezvous.
+  int min_nodes = 1, max_nodes = 1;    // --nnodes N or MIN:MAX
+  int node_rank = 0;                   // --node-rank
+  std::string master_addr = "127.0.0.1";       // --master-addr
+  std::optional<uint16_t> master_port;         // --master-port; none = free port
+  bool standalone = false;                     // --standalone
+  std::string rdzv_backend = "static";         // --rdzv-backend
+  std::string rdzv_endpoint;                   // --rdzv-endpoint host[:port]
+  std::string rdzv_id = "none";                // --rdzv-id
+  std::map<std::string, std::string> rdzv_conf;  // --rdzv-conf k=v,k=v
+  std::string local_addr;                      // --local-addr
+
+  // Failures and signals.
+  int max_restarts = 0;                                 // --max-restarts
+  double monitor_interval_s = 0.1;                      // accepted; unused
+  std::chrono::milliseconds term_timeout{30000};        // --term-timeout, s
+
+  // Output.
+  std::string log_dir;           // --log-dir; empty = a temporary folder
+  StreamSpec redirects;          // -r/--redirects
+  StreamSpec tee;                // -t/--tee
+  std::vector<int> local_ranks_filter;  // --local-ranks-filter; empty = all
+  std::string log_level;         // --log-level
+
+  // The resolved command each worker runs (argv), set by Validate().
+  std::vector<std::string> worker_argv;
+
+  bool multi_node() const { return max_nodes > 1; }
+};
+
+// Checks the config, resolves the entrypoint into worker_argv (looking the
+// program up in $PATH), and returns Status::Invalid naming the flag at fault.
+Status Validate(LaunchConfig* config);
+
+// "0".."3" or "0:1,2:3" (local rank : bits) -> spec. False on bad syntax.
+bool ParseStreamSpec(const std::string& text, StreamSpec* spec);
+// "N" or "MIN:MAX".
+bool ParseNnodes(const std::string& text, int* min_nodes, int* max_nodes);
+// "k=v,k=v".
+bool ParseRdzvConf(const std::string& text, std::map<std::string, std::string>* conf);
+// int, "cpu", "gpu" or "auto" -> worker count; error names what was wrong.
+Result<int> ParseNprocPerNode(const std::string& text, int cpu_count, int gpu_count);
+
+// Number of usable NVIDIA GPUs on this host (honours CUDA_VISIBLE_DEVICES),
+// without loading any CUDA library.
+int CountGpus();
+
+}  // namespace dtrun::agent

@@ -1,0 +1,108 @@
+#include "apps/dtrun/log_mux.h"
+
+#include <poll.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <vector>
+
+namespace dtrun::agent {
+
+void LineSplitter::Feed(std::string_view data, const Emit& emit) {
+  size_t start = 0;
+  for (size_t nl = data.find('\n'); nl != std::string_view::npos;
+       nl = data.find('\n', start)) {
+    if (partial_.empty()) {
+      emit(data.substr(start, nl - start));
+    } else {
+      partial_.append(data.substr(start, nl - start));
+      emit(partial_);
+      partial_.clear();
+    }
+    start = nl + 1;
+  }
+  partial_.append(data.substr(start));
+}
+
+void LineSplitter::Flush(const Emit& emit) {
+  if (partial_.empty()) return;
+  emit(partial_);
+  partial_.clear();
+}
+
+void WriteAll(int fd, std::string_view data) {
+  while (!data.empty()) {
+    ssize_t n = write(fd, data.data(), data.size());
+    if (n > 0) {
+      data.remove_prefix(static_cast<size_t>(n));
+    } else if (n < 0 && errno == EAGAIN) {
+      pollfd p{fd, POLLOUT, 0};
+      poll(&p, 1, 100);
+    } else if (n < 0 && errno != EINTR) {
+      return;  // console or file gone: nothing sensible left to do
+    }
+  }
+}
+
+LogMux::~LogMux() { CloseAll(); }
+
+void LogMux::Add(int fd, const StreamRoute& route) { streams_[fd].route = route; }
+
+std::vector<int> LogMux::fds() const {
+  std::vector<int> out;
+  for (const auto& kv : streams_) out.push_back(kv.first);
+  return out;
+}
+
+void LogMux::Write(const StreamRoute& route, std::string_view line) {
+  // One write per line and destination: lines never interleave mid-line.
+  std::string buf;
+  buf.reserve(route.prefix.size() + line.size() + 1);
+  if (route.file_fd >= 0) {
+    buf.append(line).push_back('\n');
+    WriteAll(route.file_fd, buf);
+    buf.clear();
+  }
+  if (route.console_fd >= 0) {
+    buf.append(route.prefix).append(line).push_back('\n');
+    WriteAll(route.console_fd, buf);
+  }
+}
+
+bool LogMux::OnReadable(int fd) {
+  auto it = streams_.find(fd);
+  if (it == streams_.end()) return false;
+  Stream& s = it->second;
+  char buf[64 * 1024];
+  for (;;) {
+    ssize_t n = read(fd, buf, sizeof(buf));
+    if (n > 0) {
+      s.splitter.Feed(std::string_view(buf, static_cast<size_t>(n)),
+                      [&](std::string_view line) { Write(s.route, line); });
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return true;
+    Close(fd);  // EOF or error
+    return false;
+  }
+}
+
+void LogMux::Close(int fd) {
+  auto it = streams_.find(fd);
+  if (it == streams_.end()) return;
+  it->second.splitter.Flush([&](std::string_view line) { Write(it->second.route, line); });
+  if (it->second.route.file_fd >= 0) close(it->second.route.file_fd);
+  close(fd);
+  streams_.erase(it);
+}
+
+void LogMux::CloseAll() {
+  while (!streams_.empty()) {
+    int fd = streams_.begin()->first;
+    OnReadable(fd);  // take what is already in the pipe
+    Close(fd);
+  }
+}
+
+}  // namespace dtrun::agent

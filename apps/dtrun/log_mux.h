@@ -1,0 +1,59 @@
+#pragma once
+
+#include <functional>
+#include <map>
+#include <string>
+#include <string_view>
+
+namespace dtrun::agent {
+
+// Splits a byte stream into whole lines. Pure; one per stream.
+class LineSplitter {
+ public:
+  using Emit = std::function<void(std::string_view line)>;  // without '\n'
+  // Emits every line completed by `data`; keeps the unfinished rest.
+  void Feed(std::string_view data, const Emit& emit);
+  // Emits the unfinished rest, if any, as a last line.
+  void Flush(const Emit& emit);
+  size_t pending() const { return partial_.size(); }
+
+ private:
+  std::string partial_;
+};
+
+// Where one worker stream's lines go.
+struct StreamRoute {
+  int console_fd = -1;   // 1 or 2 to show on the console; -1 to not
+  std::string prefix;    // e.g. "[rank3]:", prepended on the console only
+  int file_fd = -1;      // a log file, or -1
+};
+
+// Reads worker pipes and forwards whole lines, so lines of different
+// workers never interleave mid-line. Owns the pipe read ends and the file
+// descriptors of its routes. Not thread-safe; the agent's loop calls it.
+class LogMux {
+ public:
+  ~LogMux();
+  // Takes ownership of `fd` (non-blocking read end) and `route.file_fd`.
+  void Add(int fd, const StreamRoute& route);
+  // Reads what `fd` has; returns false at EOF, after flushing and closing it.
+  bool OnReadable(int fd);
+  // Flushes partial lines and closes every stream.
+  void CloseAll();
+  std::vector<int> fds() const;
+
+ private:
+  struct Stream {
+    StreamRoute route;
+    LineSplitter splitter;
+  };
+  void Write(const StreamRoute& route, std::string_view line);
+  void Close(int fd);
+
+  std::map<int, Stream> streams_;
+};
+
+// Writes all of `data` to `fd`, retrying on EINTR/partial writes.
+void WriteAll(int fd, std::string_view data);
+
+}  // namespace dtrun::agent

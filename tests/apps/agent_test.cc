@@ -1,0 +1,167 @@
+#include "apps/dtrun/agent.h"
+
+#include <gtest/gtest.h>
+
+#include <csignal>
+
+namespace dtrun::agent {
+namespace {
+
+using std::chrono::milliseconds;
+using Kind = Action::Kind;
+
+class AgentTest : public ::testing::Test {
+ protected:
+  AgentTest() : agent_(AgentOptions{3, 1, milliseconds(500)}) {}
+
+  void StartRunning() {
+    auto a = agent_.Start(now_);
+    ASSERT_EQ(a.size(), 1u);
+    EXPECT_EQ(a[0].kind, Kind::kStartGroup);
+    agent_.OnGroupStarted();
+  }
+  std::vector<Action> Exit(int local_rank, int code, int signal = 0) {
+    WorkerExit e;
+    e.local_rank = local_rank;
+    e.pid = 100 + local_rank;
+    e.exit_code = code;
+    e.signal = signal;
+    return agent_.OnWorkerExit(e, now_);
+  }
+
+  Agent agent_;
+  TimePoint now_{};
+};
+
+TEST_F(AgentTest, StartsAttemptZero) {
+  auto a = agent_.Start(now_);
+  ASSERT_EQ(a.size(), 1u);
+  EXPECT_EQ(a[0].restart_count, 0);
+  EXPECT_EQ(agent_.phase(), Phase::kRunning);
+}
+
+TEST_F(AgentTest, FinishesCleanWhenEveryWorkerSucceeds) {
+  StartRunning();
+  EXPECT_TRUE(Exit(0, 0).empty());
+  EXPECT_TRUE(Exit(2, 0).empty());
+  auto a = Exit(1, 0);
+  ASSERT_EQ(a.size(), 1u);
+  EXPECT_EQ(a[0].kind, Kind::kFinish);
+  EXPECT_FALSE(a[0].failed);
+  EXPECT_EQ(a[0].signo, 0);
+}
+
+TEST_F(AgentTest, FailureTerminatesTheOthers) {
+  StartRunning();
+  auto a = Exit(1, 7);
+  ASSERT_EQ(a.size(), 1u);
+  EXPECT_EQ(a[0].kind, Kind::kSignalGroup);
+  EXPECT_EQ(a[0].signo, SIGTERM);
+  EXPECT_EQ(agent_.phase(), Phase::kStopping);
+  EXPECT_EQ(agent_.deadline(), now_ + milliseconds(500));
+}
+
+TEST_F(AgentTest, KillsSurvivorsOnlyAfterTheGracePeriod) {
+  StartRunning();
+  Exit(1, 7);
+  EXPECT_TRUE(agent_.OnTick(now_ + milliseconds(499)).empty());
+  auto a = agent_.OnTick(now_ + milliseconds(500));
+  ASSERT_EQ(a.size(), 1u);
+  EXPECT_EQ(a[0].signo, SIGKILL);
+  EXPECT_FALSE(agent_.deadline().has_value());
+  EXPECT_TRUE(agent_.OnTick(now_ + milliseconds(900)).empty());
+}
+
+TEST_F(AgentTest, RestartsWithRaisedCountOnceTheGroupIsDown) {
+  StartRunning();
+  Exit(1, 7);
+  EXPECT_TRUE(Exit(0, 0, SIGTERM).empty());
+  auto a = Exit(2, 0, SIGTERM);
+  ASSERT_EQ(a.size(), 1u);
+  EXPECT_EQ(a[0].kind, Kind::kStartGroup);
+  EXPECT_EQ(a[0].restart_count, 1);
+  EXPECT_EQ(agent_.failures().size(), 1u);  // the SIGTERMed ones are not causes
+  EXPECT_EQ(agent_.failures()[0].exit_code, 7);
+}
+
+TEST_F(AgentTest, FailsAfterTheLastRestart) {
+  StartRunning();
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    Exit(0, 0, SIGKILL);
+    Exit(1, 0, SIGTERM);
+    auto a = Exit(2, 0, SIGTERM);
+    ASSERT_EQ(a.size(), 1u);
+    if (attempt == 0) {
+      EXPECT_EQ(a[0].kind, Kind::kStartGroup);
+      agent_.OnGroupStarted();
+    } else {
+      EXPECT_EQ(a[0].kind, Kind::kFinish);
+      EXPECT_TRUE(a[0].failed);
+      EXPECT_EQ(a[0].restart_count, 1);
+    }
+  }
+  EXPECT_EQ(agent_.failures()[0].signal, SIGKILL);
+}
+
+TEST_F(AgentTest, SucceedsAfterOneRestart) {
+  StartRunning();
+  Exit(0, 3);
+  Exit(1, 0, SIGTERM);
+  Exit(2, 0, SIGTERM);
+  agent_.OnGroupStarted();
+  Exit(0, 0);
+  Exit(1, 0);
+  auto a = Exit(2, 0);
+  ASSERT_EQ(a.size(), 1u);
+  EXPECT_EQ(a[0].kind, Kind::kFinish);
+  EXPECT_FALSE(a[0].failed);
+  EXPECT_EQ(agent_.restart_count(), 1);
+}
+
+TEST_F(AgentTest, StopSignalIsForwardedAndReportedAfterTheGroupIsDown) {
+  StartRunning();
+  auto a = agent_.OnSignal(SIGINT, now_);
+  ASSERT_EQ(a.size(), 1u);
+  EXPECT_EQ(a[0].kind, Kind::kSignalGroup);
+  EXPECT_EQ(a[0].signo, SIGINT);
+  Exit(0, 0, SIGINT);
+  Exit(1, 1);  // a failure while shutting down does not restart
+  a = Exit(2, 0, SIGINT);
+  ASSERT_EQ(a.size(), 1u);
+  EXPECT_EQ(a[0].kind, Kind::kFinish);
+  EXPECT_EQ(a[0].signo, SIGINT);
+}
+
+TEST_F(AgentTest, SecondStopSignalKillsAtOnce) {
+  StartRunning();
+  agent_.OnSignal(SIGTERM, now_);
+  auto a = agent_.OnSignal(SIGTERM, now_ + milliseconds(1));
+  ASSERT_EQ(a.size(), 1u);
+  EXPECT_EQ(a[0].signo, SIGKILL);
+}
+
+TEST_F(AgentTest, SignalDuringFailureStopTurnsIntoShutdown) {
+  StartRunning();
+  Exit(1, 7);
+  agent_.OnSignal(SIGTERM, now_);
+  Exit(0, 0, SIGTERM);
+  auto a = Exit(2, 0, SIGTERM);
+  ASSERT_EQ(a.size(), 1u);
+  EXPECT_EQ(a[0].kind, Kind::kFinish);
+  EXPECT_EQ(a[0].signo, SIGTERM);
+}
+
+TEST_F(AgentTest, NoRestartsMeansFailAtOnce) {
+  Agent agent(AgentOptions{1, 0, milliseconds(10)});
+  agent.Start(now_);
+  agent.OnGroupStarted();
+  WorkerExit e;
+  e.exit_code = 5;
+  auto a = agent.OnWorkerExit(e, now_);
+  ASSERT_EQ(a.size(), 1u);
+  EXPECT_EQ(a[0].kind, Kind::kFinish);
+  EXPECT_TRUE(a[0].failed);
+}
+
+}  // namespace
+}  // namespace dtrun::agent

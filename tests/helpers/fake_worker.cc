@@ -1,0 +1,103 @@
+// A worker for dtrun's tests. Reads RANK etc. from the environment and does
+// what its flags say, in this order:
+//   --pid-dir D        write D/pid_<RANK>_<TORCHELASTIC_RESTART_COUNT> (its pid)
+//   --env-dir D        write D/env_<RANK> (its whole environment)
+//   --stamp-dir D      write D/start_<RANK>_<RESTART> (unix ns at start)
+//   --lines N          print N lines "line <i> from rank <RANK>" on stdout
+//   --stderr TEXT      print TEXT and a newline on stderr
+//   --partial TEXT     print TEXT on stdout with no newline, in pieces
+//   --only-rank R      what follows applies to rank R only (others exit 0)
+//   --fail-once D      exit 3 if D/failed_<RANK> is missing (and create it)
+//   --error-file MSG   write a torchrun-style error file with MSG, then exit 1
+//   --sleep-ms N       sleep N ms
+//   --ignore-term      ignore SIGTERM from here on
+//   --hang             sleep until killed
+//   --kill-self SIG    raise SIG
+//   --exit N           exit N
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <string>
+#include <thread>
+
+extern char** environ;
+
+namespace {
+
+std::string Env(const char* name) {
+  const char* v = std::getenv(name);
+  return v ? v : "";
+}
+
+long long UnixNanos() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string rank = Env("RANK"), restart = Env("TORCHELASTIC_RESTART_COUNT");
+  for (int i = 1; i < argc; ++i) {
+    std::string flag = argv[i];
+    std::string arg = i + 1 < argc ? argv[i + 1] : "";
+    if (flag == "--ignore-term") {
+      signal(SIGTERM, SIG_IGN);
+      continue;
+    }
+    if (flag == "--hang") {
+      for (;;) pause();
+    }
+    ++i;
+    if (flag == "--pid-dir") {
+      std::ofstream(arg + "/pid_" + rank + "_" + restart) << getpid() << "\n";
+    } else if (flag == "--env-dir") {
+      std::ofstream out(arg + "/env_" + rank);
+      for (char** e = environ; *e; ++e) out << *e << "\n";
+    } else if (flag == "--stamp-dir") {
+      std::ofstream(arg + "/start_" + rank + "_" + restart) << UnixNanos() << "\n";
+    } else if (flag == "--lines") {
+      for (int n = 0; n < std::atoi(arg.c_str()); ++n) {
+        std::printf("line %d from rank %s\n", n, rank.c_str());
+      }
+      std::fflush(stdout);
+    } else if (flag == "--stderr") {
+      std::fprintf(stderr, "%s\n", arg.c_str());
+    } else if (flag == "--partial") {
+      for (char c : arg) {
+        (void)!write(1, &c, 1);
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+    } else if (flag == "--only-rank") {
+      if (rank != arg) return 0;
+    } else if (flag == "--fail-once") {
+      std::string marker = arg + "/failed_" + rank;
+      if (access(marker.c_str(), F_OK) != 0) {
+        std::ofstream(marker) << "1\n";
+        return 3;
+      }
+    } else if (flag == "--error-file") {
+      std::ofstream(Env("TORCHELASTIC_ERROR_FILE"))
+          << "{\"message\": {\"message\": \"RuntimeError: " << arg
+          << "\", \"extraInfo\": {\"py_callstack\": \"Traceback (fake)\\nRuntimeError: " << arg
+          << "\", \"timestamp\": \"" << UnixNanos() / 1000000000 << "\"}}}";
+      return 1;
+    } else if (flag == "--sleep-ms") {
+      std::this_thread::sleep_for(std::chrono::milliseconds(std::atoi(arg.c_str())));
+    } else if (flag == "--kill-self") {
+      raise(std::atoi(arg.c_str()));
+    } else if (flag == "--exit") {
+      return std::atoi(arg.c_str());
+    } else {
+      std::fprintf(stderr, "fake_worker: unknown flag %s\n", flag.c_str());
+      return 99;
+    }
+  }
+  return 0;
+}
