@@ -4,8 +4,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
-scripts/build.sh build-bench -DDTRUN_BUILD_BENCHMARKS=ON -DDTRUN_BUILD_TESTS=OFF \
+scripts/build.sh build-bench -DDTRUN_BUILD_BENCHMARKS=ON -DDTRUN_BUILD_TESTS=ON -DDTRUN_FUZZ=OFF \
   -DCMAKE_BUILD_TYPE=Release
 echo "== store: dtstore vs libtorch 1.13 TCPStore server ($(nproc) cores, $(date -u +%F))"
 build-bench/tests/bench/store_bench --dtstore build-bench/apps/dtstore \
   --torch-host build-bench/tests/bench/torch_store_host --seconds "${1:-1}"
+
+echo
+echo "== launcher: dtrun vs torchrun 1.13 ($(nproc) cores; workers OMP_NUM_THREADS=1)"
+ninja -C build-bench fake_worker dtrun >/dev/null
+/usr/bin/python3 tests/bench/launch_bench.py --dtrun build-bench/apps/dtrun \
+  --fake-worker build-bench/tests/apps/fake_worker

@@ -1,13 +1,19 @@
 #!/usr/bin/env bash
-# The main job: installs what is missing, builds, then runs dtstore serving a
-# real 4-rank gloo all_reduce of Debian's Python torch, exactly as PyTorch
-# workers use torchrun's agent store (TORCHELASTIC_USE_AGENT_STORE=True).
+# The main job: installs what is missing, builds, then
+#  1. dtrun launches 4 Debian Python torch workers that init gloo through the
+#     store dtrun hosts and all_reduce;
+#  2. the standalone dtstore serves the same 4 ranks started by hand, exactly
+#     as PyTorch workers use torchrun's agent store.
 # Usage: scripts/run-main.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
 scripts/build.sh build
 
+echo "== dtrun --nproc-per-node=4 examples/allreduce_check.py"
+build/apps/dtrun --nproc-per-node=4 --python /usr/bin/python3 examples/allreduce_check.py
+
+echo "== dtstore serving 4 hand-started ranks"
 world=4
 out=$(mktemp -d)
 build/apps/dtstore --host 127.0.0.1 --port 0 >"$out/store.out" &

@@ -7,7 +7,8 @@
 //   --stderr TEXT      print TEXT and a newline on stderr
 //   --partial TEXT     print TEXT on stdout with no newline, in pieces
 //   --only-rank R      what follows applies to rank R only (others exit 0)
-//   --fail-once D      exit 3 if D/failed_<RANK> is missing (and create it)
+//   --fail-once D      exit 3 if D/failed_<RANK> is missing (and create it;
+//                      with --stamp-dir, also write exit_<RANK>_<RESTART>)
 //   --error-file MSG   write a torchrun-style error file with MSG, then exit 1
 //   --sleep-ms N       sleep N ms
 //   --ignore-term      ignore SIGTERM from here on
@@ -44,6 +45,7 @@ long long UnixNanos() {
 
 int main(int argc, char** argv) {
   std::string rank = Env("RANK"), restart = Env("TORCHELASTIC_RESTART_COUNT");
+  std::string stamp_dir;
   for (int i = 1; i < argc; ++i) {
     std::string flag = argv[i];
     std::string arg = i + 1 < argc ? argv[i + 1] : "";
@@ -61,6 +63,7 @@ int main(int argc, char** argv) {
       std::ofstream out(arg + "/env_" + rank);
       for (char** e = environ; *e; ++e) out << *e << "\n";
     } else if (flag == "--stamp-dir") {
+      stamp_dir = arg;
       std::ofstream(arg + "/start_" + rank + "_" + restart) << UnixNanos() << "\n";
     } else if (flag == "--lines") {
       for (int n = 0; n < std::atoi(arg.c_str()); ++n) {
@@ -80,6 +83,9 @@ int main(int argc, char** argv) {
       std::string marker = arg + "/failed_" + rank;
       if (access(marker.c_str(), F_OK) != 0) {
         std::ofstream(marker) << "1\n";
+        if (!stamp_dir.empty()) {
+          std::ofstream(stamp_dir + "/exit_" + rank + "_" + restart) << UnixNanos() << "\n";
+        }
         return 3;
       }
     } else if (flag == "--error-file") {
