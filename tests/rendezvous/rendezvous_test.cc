@@ -1,0 +1,178 @@
+// Rendezvous rounds of several agents, one thread each, over one in-process
+// MemoryStore (as gloo's tests run ranks over a HashStore).
+#include "rendezvous/rendezvous.h"
+
+#include <gtest/gtest.h>
+
+#include <future>
+#include <thread>
+
+#include "rendezvous/memory_store.h"
+
+namespace dtrun::rdzv {
+namespace {
+
+using std::chrono::milliseconds;
+
+RendezvousOptions Options(const std::string& id, int min_nodes, int max_nodes) {
+  RendezvousOptions o;
+  o.run_id = "job";
+  o.node_id = id;
+  o.min_nodes = min_nodes;
+  o.max_nodes = max_nodes;
+  o.nproc_per_node = 2;
+  o.max_restarts = 1;
+  o.join_timeout = milliseconds(2000);
+  o.last_call_timeout = milliseconds(100);
+  o.keep_alive_interval = milliseconds(20);
+  o.keep_alive_max_attempt = 3;
+  o.poll_interval = milliseconds(5);
+  return o;
+}
+
+std::future<Result<Assignment>> JoinAsync(Rendezvous* r) {
+  return std::async(std::launch::async, [r] { return r->Join(nullptr); });
+}
+
+TEST(RendezvousTest, StaticRanksFollowNodeRank) {
+  MemoryStore store;
+  auto oa = Options("a", 2, 2), ob = Options("b", 2, 2);
+  oa.node_rank = 1;
+  ob.node_rank = 0;
+  Rendezvous a(&store, oa), b(&store, ob);
+  auto fa = JoinAsync(&a);
+  auto rb = b.Join(nullptr);
+  auto ra = fa.get();
+  ASSERT_TRUE(ra.ok()) << ra.status().message();
+  ASSERT_TRUE(rb.ok()) << rb.status().message();
+  EXPECT_EQ(ra->group_rank, 1);
+  EXPECT_EQ(rb->group_rank, 0);
+  EXPECT_EQ(ra->base_rank, 2);
+  EXPECT_EQ(ra->world_size, 4);
+  EXPECT_EQ(ra->group_world_size, 2);
+  EXPECT_EQ(ra->round, 0);
+}
+
+TEST(RendezvousTest, ElasticRoundClosesAfterLastCallWithMinNodes) {
+  MemoryStore store;
+  Rendezvous a(&store, Options("a", 1, 2));
+  auto started = std::chrono::steady_clock::now();
+  auto r = a.Join(nullptr);
+  ASSERT_TRUE(r.ok());
+  EXPECT_GE(std::chrono::steady_clock::now() - started, milliseconds(90));
+  EXPECT_EQ(r->world_size, 2);
+  EXPECT_EQ(r->group_world_size, 1);
+}
+
+TEST(RendezvousTest, JoinTimeoutNamesWhoCame) {
+  MemoryStore store;
+  auto o = Options("lonely", 2, 2);
+  o.join_timeout = milliseconds(50);
+  Rendezvous a(&store, o);
+  auto r = a.Join(nullptr);
+  ASSERT_EQ(r.status().code(), Status::Code::kTimeout);
+  EXPECT_NE(r.status().message().find("1 of min 2 nodes joined (lonely)"), std::string::npos);
+}
+
+TEST(RendezvousTest, DisagreeingSettingsCloseTheJobForEveryone) {
+  MemoryStore store;
+  Rendezvous a(&store, Options("a", 2, 2));
+  auto ob = Options("b", 2, 2);
+  ob.nproc_per_node = 4;
+  Rendezvous b(&store, ob);
+  auto fa = JoinAsync(&a);
+  std::this_thread::sleep_for(milliseconds(20));
+  auto rb = b.Join(nullptr);
+  ASSERT_EQ(rb.status().code(), Status::Code::kInvalid);
+  EXPECT_NE(rb.status().message().find("--nproc-per-node=4"), std::string::npos);
+  auto ra = fa.get();
+  EXPECT_EQ(ra.status().code(), Status::Code::kInvalid);
+}
+
+TEST(RendezvousTest, WaitingNodeStartsANewRoundWithStableRanks) {
+  MemoryStore store;
+  Rendezvous a(&store, Options("a", 1, 2)), b(&store, Options("b", 1, 2));
+  auto first = a.Join(nullptr);
+  ASSERT_TRUE(first.ok());
+  auto fb = JoinAsync(&b);  // arrives while round 0 runs: waits
+  Result<RoundEvent> ev = RoundEvent::kNone;
+  for (int i = 0; i < 200 && ev.ok() && *ev == RoundEvent::kNone; ++i) {
+    std::this_thread::sleep_for(milliseconds(5));
+    ev = a.Check(*first);
+  }
+  ASSERT_TRUE(ev.ok());
+  EXPECT_EQ(*ev, RoundEvent::kRestart);
+  auto second = a.Join(nullptr);
+  auto rb = fb.get();
+  ASSERT_TRUE(second.ok());
+  ASSERT_TRUE(rb.ok());
+  EXPECT_EQ(second->round, 1);
+  EXPECT_EQ(second->group_rank, 0);  // the node that stayed keeps its rank
+  EXPECT_EQ(rb->group_rank, 1);
+  EXPECT_EQ(second->world_size, 4);
+  EXPECT_EQ(second->failures, 0);  // a membership change is not a failure
+}
+
+TEST(RendezvousTest, SilentNodeIsDeclaredDead) {
+  MemoryStore store;
+  Rendezvous a(&store, Options("a", 1, 2)), b(&store, Options("b", 1, 2));
+  auto fb = JoinAsync(&b);
+  auto ra = a.Join(nullptr);
+  ASSERT_TRUE(ra.ok());
+  ASSERT_TRUE(fb.get().ok());
+  // b never calls Check again: no heartbeats.
+  auto started = std::chrono::steady_clock::now();
+  Result<RoundEvent> ev = RoundEvent::kNone;
+  while (ev.ok() && *ev == RoundEvent::kNone &&
+         std::chrono::steady_clock::now() - started < milliseconds(1000)) {
+    std::this_thread::sleep_for(milliseconds(5));
+    ev = a.Check(*ra);
+  }
+  ASSERT_TRUE(ev.ok());
+  EXPECT_EQ(*ev, RoundEvent::kRestart);
+  EXPECT_GE(std::chrono::steady_clock::now() - started, milliseconds(55));
+  auto again = a.Join(nullptr);  // alone now (min 1)
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->group_world_size, 1);
+}
+
+TEST(RendezvousTest, FailuresCountOncePerRoundThenClose) {
+  MemoryStore store;
+  Rendezvous a(&store, Options("a", 1, 1));
+  auto r0 = a.Join(nullptr);
+  ASSERT_TRUE(r0.ok());
+  EXPECT_EQ(*a.ReportFailure(*r0, "exit 1"), 1);
+  EXPECT_EQ(*a.ReportFailure(*r0, "exit 1"), 1);  // same round: not counted twice
+  EXPECT_TRUE(a.closed_reason().empty());
+  auto r1 = a.Join(nullptr);
+  ASSERT_TRUE(r1.ok());
+  EXPECT_EQ(r1->round, 1);
+  EXPECT_EQ(*a.ReportFailure(*r1, "exit 1"), 2);  // past --max-restarts=1
+  EXPECT_NE(a.closed_reason().find("after 1 restart(s)"), std::string::npos);
+  EXPECT_EQ(*a.Check(*r1), RoundEvent::kClosed);
+}
+
+TEST(RendezvousTest, AllDoneOnceEveryNodeMarksDone) {
+  MemoryStore store;
+  Rendezvous a(&store, Options("a", 2, 2)), b(&store, Options("b", 2, 2));
+  auto fb = JoinAsync(&b);
+  auto ra = a.Join(nullptr);
+  auto rb = fb.get();
+  ASSERT_TRUE(ra.ok() && rb.ok());
+  ASSERT_TRUE(a.MarkDone(*ra).ok());
+  EXPECT_EQ(*a.Check(*ra), RoundEvent::kNone);
+  ASSERT_TRUE(b.MarkDone(*rb).ok());
+  EXPECT_EQ(*a.Check(*ra), RoundEvent::kAllDone);
+  EXPECT_EQ(*b.Check(*rb), RoundEvent::kAllDone);
+  Rendezvous late(&store, Options("late", 2, 2));
+  EXPECT_EQ(late.Join(nullptr).status().code(), Status::Code::kUnavailable);
+}
+
+TEST(RendezvousTest, InterruptedJoinReturnsCanceled) {
+  MemoryStore store;
+  Rendezvous a(&store, Options("a", 2, 2));
+  EXPECT_EQ(a.Join([] { return true; }).status().code(), Status::Code::kCanceled);
+}
+
+}  // namespace
+}  // namespace dtrun::rdzv
