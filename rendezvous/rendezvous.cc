@@ -329,6 +329,15 @@ Result<int> Rendezvous::ReportFailure(const Assignment& current, const std::stri
   return state->failures;
 }
 
+Status Rendezvous::AckEnd(const Assignment& current) {
+  return store_->Add(Key("round/" + std::to_string(current.round) + "/ended"), 1).status();
+}
+
+bool Rendezvous::AllEnded(const Assignment& current) {
+  auto n = store_->Add(Key("round/" + std::to_string(current.round) + "/ended"), 0);
+  return n.ok() && *n >= static_cast<int64_t>(current.nodes.size());
+}
+
 Status Rendezvous::MarkDone(const Assignment& current) {
   return store_->Add(Key("round/" + std::to_string(current.round) + "/done"), 1).status();
 }

@@ -75,6 +75,12 @@ class Rendezvous {
   // This node's workers all succeeded in `current`'s round.
   Status MarkDone(const Assignment& current);
 
+  // This node has seen the job end (kAllDone or kClosed).
+  Status AckEnd(const Assignment& current);
+  // Whether every node of `current`'s round has acknowledged the end. The
+  // node hosting the store waits for it before the store goes away.
+  bool AllEnded(const Assignment& current);
+
   // Why the job was closed ("" while open).
   const std::string& closed_reason() const { return closed_reason_; }
   // Nodes that have joined the open round, for messages.

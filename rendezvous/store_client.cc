@@ -90,6 +90,22 @@ std::string TcpStoreClient::address() const {
   return (v6 ? "[" + opts_.host + "]" : opts_.host) + ":" + std::to_string(opts_.port);
 }
 
+std::string TcpStoreClient::LocalAddress() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (fd_ < 0) return "";
+  sockaddr_storage addr{};
+  socklen_t len = sizeof(addr);
+  if (getsockname(fd_, reinterpret_cast<sockaddr*>(&addr), &len) != 0) return "";
+  char host[NI_MAXHOST];
+  if (getnameinfo(reinterpret_cast<sockaddr*>(&addr), len, host, sizeof(host), nullptr, 0,
+                  NI_NUMERICHOST) != 0) {
+    return "";
+  }
+  std::string out = host;
+  if (out.rfind("::ffff:", 0) == 0) out = out.substr(7);  // v4-mapped
+  return out;
+}
+
 std::string TcpStoreClient::K(const std::string& key) const {
   return opts_.c10d_key_prefix ? "/" + key : key;
 }

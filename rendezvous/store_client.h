@@ -62,6 +62,9 @@ class TcpStoreClient : public Store {
 
   // "host:port" for messages.
   std::string address() const;
+  // The numeric address of this end of the connection (the address the
+  // store's host reaches us by), or "" when not connected.
+  std::string LocalAddress();
 
  private:
   using Deadline = std::chrono::steady_clock::time_point;

@@ -9,6 +9,21 @@ std::vector<Action> Agent::Start(TimePoint) {
   return {{Action::Kind::kStartGroup, restart_count_}};
 }
 
+std::vector<Action> Agent::StartRound(int restart_count, TimePoint) {
+  phase_ = Phase::kRunning;
+  restart_count_ = restart_count;
+  return {{Action::Kind::kStartGroup, restart_count_}};
+}
+
+std::vector<Action> Agent::StopForNewRound(TimePoint now) {
+  if (phase_ == Phase::kShuttingDown) return {};
+  if (alive_ == 0) {
+    phase_ = Phase::kFinished;
+    return {{Action::Kind::kGroupStopped, restart_count_}};
+  }
+  return Stop(Phase::kRestarting, SIGTERM, now);
+}
+
 void Agent::OnGroupStarted() {
   alive_ = opts_.nproc;
   killed_ = false;
@@ -43,14 +58,16 @@ std::vector<Action> Agent::OnSignal(int signo, TimePoint now) {
 }
 
 std::vector<Action> Agent::OnTick(TimePoint now) {
-  bool stopping = phase_ == Phase::kStopping || phase_ == Phase::kShuttingDown;
+  bool stopping = phase_ == Phase::kStopping || phase_ == Phase::kShuttingDown ||
+                  phase_ == Phase::kRestarting;
   if (!stopping || killed_ || now < kill_at_) return {};
   killed_ = true;
   return {{Action::Kind::kSignalGroup, 0, SIGKILL}};
 }
 
 std::optional<TimePoint> Agent::deadline() const {
-  bool stopping = phase_ == Phase::kStopping || phase_ == Phase::kShuttingDown;
+  bool stopping = phase_ == Phase::kStopping || phase_ == Phase::kShuttingDown ||
+                  phase_ == Phase::kRestarting;
   if (!stopping || killed_) return std::nullopt;
   return kill_at_;
 }
@@ -63,6 +80,10 @@ std::vector<Action> Agent::Stop(Phase phase, int signo, TimePoint now) {
 }
 
 std::vector<Action> Agent::GroupGone() {
+  if (phase_ == Phase::kRestarting) {
+    phase_ = Phase::kFinished;
+    return {{Action::Kind::kGroupStopped, restart_count_}};
+  }
   if (phase_ == Phase::kShuttingDown) {
     phase_ = Phase::kFinished;
     return {{Action::Kind::kFinish, restart_count_, stop_signal_}};

@@ -28,6 +28,7 @@ struct Action {
     kStartGroup,   // spawn every local worker for attempt `restart_count`
     kSignalGroup,  // send `signo` to every live worker's process group
     kFinish,       // exit: `failed` after the last attempt, or `signo` if stopped
+    kGroupStopped, // the group stopped for a new rendezvous round (StopForNewRound)
   };
   Kind kind;
   int restart_count = 0;
@@ -40,6 +41,7 @@ enum class Phase {
   kRunning,       // the group runs
   kStopping,      // a worker failed: the others are being stopped
   kShuttingDown,  // dtrun got a stop signal: every worker is being stopped
+  kRestarting,    // stopping the group because the rendezvous moved on
   kFinished,
 };
 
@@ -51,6 +53,12 @@ class Agent {
 
   // -> StartGroup(0).
   std::vector<Action> Start(TimePoint now);
+  // Multi-node: start the group of a rendezvous round (after kFinish or
+  // kGroupStopped). -> StartGroup(restart_count).
+  std::vector<Action> StartRound(int restart_count, TimePoint now);
+  // Multi-node: the rendezvous moved on; stop the group without counting a
+  // failure. -> SignalGroup(SIGTERM) ... GroupStopped, or GroupStopped now.
+  std::vector<Action> StopForNewRound(TimePoint now);
   // The spawner started the group of the last StartGroup.
   void OnGroupStarted();
   std::vector<Action> OnWorkerExit(const WorkerExit& exit, TimePoint now);

@@ -62,6 +62,11 @@ struct LaunchConfig {
   std::vector<std::string> worker_argv;
 
   bool multi_node() const { return max_nodes > 1; }
+  // Whether the job goes through rendezvous rounds (several nodes, or the
+  // c10d backend), rather than one node with its own store.
+  bool uses_rendezvous() const {
+    return !standalone && (multi_node() || rdzv_backend == "c10d");
+  }
 };
 
 // Checks the config, resolves the entrypoint into worker_argv (looking the

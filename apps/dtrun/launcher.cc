@@ -16,6 +16,7 @@
 
 #include "apps/dtrun/error_report.h"
 #include "rendezvous/log.h"
+#include "rendezvous/store_client.h"
 #include "rendezvous/store_server.h"
 #include "rendezvous/store_state.h"
 
@@ -81,7 +82,11 @@ Launcher::Launcher(const LaunchConfig& config, ProcessSpawner* spawner, const Cl
     : config_(config),
       spawner_(spawner),
       clock_(clock),
-      agent_(AgentOptions{config.nproc_per_node, config.max_restarts, config.term_timeout}) {}
+      // With rendezvous, restarts are counted by the rendezvous, the same
+      // on every node; the local agent only reports that its group failed.
+      agent_(AgentOptions{config.nproc_per_node,
+                          config.uses_rendezvous() ? 0 : config.max_restarts,
+                          config.term_timeout}) {}
 
 Launcher::~Launcher() {
   if (store_) store_->Stop();
@@ -125,15 +130,23 @@ Status Launcher::MakeRunDir() {
 }
 
 int Launcher::Run() {
-  auto log = Logger("dtrun.agent");
-  if (config_.multi_node()) {
-    log->error("--nnodes={}:{}: this dtrun runs single-node jobs only; run one job per node "
-               "or use --nnodes=1", config_.min_nodes, config_.max_nodes);
-    return 2;
-  }
   attempt_.run_id = config_.standalone ? RandomHex(12) : config_.rdzv_id;
   attempt_.role = config_.role;
   attempt_.max_restarts = config_.max_restarts;
+  assignment_.world_size = config_.nproc_per_node;
+  base_env_ = CurrentEnv();
+  if (config_.nproc_per_node > 1 && !base_env_.count("OMP_NUM_THREADS")) {
+    Logger("dtrun.agent")->warn("setting OMP_NUM_THREADS=1 for each worker to avoid "
+                                "overloading the host; set it yourself to tune");
+  }
+  int rc = config_.uses_rendezvous() ? RunMultiNode() : RunSingleNode();
+  Drain();
+  if (rc == 0 && run_dir_is_temp_) RemoveTree(run_dir_);
+  return rc;
+}
+
+int Launcher::RunSingleNode() {
+  auto log = Logger("dtrun.agent");
   Status s = StartStore();
   if (!s.ok()) {
     log->error("{}", s.message());
@@ -144,34 +157,30 @@ int Launcher::Run() {
     log->error("{}", s.message());
     return 2;
   }
-  base_env_ = CurrentEnv();
-  if (config_.nproc_per_node > 1 && !base_env_.count("OMP_NUM_THREADS")) {
-    log->warn("setting OMP_NUM_THREADS=1 for each worker to avoid overloading the host; "
-              "set it yourself to tune");
-  }
   log->info("store at {}:{}; run id {}; {} worker(s) of {}; logs in {}", attempt_.master_addr,
             attempt_.master_port, attempt_.run_id, config_.nproc_per_node,
             config_.worker_argv.back(), run_dir_);
   Apply(agent_.Start(clock_->Now()));
-  while (!finished_) {
-    std::vector<pollfd> fds = {{signals_.fd(), POLLIN, 0}};
-    for (int fd : mux_.fds()) fds.push_back({fd, POLLIN, 0});
-    int timeout = -1;
-    if (auto deadline = agent_.deadline()) {
-      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(*deadline - clock_->Now());
-      timeout = static_cast<int>(std::max<int64_t>(0, left.count()) + 1);
-    }
-    int n = poll(fds.data(), fds.size(), timeout);
-    if (n < 0 && errno != EINTR) break;
-    for (size_t i = 1; i < fds.size(); ++i) {
-      if (fds[i].revents) mux_.OnReadable(fds[i].fd);
-    }
-    if (fds[0].revents) OnSignals();
-    if (!finished_) Apply(agent_.OnTick(clock_->Now()));
-  }
-  Drain();
-  if (exit_code_ == 0 && run_dir_is_temp_) RemoveTree(run_dir_);
+  while (!finished_) PollOnce(-1);
   return exit_code_;
+}
+
+void Launcher::PollOnce(int timeout_ms) {
+  std::vector<pollfd> fds = {{signals_.fd(), POLLIN, 0}};
+  for (int fd : mux_.fds()) fds.push_back({fd, POLLIN, 0});
+  int timeout = timeout_ms;
+  if (auto deadline = agent_.deadline()) {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(*deadline - clock_->Now());
+    int until = static_cast<int>(std::max<int64_t>(0, left.count()) + 1);
+    timeout = timeout < 0 ? until : std::min(timeout, until);
+  }
+  int n = poll(fds.data(), fds.size(), timeout);
+  if (n < 0) return;
+  for (size_t i = 1; i < fds.size(); ++i) {
+    if (fds[i].revents) mux_.OnReadable(fds[i].fd);
+  }
+  if (fds[0].revents) OnSignals();
+  if (!finished_) Apply(agent_.OnTick(clock_->Now()));
 }
 
 void Launcher::OnSignals() {
@@ -202,7 +211,15 @@ void Launcher::Apply(const std::vector<Action>& actions) {
         for (const auto& [local_rank, pid] : pids_) spawner_->Signal(pid, a.signo);
         break;
       case Action::Kind::kFinish:
-        Finish(a);
+        if (rdzv_) {  // multi-node: the rendezvous decides what happens next
+          outcome_ = a.signo ? Outcome::kSignaled : a.failed ? Outcome::kFailed : Outcome::kSucceeded;
+          stop_signal_ = a.signo;
+        } else {
+          Finish(a);
+        }
+        break;
+      case Action::Kind::kGroupStopped:
+        outcome_ = Outcome::kStopped;
         break;
     }
   }
@@ -243,7 +260,9 @@ void Launcher::StartGroup(int restart_count) {
   for (int lr = 0; lr < n; ++lr) {
     MakeDirs(attempt_dir + "/" + std::to_string(lr));
     ::unlink(ErrorFilePath(attempt_, lr).c_str());
-    WorkerPlace place{lr, lr, 0, lr, n, n, 1, n};
+    const rdzv::Assignment& a = assignment_;
+    WorkerPlace place{lr, a.base_rank + lr, a.group_rank, a.base_rank + lr,
+                      n, a.world_size, a.group_world_size, a.world_size};
     WorkerSpec spec;
     spec.local_rank = lr;
     spec.argv = config_.worker_argv;
@@ -288,7 +307,7 @@ int Launcher::ReportFailure() {
   for (const WorkerExit& e : agent_.failures()) {
     WorkerFailure f;
     f.local_rank = e.local_rank;
-    f.rank = e.local_rank;
+    f.rank = assignment_.base_rank + e.local_rank;
     f.pid = e.pid;
     f.exit_code = e.exit_code;
     f.signal = e.signal;

@@ -12,8 +12,11 @@
 #include "apps/dtrun/signals.h"
 #include "apps/dtrun/worker_env.h"
 
+#include "rendezvous/rendezvous.h"
+
 namespace dtrun::rdzv {
 class StoreServer;
+class TcpStoreClient;
 }
 
 namespace dtrun::agent {
@@ -31,6 +34,18 @@ class Launcher {
   int Run();
 
  private:
+  // How the local group's latest round ended (multi-node).
+  enum class Outcome { kRunning, kSucceeded, kFailed, kStopped, kSignaled };
+
+  int RunSingleNode();
+  int RunMultiNode();
+  Status ConnectRendezvous();
+  Status SetUpWorkerStore();
+  int JoinFailed(const Status& status);
+  int FollowRound();
+  void Linger();
+  bool Interrupted();
+  void PollOnce(int timeout_ms);
   Status StartStore();
   Status MakeRunDir();
   void Apply(const std::vector<Action>& actions);
@@ -47,7 +62,14 @@ class Launcher {
   Agent agent_;
   SignalFd signals_;
   LogMux mux_;
-  std::unique_ptr<rdzv::StoreServer> store_;
+  std::unique_ptr<rdzv::StoreServer> store_;         // single node: the only store
+  std::unique_ptr<rdzv::StoreServer> rdzv_store_;    // multi-node: hosted rendezvous store
+  std::unique_ptr<rdzv::StoreServer> worker_store_;  // multi-node, group rank 0: this round's
+  std::unique_ptr<rdzv::TcpStoreClient> rdzv_client_;
+  std::unique_ptr<rdzv::Rendezvous> rdzv_;
+  rdzv::Assignment assignment_;
+  Outcome outcome_ = Outcome::kRunning;
+  int stop_signal_ = 0;
   EnvMap base_env_;
   AttemptEnv attempt_;
   std::string run_dir_;
