@@ -243,10 +243,13 @@ StreamRoute Launcher::Route(int local_rank, int stream_bit, const std::string& a
 
 void Launcher::StartGroup(int restart_count) {
   auto log = Logger("dtrun.agent");
-  if (restart_count > 0) {
+  if (restart_count > 0 && store_) {
     // A fresh key space: >= 2.x workers use no per-attempt prefix, so keys of
     // the failed attempt (e.g. a stale NCCL unique id) must not survive.
+    // (With rendezvous, each round has a new store instead.)
     store_->WithState([](rdzv::StoreState& state) { state.Clear(); });
+  }
+  if (restart_count > 0 && !rdzv_) {
     log->warn("restarting the worker group: attempt {} of {}", restart_count + 1,
               config_.max_restarts + 1);
   }

@@ -1,0 +1,197 @@
+"""Several dtrun agents on one machine, as "hosts" on loopback addresses
+(127.0.0.2, ...): static and elastic rendezvous, late joiners, a killed node,
+failures counted across nodes, and the errors for bad setups."""
+import glob
+import os
+import signal
+import socket
+import sys
+import tempfile
+import time
+import unittest
+
+from dtrun_proc import alive, kill_all, parse_args, read_pids, run, start, wait_for
+
+ARGS, REST = parse_args()
+DTRUN, FAKE = ARGS.dtrun, ARGS.fake_worker
+HERE = os.path.dirname(os.path.abspath(__file__))
+ALLREDUCE = os.path.join(HERE, "..", "..", "examples", "allreduce_check.py")
+PY = ["--python", "/usr/bin/python3"]
+FAST = "keep_alive_interval=0.2,keep_alive_max_attempt=3,last_call_timeout=0.5,join_timeout=30"
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def envs(folder):
+    """{RANK: env dict} from fake_worker --env-dir files."""
+    out = {}
+    for path in glob.glob(os.path.join(folder, "env_*")):
+        with open(path) as f:
+            env = dict(l.rstrip("\n").split("=", 1) for l in f if "=" in l)
+        out[int(env["RANK"])] = env
+    return out
+
+
+class MultiNode(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory()
+        self.dir = self.tmp.name
+        self.procs = []
+
+    def tearDown(self):
+        for p in self.procs:
+            if p.poll() is None:
+                p.kill()
+                p.communicate()
+        kill_all(read_pids(self.dir).values())
+        self.tmp.cleanup()
+
+    def node(self, args, env=None):
+        p = start(DTRUN, args, env=env)
+        self.procs.append(p)
+        return p
+
+    def finish(self, p, timeout=120):
+        out, err = p.communicate(timeout=timeout)
+        return p.returncode, out, err
+
+    def test_static_two_nodes_two_workers_all_reduce(self):
+        port = free_port()
+        common = PY + ["--nnodes=2", "--nproc-per-node=2", "--master-addr=127.0.0.2",
+                       f"--master-port={port}"]
+        n1 = self.node(common + ["--node-rank=1", "--local-addr=127.0.0.3", ALLREDUCE])
+        n0 = self.node(common + ["--node-rank=0", "--local-addr=127.0.0.2", ALLREDUCE])
+        rc0, out0, err0 = self.finish(n0)
+        rc1, _, err1 = self.finish(n1)
+        self.assertEqual((rc0, rc1), (0, 0), err0 + err1)
+        self.assertIn("[rank0]:all_reduce over 4 ranks: sum=10 expected=10 OK", out0)
+
+    def test_dynamic_two_nodes_two_workers_all_reduce(self):
+        port = free_port()
+        common = PY + ["--nnodes=2", "--nproc-per-node=2", "--rdzv-backend=c10d",
+                       f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=dyn", ALLREDUCE]
+        nodes = [self.node(common) for _ in range(2)]
+        results = [self.finish(p) for p in nodes]
+        self.assertEqual([r[0] for r in results], [0, 0], results[0][2] + results[1][2])
+        self.assertEqual(sum("sum=10 expected=10 OK" in r[1] for r in results), 1)
+
+    def test_ranks_and_world_across_nodes(self):
+        port = free_port()
+        common = ["--nnodes=2", "--nproc-per-node=2", "--rdzv-backend=c10d",
+                  f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=env", FAKE,
+                  "--env-dir", self.dir]
+        results = [self.finish(p) for p in [self.node(common), self.node(common)]]
+        self.assertEqual([r[0] for r in results], [0, 0])
+        e = envs(self.dir)
+        self.assertEqual(sorted(e), [0, 1, 2, 3])
+        self.assertEqual({v["WORLD_SIZE"] for v in e.values()}, {"4"})
+        self.assertEqual({v["GROUP_WORLD_SIZE"] for v in e.values()}, {"2"})
+        self.assertEqual(e[0]["GROUP_RANK"], "0")
+        self.assertEqual(e[3]["GROUP_RANK"], "1")
+        self.assertEqual(len({(v["MASTER_ADDR"], v["MASTER_PORT"]) for v in e.values()}), 1)
+
+    def test_late_node_joins_a_running_job(self):
+        port = free_port()
+        common = ["--nnodes=1:2", "--nproc-per-node=2", "--rdzv-backend=c10d",
+                  f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=late",
+                  f"--rdzv-conf={FAST}", FAKE, "--env-dir", self.dir, "--sleep-ms", "1500"]
+        first = self.node(common)
+        self.assertTrue(wait_for(lambda: len(envs(self.dir)) == 2, 20))
+        self.assertEqual(envs(self.dir)[0]["WORLD_SIZE"], "2")
+        second = self.node(common)
+        rc1, _, err1 = self.finish(first)
+        rc2, _, err2 = self.finish(second)
+        self.assertEqual((rc1, rc2), (0, 0), err1 + err2)
+        e = envs(self.dir)
+        self.assertEqual(sorted(e), [0, 1, 2, 3])
+        self.assertEqual({v["WORLD_SIZE"] for v in e.values()}, {"4"})
+        self.assertEqual({v["TORCHELASTIC_RESTART_COUNT"] for v in e.values()}, {"1"})
+        self.assertIn("waiting to join", err1)
+
+    def test_killed_node_is_dropped_and_the_survivor_finishes(self):
+        port = free_port()
+        common = ["--nnodes=1:2", "--nproc-per-node=2", "--rdzv-backend=c10d",
+                  f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=kill",
+                  f"--rdzv-conf={FAST}", FAKE, "--pid-dir", self.dir, "--sleep-ms", "3000"]
+        host = self.node(common)
+        time.sleep(0.1)  # the first one hosts the store
+        victim = self.node(common)
+        self.assertTrue(wait_for(lambda: len(read_pids(self.dir)) == 4, 20))
+        victim_workers = [pid for (rank, _), pid in read_pids(self.dir).items() if rank >= 2]
+        if not victim_workers or len(read_pids(self.dir)) != 4:
+            self.fail(f"unexpected ranks {read_pids(self.dir)}")
+        killed_at = time.monotonic()
+        victim.kill()  # kill -9 the agent; PDEATHSIG takes its workers
+        victim.communicate()
+        self.assertTrue(wait_for(lambda: all(not alive(p) for p in victim_workers), 5))
+        self.assertTrue(wait_for(lambda: (0, 1) in read_pids(self.dir), 20))
+        detected = time.monotonic() - killed_at
+        rc, _, err = self.finish(host)
+        self.assertEqual(rc, 0, err)
+        self.assertIn("declared dead", err)
+        self.assertLess(detected, 0.2 * 3 + 3)  # keep-alive x attempts, + a restart
+        self.assertNotIn((2, 1), read_pids(self.dir))  # the new world has 2 ranks
+
+    def test_failure_restarts_every_node_with_the_same_count(self):
+        port = free_port()
+        common = ["--nnodes=2", "--nproc-per-node=2", "--rdzv-backend=c10d",
+                  f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=fail", "--max-restarts=1",
+                  f"--rdzv-conf={FAST}", FAKE, "--pid-dir", self.dir, "--sleep-ms", "200",
+                  "--only-rank", "3", "--fail-once", self.dir]
+        results = [self.finish(p) for p in [self.node(common), self.node(common)]]
+        self.assertEqual([r[0] for r in results], [0, 0], results[0][2] + results[1][2])
+        pids = read_pids(self.dir)
+        self.assertEqual(sorted(pids), [(r, a) for r in range(4) for a in (0, 1)])
+
+    def test_final_failure_ends_every_node(self):
+        port = free_port()
+        common = ["--nnodes=2", "--nproc-per-node=1", "--rdzv-backend=c10d",
+                  f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=final", "--max-restarts=1",
+                  f"--rdzv-conf={FAST}", FAKE, "--sleep-ms", "100", "--only-rank", "1",
+                  "--exit", "9"]
+        results = [self.finish(p) for p in [self.node(common), self.node(common)]]
+        codes = sorted(r[0] for r in results)
+        self.assertEqual(codes, [1, 9])
+        failing = [r for r in results if r[0] == 9][0]
+        self.assertIn("attempts", failing[2])
+        other = [r for r in results if r[0] == 1][0]
+        self.assertIn("the job failed: workers failed on node", other[2])
+
+    def test_unreachable_endpoint_exits_3_naming_it(self):
+        port = free_port()
+        t0 = time.monotonic()
+        rc, _, err = run(DTRUN, ["--nnodes=2", "--rdzv-backend=c10d",
+                                 f"--rdzv-endpoint=127.0.0.1:{port}",
+                                 "--rdzv-conf=join_timeout=1,is_host=0", FAKE])
+        self.assertEqual(rc, 3)
+        self.assertIn(f"127.0.0.1:{port}", err)
+        self.assertLess(time.monotonic() - t0, 10)
+
+    def test_join_timeout_says_who_came(self):
+        port = free_port()
+        rc, _, err = run(DTRUN, ["--nnodes=2", "--rdzv-backend=c10d",
+                                 f"--rdzv-endpoint=127.0.0.1:{port}",
+                                 "--rdzv-conf=join_timeout=1", FAKE])
+        self.assertEqual(rc, 3)
+        self.assertIn("1 of min 2 nodes joined", err)
+
+    def test_nodes_disagreeing_on_settings_get_a_clear_error(self):
+        port = free_port()
+        base = ["--nnodes=2", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}",
+                "--rdzv-conf=join_timeout=20"]
+        a = self.node(base + ["--nproc-per-node=2", FAKE])
+        time.sleep(0.3)
+        b = self.node(base + ["--nproc-per-node=1", FAKE])
+        ra, rb = self.finish(a, 30), self.finish(b, 30)
+        self.assertEqual((ra[0], rb[0]), (2, 2))
+        for r in (ra, rb):
+            self.assertIn("--nproc-per-node=1", r[2])
+            self.assertIn("every node must pass the same values", r[2])
+
+
+if __name__ == "__main__":
+    unittest.main(argv=[sys.argv[0]] + REST, verbosity=2)
