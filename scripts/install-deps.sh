@@ -10,7 +10,8 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   clang libclang-rt-14-dev
   python3-sklearn
-  iproute2 procps
+  iproute2 procps util-linux
+  slurmctld slurmd slurm-client munge
 )
 
 missing=()

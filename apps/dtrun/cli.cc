@@ -1,5 +1,7 @@
 #include "apps/dtrun/cli.h"
 
+#include "apps/dtrun/slurm_env.h"
+
 #include <cstdio>
 #include <cstdlib>
 #include <thread>
@@ -85,13 +87,31 @@ void AddFlags(CLI::App& app, LaunchConfig& c, RawFlags& raw, std::string& ignore
       ->group(logs);
 }
 
+// Whether the user gave `dashed` on the command line or through PET_*.
+bool Given(CLI::App& app, const std::string& dashed) {
+  return app.get_option(dashed)->count() > 0 || std::getenv(PetName(dashed).c_str());
+}
+
+// Under SLURM, fills what the user left out from the job's environment:
+// node count, node rank, the store host (SLURM_NODEID 0's host), a port
+// derived from the job id, and the run id.
+void ApplySlurm(CLI::App& app, const SlurmJob& job, RawFlags* raw, LaunchConfig* c) {
+  if (!Given(app, "--nnodes") && job.nnodes > 0) raw->nnodes = std::to_string(job.nnodes);
+  if (!Given(app, "--node-rank") && job.node_id >= 0) c->node_rank = job.node_id;
+  if (!Given(app, "--master-addr") && !job.master_addr().empty()) c->master_addr = job.master_addr();
+  if (!Given(app, "--master-port") && !Given(app, "--rdzv-endpoint")) raw->master_port = job.master_port();
+  if (!Given(app, "--rdzv-id")) c->rdzv_id = job.job_id;
+}
+
 // Applies the raw flags to the config; returns a message naming the bad flag.
-std::string ApplyRaw(const RawFlags& raw, LaunchConfig* c) {
+std::string ApplyRaw(const RawFlags& raw, const std::optional<SlurmJob>& job, LaunchConfig* c) {
   if (!ParseNnodes(raw.nnodes, &c->min_nodes, &c->max_nodes)) {
     return "--nnodes: '" + raw.nnodes + "' is not N or MIN:MAX with 0 < MIN <= MAX";
   }
-  auto nproc = ParseNprocPerNode(raw.nproc, static_cast<int>(std::thread::hardware_concurrency()),
-                                 CountGpus());
+  int cpus = job && job->cpus_on_node > 0 ? job->cpus_on_node
+                                          : static_cast<int>(std::thread::hardware_concurrency());
+  int gpus = job && job->gpus_on_node > 0 ? job->gpus_on_node : CountGpus();
+  auto nproc = ParseNprocPerNode(raw.nproc, cpus, gpus);
   if (!nproc.ok()) return nproc.status().message();
   c->nproc_per_node = *nproc;
   if (!ParseStreamSpec(raw.redirects, &c->redirects)) {
@@ -150,7 +170,10 @@ CliResult ParseCommandLine(int argc, const char* const* argv) {
     return result;
   }
   c.entrypoint = app.remaining();
-  std::string error = ApplyRaw(raw, &c);
+  std::string error;
+  std::optional<SlurmJob> job = ReadSlurmJob(CurrentEnv(), &error);
+  if (job) ApplySlurm(app, *job, &raw, &c);
+  if (error.empty()) error = ApplyRaw(raw, job, &c);
   if (error.empty()) {
     Status s = Validate(&c);
     if (!s.ok()) error = s.message();

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# A real SLURM cluster on this machine (munged, slurmctld, 2 slurmd), and a
+# 2-node x 2-worker dtrun job of Debian Python torch gloo workers through
+# srun and through sbatch. Exit 77 (skip) with the reason when SLURM cannot
+# be installed. Usage: slurm_test.sh DTRUN_BINARY
+set -euo pipefail
+dtrun=$(realpath "${1:?usage: slurm_test.sh DTRUN_BINARY}")
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+for tool in slurmctld slurmd srun sbatch munged unshare; do
+  if ! command -v "$tool" >/dev/null; then
+    echo "SKIP: $tool is not installed (scripts/install-deps.sh installs slurmctld slurmd slurm-client munge)"
+    exit 77
+  fi
+done
+if [[ $EUID -ne 0 ]]; then echo "SKIP: a private SLURM cluster needs root"; exit 77; fi
+
+tag=dts$((RANDOM % 10000))
+base=$((17000 + (RANDOM % 200) * 20))
+trap '"$repo/tests/slurm/cluster-down.sh" "$tag"' EXIT
+"$repo/tests/slurm/cluster-up.sh" "$tag" 2 "$base"
+export SLURM_CONF=/tmp/$tag/slurm.conf
+export DTRUN_BIN=$dtrun
+
+check() {  # check OUTPUT_FILE WHAT
+  local ok=1
+  for r in 0 1 2 3; do
+    grep -q "rank $r of 4 on $tag-h$((r / 2)) group $((r / 2)): sum=10" "$1" || ok=0
+  done
+  if (( ok )); then echo "PASS: $2: ranks 0..3 on 2 nodes, all_reduce sum 10"; return 0; fi
+  echo "FAIL: $2"; cat "$1"; return 1
+}
+
+cd "$repo"
+srun -N2 --ntasks-per-node=1 scripts/dtrun-srun --nproc-per-node=2 \
+  --python /usr/bin/python3 tests/slurm/rank_allreduce.py >"/tmp/$tag/srun.out" 2>&1
+check "/tmp/$tag/srun.out" "srun"
+
+cat >"/tmp/$tag/job.sh" <<JOB
+#!/usr/bin/env bash
+cd "$repo"
+srun --ntasks-per-node=1 scripts/dtrun-srun --nproc-per-node=2 \\
+  --python /usr/bin/python3 tests/slurm/rank_allreduce.py
+JOB
+sbatch --wait -N2 --ntasks-per-node=1 -o "/tmp/$tag/sbatch.out" "/tmp/$tag/job.sh" >/dev/null
+check "/tmp/$tag/sbatch.out" "sbatch"
