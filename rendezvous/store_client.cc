@@ -112,7 +112,9 @@ std::string TcpStoreClient::K(const std::string& key) const {
 
 Status TcpStoreClient::Open() {
   auto started = Clock::now();
-  auto deadline = started + opts_.connect_timeout;
+  // The first connection may wait for the store to come up; a reconnect
+  // (after a timeout or a lost connection) is one operation's worth.
+  auto deadline = started + (connected_once_ ? opts_.timeout : opts_.connect_timeout);
   std::mt19937 rng(std::random_device{}());
   std::uniform_real_distribution<double> jitter(0.75, 1.25);
   auto backoff = std::chrono::milliseconds(50);
@@ -134,7 +136,10 @@ Status TcpStoreClient::Open() {
     if (fd_ >= 0) {
       rbuf_.clear();
       Status s = Handshake(Clock::now() + opts_.timeout);
-      if (s.ok()) return s;
+      if (s.ok()) {
+        connected_once_ = true;
+        return s;
+      }
       last_error = s.message();
       Fail(Status::Ok());
     }

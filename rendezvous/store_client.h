@@ -19,6 +19,7 @@ struct StoreClientOptions {
   std::chrono::milliseconds timeout = std::chrono::seconds(300);
   // How long Connect keeps retrying a refused or unreachable address, with
   // exponential backoff (50 ms doubling to 1 s, +-25% jitter). Default 60 s.
+  // Reconnecting after a lost connection is bounded by `timeout` instead.
   std::chrono::milliseconds connect_timeout = std::chrono::seconds(60);
   // kTorch2 (VALIDATE + PING, CANCEL_WAIT on wait timeout) for dtrun's own
   // server; kTorch113 to talk to a PyTorch 1.13 server.
@@ -92,6 +93,7 @@ class TcpStoreClient : public Store {
   StoreClientOptions opts_;
   std::mutex mu_;
   int fd_ = -1;
+  bool connected_once_ = false;
   std::string rbuf_;  // received, not yet consumed
 };
 

@@ -44,6 +44,7 @@ class Launcher {
   int JoinFailed(const Status& status);
   int FollowRound();
   void Linger();
+  void StopGroupAndWait();
   bool Interrupted();
   void PollOnce(int timeout_ms);
   Status StartStore();

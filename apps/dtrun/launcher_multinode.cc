@@ -86,6 +86,14 @@ milliseconds ConfSeconds(const LaunchConfig& c, const std::string& key, millisec
   return milliseconds(static_cast<int64_t>(std::atof(it->second.c_str()) * 1000));
 }
 
+// How long a node may stay silent before the others declare it dead:
+// keep_alive_interval x keep_alive_max_attempt (5 s x 3 by default).
+milliseconds SilentLimit(const LaunchConfig& c) {
+  auto it = c.rdzv_conf.find("keep_alive_max_attempt");
+  int attempts = it == c.rdzv_conf.end() ? 3 : std::max(1, std::atoi(it->second.c_str()));
+  return ConfSeconds(c, "keep_alive_interval", milliseconds(5000)) * attempts;
+}
+
 }  // namespace
 
 Status Launcher::ConnectRendezvous() {
@@ -131,7 +139,11 @@ Status Launcher::ConnectRendezvous() {
   rdzv::StoreClientOptions copts;
   copts.host = host;
   copts.port = port;
-  copts.timeout = ConfSeconds(config_, "read_timeout", milliseconds(60000));
+  // Store operations are bounded by the time a node may stay silent, so a
+  // node cut off from the store notices (and answers signals) as soon as the
+  // others declare it dead; read_timeout overrides.
+  copts.timeout =
+      ConfSeconds(config_, "read_timeout", std::max(SilentLimit(config_), milliseconds(1000)));
   copts.connect_timeout = ConfSeconds(config_, "join_timeout", milliseconds(600000));
   auto client = rdzv::TcpStoreClient::Connect(copts);
   if (!client.ok()) {
@@ -243,6 +255,12 @@ int Launcher::RunMultiNode() {
   }
 }
 
+void Launcher::StopGroupAndWait() {
+  if (agent_.alive() == 0) return;
+  Apply(agent_.OnSignal(SIGTERM, clock_->Now()));
+  while (agent_.alive() > 0) PollOnce(100);
+}
+
 void Launcher::Linger() {
   // Other nodes may not have read the end of the job yet; the node hosting
   // the rendezvous store keeps it up until they have (at most 10 s).
@@ -266,8 +284,8 @@ int Launcher::FollowRound() {
                                                   : milliseconds(500)));
   auto next_check = clock_->Now();
   bool done_marked = false, stopping = false;
-  auto failing_since = clock_->Now();
-  bool store_failing = false;
+  auto last_ok = clock_->Now();
+  auto silent_limit = SilentLimit(config_);
   for (;;) {
     auto wait = std::chrono::duration_cast<milliseconds>(next_check - clock_->Now());
     PollOnce(static_cast<int>(std::max<int64_t>(0, wait.count())));
@@ -301,22 +319,18 @@ int Launcher::FollowRound() {
     next_check = clock_->Now() + tick;
     auto event = rdzv_->Check(assignment_);
     if (!event.ok()) {
-      // The rendezvous store is unreachable (its host may be gone). Give it
-      // the same patience as a node's heartbeat, then give up.
-      if (!store_failing) failing_since = clock_->Now();
-      store_failing = true;
-      auto limit = ConfSeconds(config_, "keep_alive_interval", milliseconds(5000)) * 3;
-      if (clock_->Now() - failing_since > limit) {
-        log->error("rendezvous store unreachable for {} s: {}",
-                   std::chrono::duration_cast<std::chrono::seconds>(limit).count(),
+      // The rendezvous store is unreachable (its host may be gone, or our
+      // link). Give it as long as a node may stay silent, then give up.
+      if (clock_->Now() - last_ok > silent_limit) {
+        log->error("rendezvous store unreachable for {:.1f} s: {}",
+                   std::chrono::duration<double>(clock_->Now() - last_ok).count(),
                    event.status().message());
-        Apply(agent_.OnSignal(SIGTERM, clock_->Now()));
-        while (outcome_ != Outcome::kSignaled) PollOnce(100);
+        StopGroupAndWait();
         return 3;
       }
       continue;
     }
-    store_failing = false;
+    last_ok = clock_->Now();
     switch (*event) {
       case rdzv::RoundEvent::kNone:
         break;
@@ -336,10 +350,7 @@ int Launcher::FollowRound() {
         break;
       case rdzv::RoundEvent::kClosed:
         log->error("the job failed: {}", rdzv_->closed_reason());
-        if (outcome_ == Outcome::kRunning) {
-          Apply(agent_.OnSignal(SIGTERM, clock_->Now()));
-          while (outcome_ == Outcome::kRunning) PollOnce(100);
-        }
+        StopGroupAndWait();
         return 1;
     }
   }
