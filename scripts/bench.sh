@@ -15,3 +15,8 @@ echo "== launcher: dtrun vs torchrun 1.13 ($(nproc) cores; workers OMP_NUM_THREA
 ninja -C build-bench fake_worker dtrun >/dev/null
 /usr/bin/python3 tests/bench/launch_bench.py --dtrun build-bench/apps/dtrun \
   --fake-worker build-bench/tests/apps/fake_worker
+
+echo
+echo "== multi-node: dtrun vs torchrun 1.13, c10d backend, agents on one machine"
+/usr/bin/python3 tests/bench/multinode_bench.py --dtrun build-bench/apps/dtrun \
+  --fake-worker build-bench/tests/apps/fake_worker
