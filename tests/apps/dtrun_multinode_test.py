@@ -161,6 +161,19 @@ class MultiNode(unittest.TestCase):
         other = [r for r in results if r[0] == 1][0]
         self.assertIn("the job failed: workers failed on node", other[2])
 
+    def test_standalone_dtstore_as_the_endpoint(self):
+        dtstore = os.path.join(os.path.dirname(DTRUN), "dtstore")
+        store = start(dtstore, ["--host", "127.0.0.1", "--port", "0"])
+        self.procs.append(store)
+        port = int(store.stdout.readline().strip().rsplit(":", 1)[1])
+        common = ["--nnodes=2", "--nproc-per-node=1", "--rdzv-backend=c10d",
+                  f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=ext",
+                  "--rdzv-conf=is_host=0", FAKE, "--env-dir", self.dir]
+        results = [self.finish(p) for p in [self.node(common), self.node(common)]]
+        self.assertEqual([r[0] for r in results], [0, 0], results[0][2])
+        self.assertEqual(sorted(envs(self.dir)), [0, 1])
+        self.assertIsNone(store.poll())  # the store outlives the nodes
+
     def test_unreachable_endpoint_exits_3_naming_it(self):
         port = free_port()
         t0 = time.monotonic()
