@@ -1,0 +1,62 @@
+#pragma once
+
+#include <memory>
+
+namespace c10d {
+class ProcessGroup;
+}
+namespace torch::nn {
+class Module;
+}
+
+namespace dtrun::train {
+
+struct DdpOptions {
+  double bucket_cap_mb = 25;            // gradient bucket cap, MiB; default 25
+  bool find_unused_parameters = false;  // a parameter with no gradient in a step
+                                        // contributes zeros (else SyncGradients throws)
+  bool broadcast_buffers = true;        // buffers too come from rank 0 at start
+};
+
+// Data parallelism for any torch::nn::Module. At construction, parameters
+// (and buffers) are broadcast from rank 0 and gradients are packed into
+// buckets of at most bucket_cap_mb, in reverse registration order (the order
+// backward produces them). During backward, each bucket's all-reduce starts
+// asynchronously the moment its last gradient is ready (autograd hooks), in
+// bucket order on every rank, overlapping the rest of backward.
+// SyncGradients() waits for them and writes the averaged gradients.
+// Not thread-safe: one training thread; the hooks run inside backward.
+class DistributedDataParallel {
+ public:
+  DistributedDataParallel(std::shared_ptr<torch::nn::Module> module, c10d::ProcessGroup* pg,
+                          DdpOptions options = {});
+  ~DistributedDataParallel();
+
+  // Call after backward() and before the optimizer step: waits for every
+  // bucket's all-reduce and sets each parameter's grad to the average over
+  // ranks. Does nothing inside a NoSync scope.
+  void SyncGradients();
+
+  // Gradient accumulation: backward passes inside the scope only accumulate
+  // locally; the first synchronized backward after it reduces the sum.
+  class NoSync {
+   public:
+    explicit NoSync(DistributedDataParallel& ddp);
+    ~NoSync();
+    NoSync(const NoSync&) = delete;
+    NoSync& operator=(const NoSync&) = delete;
+
+   private:
+    DistributedDataParallel& ddp_;
+  };
+
+  size_t num_buckets() const;
+  torch::nn::Module& module();
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace dtrun::train

@@ -1,0 +1,30 @@
+#pragma once
+
+#include <map>
+#include <string>
+
+#include "rendezvous/status.h"
+
+namespace dtrun::train {
+
+// The distributed environment a launcher (dtrun or torchrun) gives a worker.
+struct DistEnv {
+  int rank = 0;              // RANK
+  int world_size = 1;        // WORLD_SIZE
+  int local_rank = 0;        // LOCAL_RANK (default 0)
+  int local_world_size = 1;  // LOCAL_WORLD_SIZE (default 1)
+  std::string master_addr;   // MASTER_ADDR
+  int master_port = 0;       // MASTER_PORT
+  int restart_count = 0;     // TORCHELASTIC_RESTART_COUNT (default 0)
+  std::string run_id;        // TORCHELASTIC_RUN_ID (default "none")
+};
+
+// Reads the worker environment. Pure: takes the variables as a map. Missing
+// or malformed variables give Status::Invalid naming them and saying to run
+// under dtrun/torchrun.
+Result<DistEnv> ReadDistEnv(const std::map<std::string, std::string>& env);
+
+// The process's own environment as a map.
+std::map<std::string, std::string> ProcessEnv();
+
+}  // namespace dtrun::train

@@ -1,0 +1,104 @@
+#include "lib/process_group.h"
+
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+
+#include <cstdlib>
+
+#include "rendezvous/memory_store.h"
+#include "rendezvous/store_client.h"
+
+namespace dtrun::train {
+namespace {
+
+std::vector<uint8_t> Bytes(const std::string& s) { return {s.begin(), s.end()}; }
+std::string Text(const std::vector<uint8_t>& v) { return {v.begin(), v.end()}; }
+
+// c10d::Store over dtrun's client, so gloo rendezvous goes through the same
+// code (deadlines, clear errors) as the agents. Statuses become exceptions.
+class DtrunC10dStore : public c10d::Store {
+ public:
+  DtrunC10dStore(std::unique_ptr<rdzv::TcpStoreClient> client, int rank)
+      : c10d::Store(client->timeout()), client_(std::move(client)), rank_(rank) {}
+
+  void set(const std::string& key, const std::vector<uint8_t>& value) override {
+    Check(client_->Set(key, Text(value)));
+  }
+  std::vector<uint8_t> compareSet(const std::string& key, const std::vector<uint8_t>& expected,
+                                  const std::vector<uint8_t>& desired) override {
+    return Bytes(Value(client_->CompareSet(key, Text(expected), Text(desired))));
+  }
+  std::vector<uint8_t> get(const std::string& key) override {
+    return Bytes(Value(client_->Get(key)));
+  }
+  int64_t add(const std::string& key, int64_t value) override {
+    return Value(client_->Add(key, value));
+  }
+  bool deleteKey(const std::string& key) override { return Value(client_->DeleteKey(key)); }
+  bool check(const std::vector<std::string>& keys) override { return Value(client_->Check(keys)); }
+  int64_t getNumKeys() override { return Value(client_->NumKeys()); }
+  void wait(const std::vector<std::string>& keys) override { wait(keys, timeout_); }
+  void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& t) override {
+    Check(client_->Wait(keys, t));
+  }
+
+ private:
+  void Check(const Status& s) {
+    if (s.ok()) return;
+    std::string msg = "rank " + std::to_string(rank_) + ": " + s.message();
+    if (s.code() == Status::Code::kTimeout) throw TimeoutError(msg);
+    throw StoreError(msg);
+  }
+  template <typename T>
+  T Value(Result<T> r) {
+    Check(r.status());
+    return std::move(*r);
+  }
+
+  std::unique_ptr<rdzv::TcpStoreClient> client_;
+  int rank_;
+};
+
+}  // namespace
+
+struct Distributed::Impl {
+  DistEnv env;
+  c10::intrusive_ptr<c10d::ProcessGroupGloo> pg;
+};
+
+std::unique_ptr<Distributed> Distributed::FromEnv(const ProcessGroupOptions& options) {
+  auto env = ReadDistEnv(ProcessEnv());
+  if (!env.ok()) throw Error(env.status().message());
+  auto impl = std::make_unique<Impl>();
+  impl->env = *env;
+  rdzv::StoreClientOptions copts;
+  copts.host = env->master_addr;
+  copts.port = static_cast<uint16_t>(env->master_port);
+  copts.timeout = options.timeout;
+  copts.connect_timeout = options.connect_timeout;
+  copts.dialect = rdzv::Dialect::kTorch113;
+  auto client = rdzv::TcpStoreClient::Connect(copts);
+  if (!client.ok()) {
+    throw StoreError("rank " + std::to_string(env->rank) + ": " + client.status().message());
+  }
+  auto base = c10::make_intrusive<DtrunC10dStore>(std::move(*client), env->rank);
+  // torchrun 1.13 keeps one store across restarts; the attempt prefix keeps
+  // attempts apart there (dtrun gives each attempt a fresh store anyway).
+  auto store = c10::make_intrusive<c10d::PrefixStore>(
+      "/worker/attempt_" + std::to_string(env->restart_count) + "/dtrun_pg", base);
+  auto gloo = c10d::ProcessGroupGloo::Options::create(options.timeout);
+  const char* ifname = std::getenv("GLOO_SOCKET_IFNAME");
+  gloo->devices.push_back(ifname && *ifname
+                              ? c10d::ProcessGroupGloo::createDeviceForInterface(ifname)
+                              : c10d::ProcessGroupGloo::createDefaultDevice());
+  gloo->threads = 2;
+  impl->pg = c10::make_intrusive<c10d::ProcessGroupGloo>(store, env->rank, env->world_size, gloo);
+  return std::unique_ptr<Distributed>(new Distributed(std::move(impl)));
+}
+
+Distributed::Distributed(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Distributed::~Distributed() = default;
+const DistEnv& Distributed::env() const { return impl_->env; }
+c10d::ProcessGroup& Distributed::pg() { return *impl_->pg; }
+
+}  // namespace dtrun::train

@@ -1,0 +1,60 @@
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <stdexcept>
+#include <string>
+
+#include "lib/dist_env.h"
+
+namespace c10d {
+class ProcessGroup;
+}
+
+namespace dtrun::train {
+
+// Errors at the libtorch boundary (lib/ lives in libtorch's world, where
+// c10d throws): one small hierarchy.
+class Error : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+class StoreError : public Error {
+ public:
+  using Error::Error;
+};
+class TimeoutError : public StoreError {
+ public:
+  using StoreError::StoreError;
+};
+
+struct ProcessGroupOptions {
+  // Timeout of store operations and collectives. Default 30 min (c10d's).
+  std::chrono::milliseconds timeout{30 * 60 * 1000};
+  // How long to keep retrying the store connection. Default 300 s.
+  std::chrono::milliseconds connect_timeout{300 * 1000};
+};
+
+// A process group built from the launcher's environment: a store client at
+// MASTER_ADDR:MASTER_PORT (dtrun's client, 1.13 dialect, so torchrun's store
+// works too) in the attempt's key space "/worker/attempt_<n>", and gloo on
+// CPU. Thread rules: those of c10d::ProcessGroup.
+class Distributed {
+ public:
+  // Throws Error naming the rank, the store address and the time waited.
+  static std::unique_ptr<Distributed> FromEnv(const ProcessGroupOptions& options = {});
+  ~Distributed();
+
+  const DistEnv& env() const;
+  int rank() const { return env().rank; }
+  int world_size() const { return env().world_size; }
+  c10d::ProcessGroup& pg();
+
+  struct Impl;
+
+ private:
+  explicit Distributed(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace dtrun::train
