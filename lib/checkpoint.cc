@@ -1,0 +1,153 @@
+#include "lib/checkpoint.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include "lib/sha256.h"
+
+namespace dtrun::train {
+namespace {
+
+constexpr char kMagic[] = "DTCKPT1\n";
+constexpr size_t kMagicLen = 8, kHeaderLen = kMagicLen + 32 + 8;
+constexpr size_t kChunk = 4 << 20;
+
+std::string Errno(const std::string& what) { return what + ": " + std::strerror(errno); }
+
+bool MakeDirs(const std::string& path) {
+  for (size_t i = 1; i <= path.size(); ++i) {
+    if (i == path.size() || path[i] == '/') {
+      if (mkdir(path.substr(0, i).c_str(), 0755) != 0 && errno != EEXIST) return false;
+    }
+  }
+  return true;
+}
+
+Status WriteAllFd(int fd, const char* p, size_t n, const std::function<void(size_t)>& on_chunk,
+                  size_t* written, const std::string& path) {
+  while (n > 0) {
+    size_t take = std::min(n, kChunk);
+    ssize_t w = ::write(fd, p, take);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return Status::Io(Errno("writing " + path));
+    p += w;
+    n -= static_cast<size_t>(w);
+    *written += static_cast<size_t>(w);
+    if (on_chunk) on_chunk(*written);
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+CheckpointDir::CheckpointDir(std::string dir, int keep_last)
+    : dir_(std::move(dir)), keep_last_(std::max(1, keep_last)) {}
+
+std::string CheckpointDir::PathFor(int64_t step) const {
+  char name[64];
+  std::snprintf(name, sizeof(name), "/ckpt_%012lld.dtck", static_cast<long long>(step));
+  return dir_ + name;
+}
+
+Status CheckpointDir::Write(int64_t step, const std::string& payload) {
+  if (!MakeDirs(dir_)) return Status::Io(Errno("creating checkpoint folder " + dir_));
+  Sha256 sha;
+  sha.Update(payload);
+  auto digest = sha.Digest();
+  std::string header(kMagic, kMagicLen);
+  header.append(reinterpret_cast<const char*>(digest.data()), digest.size());
+  uint64_t len = payload.size();
+  header.append(reinterpret_cast<const char*>(&len), sizeof(len));
+
+  std::string final_path = PathFor(step);
+  std::string tmp = final_path + ".tmp." + std::to_string(getpid());
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return Status::Io(Errno("creating " + tmp));
+  size_t written = 0;
+  Status s = WriteAllFd(fd, header.data(), header.size(), on_chunk, &written, tmp);
+  if (s.ok()) s = WriteAllFd(fd, payload.data(), payload.size(), on_chunk, &written, tmp);
+  if (s.ok() && ::fsync(fd) != 0) s = Status::Io(Errno("fsync " + tmp));
+  ::close(fd);
+  if (s.ok() && ::rename(tmp.c_str(), final_path.c_str()) != 0) {
+    s = Status::Io(Errno("renaming " + tmp));
+  }
+  if (!s.ok()) {
+    ::unlink(tmp.c_str());
+    return s;
+  }
+  // The rename is durable only once the folder itself is synced.
+  int dfd = ::open(dir_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd >= 0) {
+    ::fsync(dfd);
+    ::close(dfd);
+  }
+  auto steps = Steps();
+  for (size_t i = static_cast<size_t>(keep_last_); i < steps.size(); ++i) {
+    ::unlink(PathFor(steps[i]).c_str());
+  }
+  return Status::Ok();
+}
+
+std::vector<int64_t> CheckpointDir::Steps() const {
+  std::vector<int64_t> steps;
+  DIR* d = opendir(dir_.c_str());
+  if (!d) return steps;
+  while (dirent* e = readdir(d)) {
+    // Exactly "ckpt_<digits>.dtck": temporary files ("....dtck.tmp.<pid>") never count.
+    std::string name = e->d_name;
+    const std::string head = "ckpt_", tail = ".dtck";
+    if (name.size() <= head.size() + tail.size() || name.compare(0, head.size(), head) != 0 ||
+        name.compare(name.size() - tail.size(), tail.size(), tail) != 0) {
+      continue;
+    }
+    std::string digits = name.substr(head.size(), name.size() - head.size() - tail.size());
+    if (digits.find_first_not_of("0123456789") != std::string::npos) continue;
+    steps.push_back(std::stoll(digits));
+  }
+  closedir(d);
+  std::sort(steps.rbegin(), steps.rend());
+  return steps;
+}
+
+std::optional<CheckpointDir::Loaded> CheckpointDir::LoadLatest(
+    std::vector<std::string>* skipped) const {
+  for (int64_t step : Steps()) {
+    std::string path = PathFor(step);
+    std::ifstream in(path, std::ios::binary);
+    std::stringstream buf;
+    buf << in.rdbuf();
+    std::string data = buf.str();
+    std::string why;
+    uint64_t len = 0;
+    if (data.size() < kHeaderLen || data.compare(0, kMagicLen, kMagic) != 0) {
+      why = "not a dtrun checkpoint (bad header)";
+    } else {
+      std::memcpy(&len, data.data() + kMagicLen + 32, sizeof(len));
+      if (len != data.size() - kHeaderLen) {
+        why = "truncated: " + std::to_string(data.size() - kHeaderLen) + " of " +
+              std::to_string(len) + " payload bytes";
+      } else {
+        Sha256 sha;
+        sha.Update(data.data() + kHeaderLen, len);
+        auto digest = sha.Digest();
+        if (std::memcmp(digest.data(), data.data() + kMagicLen, 32) != 0) {
+          why = "checksum mismatch";
+        }
+      }
+    }
+    if (why.empty()) return Loaded{step, data.substr(kHeaderLen), path};
+    if (skipped) skipped->push_back(path + ": " + why);
+  }
+  return std::nullopt;
+}
+
+}  // namespace dtrun::train

@@ -1,0 +1,48 @@
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "rendezvous/status.h"
+
+namespace dtrun::train {
+
+// A folder of checkpoints, each one file "ckpt_<step>.dtck":
+//   "DTCKPT1\n" | sha256(payload) (32 bytes) | u64 payload length (LE) | payload
+// Writes go to a temporary file in the same folder, are fsynced, renamed over
+// the final name and the folder fsynced, so a crash mid-write never leaves a
+// file that loads. Loading verifies the checksum and falls back to the
+// previous checkpoint. Not thread-safe; one writer (rank 0) per folder.
+class CheckpointDir {
+ public:
+  // keep_last: how many checkpoints to keep (older ones are deleted); >= 1.
+  CheckpointDir(std::string dir, int keep_last);
+
+  // Writes `payload` as the checkpoint of `step`.
+  Status Write(int64_t step, const std::string& payload);
+
+  struct Loaded {
+    int64_t step;
+    std::string payload;
+    std::string path;
+  };
+  // The newest checkpoint whose checksum verifies; each one skipped is
+  // described in *skipped ("path: why"). nullopt when none loads.
+  std::optional<Loaded> LoadLatest(std::vector<std::string>* skipped = nullptr) const;
+
+  // Steps of the checkpoints present, newest first.
+  std::vector<int64_t> Steps() const;
+
+  // Test hook: called after each chunk written to the temporary file.
+  std::function<void(size_t bytes_written)> on_chunk;
+
+ private:
+  std::string PathFor(int64_t step) const;
+  std::string dir_;
+  int keep_last_;
+};
+
+}  // namespace dtrun::train
