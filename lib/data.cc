@@ -1,0 +1,90 @@
+#include "lib/data.h"
+
+#include <zlib.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <random>
+#include <sstream>
+
+namespace dtrun::train {
+
+Result<Dataset> LoadDigits(const std::string& path) {
+  gzFile f = gzopen(path.c_str(), "rb");
+  if (!f) {
+    return Status::Invalid("cannot open digits data '" + path +
+                           "' (Debian package python3-sklearn ships it)");
+  }
+  Dataset d;
+  d.features = 64;
+  d.classes = 10;
+  char line[4096];
+  int line_no = 0;
+  while (gzgets(f, line, sizeof(line))) {
+    ++line_no;
+    std::stringstream ss(line);
+    std::string cell;
+    std::vector<float> row;
+    while (std::getline(ss, cell, ',')) row.push_back(std::strtof(cell.c_str(), nullptr));
+    if (row.size() != 65) {
+      gzclose(f);
+      return Status::Invalid(path + ":" + std::to_string(line_no) + ": expected 65 columns, got " +
+                             std::to_string(row.size()));
+    }
+    for (int i = 0; i < 64; ++i) d.x.push_back(row[i] / 16.0f);
+    d.y.push_back(static_cast<int64_t>(row[64]));
+  }
+  gzclose(f);
+  if (d.rows() == 0) return Status::Invalid(path + ": no rows");
+  return d;
+}
+
+Dataset MakeSynthetic(int samples, int features, int classes, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  std::vector<float> centers(static_cast<size_t>(classes * features));
+  for (auto& c : centers) c = 2.f * normal(rng);
+  Dataset d;
+  d.features = features;
+  d.classes = classes;
+  for (int i = 0; i < samples; ++i) {
+    int c = i % classes;
+    for (int j = 0; j < features; ++j) d.x.push_back(centers[c * features + j] + normal(rng));
+    d.y.push_back(c);
+  }
+  return d;
+}
+
+void SplitTrainTest(const Dataset& all, double test_fraction, Dataset* train, Dataset* test) {
+  size_t every = test_fraction > 0 ? static_cast<size_t>(std::lround(1.0 / test_fraction)) : 0;
+  for (Dataset* d : {train, test}) {
+    *d = Dataset();
+    d->features = all.features;
+    d->classes = all.classes;
+  }
+  for (size_t i = 0; i < all.rows(); ++i) {
+    Dataset* to = every && i % every == every - 1 ? test : train;
+    to->x.insert(to->x.end(), all.x.begin() + i * all.features,
+                 all.x.begin() + (i + 1) * all.features);
+    to->y.push_back(all.y[i]);
+  }
+}
+
+std::vector<int64_t> StepIndices(size_t rows, int batch, int world, int rank, int64_t step,
+                                 uint64_t seed) {
+  int64_t global = static_cast<int64_t>(batch) * world;
+  int64_t per_epoch = std::max<int64_t>(1, static_cast<int64_t>(rows) / global);
+  int64_t epoch = step / per_epoch, pos = step % per_epoch;
+  std::vector<int64_t> perm(rows);
+  std::iota(perm.begin(), perm.end(), 0);
+  std::mt19937_64 rng(seed * 1000003 + static_cast<uint64_t>(epoch));
+  std::shuffle(perm.begin(), perm.end(), rng);
+  std::vector<int64_t> out;
+  for (int64_t i = 0; i < batch; ++i) {
+    out.push_back(perm[static_cast<size_t>((pos * global + rank * batch + i) % static_cast<int64_t>(rows))]);
+  }
+  return out;
+}
+
+}  // namespace dtrun::train

@@ -1,0 +1,52 @@
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace dtrun::train {
+
+// Everything a training run needs; train_cfg fills it from TOML. Defaults in
+// brackets.
+struct TrainConfig {
+  // model
+  std::string model = "mlp";          // mlp [mlp] | cnn (for 8x8 images)
+  std::vector<int> hidden = {64, 64}; // MLP hidden layer widths
+  // data
+  std::string data = "digits";        // digits (sklearn's 8x8 digits) | synthetic
+  std::string digits_path = "/usr/lib/python3/dist-packages/sklearn/datasets/data/digits.csv.gz";
+  int synthetic_samples = 2048, synthetic_features = 32, synthetic_classes = 4;
+  double test_fraction = 0.2;         // held out for evaluation [0.2]
+  // strategy
+  std::string strategy = "ddp";       // ddp
+  double bucket_cap_mb = 25;
+  // optimizer and schedule
+  std::string optimizer = "sgd";      // sgd | adamw
+  double lr = 0.05, momentum = 0.9, weight_decay = 0.0;
+  std::string schedule = "constant";  // constant | cosine
+  int warmup_steps = 0;
+  // loop
+  int batch_size = 32;                // per rank
+  int64_t steps = 200;
+  int accumulate = 1;                 // micro-batches per step (no_sync between)
+  int eval_every = 50, log_every = 20;
+  uint64_t seed = 1;
+  // checkpoints
+  std::string checkpoint_dir;         // empty: no checkpoints
+  int checkpoint_every = 50, keep_checkpoints = 2;
+  int64_t stop_after_step = -1;       // stop (as if preempted) after this step; -1 never
+  // fault injection for demos and tests: rank `kill_rank` SIGKILLs itself
+  // after step `kill_at_step` on the first attempt only.
+  int kill_rank = -1;
+  int64_t kill_at_step = -1;
+  std::string metrics_path;           // JSON lines; empty: none
+};
+
+// Runs (or resumes, from the newest good checkpoint) a data-parallel training
+// run in the process group of the launcher's environment. Rank 0 prints
+// progress lines and a last line
+//   done: steps=N loss=L eval_accuracy=A params_sha256=H
+// Returns the process exit code. Throws dtrun::train::Error on setup errors.
+int Train(const TrainConfig& config);
+
+}  // namespace dtrun::train
