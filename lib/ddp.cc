@@ -40,13 +40,17 @@ struct DistributedDataParallel::Impl {
 
   void BuildBuckets() {
     const int64_t cap = static_cast<int64_t>(opts.bucket_cap_mb * 1024 * 1024);
+    // The first bucket (the last layers, whose gradients come first) is small,
+    // as in PyTorch's DDP, so its all-reduce starts early in backward.
+    const int64_t first_cap = std::min<int64_t>(cap, 1 << 20);
     bucket_of.assign(params.size(), 0);
     offset_of.assign(params.size(), 0);
     int64_t bytes = 0;
     for (size_t k = params.size(); k-- > 0;) {  // reverse registration order
       const at::Tensor& p = params[k];
       int64_t size = p.numel() * static_cast<int64_t>(p.element_size());
-      if (buckets.empty() || (bytes + size > cap && bytes > 0)) {
+      int64_t limit = buckets.size() <= 1 ? first_cap : cap;
+      if (buckets.empty() || (bytes + size > limit && bytes > 0)) {
         buckets.emplace_back();
         bytes = 0;
       }
@@ -71,9 +75,13 @@ struct DistributedDataParallel::Impl {
     const at::Tensor& p = params[k];
     // The hook sees this pass's gradient before it is accumulated; add what
     // earlier (NoSync) passes left in .grad.
-    at::Tensor total = p.grad().defined() ? p.grad() + grad : grad;
     Bucket& b = buckets[bucket_of[k]];
-    b.flat.narrow(0, offset_of[k], p.numel()).copy_(total.reshape({-1}));
+    at::Tensor slice = b.flat.narrow(0, offset_of[k], p.numel());
+    if (p.grad().defined()) {
+      at::add_out(slice, p.grad().reshape({-1}), grad.reshape({-1}));  // one pass, no temporary
+    } else {
+      slice.copy_(grad.reshape({-1}));
+    }
     if (!ready[k]) {
       ready[k] = true;
       --b.pending;

@@ -13,6 +13,7 @@ namespace dtrun::train {
 
 struct DdpOptions {
   double bucket_cap_mb = 25;            // gradient bucket cap, MiB; default 25
+                                        // (the first bucket: at most 1 MiB)
   bool find_unused_parameters = false;  // a parameter with no gradient in a step
                                         // contributes zeros (else SyncGradients throws)
   bool broadcast_buffers = true;        // buffers too come from rank 0 at start

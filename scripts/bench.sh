@@ -20,3 +20,14 @@ echo
 echo "== multi-node: dtrun vs torchrun 1.13, c10d backend, agents on one machine"
 /usr/bin/python3 tests/bench/multinode_bench.py --dtrun build-bench/apps/dtrun \
   --fake-worker build-bench/tests/apps/fake_worker
+
+echo
+echo "== DDP: our C++ DDP vs PyTorch's Python DDP, MLP 784-1024x3-10, batch 64/rank, 2 ranks"
+echo "   (both launched by dtrun; gloo; 1 thread per rank; $(python3 -c 'import numpy' 2>/dev/null; \
+  ls /usr/lib/x86_64-linux-gnu/libopenblas* >/dev/null 2>&1 && echo OpenBLAS || echo reference BLAS))"
+ninja -C build-bench ddp_bench >/dev/null
+for i in 1 2 3; do
+  build-bench/apps/dtrun --nproc-per-node=2 --log-level=error build-bench/tests/bench/ddp_bench
+  build-bench/apps/dtrun --nproc-per-node=2 --log-level=error --python /usr/bin/python3 \
+    tests/bench/ddp_bench.py
+done
