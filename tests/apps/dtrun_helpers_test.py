@@ -3,26 +3,17 @@ import json
 import os
 import signal
 import sys
-import tempfile
 import time
 import unittest
 
-from dtrun_proc import (alive, kill_all, parse_args, read_pids, run, start,
+from dtrun_proc import (WorkerTestCase, alive, parse_args, read_pids, run, start,
                         wait_for)
 
 ARGS, REST = parse_args()
 DTRUN, WORKER = ARGS.dtrun, ARGS.fake_worker
 
 
-class DtrunWithHelperWorkers(unittest.TestCase):
-    def setUp(self):
-        self.tmp = tempfile.TemporaryDirectory()
-        self.dir = self.tmp.name
-
-    def tearDown(self):
-        kill_all(read_pids(self.dir).values())
-        self.tmp.cleanup()
-
+class DtrunWithHelperWorkers(WorkerTestCase):
     def test_env_contract_for_four_workers(self):
         rc, out, err = run(DTRUN, ["--nproc-per-node=4", "--rdzv-id=job42", "--role=trainer",
                                    WORKER, "--env-dir", self.dir],

@@ -3,7 +3,9 @@ import argparse
 import os
 import signal
 import subprocess
+import tempfile
 import time
+import unittest
 
 
 def parse_args():
@@ -60,3 +62,16 @@ def kill_all(pids):
     for pid in pids:
         if alive(pid):
             os.kill(pid, signal.SIGKILL)
+
+
+class WorkerTestCase(unittest.TestCase):
+    """A temporary folder per test (self.dir); worker pids written there with
+    --pid-dir are killed at the end."""
+
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory()
+        self.dir = self.tmp.name
+
+    def tearDown(self):
+        kill_all(read_pids(self.dir).values())
+        self.tmp.cleanup()

@@ -3,11 +3,10 @@ import json
 import os
 import signal
 import sys
-import tempfile
 import time
 import unittest
 
-from dtrun_proc import alive, kill_all, parse_args, read_pids, run, start, wait_for
+from dtrun_proc import WorkerTestCase, alive, parse_args, read_pids, run, start, wait_for
 
 ARGS, REST = parse_args()
 DTRUN = ARGS.dtrun
@@ -16,15 +15,7 @@ WORKER = os.path.join(HERE, "torch_worker.py")
 PY = ["--python", "/usr/bin/python3"]
 
 
-class DtrunWithTorchWorkers(unittest.TestCase):
-    def setUp(self):
-        self.tmp = tempfile.TemporaryDirectory()
-        self.dir = self.tmp.name
-
-    def tearDown(self):
-        kill_all(read_pids(self.dir).values())
-        self.tmp.cleanup()
-
+class DtrunWithTorchWorkers(WorkerTestCase):
     def test_env_contract_for_four_workers(self):
         rc, _, err = run(DTRUN, PY + ["--nproc-per-node=4", WORKER, "env", self.dir])
         self.assertEqual(rc, 0, err)
