@@ -24,7 +24,7 @@ const std::map<std::string, std::set<std::string>> kKeys = {
     {"optimizer", {"type", "lr", "momentum", "weight_decay"}},
     {"schedule", {"type", "warmup_steps"}},
     {"train", {"batch_size", "steps", "accumulate", "eval_every", "log_every", "seed",
-               "stop_after_step"}},
+               "stop_after_step", "drop_last"}},
     {"checkpoint", {"dir", "every", "keep"}},
     {"fault", {"kill_rank", "kill_at_step"}},
     {"metrics", {"path"}},
@@ -95,6 +95,7 @@ TrainConfig ToConfig(const toml::table& t) {
   Read(t, "train", "batch_size", &c.batch_size);
   Read(t, "train", "steps", &c.steps);
   Read(t, "train", "accumulate", &c.accumulate);
+  Read(t, "train", "drop_last", &c.drop_last);
   Read(t, "train", "eval_every", &c.eval_every);
   Read(t, "train", "log_every", &c.log_every);
   int64_t seed = static_cast<int64_t>(c.seed);

@@ -72,9 +72,10 @@ void SplitTrainTest(const Dataset& all, double test_fraction, Dataset* train, Da
 }
 
 std::vector<int64_t> StepIndices(size_t rows, int batch, int world, int rank, int64_t step,
-                                 uint64_t seed) {
+                                 uint64_t seed, bool drop_last) {
   int64_t global = static_cast<int64_t>(batch) * world;
-  int64_t per_epoch = std::max<int64_t>(1, static_cast<int64_t>(rows) / global);
+  int64_t n = static_cast<int64_t>(rows);
+  int64_t per_epoch = std::max<int64_t>(1, drop_last ? n / global : (n + global - 1) / global);
   int64_t epoch = step / per_epoch, pos = step % per_epoch;
   std::vector<int64_t> perm(rows);
   std::iota(perm.begin(), perm.end(), 0);

@@ -26,10 +26,11 @@ Dataset MakeSynthetic(int samples, int features, int classes, uint64_t seed);
 void SplitTrainTest(const Dataset& all, double test_fraction, Dataset* train, Dataset* test);
 
 // Row indices of step `step` for `rank`: each epoch is a permutation of the
-// training rows seeded by (seed, epoch); a step takes world*batch rows of it
-// (the epoch's remainder is dropped), rank r the r-th block of batch.
+// training rows seeded by (seed, epoch); a step takes world*batch rows of it,
+// rank r the r-th block of batch. The epoch's remainder is dropped
+// (drop_last) or its last step is padded with rows from the epoch's start.
 // A pure function of its arguments, so a resumed run sees the same data.
 std::vector<int64_t> StepIndices(size_t rows, int batch, int world, int rank, int64_t step,
-                                 uint64_t seed);
+                                 uint64_t seed, bool drop_last = true);
 
 }  // namespace dtrun::train

@@ -189,7 +189,8 @@ int Train(const TrainConfig& c) {
     double step_loss = 0;
     for (int m = 0; m < c.accumulate; ++m) {
       torch::Tensor y;
-      auto idx = StepIndices(train.rows(), c.batch_size, world, rank, step * c.accumulate + m, c.seed);
+      auto idx = StepIndices(train.rows(), c.batch_size, world, rank, step * c.accumulate + m,
+                             c.seed, c.drop_last);
       auto x = Rows(train, idx, &y);
       auto loss = torch::cross_entropy_loss(model->forward(x), y) / c.accumulate;
       step_loss += loss.item<double>();
@@ -226,8 +227,10 @@ int Train(const TrainConfig& c) {
       window_samples = 0;
     }
     if (c.eval_every > 0 && done % c.eval_every == 0 && rank == 0) {
-      std::printf("step %lld eval_accuracy %.4f\n", (long long)done, Accuracy(*model, test));
+      double acc = Accuracy(*model, test);
+      std::printf("step %lld eval_accuracy %.4f\n", (long long)done, acc);
       std::fflush(stdout);
+      if (metrics) metrics << "{\"step\": " << done << ", \"eval_accuracy\": " << acc << "}\n";
     }
     if (first_attempt && rank == c.kill_rank && done == c.kill_at_step) {
       std::fprintf(stderr, "fault injection: rank %d kills itself after step %lld\n", rank,

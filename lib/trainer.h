@@ -29,6 +29,7 @@ struct TrainConfig {
   int batch_size = 32;                // per rank
   int64_t steps = 200;
   int accumulate = 1;                 // micro-batches per step (no_sync between)
+  bool drop_last = true;              // drop each epoch's remainder [true], or pad it
   int eval_every = 50, log_every = 20;
   uint64_t seed = 1;
   // checkpoints
