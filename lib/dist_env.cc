@@ -2,8 +2,6 @@
 
 #include <cstdlib>
 
-extern char** environ;
-
 namespace dtrun::train {
 namespace {
 
@@ -52,16 +50,6 @@ Result<DistEnv> ReadDistEnv(const std::map<std::string, std::string>& env) {
   auto id = env.find("TORCHELASTIC_RUN_ID");
   d.run_id = id == env.end() ? "none" : id->second;
   return d;
-}
-
-std::map<std::string, std::string> ProcessEnv() {
-  std::map<std::string, std::string> env;
-  for (char** e = environ; e && *e; ++e) {
-    std::string kv = *e;
-    auto eq = kv.find('=');
-    if (eq != std::string::npos) env[kv.substr(0, eq)] = kv.substr(eq + 1);
-  }
-  return env;
 }
 
 }  // namespace dtrun::train

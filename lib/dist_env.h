@@ -24,7 +24,4 @@ struct DistEnv {
 // under dtrun/torchrun.
 Result<DistEnv> ReadDistEnv(const std::map<std::string, std::string>& env);
 
-// The process's own environment as a map.
-std::map<std::string, std::string> ProcessEnv();
-
 }  // namespace dtrun::train

@@ -5,6 +5,7 @@
 
 #include <cstdlib>
 
+#include "rendezvous/environment.h"
 #include "rendezvous/memory_store.h"
 #include "rendezvous/store_client.h"
 
@@ -67,7 +68,7 @@ struct Distributed::Impl {
 };
 
 std::unique_ptr<Distributed> Distributed::FromEnv(const ProcessGroupOptions& options) {
-  auto env = ReadDistEnv(ProcessEnv());
+  auto env = ReadDistEnv(ProcessEnvironment());
   if (!env.ok()) throw Error(env.status().message());
   auto impl = std::make_unique<Impl>();
   impl->env = *env;

@@ -1,6 +1,7 @@
 #include "apps/dtrun/cli.h"
 
 #include "apps/dtrun/slurm_env.h"
+#include "rendezvous/environment.h"
 
 #include <cstdio>
 #include <cstdlib>
@@ -171,7 +172,7 @@ CliResult ParseCommandLine(int argc, const char* const* argv) {
   }
   c.entrypoint = app.remaining();
   std::string error;
-  std::optional<SlurmJob> job = ReadSlurmJob(CurrentEnv(), &error);
+  std::optional<SlurmJob> job = ReadSlurmJob(ProcessEnvironment(), &error);
   if (job) ApplySlurm(app, *job, &raw, &c);
   if (error.empty()) error = ApplyRaw(raw, job, &c);
   if (error.empty()) {

@@ -15,6 +15,7 @@
 #include <random>
 
 #include "apps/dtrun/error_report.h"
+#include "rendezvous/environment.h"
 #include "rendezvous/log.h"
 #include "rendezvous/store_client.h"
 #include "rendezvous/store_server.h"
@@ -134,7 +135,7 @@ int Launcher::Run() {
   attempt_.role = config_.role;
   attempt_.max_restarts = config_.max_restarts;
   assignment_.world_size = config_.nproc_per_node;
-  base_env_ = CurrentEnv();
+  base_env_ = ProcessEnvironment();
   if (config_.nproc_per_node > 1 && !base_env_.count("OMP_NUM_THREADS")) {
     Logger("dtrun.agent")->warn("setting OMP_NUM_THREADS=1 for each worker to avoid "
                                 "overloading the host; set it yourself to tune");

@@ -1,7 +1,5 @@
 #include "apps/dtrun/worker_env.h"
 
-extern char** environ;
-
 namespace dtrun::agent {
 
 std::string ErrorFilePath(const AttemptEnv& attempt, int local_rank) {
@@ -31,16 +29,6 @@ EnvMap WorkerEnv(const EnvMap& base, const AttemptEnv& a, const WorkerPlace& p) 
   if (p.local_world_size > 1 && !base.count("OMP_NUM_THREADS")) set("OMP_NUM_THREADS", "1");
   for (const char* key : {"NCCL_ASYNC_ERROR_HANDLING", "TORCH_NCCL_ASYNC_ERROR_HANDLING"}) {
     if (!base.count(key)) set(key, "1");
-  }
-  return env;
-}
-
-EnvMap CurrentEnv() {
-  EnvMap env;
-  for (char** e = environ; e && *e; ++e) {
-    std::string kv = *e;
-    auto eq = kv.find('=');
-    if (eq != std::string::npos) env[kv.substr(0, eq)] = kv.substr(eq + 1);
   }
   return env;
 }

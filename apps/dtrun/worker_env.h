@@ -41,8 +41,7 @@ EnvMap WorkerEnv(const EnvMap& base, const AttemptEnv& attempt, const WorkerPlac
 // The error file of a worker of an attempt.
 std::string ErrorFilePath(const AttemptEnv& attempt, int local_rank);
 
-// environ -> map, and map -> "K=V" strings for execve.
-EnvMap CurrentEnv();
+// map -> "K=V" strings for execve.
 std::vector<std::string> ToEnvStrings(const EnvMap& env);
 
 }  // namespace dtrun::agent

@@ -1,0 +1,17 @@
+#include "rendezvous/environment.h"
+
+extern char** environ;
+
+namespace dtrun {
+
+std::map<std::string, std::string> ProcessEnvironment() {
+  std::map<std::string, std::string> env;
+  for (char** e = environ; e && *e; ++e) {
+    std::string kv = *e;
+    auto eq = kv.find('=');
+    if (eq != std::string::npos) env[kv.substr(0, eq)] = kv.substr(eq + 1);
+  }
+  return env;
+}
+
+}  // namespace dtrun
