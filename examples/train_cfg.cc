@@ -1,11 +1,13 @@
 // train_cfg CONFIG.toml [--set section.key=value ...]
-// A config-driven data-parallel trainer on dtrun's library. Run it under
+// A config-driven DDP/FSDP trainer on dtrun's library. Run it under
 // dtrun (or torchrun): dtrun --nproc-per-node=2 train_cfg examples/configs/digits_ddp.toml
 // Exit codes: 0 done, 2 bad config or flag, 1 training error.
 #include <cstdio>
 #include <map>
 #include <set>
+#include <stdexcept>
 #include <string>
+#include <type_traits>
 
 #include <toml++/toml.h>
 
@@ -18,14 +20,15 @@ using dtrun::train::TrainConfig;
 
 // Known keys: section -> keys. Anything else is a typo worth an error.
 const std::map<std::string, std::set<std::string>> kKeys = {
-    {"model", {"type", "hidden"}},
+    {"model", {"type", "hidden", "dropout"}},
     {"data", {"source", "path", "samples", "features", "classes", "test_fraction"}},
-    {"strategy", {"type", "bucket_cap_mb"}},
+    {"strategy", {"type", "backend", "bucket_cap_mb", "min_unit_params", "reshard_after_forward",
+                  "prefetch", "param_dtype", "reduce_dtype", "cpu_offload"}},
     {"optimizer", {"type", "lr", "momentum", "weight_decay"}},
     {"schedule", {"type", "warmup_steps"}},
     {"train", {"batch_size", "steps", "accumulate", "eval_every", "log_every", "seed",
                "stop_after_step", "drop_last"}},
-    {"checkpoint", {"dir", "every", "keep"}},
+    {"checkpoint", {"dir", "every", "keep", "format"}},
     {"fault", {"kill_rank", "kill_at_step"}},
     {"metrics", {"path"}},
 };
@@ -68,7 +71,17 @@ std::string ApplySet(toml::table& t, const std::string& arg) {
 
 template <typename T>
 void Read(const toml::table& t, const char* section, const char* key, T* out) {
-  if (auto v = t[section][key].value<T>()) *out = *v;
+  auto node = t[section][key];
+  if (!node) return;
+  if (auto v = node.value<T>()) {
+    *out = *v;
+    return;
+  }
+  const char* want = std::is_same_v<T, bool>          ? "true or false"
+                     : std::is_same_v<T, std::string> ? "a quoted string"
+                     : std::is_floating_point_v<T>    ? "a number"
+                                                      : "an integer";
+  throw std::invalid_argument(std::string(section) + "." + key + " must be " + want);
 }
 
 TrainConfig ToConfig(const toml::table& t) {
@@ -78,6 +91,7 @@ TrainConfig ToConfig(const toml::table& t) {
     c.hidden.clear();
     for (const auto& n : *arr) c.hidden.push_back(static_cast<int>(n.value_or<int64_t>(0)));
   }
+  Read(t, "model", "dropout", &c.dropout);
   Read(t, "data", "source", &c.data);
   Read(t, "data", "path", &c.digits_path);
   Read(t, "data", "samples", &c.synthetic_samples);
@@ -85,7 +99,14 @@ TrainConfig ToConfig(const toml::table& t) {
   Read(t, "data", "classes", &c.synthetic_classes);
   Read(t, "data", "test_fraction", &c.test_fraction);
   Read(t, "strategy", "type", &c.strategy);
+  Read(t, "strategy", "backend", &c.backend);
   Read(t, "strategy", "bucket_cap_mb", &c.bucket_cap_mb);
+  Read(t, "strategy", "min_unit_params", &c.min_unit_params);
+  Read(t, "strategy", "reshard_after_forward", &c.reshard_after_forward);
+  Read(t, "strategy", "prefetch", &c.prefetch);
+  Read(t, "strategy", "param_dtype", &c.param_dtype);
+  Read(t, "strategy", "reduce_dtype", &c.reduce_dtype);
+  Read(t, "strategy", "cpu_offload", &c.cpu_offload);
   Read(t, "optimizer", "type", &c.optimizer);
   Read(t, "optimizer", "lr", &c.lr);
   Read(t, "optimizer", "momentum", &c.momentum);
@@ -105,6 +126,7 @@ TrainConfig ToConfig(const toml::table& t) {
   Read(t, "checkpoint", "dir", &c.checkpoint_dir);
   Read(t, "checkpoint", "every", &c.checkpoint_every);
   Read(t, "checkpoint", "keep", &c.keep_checkpoints);
+  Read(t, "checkpoint", "format", &c.checkpoint_format);
   Read(t, "fault", "kill_rank", &c.kill_rank);
   Read(t, "fault", "kill_at_step", &c.kill_at_step);
   Read(t, "metrics", "path", &c.metrics_path);
@@ -136,9 +158,14 @@ int main(int argc, char** argv) {
   }
   std::string err = Check(table);
   if (!err.empty()) return Usage(std::string(argv[1]) + ": " + err);
-  TrainConfig config = ToConfig(table);
-  if (config.batch_size < 1 || config.steps < 1 || config.accumulate < 1) {
-    return Usage("train.batch_size, train.steps and train.accumulate must be >= 1");
+  TrainConfig config;
+  try {
+    config = ToConfig(table);
+  } catch (const std::invalid_argument& e) {
+    return Usage(std::string(argv[1]) + ": " + e.what());
+  }
+  if (std::string bad = dtrun::train::ValidateConfig(config); !bad.empty()) {
+    return Usage(std::string(argv[1]) + ": " + bad);
   }
   try {
     return dtrun::train::Train(config);

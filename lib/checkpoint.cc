@@ -58,8 +58,10 @@ std::string CheckpointDir::PathFor(int64_t step) const {
   return dir_ + name;
 }
 
-Status CheckpointDir::Write(int64_t step, const std::string& payload) {
-  if (!MakeDirs(dir_)) return Status::Io(Errno("creating checkpoint folder " + dir_));
+Status WriteCheckpointFile(const std::string& final_path, const std::string& payload,
+                           const std::function<void(size_t)>& on_chunk) {
+  const std::string dir = final_path.substr(0, final_path.rfind('/') + 1);
+  if (!dir.empty() && !MakeDirs(dir)) return Status::Io(Errno("creating checkpoint folder " + dir));
   Sha256 sha;
   sha.Update(payload);
   auto digest = sha.Digest();
@@ -68,7 +70,6 @@ Status CheckpointDir::Write(int64_t step, const std::string& payload) {
   uint64_t len = payload.size();
   header.append(reinterpret_cast<const char*>(&len), sizeof(len));
 
-  std::string final_path = PathFor(step);
   std::string tmp = final_path + ".tmp." + std::to_string(getpid());
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) return Status::Io(Errno("creating " + tmp));
@@ -85,16 +86,70 @@ Status CheckpointDir::Write(int64_t step, const std::string& payload) {
     return s;
   }
   // The rename is durable only once the folder itself is synced.
-  int dfd = ::open(dir_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  int dfd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (dfd >= 0) {
     ::fsync(dfd);
     ::close(dfd);
   }
+  return Status::Ok();
+}
+
+Result<std::string> ReadCheckpointFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return Status::Invalid("cannot open (" + std::string(std::strerror(errno)) + ")");
+  std::stringstream buf;
+  buf << in.rdbuf();
+  std::string data = buf.str();
+  if (data.size() < kHeaderLen || data.compare(0, kMagicLen, kMagic) != 0) {
+    return Status::Invalid("not a dtrun checkpoint (bad header)");
+  }
+  uint64_t len = 0;
+  std::memcpy(&len, data.data() + kMagicLen + 32, sizeof(len));
+  if (len != data.size() - kHeaderLen) {
+    return Status::Invalid("truncated: " + std::to_string(data.size() - kHeaderLen) + " of " +
+                           std::to_string(len) + " payload bytes");
+  }
+  Sha256 sha;
+  sha.Update(data.data() + kHeaderLen, len);
+  auto digest = sha.Digest();
+  if (std::memcmp(digest.data(), data.data() + kMagicLen, 32) != 0) {
+    return Status::Invalid("checksum mismatch");
+  }
+  return data.substr(kHeaderLen);
+}
+
+Status CheckpointDir::Write(int64_t step, const std::string& payload) {
+  if (!MakeDirs(dir_)) return Status::Io(Errno("creating checkpoint folder " + dir_));
+  Status s = WriteCheckpointFile(PathFor(step), payload, on_chunk);
+  if (!s.ok()) return s;
   auto steps = Steps();
-  for (size_t i = static_cast<size_t>(keep_last_); i < steps.size(); ++i) {
-    ::unlink(PathFor(steps[i]).c_str());
+  std::vector<int64_t> kept(steps.begin(),
+                            steps.begin() + std::min(steps.size(), static_cast<size_t>(keep_last_)));
+  for (size_t i = kept.size(); i < steps.size(); ++i) ::unlink(PathFor(steps[i]).c_str());
+  // Shards of steps no longer kept, and of older steps that never got a
+  // manifest (a crash between shards and manifest).
+  if (DIR* d = opendir(dir_.c_str())) {
+    std::vector<std::string> doomed;
+    while (dirent* e = readdir(d)) {
+      long long shard_step = 0;
+      int rank = 0, used = 0;
+      if (std::sscanf(e->d_name, "ckpt_%lld.shard_%d.dtck%n", &shard_step, &rank, &used) == 2 &&
+          e->d_name[used] == '\0' &&
+          std::find(kept.begin(), kept.end(), shard_step) == kept.end() && shard_step <= step) {
+        doomed.push_back(dir_ + "/" + e->d_name);
+      }
+    }
+    closedir(d);
+    for (const auto& path : doomed) ::unlink(path.c_str());
   }
   return Status::Ok();
+}
+
+std::string CheckpointDir::ShardPath(int64_t step, int rank) const {
+  char name[80];
+  std::snprintf(name, sizeof(name), "/ckpt_%012lld.shard_%d.dtck", static_cast<long long>(step),
+                rank);
+  return dir_ + name;
 }
 
 std::vector<int64_t> CheckpointDir::Steps() const {
@@ -119,33 +174,17 @@ std::vector<int64_t> CheckpointDir::Steps() const {
 }
 
 std::optional<CheckpointDir::Loaded> CheckpointDir::LoadLatest(
-    std::vector<std::string>* skipped) const {
+    std::vector<std::string>* skipped, const std::function<Status(const Loaded&)>& accept) const {
   for (int64_t step : Steps()) {
     std::string path = PathFor(step);
-    std::ifstream in(path, std::ios::binary);
-    std::stringstream buf;
-    buf << in.rdbuf();
-    std::string data = buf.str();
-    std::string why;
-    uint64_t len = 0;
-    if (data.size() < kHeaderLen || data.compare(0, kMagicLen, kMagic) != 0) {
-      why = "not a dtrun checkpoint (bad header)";
-    } else {
-      std::memcpy(&len, data.data() + kMagicLen + 32, sizeof(len));
-      if (len != data.size() - kHeaderLen) {
-        why = "truncated: " + std::to_string(data.size() - kHeaderLen) + " of " +
-              std::to_string(len) + " payload bytes";
-      } else {
-        Sha256 sha;
-        sha.Update(data.data() + kHeaderLen, len);
-        auto digest = sha.Digest();
-        if (std::memcmp(digest.data(), data.data() + kMagicLen, 32) != 0) {
-          why = "checksum mismatch";
-        }
-      }
+    auto payload = ReadCheckpointFile(path);
+    Status why = payload.status();
+    if (payload.ok()) {
+      Loaded loaded{step, std::move(*payload), path};
+      why = accept ? accept(loaded) : Status::Ok();
+      if (why.ok()) return loaded;
     }
-    if (why.empty()) return Loaded{step, data.substr(kHeaderLen), path};
-    if (skipped) skipped->push_back(path + ": " + why);
+    if (skipped) skipped->push_back(path + ": " + why.message());
   }
   return std::nullopt;
 }

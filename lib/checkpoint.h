@@ -10,6 +10,15 @@
 
 namespace dtrun::train {
 
+// One checkpoint file: writes `payload` to `path` crash-safely (temporary
+// file in the same folder, fsync, rename, folder fsync). on_chunk: see
+// CheckpointDir::on_chunk.
+Status WriteCheckpointFile(const std::string& path, const std::string& payload,
+                           const std::function<void(size_t)>& on_chunk = nullptr);
+// Reads and verifies one checkpoint file; the payload, or Status::Invalid
+// saying why it does not load ("truncated: ...", "checksum mismatch").
+Result<std::string> ReadCheckpointFile(const std::string& path);
+
 // A folder of checkpoints, each one file "ckpt_<step>.dtck":
 //   "DTCKPT1\n" | sha256(payload) (32 bytes) | u64 payload length (LE) | payload
 // Writes go to a temporary file in the same folder, are fsynced, renamed over
@@ -29,12 +38,23 @@ class CheckpointDir {
     std::string payload;
     std::string path;
   };
-  // The newest checkpoint whose checksum verifies; each one skipped is
-  // described in *skipped ("path: why"). nullopt when none loads.
-  std::optional<Loaded> LoadLatest(std::vector<std::string>* skipped = nullptr) const;
+  // The newest checkpoint whose checksum verifies and that `accept` (when
+  // given) accepts; each one skipped is described in *skipped ("path: why").
+  // nullopt when none loads.
+  std::optional<Loaded> LoadLatest(
+      std::vector<std::string>* skipped = nullptr,
+      const std::function<Status(const Loaded&)>& accept = nullptr) const;
 
   // Steps of the checkpoints present, newest first.
   std::vector<int64_t> Steps() const;
+
+  // Sharded checkpoints: each rank writes its shard of `step` to
+  // ShardPath(step, rank) with WriteCheckpointFile; once all have, rank 0
+  // Write()s the step's manifest. A step counts only when its manifest
+  // exists, so shards of an unfinished checkpoint never load; Write()
+  // deletes the shards of steps it no longer keeps.
+  std::string ShardPath(int64_t step, int rank) const;
+  const std::string& dir() const { return dir_; }
 
   // Test hook: called after each chunk written to the temporary file.
   std::function<void(size_t bytes_written)> on_chunk;

@@ -2,6 +2,10 @@
 
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#ifdef DTRUN_HAVE_NCCL
+#include <c10/cuda/CUDAFunctions.h>
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#endif
 
 #include <cstdlib>
 
@@ -64,8 +68,47 @@ class DtrunC10dStore : public c10d::Store {
 
 struct Distributed::Impl {
   DistEnv env;
-  c10::intrusive_ptr<c10d::ProcessGroupGloo> pg;
+  std::string backend;
+  c10::intrusive_ptr<c10d::ProcessGroup> pg;
 };
+
+namespace {
+
+int VisibleGpus() {
+#ifdef DTRUN_HAVE_NCCL
+  return c10::cuda::device_count();
+#else
+  return 0;
+#endif
+}
+
+// Resolves "auto" and refuses what this build or machine cannot do.
+std::string ChooseBackend(const std::string& wanted, const DistEnv& env) {
+  const std::string who = "rank " + std::to_string(env.rank) + ": ";
+  if (wanted == "gloo") return wanted;
+  if (wanted != "nccl" && wanted != "auto") {
+    throw Error(who + "unknown backend '" + wanted + "': use \"gloo\", \"nccl\" or \"auto\"");
+  }
+  const int gpus = VisibleGpus();
+#ifndef DTRUN_HAVE_NCCL
+  if (wanted == "nccl") {
+    throw Error(who + "backend \"nccl\" asked for, but this build has no NCCL (its Torch is "
+                "CPU-only); rebuild against a CUDA-enabled libtorch or use \"gloo\"");
+  }
+#endif
+  if (gpus == 0) {
+    if (wanted == "nccl") throw Error(who + "backend \"nccl\" asked for, but no GPU is visible");
+    return "gloo";
+  }
+  if (env.local_rank >= gpus) {
+    throw Error(who + "LOCAL_RANK " + std::to_string(env.local_rank) + " but only " +
+                std::to_string(gpus) + " GPU(s) visible; start at most " + std::to_string(gpus) +
+                " workers per node (--nproc-per-node) or use backend \"gloo\"");
+  }
+  return "nccl";
+}
+
+}  // namespace
 
 std::unique_ptr<Distributed> Distributed::FromEnv(const ProcessGroupOptions& options) {
   auto env = ReadDistEnv(ProcessEnvironment());
@@ -87,6 +130,16 @@ std::unique_ptr<Distributed> Distributed::FromEnv(const ProcessGroupOptions& opt
   // attempts apart there (dtrun gives each attempt a fresh store anyway).
   auto store = c10::make_intrusive<c10d::PrefixStore>(
       "/worker/attempt_" + std::to_string(env->restart_count) + "/dtrun_pg", base);
+  impl->backend = ChooseBackend(options.backend, *env);
+#ifdef DTRUN_HAVE_NCCL
+  if (impl->backend == "nccl") {
+    c10::cuda::set_device(static_cast<c10::DeviceIndex>(env->local_rank));
+    auto nccl = c10d::ProcessGroupNCCL::Options::create();
+    nccl->timeout = options.timeout;
+    impl->pg = c10::make_intrusive<c10d::ProcessGroupNCCL>(store, env->rank, env->world_size, nccl);
+    return std::unique_ptr<Distributed>(new Distributed(std::move(impl)));
+  }
+#endif
   auto gloo = c10d::ProcessGroupGloo::Options::create(options.timeout);
   const char* ifname = std::getenv("GLOO_SOCKET_IFNAME");
   gloo->devices.push_back(ifname && *ifname
@@ -101,5 +154,6 @@ Distributed::Distributed(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Distributed::~Distributed() = default;
 const DistEnv& Distributed::env() const { return impl_->env; }
 c10d::ProcessGroup& Distributed::pg() { return *impl_->pg; }
+const std::string& Distributed::backend() const { return impl_->backend; }
 
 }  // namespace dtrun::train

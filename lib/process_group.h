@@ -33,12 +33,16 @@ struct ProcessGroupOptions {
   std::chrono::milliseconds timeout{30 * 60 * 1000};
   // How long to keep retrying the store connection. Default 300 s.
   std::chrono::milliseconds connect_timeout{300 * 1000};
+  // "gloo", "nccl", or "auto": nccl when this build has it (CMake found a
+  // CUDA-enabled Torch) and a GPU is visible, else gloo.
+  std::string backend = "auto";
 };
 
 // A process group built from the launcher's environment: a store client at
 // MASTER_ADDR:MASTER_PORT (dtrun's client, 1.13 dialect, so torchrun's store
 // works too) in the attempt's key space "/worker/attempt_<n>", and gloo on
-// CPU. Thread rules: those of c10d::ProcessGroup.
+// CPU, NCCL on the GPU numbered LOCAL_RANK (which becomes the current CUDA
+// device). Thread rules: those of c10d::ProcessGroup.
 class Distributed {
  public:
   // Throws Error naming the rank, the store address and the time waited.
@@ -49,6 +53,10 @@ class Distributed {
   int rank() const { return env().rank; }
   int world_size() const { return env().world_size; }
   c10d::ProcessGroup& pg();
+  // "gloo" or "nccl". With nccl, tensors handed to pg() live on GPU
+  // local_rank (device "cuda:<local_rank>").
+  const std::string& backend() const;
+  bool uses_cuda() const { return backend() == "nccl"; }
 
   struct Impl;
 

@@ -12,14 +12,21 @@ struct TrainConfig {
   // model
   std::string model = "mlp";          // mlp [mlp] | cnn (for 8x8 images)
   std::vector<int> hidden = {64, 64}; // MLP hidden layer widths
+  double dropout = 0.0;               // MLP: dropout after each hidden layer [0]
   // data
   std::string data = "digits";        // digits (sklearn's 8x8 digits) | synthetic
   std::string digits_path = "/usr/lib/python3/dist-packages/sklearn/datasets/data/digits.csv.gz";
   int synthetic_samples = 2048, synthetic_features = 32, synthetic_classes = 4;
   double test_fraction = 0.2;         // held out for evaluation [0.2]
   // strategy
-  std::string strategy = "ddp";       // ddp
-  double bucket_cap_mb = 25;
+  std::string strategy = "ddp";       // ddp | fsdp
+  std::string backend = "auto";       // gloo | nccl | auto (nccl if built and a GPU is visible)
+  double bucket_cap_mb = 25;          // ddp
+  int64_t min_unit_params = 0;        // fsdp wrap policy (see FsdpOptions)
+  bool reshard_after_forward = true;  // fsdp
+  bool prefetch = true;               // fsdp
+  std::string param_dtype = "float32", reduce_dtype = "float32";  // fsdp mixed precision
+  bool cpu_offload = false;           // fsdp, GPU builds
   // optimizer and schedule
   std::string optimizer = "sgd";      // sgd | adamw
   double lr = 0.05, momentum = 0.9, weight_decay = 0.0;
@@ -35,6 +42,7 @@ struct TrainConfig {
   // checkpoints
   std::string checkpoint_dir;         // empty: no checkpoints
   int checkpoint_every = 50, keep_checkpoints = 2;
+  std::string checkpoint_format = "sharded";  // fsdp: sharded (each rank its shard) | full
   int64_t stop_after_step = -1;       // stop (as if preempted) after this step; -1 never
   // fault injection for demos and tests: rank `kill_rank` SIGKILLs itself
   // after step `kill_at_step` on the first attempt only.
@@ -43,8 +51,15 @@ struct TrainConfig {
   std::string metrics_path;           // JSON lines; empty: none
 };
 
-// Runs (or resumes, from the newest good checkpoint) a data-parallel training
-// run in the process group of the launcher's environment. Rank 0 prints
+// The first thing wrong with a config's choices ("strategy.type 'x': use
+// \"ddp\" or \"fsdp\""), or "" when it is fine. Pure; Train() checks too.
+std::string ValidateConfig(const TrainConfig& config);
+
+// Runs (or resumes, from the newest good checkpoint) a data-parallel (DDP) or
+// fully sharded (FSDP) training run in the process group of the launcher's
+// environment. A checkpoint holds the model, the optimizer, the step (which
+// fixes the sampler's position) and every rank's RNG state; an FSDP sharded
+// checkpoint saved on N ranks resumes on any number of ranks. Rank 0 prints
 // progress lines and a last line
 //   done: steps=N loss=L eval_accuracy=A params_sha256=H
 // Returns the process exit code. Throws dtrun::train::Error on setup errors.

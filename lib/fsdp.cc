@@ -1,0 +1,545 @@
+#include "lib/fsdp.h"
+
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/torch.h>
+
+#include <chrono>
+#include <mutex>
+#include <set>
+
+#include "lib/process_group.h"
+
+namespace dtrun::train {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+at::ScalarType DtypeNamed(const std::string& name, const char* option) {
+  if (name == "float32") return at::kFloat;
+  if (name == "bfloat16") return at::kBFloat16;
+  throw Error(std::string("FSDP ") + option + " '" + name + "': use \"float32\" or \"bfloat16\"");
+}
+
+// A unit's gathered buffer lives in one storage that FSDP frees and refills;
+// the module's parameters are views of it, so autograd's saved tensors see
+// the refilled data without their version counters moving.
+void FreeStorage(const at::Tensor& t) {
+  c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();
+  if (s->nbytes() == 0) return;
+  s->set_data_ptr_noswap(at::DataPtr(nullptr, t.device()));
+  s->set_nbytes(0);
+}
+
+void AllocStorage(const at::Tensor& t) {
+  c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();
+  size_t n = static_cast<size_t>(t.numel()) * t.element_size();
+  if (s->nbytes() == n) return;
+  s->set_data_ptr_noswap(s->allocator()->allocate(n));
+  s->set_nbytes(n);
+}
+
+int64_t Bytes(const at::Tensor& t) {
+  if (!t.defined()) return 0;
+  return static_cast<int64_t>(t.storage().nbytes());
+}
+
+std::string StateKey(const at::Tensor& p) { return c10::guts::to_string(p.unsafeGetTensorImpl()); }
+
+}  // namespace
+
+struct FullyShardedDataParallel::Impl {
+  struct Unit {
+    size_t first_child = 0, end_child = 0;
+    std::vector<at::Tensor> params;  // the module's parameters: views of `full`
+    std::vector<int64_t> offsets;
+    int64_t numel = 0, padded = 0, shard_size = 0;
+    at::Tensor shard;  // float32 master, a leaf the optimizer steps
+    at::Tensor full;   // param_dtype, [padded]; storage freed when not gathered
+    bool gathered = false;
+    c10::intrusive_ptr<c10d::Work> gather_work;
+    at::Tensor gather_input;
+    at::Tensor grad_full;  // reduce_dtype, [padded], during backward
+    std::vector<bool> ready;
+    size_t pending = 0;
+    c10::intrusive_ptr<c10d::Work> rs_work;
+    at::Tensor rs_out;
+    bool clear_param_grads = false;
+  };
+
+  std::shared_ptr<torch::nn::SequentialImpl> model;
+  c10d::ProcessGroup* pg = nullptr;
+  FsdpOptions opts;
+  int rank = 0, world = 1;
+  bool nccl = false;
+  at::ScalarType param_dtype = at::kFloat, reduce_dtype = at::kFloat;
+  at::Device device = at::kCPU;
+  std::vector<Unit> units;
+  std::vector<std::pair<size_t, size_t>> param_slot;  // model->parameters() index -> (unit, i)
+  int next_rs = -1;  // reduce-scatters start in this (descending) order on every rank
+  std::mutex mu;     // hooks may run on autograd's threads
+  CommStats stats;
+
+  void Wait(const c10::intrusive_ptr<c10d::Work>& work) {
+    auto t0 = Clock::now();
+    work->wait();
+    stats.wait_s += std::chrono::duration<double>(Clock::now() - t0).count();
+  }
+
+  // Gloo in Torch 1.13 moves no bfloat16 (nor int16); data movement
+  // (all-gather, all-to-all) carries it as float16 of the same bits, which
+  // it copies without looking at them.
+  at::Tensor Wire(const at::Tensor& t) const {
+    return !nccl && t.scalar_type() == at::kBFloat16 ? t.view(at::kHalf) : t;
+  }
+
+  // All-gathers `src_` ([S] per rank) into `dst_` ([S * world]).
+  c10::intrusive_ptr<c10d::Work> AllGather(const at::Tensor& dst_, const at::Tensor& src_) {
+    at::Tensor dst = Wire(dst_), src = Wire(src_);
+    if (nccl) {
+      at::Tensor out = dst;
+      at::Tensor in = src;
+      return pg->_allgather_base(out, in);
+    }
+    std::vector<std::vector<at::Tensor>> out(1);
+    const int64_t s = src.numel();
+    for (int j = 0; j < world; ++j) out[0].push_back(dst.narrow(0, j * s, s));
+    std::vector<at::Tensor> in{src};
+    return pg->allgather(out, in);
+  }
+
+  void LaunchGather(Unit& u) {
+    if (u.gathered || u.gather_work) return;
+    AllocStorage(u.full);
+    at::Tensor src = u.shard.detach();
+    if (src.device() != device) src = src.to(device);
+    if (src.scalar_type() != param_dtype) src = src.to(param_dtype);
+    ++stats.gathers;
+    if (world == 1) {
+      u.full.copy_(src);
+      u.gathered = true;
+      return;
+    }
+    u.gather_input = src;
+    u.gather_work = AllGather(u.full, src);
+  }
+
+  void EnsureGathered(Unit& u) {
+    LaunchGather(u);
+    if (u.gather_work) {
+      Wait(u.gather_work);
+      u.gather_work.reset();
+      u.gather_input = at::Tensor();
+    }
+    u.gathered = true;
+  }
+
+  void Free(Unit& u) {
+    if (!u.gathered) return;
+    FreeStorage(u.full);
+    u.gathered = false;
+  }
+
+  void PreBackward(size_t k) {
+    std::lock_guard<std::mutex> lock(mu);
+    EnsureGathered(units[k]);
+    if (opts.prefetch && k > 0) LaunchGather(units[k - 1]);
+  }
+
+  void ClearParamGrads() {
+    for (Unit& u : units) {
+      if (!u.clear_param_grads) continue;
+      for (at::Tensor& p : u.params) p.mutable_grad() = at::Tensor();
+      u.clear_param_grads = false;
+    }
+  }
+
+  void OnGrad(size_t k, size_t i, const at::Tensor& grad) {
+    at::NoGradGuard no_grad;
+    std::lock_guard<std::mutex> lock(mu);
+    ClearParamGrads();
+    Unit& u = units[k];
+    if (!u.grad_full.defined()) {
+      u.grad_full = at::zeros({u.padded}, at::TensorOptions().dtype(reduce_dtype).device(device));
+    }
+    u.grad_full.narrow(0, u.offsets[i], u.params[i].numel()).copy_(grad.reshape({-1}));
+    if (!u.ready[i]) {
+      u.ready[i] = true;
+      --u.pending;
+    }
+    LaunchReadyReduceScatters();
+  }
+
+  void LaunchReadyReduceScatters() {
+    while (next_rs >= 0 && units[static_cast<size_t>(next_rs)].pending == 0) {
+      LaunchReduceScatter(units[static_cast<size_t>(next_rs)]);
+      --next_rs;
+    }
+  }
+
+  void LaunchReduceScatter(Unit& u) {
+    if (!u.grad_full.defined()) {
+      u.grad_full = at::zeros({u.padded}, at::TensorOptions().dtype(reduce_dtype).device(device));
+    }
+    ++stats.reduce_scatters;
+    if (world == 1) {
+      u.rs_out = u.grad_full;
+    } else if (nccl) {
+      u.rs_out = at::empty({u.shard_size}, u.grad_full.options());
+      u.rs_work = pg->_reduce_scatter_base(u.rs_out, u.grad_full);
+    } else {
+      // Chunk j of every rank's gradient goes to rank j; rank j sums them.
+      u.rs_out = at::empty({u.padded}, u.grad_full.options());
+      std::vector<int64_t> equal_splits;
+      at::Tensor out = Wire(u.rs_out), in = Wire(u.grad_full);
+      u.rs_work = pg->alltoall_base(out, in, equal_splits, equal_splits);
+    }
+    // Every gradient of the unit is computed: its parameters are not needed
+    // again this step.
+    Free(u);
+    u.clear_param_grads = true;
+  }
+
+  void FinishReduceScatter(Unit& u) {
+    if (u.rs_work) {
+      Wait(u.rs_work);
+      u.rs_work.reset();
+    }
+    at::Tensor g = nccl || world == 1 ? u.rs_out : u.rs_out.view({world, u.shard_size}).sum(0);
+    g = g.to(at::kFloat).div_(world);
+    if (g.device() != u.shard.device()) g = g.to(u.shard.device());
+    if (u.shard.grad().defined()) {
+      u.shard.mutable_grad().add_(g);
+    } else {
+      u.shard.mutable_grad() = g;
+    }
+    u.grad_full = at::Tensor();
+    u.rs_out = at::Tensor();
+    u.ready.assign(u.params.size(), false);
+    u.pending = u.params.size();
+  }
+
+  // Builds the units of the wrap policy.
+  void BuildUnits() {
+    const size_t n = model->size();
+    std::set<c10::TensorImpl*> seen;
+    Unit current;
+    int64_t current_params = 0;
+    auto close = [&](size_t end) {
+      current.end_child = end;
+      if (!current.params.empty()) units.push_back(std::move(current));
+      current = Unit();
+      current.first_child = end;
+      current_params = 0;
+    };
+    for (size_t c = 0; c < n; ++c) {
+      std::vector<at::Tensor> own;
+      for (const auto& p : model->ptr(c)->parameters()) {
+        if (seen.insert(p.unsafeGetTensorImpl()).second) own.push_back(p);
+      }
+      int64_t count = 0;
+      for (const auto& p : own) count += p.numel();
+      if (opts.min_unit_params <= 0 && !own.empty() && !current.params.empty()) close(c);
+      for (auto& p : own) current.params.push_back(p);
+      current_params += count;
+      if (opts.min_unit_params > 0 && current_params >= opts.min_unit_params) close(c + 1);
+    }
+    if (current.params.empty() && !units.empty()) {
+      units.back().end_child = n;  // trailing parameter-free children
+    } else {
+      close(n);
+    }
+  }
+
+  void Shard() {
+    at::NoGradGuard no_grad;
+    for (Unit& u : units) {
+      u.numel = 0;
+      for (const auto& p : u.params) {
+        u.offsets.push_back(u.numel);
+        u.numel += p.numel();
+      }
+      u.padded = (u.numel + world - 1) / world * world;
+      u.shard_size = u.padded / world;
+      auto fopts = at::TensorOptions().dtype(at::kFloat).device(device);
+      at::Tensor flat = at::zeros({u.padded}, fopts);
+      for (size_t i = 0; i < u.params.size(); ++i) {
+        flat.narrow(0, u.offsets[i], u.params[i].numel()).copy_(u.params[i].reshape({-1}));
+      }
+      if (world > 1) {
+        std::vector<at::Tensor> v{flat};
+        c10d::BroadcastOptions o;
+        o.rootRank = 0;
+        pg->broadcast(v, o)->wait();
+      }
+      at::Tensor shard = flat.narrow(0, rank * u.shard_size, u.shard_size).clone();
+      if (opts.cpu_offload) shard = shard.to(at::kCPU);
+      u.shard = shard.set_requires_grad(true);
+      u.full = at::empty({u.padded}, fopts.dtype(param_dtype));
+      for (size_t i = 0; i < u.params.size(); ++i) {
+        at::Tensor& p = u.params[i];
+        p.set_data(u.full.narrow(0, u.offsets[i], p.numel()).view(p.sizes()));
+      }
+      FreeStorage(u.full);
+      u.ready.assign(u.params.size(), false);
+      u.pending = u.params.size();
+    }
+  }
+
+  // Gathers a float32 tensor of `s` elements per rank into [s * world].
+  at::Tensor GatherFloat(const at::Tensor& part) {
+    at::Tensor src = part.detach().to(device).contiguous();
+    if (world == 1) return src.clone();
+    at::Tensor out = at::empty({src.numel() * world}, src.options());
+    AllGather(out, src)->wait();
+    return out;
+  }
+
+  std::map<std::string, at::Tensor> OptimizerState(torch::optim::Optimizer& opt, const Unit& u) {
+    std::map<std::string, at::Tensor> out;
+    auto it = opt.state().find(StateKey(u.shard));
+    if (it == opt.state().end()) return out;
+    if (auto* s = dynamic_cast<torch::optim::SGDParamState*>(it->second.get())) {
+      if (s->momentum_buffer().defined()) out["momentum_buffer"] = s->momentum_buffer();
+    } else if (auto* a = dynamic_cast<torch::optim::AdamWParamState*>(it->second.get())) {
+      out["exp_avg"] = a->exp_avg();
+      out["exp_avg_sq"] = a->exp_avg_sq();
+      out["step"] = torch::tensor(a->step(), torch::kLong);
+    } else {
+      throw Error("FSDP checkpoints support SGD and AdamW optimizer state only");
+    }
+    return out;
+  }
+
+  void SetOptimizerState(torch::optim::Optimizer& opt, const Unit& u,
+                         std::map<std::string, at::Tensor> state) {
+    if (state.empty()) return;
+    const std::string key = StateKey(u.shard);
+    if (dynamic_cast<torch::optim::SGD*>(&opt)) {
+      auto s = std::make_unique<torch::optim::SGDParamState>();
+      s->momentum_buffer(state.at("momentum_buffer"));
+      opt.state()[key] = std::move(s);
+    } else if (dynamic_cast<torch::optim::AdamW*>(&opt)) {
+      auto a = std::make_unique<torch::optim::AdamWParamState>();
+      a->exp_avg(state.at("exp_avg"));
+      a->exp_avg_sq(state.at("exp_avg_sq"));
+      a->step(state.at("step").item<int64_t>());
+      opt.state()[key] = std::move(a);
+    } else {
+      throw Error("FSDP checkpoints support SGD and AdamW optimizer state only");
+    }
+  }
+};
+
+FullyShardedDataParallel::FullyShardedDataParallel(std::shared_ptr<torch::nn::SequentialImpl> model,
+                                                   c10d::ProcessGroup* pg, FsdpOptions options)
+    : impl_(std::make_unique<Impl>()) {
+  Impl& d = *impl_;
+  d.model = std::move(model);
+  d.pg = pg;
+  d.opts = options;
+  d.rank = pg->getRank();
+  d.world = pg->getSize();
+  d.nccl = pg->getBackendName() == "nccl";
+  d.param_dtype = DtypeNamed(options.param_dtype, "param_dtype");
+  d.reduce_dtype = DtypeNamed(options.reduce_dtype, "reduce_dtype");
+  auto params = d.model->parameters();
+  if (params.empty()) throw Error("FSDP: the model has no parameters");
+  d.device = params.front().device();
+  if (options.cpu_offload && d.device.is_cpu()) {
+    throw Error("FSDP cpu_offload keeps GPU parameter shards in CPU memory; this model is on the "
+                "CPU already: leave cpu_offload off");
+  }
+  d.BuildUnits();
+  d.Shard();
+  d.next_rs = static_cast<int>(d.units.size()) - 1;
+  std::map<c10::TensorImpl*, std::pair<size_t, size_t>> where;
+  Impl* raw = impl_.get();
+  for (size_t k = 0; k < d.units.size(); ++k) {
+    for (size_t i = 0; i < d.units[k].params.size(); ++i) {
+      at::Tensor& p = d.units[k].params[i];
+      where[p.unsafeGetTensorImpl()] = {k, i};
+      p.register_hook([raw, k, i](const at::Tensor& grad) { raw->OnGrad(k, i, grad); });
+    }
+  }
+  for (const auto& p : d.model->parameters()) d.param_slot.push_back(where.at(p.unsafeGetTensorImpl()));
+}
+
+FullyShardedDataParallel::~FullyShardedDataParallel() = default;
+
+at::Tensor FullyShardedDataParallel::Forward(const at::Tensor& input) {
+  Impl& d = *impl_;
+  const bool grad = at::GradMode::is_enabled();
+  at::Tensor h = input.scalar_type() == at::kFloat && d.param_dtype != at::kFloat
+                     ? input.to(d.param_dtype)
+                     : input;
+  Impl* raw = impl_.get();
+  for (size_t k = 0; k < d.units.size(); ++k) {
+    Impl::Unit& u = d.units[k];
+    {
+      std::lock_guard<std::mutex> lock(d.mu);
+      d.EnsureGathered(u);
+      if (d.opts.prefetch && k + 1 < d.units.size()) d.LaunchGather(d.units[k + 1]);
+    }
+    for (size_t c = u.first_child; c < u.end_child; ++c) h = (d.model->begin() + c)->forward(h);
+    const bool last = k + 1 == d.units.size();
+    if (!grad) {
+      d.Free(u);
+    } else {
+      if (d.opts.reshard_after_forward && !last) d.Free(u);
+      // Before this unit's backward: gather it again if freed, prefetch the
+      // unit before it.
+      if (h.requires_grad()) {
+        h.register_hook([raw, k](const at::Tensor& g) {
+          raw->PreBackward(k);
+          return g;
+        });
+      }
+    }
+  }
+  return h.scalar_type() == at::kFloat ? h : h.to(at::kFloat);
+}
+
+void FullyShardedDataParallel::SyncGradients() {
+  Impl& d = *impl_;
+  at::NoGradGuard no_grad;
+  std::lock_guard<std::mutex> lock(d.mu);
+  // Parameters that got no gradient contribute zeros; launch what is left
+  // in the same order as every other rank.
+  while (d.next_rs >= 0) {
+    Impl::Unit& u = d.units[static_cast<size_t>(d.next_rs)];
+    u.pending = 0;
+    d.LaunchReduceScatter(u);
+    --d.next_rs;
+  }
+  for (size_t k = d.units.size(); k-- > 0;) d.FinishReduceScatter(d.units[k]);
+  d.ClearParamGrads();
+  d.next_rs = static_cast<int>(d.units.size()) - 1;
+}
+
+std::vector<at::Tensor> FullyShardedDataParallel::ShardParameters() const {
+  std::vector<at::Tensor> out;
+  for (const auto& u : impl_->units) out.push_back(u.shard);
+  return out;
+}
+
+std::vector<at::Tensor> FullyShardedDataParallel::FullParameters() {
+  Impl& d = *impl_;
+  at::NoGradGuard no_grad;
+  std::vector<at::Tensor> flats;
+  for (auto& u : d.units) flats.push_back(d.GatherFloat(u.shard).to(at::kCPU));
+  std::vector<at::Tensor> out;
+  for (const auto& [k, i] : d.param_slot) {
+    const auto& p = d.units[k].params[i];
+    out.push_back(flats[k].narrow(0, d.units[k].offsets[i], p.numel()).view(p.sizes()).clone());
+  }
+  return out;
+}
+
+std::map<std::string, at::Tensor> FullyShardedDataParallel::StateDict(torch::optim::Optimizer& opt,
+                                                                      bool full) {
+  Impl& d = *impl_;
+  at::NoGradGuard no_grad;
+  std::map<std::string, at::Tensor> out;
+  for (size_t k = 0; k < d.units.size(); ++k) {
+    Impl::Unit& u = d.units[k];
+    const std::string pre = "u" + std::to_string(k) + ".";
+    std::map<std::string, at::Tensor> tensors = d.OptimizerState(opt, u);
+    tensors["param"] = u.shard.detach();
+    for (auto& [name, t] : tensors) {
+      if (name == "step") {
+        out[pre + name] = t.to(at::kCPU);
+      } else if (full) {
+        out[pre + name] = d.GatherFloat(t).narrow(0, 0, u.numel).to(at::kCPU);
+      } else {
+        out[pre + name] = t.detach().to(at::kCPU).clone();
+      }
+    }
+    out[pre + "begin"] = torch::tensor(full ? int64_t{0} : d.rank * u.shard_size, torch::kLong);
+    out[pre + "numel"] = torch::tensor(u.numel, torch::kLong);
+  }
+  return out;
+}
+
+void FullyShardedDataParallel::LoadStateDicts(
+    const std::vector<std::map<std::string, at::Tensor>>& dicts, torch::optim::Optimizer& opt) {
+  Impl& d = *impl_;
+  at::NoGradGuard no_grad;
+  if (dicts.empty()) throw Error("FSDP: no state to load");
+  for (size_t k = 0; k < d.units.size(); ++k) {
+    Impl::Unit& u = d.units[k];
+    const std::string pre = "u" + std::to_string(k) + ".";
+    std::set<std::string> names;
+    for (const auto& dict : dicts) {
+      auto numel = dict.find(pre + "numel");
+      if (numel == dict.end() || numel->second.item<int64_t>() != u.numel) {
+        throw Error("FSDP checkpoint: unit " + std::to_string(k) + " holds " +
+                    (numel == dict.end() ? std::string("nothing")
+                                         : std::to_string(numel->second.item<int64_t>()) +
+                                               " parameters") +
+                    ", this model's holds " + std::to_string(u.numel) +
+                    ": the model or the wrap policy changed since it was saved");
+      }
+      for (const auto& [key, t] : dict) {
+        if (key.compare(0, pre.size(), pre) == 0) names.insert(key.substr(pre.size()));
+      }
+    }
+    names.erase("begin");
+    names.erase("numel");
+    // The elements this rank owns now, clipped to the real (unpadded) ones.
+    const int64_t lo = d.rank * u.shard_size;
+    const int64_t hi = std::min(lo + u.shard_size, u.numel);
+    std::map<std::string, at::Tensor> state;
+    for (const auto& name : names) {
+      if (name == "step") {
+        state[name] = dicts.front().at(pre + name);
+        continue;
+      }
+      at::Tensor dest = at::zeros({u.shard_size}, at::kFloat);
+      int64_t covered = 0;
+      for (const auto& dict : dicts) {
+        auto it = dict.find(pre + name);
+        if (it == dict.end()) continue;
+        const int64_t b = dict.at(pre + "begin").item<int64_t>();
+        const int64_t e = std::min(b + it->second.numel(), u.numel);
+        const int64_t from = std::max(lo, b), to = std::min(hi, e);
+        if (from >= to) continue;
+        dest.narrow(0, from - lo, to - from).copy_(it->second.narrow(0, from - b, to - from));
+        covered += to - from;
+      }
+      if (covered != std::max<int64_t>(0, hi - lo)) {
+        throw Error("FSDP checkpoint: elements [" + std::to_string(lo) + ", " + std::to_string(hi) +
+                    ") of unit " + std::to_string(k) + "'s " + name + " are missing (" +
+                    std::to_string(covered) + " found): a shard file of the checkpoint is missing");
+      }
+      state[name] = dest.to(u.shard.device());
+    }
+    if (!state.count("param")) throw Error("FSDP checkpoint: unit " + std::to_string(k) + " has no parameters");
+    u.shard.detach().copy_(state["param"]);
+    state.erase("param");
+    d.SetOptimizerState(opt, u, std::move(state));
+  }
+}
+
+size_t FullyShardedDataParallel::num_units() const { return impl_->units.size(); }
+
+int64_t FullyShardedDataParallel::HeldBytes(torch::optim::Optimizer& opt) const {
+  Impl& d = *impl_;
+  int64_t total = 0;
+  for (const auto& u : d.units) {
+    total += Bytes(u.shard) + Bytes(u.shard.grad()) + Bytes(u.grad_full) + Bytes(u.rs_out) +
+             Bytes(u.gather_input) + (u.gathered || u.gather_work ? Bytes(u.full) : 0);
+    for (const auto& p : u.params) total += Bytes(p.grad());
+    for (const auto& [name, t] : d.OptimizerState(opt, u)) {
+      if (name != "step") total += Bytes(t);
+    }
+  }
+  return total;
+}
+
+FullyShardedDataParallel::CommStats FullyShardedDataParallel::TakeCommStats() {
+  CommStats s = impl_->stats;
+  impl_->stats = CommStats();
+  return s;
+}
+
+}  // namespace dtrun::train
