@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <map>
 #include <set>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
@@ -73,7 +74,14 @@ template <typename T>
 void Read(const toml::table& t, const char* section, const char* key, T* out) {
   auto node = t[section][key];
   if (!node) return;
-  if (auto v = node.value<T>()) {
+  // Booleans and strings exactly; numbers may convert (3 -> 3.0) where lossless.
+  std::optional<T> v;
+  if constexpr (std::is_same_v<T, bool> || std::is_same_v<T, std::string>) {
+    v = node.template value_exact<T>();
+  } else {
+    v = node.template value<T>();
+  }
+  if (v) {
     *out = *v;
     return;
   }

@@ -50,6 +50,42 @@ TEST_F(CheckpointTest, CorruptNewestFallsBackToPrevious) {
   EXPECT_NE(skipped[0].find("checksum mismatch"), std::string::npos);
 }
 
+TEST_F(CheckpointTest, AcceptCallbackSkipsToAnOlderCheckpoint) {
+  CheckpointDir ckpt(dir_, 3);
+  ckpt.Write(1, "one");
+  ckpt.Write(2, "two");
+  std::vector<std::string> skipped;
+  auto loaded = ckpt.LoadLatest(&skipped, [](const CheckpointDir::Loaded& l) {
+    return l.payload == "two" ? Status::Invalid("its shard is missing") : Status::Ok();
+  });
+  ASSERT_TRUE(loaded.has_value());
+  EXPECT_EQ(loaded->step, 1);
+  ASSERT_EQ(skipped.size(), 1u);
+  EXPECT_NE(skipped[0].find("its shard is missing"), std::string::npos);
+}
+
+bool Exists(const std::string& path) { return access(path.c_str(), F_OK) == 0; }
+
+TEST_F(CheckpointTest, ShardsOfDroppedAndUnfinishedStepsAreDeleted) {
+  CheckpointDir ckpt(dir_, 1);
+  for (int r = 0; r < 2; ++r) ASSERT_TRUE(WriteCheckpointFile(ckpt.ShardPath(10, r), "s").ok());
+  ASSERT_TRUE(ckpt.Write(10, "manifest 10").ok());
+  // Step 15's shards were written, but its manifest never was (a crash).
+  ASSERT_TRUE(WriteCheckpointFile(ckpt.ShardPath(15, 0), "s").ok());
+  for (int r = 0; r < 2; ++r) ASSERT_TRUE(WriteCheckpointFile(ckpt.ShardPath(20, r), "s").ok());
+  EXPECT_TRUE(Exists(ckpt.ShardPath(10, 1)));
+  ASSERT_TRUE(ckpt.Write(20, "manifest 20").ok());
+  EXPECT_EQ(ckpt.Steps(), (std::vector<int64_t>{20}));
+  EXPECT_FALSE(Exists(ckpt.ShardPath(10, 0)));
+  EXPECT_FALSE(Exists(ckpt.ShardPath(10, 1)));
+  EXPECT_FALSE(Exists(ckpt.ShardPath(15, 0)));
+  EXPECT_TRUE(Exists(ckpt.ShardPath(20, 1)));
+  auto shard = ReadCheckpointFile(ckpt.ShardPath(20, 1));
+  ASSERT_TRUE(shard.ok());
+  EXPECT_EQ(*shard, "s");
+  EXPECT_FALSE(ReadCheckpointFile(ckpt.ShardPath(99, 0)).ok());
+}
+
 TEST_F(CheckpointTest, NothingLoadsFromAnEmptyFolder) {
   CheckpointDir ckpt(dir_ + "/none", 1);
   EXPECT_FALSE(ckpt.LoadLatest().has_value());

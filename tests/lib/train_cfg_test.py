@@ -2,6 +2,7 @@
 worker killed with SIGKILL and recovered from its checkpoint, bad configs."""
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -14,13 +15,15 @@ p.add_argument("--dtrun", required=True)
 p.add_argument("--train-cfg", required=True)
 ARGS, REST = p.parse_known_args()
 HERE = os.path.dirname(os.path.abspath(__file__))
-CONFIG = os.path.join(HERE, "..", "..", "examples", "configs", "digits_ddp.toml")
+CONFIGS = os.path.join(HERE, "..", "..", "examples", "configs")
+CONFIG = os.path.join(CONFIGS, "digits_ddp.toml")
+FSDP = os.path.join(CONFIGS, "digits_fsdp.toml")
 DONE = re.compile(r"done: steps=(\d+) loss=(\S+) eval_accuracy=(\S+) params_sha256=([0-9a-f]{64})")
 
 
-def train(nproc, *sets, restarts=0):
+def train(nproc, *sets, restarts=0, config=CONFIG):
     cmd = [ARGS.dtrun, f"--nproc-per-node={nproc}", f"--max-restarts={restarts}",
-           ARGS.train_cfg, CONFIG]
+           ARGS.train_cfg, config]
     for s in sets:
         cmd += ["--set", s]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
@@ -72,6 +75,111 @@ class TrainCfg(unittest.TestCase):
         self.assertIn("SIGKILL", err)
         self.assertIn("resumed from", out)
         self.assertEqual(self.done(out), clean)
+
+    def test_dropout_resume_restores_every_ranks_rng(self):
+        # Dropout draws from each rank's generator: only restoring every
+        # rank's RNG state makes the resumed run bitwise equal.
+        short = ["train.steps=20", "checkpoint.every=5", "model.dropout=0.2"]
+        rc, out, err = train(2, self.ckpt("whole"), *short)
+        self.assertEqual(rc, 0, err)
+        whole = self.done(out)
+        rc, out, err = train(2, self.ckpt("split"), *short, "train.stop_after_step=10")
+        self.assertEqual(rc, 0, err)
+        rc, out, err = train(2, self.ckpt("split"), *short)
+        self.assertEqual(rc, 0, err)
+        self.assertIn("resumed from", out)
+        self.assertEqual(self.done(out), whole)
+
+    def test_fsdp_digits_reaches_95_percent_like_ddp(self):
+        rc, out, err = train(2, self.ckpt("fsdp"), config=FSDP)
+        self.assertEqual(rc, 0, err)
+        steps, _, acc, _ = self.done(out)
+        self.assertEqual(steps, "400")
+        self.assertGreaterEqual(float(acc), 0.95)
+
+    def test_fsdp_worker_killed_midway_recovers_bitwise(self):
+        sets = ["train.steps=120", "model.dropout=0.1"]
+        rc, out, err = train(2, self.ckpt("clean"), *sets, config=FSDP)
+        self.assertEqual(rc, 0, err)
+        clean = self.done(out)
+        rc, out, err = train(2, self.ckpt("killed"), *sets, "fault.kill_rank=0",
+                             "fault.kill_at_step=70", restarts=1, config=FSDP)
+        self.assertEqual(rc, 0, err)
+        self.assertIn("SIGKILL", err)
+        self.assertIn("resumed from", out)
+        self.assertEqual(self.done(out), clean)
+
+    def losses(self, path):
+        import json
+        with open(path) as f:
+            rows = [json.loads(line) for line in f]
+        return {r["step"]: r["loss"] for r in rows if "loss" in r}
+
+    def test_fsdp_sharded_checkpoint_from_4_ranks_resumes_on_2(self):
+        # Same global batch (4 x 16 = 2 x 32), so the continuation is the same.
+        sets = ["train.steps=40", "checkpoint.every=20", "train.log_every=1"]
+        rc, out, err = train(4, self.ckpt("four"), *sets, "train.batch_size=16",
+                             "train.stop_after_step=20", config=FSDP)
+        self.assertEqual(rc, 0, err)
+        shards = sorted(f for f in os.listdir(os.path.join(self.tmp.name, "four")) if "shard" in f)
+        self.assertEqual(len(shards), 4, shards)
+        shutil.copytree(os.path.join(self.tmp.name, "four"), os.path.join(self.tmp.name, "two"))
+        on4 = os.path.join(self.tmp.name, "on4.jsonl")
+        on2 = os.path.join(self.tmp.name, "on2.jsonl")
+        rc, out, err = train(4, self.ckpt("four"), *sets, "train.batch_size=16",
+                             f'metrics.path="{on4}"', config=FSDP)
+        self.assertEqual(rc, 0, err)
+        rc, out, err = train(2, self.ckpt("two"), *sets, "train.batch_size=32",
+                             f'metrics.path="{on2}"', config=FSDP)
+        self.assertEqual(rc, 0, err)
+        self.assertIn("at step 20 (saved on 4 ranks)", out)
+        a, b = self.losses(on4), self.losses(on2)
+        self.assertEqual(sorted(a), list(range(21, 41)))
+        self.assertEqual(sorted(a), sorted(b))
+        for step in a:
+            self.assertAlmostEqual(a[step], b[step], delta=1e-5 * max(1.0, abs(a[step])),
+                                   msg=f"step {step}")
+
+    def test_fsdp_full_checkpoint_resumes_bitwise(self):
+        sets = ["train.steps=20", "checkpoint.every=5", 'checkpoint.format="full"']
+        rc, out, err = train(2, self.ckpt("whole"), *sets, config=FSDP)
+        self.assertEqual(rc, 0, err)
+        whole = self.done(out)
+        rc, out, err = train(2, self.ckpt("split"), *sets, "train.stop_after_step=10", config=FSDP)
+        self.assertEqual(rc, 0, err)
+        self.assertFalse([f for f in os.listdir(os.path.join(self.tmp.name, "split")) if "shard" in f])
+        rc, out, err = train(2, self.ckpt("split"), *sets, config=FSDP)
+        self.assertEqual(rc, 0, err)
+        self.assertIn("resumed from", out)
+        self.assertEqual(self.done(out), whole)
+
+    def test_fsdp_missing_shard_falls_back_to_the_previous_checkpoint(self):
+        sets = ["train.steps=20", "checkpoint.every=5", "checkpoint.keep=3"]
+        rc, out, err = train(2, self.ckpt("c"), *sets, "train.stop_after_step=10", config=FSDP)
+        self.assertEqual(rc, 0, err)
+        os.unlink(os.path.join(self.tmp.name, "c", "ckpt_000000000010.shard_1.dtck"))
+        rc, out, err = train(2, self.ckpt("c"), *sets, config=FSDP)
+        self.assertEqual(rc, 0, err)
+        self.assertIn("shard_1.dtck does not load", err)
+        self.assertIn("at step 5 ", out)
+
+    def test_strategy_mismatch_refuses_instead_of_starting_over(self):
+        sets = ["train.steps=10", "checkpoint.every=5"]
+        rc, out, err = train(1, self.ckpt("d"), *sets)
+        self.assertEqual(rc, 0, err)
+        rc, out, err = train(1, self.ckpt("d"), *sets, "train.steps=20", config=FSDP)
+        self.assertNotEqual(rc, 0)
+        self.assertIn("holds checkpoints of a DDP run", err)
+
+    def test_bad_values_exit_2_naming_them(self):
+        for bad, says in [("strategy.type=zero", "strategy.type 'zero': use \"ddp\" or \"fsdp\""),
+                          ('strategy.param_dtype="fp8"', "strategy.param_dtype 'fp8'"),
+                          ('train.steps="ten"', "train.steps must be an integer"),
+                          ("model.dropout=1.5", "model.dropout must be in [0, 1)"),
+                          ("strategy.prefetch=3", "strategy.prefetch must be true or false")]:
+            p = subprocess.run([ARGS.train_cfg, FSDP, "--set", bad], capture_output=True, text=True)
+            self.assertEqual(p.returncode, 2, bad)
+            self.assertIn(says, p.stderr)
 
     def test_bad_config_exits_2_naming_the_key(self):
         rc, _, err = train(1, "train.stepz=3")
