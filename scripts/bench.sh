@@ -31,3 +31,13 @@ for i in 1 2 3; do
   build-bench/apps/dtrun --nproc-per-node=2 --log-level=error --python /usr/bin/python3 \
     tests/bench/ddp_bench.py
 done
+
+echo
+echo "== FSDP vs our DDP: MLP 784-1024x3-10 (2.9M parameters), batch 32/rank, SGD momentum"
+echo "   (dtrun; gloo; 1 thread per rank; same BLAS as above)"
+ninja -C build-bench fsdp_bench >/dev/null
+for n in 2 4; do
+  for mode in ddp fsdp fsdp-noprefetch; do
+    build-bench/apps/dtrun --nproc-per-node=$n --log-level=error build-bench/tests/bench/fsdp_bench $mode
+  done
+done
