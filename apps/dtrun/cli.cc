@@ -59,6 +59,8 @@ void AddFlags(CLI::App& app, LaunchConfig& c, RawFlags& raw, std::string& ignore
   Switch(app, "--module", c.module, "run the entrypoint as a Python module (python -m)", workers, "-m");
   Switch(app, "--no-python", c.no_python, "run the entrypoint directly, never through python", workers);
   Switch(app, "--run-path", c.run_path, "run the entrypoint file with python", workers);
+  Switch(app, "--interactive", c.interactive, "start Python workers with torch.distributed set up and a console that runs code on chosen ranks (no PROGRAM)", workers);
+  Switch(app, "--no-console", c.no_console, "with --interactive: no console; print the session's store address (for the Jupyter extension or a console elsewhere)", workers);
   Flag(app, "--python", c.python, "python interpreter for .py/-m entrypoints (default: $PYTHON_EXEC or python3)", workers);
   Flag(app, "--role", c.role, "worker role name (ROLE_NAME)", workers)->capture_default_str();
   Flag(app, "--start-method", ignored, "accepted for torchrun compatibility; workers are always new processes", workers);
@@ -158,7 +160,8 @@ CliResult ParseCommandLine(int argc, const char* const* argv) {
   if (const char* exec = std::getenv("PYTHON_EXEC")) c.python = exec;
   CLI::App app{"dtrun: launch one worker per slot with torchrun's environment, "
                "host the store, restart failed groups.\n"
-               "Usage: dtrun [flags] PROGRAM|SCRIPT.py [ARGS...]"};
+               "Usage: dtrun [flags] PROGRAM|SCRIPT.py [ARGS...]\n"
+               "       dtrun --interactive [flags]"};
   app.prefix_command();  // everything after the entrypoint belongs to it
   RawFlags raw;
   std::string ignored;

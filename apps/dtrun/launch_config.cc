@@ -124,8 +124,32 @@ int CountGpus() {
 }
 
 Status Validate(LaunchConfig* c) {
+  if (c->no_console && !c->interactive) {
+    return Status::Invalid("--no-console goes with --interactive");
+  }
+  if (c->interactive) {
+    if (!c->entrypoint.empty()) {
+      return Status::Invalid("--interactive starts its own Python workers; drop the program '" +
+                             c->entrypoint[0] + "' (or drop --interactive)");
+    }
+    if (c->uses_rendezvous()) {
+      return Status::Invalid("--interactive runs on one node (no --nnodes > 1 or c10d "
+                             "rendezvous yet)");
+    }
+    if (c->no_python) return Status::Invalid("--interactive workers are Python: drop --no-python");
+    // Debian's interpreter (the one with torch) unless told otherwise.
+    if (c->python == "python3" && access("/usr/bin/python3", X_OK) == 0) c->python = "/usr/bin/python3";
+    c->module = true;
+    c->entrypoint = {"dtrun.worker"};
+    // Worker output travels to the console as cell results; the streams
+    // themselves go to the log folder. Restarts are the session's business.
+    c->redirects = StreamSpec{3, {}};
+    c->tee = StreamSpec{};
+    c->max_restarts = std::max(c->max_restarts, 1000000);
+  }
   if (c->entrypoint.empty()) {
-    return Status::Invalid("no training program given: dtrun [flags] PROGRAM [ARGS...]");
+    return Status::Invalid("no training program given: dtrun [flags] PROGRAM [ARGS...] "
+                           "(or dtrun --interactive)");
   }
   if (c->module && c->no_python) {
     return Status::Invalid("-m/--module and --no-python cannot be used together");

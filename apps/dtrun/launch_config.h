@@ -33,6 +33,8 @@ struct LaunchConfig {
   bool run_path = false;               // --run-path: run the file with python
   std::string python = "python3";      // --python, else $PYTHON_EXEC
   std::string role = "default";        // --role -> ROLE_NAME
+  bool interactive = false;            // --interactive: Python workers + a console
+  bool no_console = false;             // --no-console: host the session, print its address
 
   // Nodes and rendezvous.
   int min_nodes = 1, max_nodes = 1;    // --nnodes N or MIN:MAX

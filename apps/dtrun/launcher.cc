@@ -161,6 +161,7 @@ int Launcher::RunSingleNode() {
   log->info("store at {}:{}; run id {}; {} worker(s) of {}; logs in {}", attempt_.master_addr,
             attempt_.master_port, attempt_.run_id, config_.nproc_per_node,
             config_.entrypoint[0], run_dir_);
+  if (on_store_ready) on_store_ready(attempt_.master_addr, attempt_.master_port, run_dir_);
   Apply(agent_.Start(clock_->Now()));
   while (!finished_) PollOnce(-1);
   return exit_code_;

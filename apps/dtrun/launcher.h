@@ -1,5 +1,6 @@
 #pragma once
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -32,6 +33,13 @@ class Launcher {
 
   // Runs the job to the end; returns dtrun's exit code (see README).
   int Run();
+
+  // Called once the single-node store listens and the run folder exists,
+  // before any worker starts (the interactive session hands the address to
+  // its console).
+  using StoreReady =
+      std::function<void(const std::string& host, uint16_t port, const std::string& run_dir)>;
+  StoreReady on_store_ready;
 
  private:
   // How the local group's latest round ended (multi-node).

@@ -4,6 +4,7 @@
 
 #include "apps/dtrun/cli.h"
 #include "apps/dtrun/clock.h"
+#include "apps/dtrun/interactive.h"
 #include "apps/dtrun/launcher.h"
 #include "apps/dtrun/posix_spawner.h"
 #include "rendezvous/log.h"
@@ -17,6 +18,7 @@ int main(int argc, char** argv) {
                  "warn, error or off\n", cli.config.log_level.c_str());
     return 2;
   }
+  if (cli.config.interactive) return RunInteractive(cli.config);
   PosixSpawner spawner;
   SteadyClock clock;
   Launcher launcher(cli.config, &spawner, &clock);

@@ -1,0 +1,16 @@
+# cmake -DOUT=header -DROOT=dir -P embed_python.cmake FILE...(relative to ROOT)
+# Writes a header with each file's text as a raw string literal, so that the
+# dtrun binary carries its interactive session's Python package.
+get_filename_component(out_dir "${OUT}" DIRECTORY)
+file(MAKE_DIRECTORY "${out_dir}")
+set(text "// Generated from apps/dtrun/python by embed_python.cmake; do not edit.\n#pragma once\n\nnamespace dtrun::agent {\nstruct EmbeddedFile { const char* path; const char* text; };\ninline constexpr EmbeddedFile kPythonFiles[] = {\n")
+math(EXPR last "${CMAKE_ARGC} - 1")
+foreach(i RANGE 0 ${last})
+  if(CMAKE_ARGV${i} MATCHES "\\.py$")
+    set(rel "${CMAKE_ARGV${i}}")
+    file(READ "${ROOT}/${rel}" body)
+    string(APPEND text "  {\"${rel}\", R\"dtrunpy(${body})dtrunpy\"},\n")
+  endif()
+endforeach()
+string(APPEND text "};\n}  // namespace dtrun::agent\n")
+file(WRITE "${OUT}" "${text}")

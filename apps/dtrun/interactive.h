@@ -1,0 +1,19 @@
+#pragma once
+
+#include "apps/dtrun/launch_config.h"
+
+namespace dtrun::agent {
+
+// `dtrun --interactive`: writes the session's Python package (embedded in
+// the binary) to a session folder, then
+//  - with a console: forks; the child, in a process group of its own (so the
+//    terminal's Ctrl-C reaches only the console), runs the launcher with the
+//    workers and logs to <session>/dtrun.log; the parent becomes the Python
+//    console once the store listens, and stops the launcher when it leaves;
+//  - with --no-console: runs the launcher here and prints one line
+//    "dtrun-interactive: host H port P world N dir D" once the store listens.
+// `config` has been through Validate(). Returns dtrun's exit code (the
+// console's, in console mode).
+int RunInteractive(const LaunchConfig& config);
+
+}  // namespace dtrun::agent

@@ -1,0 +1,249 @@
+"""The console of `dtrun --interactive`: reads cells (with line editing and
+history on a terminal), runs them on the selected ranks of the live workers
+and prints each rank's output, labelled, in rank order."""
+import argparse
+import codeop
+import os
+import shutil
+import signal
+import sys
+
+from dtrun.session import Session, SessionError, format_results, parse_ranks
+
+HELP = """\
+A cell runs on every rank unless its first line selects some:
+  %rank 0 | %rank 0,2 | %rank 1-3 | %rank all   then the code (same line or next lines)
+Each rank keeps its own variables; rank, local_rank, world_size, device, torch
+and dist are predefined. Ctrl-C interrupts a running cell on its ranks.
+  %stream on|off   show output as it is printed (default off: per rank, at the end)
+  %timeout S|off   interrupt cells that run longer than S seconds
+  %status          each rank: pid, alive, busy or idle, last cell, memory
+  %restart         new workers with fresh state
+  %shutdown        stop the workers and leave (also Ctrl-D)
+  %help            this text"""
+
+
+class Console:
+    def __init__(self, session, out=sys.stdout):
+        self.s = session
+        self.out = out
+        self.tty = sys.stdin.isatty()
+        self.compiler = codeop.CommandCompiler()
+
+    def say(self, text):
+        self.out.write(text + ("\n" if text and not text.endswith("\n") else ""))
+        self.out.flush()
+
+    # -- input -----------------------------------------------------------
+    def read_line(self, prompt):
+        if self.tty:
+            return input(prompt)
+        line = sys.stdin.readline()
+        if not line:
+            raise EOFError
+        return line.rstrip("\n")
+
+    def read_cell(self):
+        """One cell: a magic line, or Python lines until complete (a block
+        ends with an empty line, as in the Python REPL). None at EOF."""
+        lines = []
+        ranks_spec = None
+        while True:
+            try:
+                line = self.read_line("... " if lines or ranks_spec is not None else ">>> ")
+            except EOFError:
+                if lines:
+                    return ranks_spec, "\n".join(lines)
+                return None
+            if not lines and ranks_spec is None:
+                stripped = line.strip()
+                if not stripped:
+                    continue
+                if stripped.startswith("%"):
+                    word, _, rest = stripped.partition(" ")
+                    if word == "%rank":
+                        spec, _, code = rest.strip().partition(" ")
+                        ranks_spec = spec
+                        if code.strip():
+                            lines.append(code.strip())
+                            if self.complete(lines):
+                                return ranks_spec, "\n".join(lines)
+                        continue
+                    return "magic", stripped
+            if lines and not line.strip():
+                return ranks_spec, "\n".join(lines)  # an empty line ends a block
+            lines.append(line)
+            if self.complete(lines):
+                return ranks_spec, "\n".join(lines)
+
+    def complete(self, lines):
+        try:
+            return self.compiler("\n".join(lines), "<cell>", "single") is not None
+        except (SyntaxError, OverflowError, ValueError):
+            return True  # let it fail at compile time with the message
+
+    # -- commands --------------------------------------------------------
+    def run_cell(self, ranks_spec, code):
+        try:
+            ranks = parse_ranks(ranks_spec or "all", self.s.world)
+        except SessionError as e:
+            self.say(f"error: {e}")
+            return
+        try:
+            compile(code, "<cell>", "exec")
+        except SyntaxError as e:
+            self.say(f"SyntaxError: {e.msg} (line {e.lineno}); nothing was run")
+            return
+        on_stream = None
+        if self.s.stream:
+            def on_stream(rank, which, text):
+                for line in text.splitlines():
+                    self.say(f"[rank {rank}] {line}")
+        results = self.s.run(code, ranks, on_stream)
+        text = format_results(results, streamed=self.s.stream)
+        if text:
+            self.say(text)
+
+    def magic(self, line):
+        word, _, arg = line.partition(" ")
+        arg = arg.strip()
+        if word == "%help":
+            self.say(HELP)
+        elif word == "%stream":
+            if arg not in ("on", "off"):
+                self.say("usage: %stream on|off")
+            else:
+                self.s.stream = arg == "on"
+                self.say(f"streaming {arg}")
+        elif word == "%timeout":
+            if arg == "off":
+                self.s.timeout = None
+                self.say("no cell timeout")
+            else:
+                try:
+                    self.s.timeout = float(arg)
+                    if self.s.timeout <= 0:
+                        raise ValueError
+                    self.say(f"cells are interrupted after {self.s.timeout:g} s")
+                except ValueError:
+                    self.say("usage: %timeout SECONDS (> 0) | off")
+        elif word == "%status":
+            self.status()
+        elif word == "%restart":
+            self.say("restarting the workers...")
+            self.s.restart()
+            self.say(f"{self.s.world} fresh worker(s) ready (attempt {self.s.attempt})")
+        elif word in ("%shutdown", "%exit", "%quit"):
+            return False
+        else:
+            self.say(f"unknown magic {word}; %help lists them")
+        return True
+
+    def status(self):
+        st = self.s.statuses()
+        dead = set(self.s.dead_ranks(list(st)))
+        self.say(f"{'rank':>4}  {'pid':>7}  {'alive':5}  {'state':5}  {'last cell':>9}  "
+                 f"{'memory':>9}  device")
+        for r in range(self.s.world):
+            s = st.get(r)
+            if not s:
+                self.say(f"{r:>4}  (not reported)")
+                continue
+            last = "-" if s["last_cell"] is None else str(s["last_cell"])
+            mem = "-" if s["rss_mb"] is None else f"{s['rss_mb']:.0f} MB"
+            self.say(f"{r:>4}  {s['pid']:>7}  {'no' if r in dead else 'yes':5}  "
+                     f"{'busy' if s['busy'] else 'idle':5}  {last:>9}  {mem:>9}  {s['device']}")
+
+    def loop(self):
+        if self.tty:
+            _enable_history()
+            self.say(f"dtrun interactive: {self.s.world} rank(s) ready. %help for help; "
+                     "Ctrl-D or %shutdown to leave.")
+        while True:
+            try:
+                cell = self.read_cell()
+            except KeyboardInterrupt:
+                self.say("")
+                continue
+            if cell is None:
+                return 0
+            kind, text = cell
+            try:
+                if kind == "magic":
+                    if not self.magic(text):
+                        return 0
+                else:
+                    self.run_cell(kind, text)
+            except SessionError as e:
+                self.say(f"error: {e}")
+                if self.s.launcher_pid and not _launcher_alive(self.s.launcher_pid):
+                    return 1
+
+
+def _launcher_alive(pid):
+    try:
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+
+
+def _enable_history():
+    try:
+        import atexit
+        import readline
+    except ImportError:
+        return
+    path = os.path.expanduser("~/.dtrun_history")
+    try:
+        readline.read_history_file(path)
+    except OSError:
+        pass
+    readline.set_history_length(1000)
+    atexit.register(lambda: _save_history(readline, path))
+
+
+def _save_history(readline, path):
+    try:
+        readline.write_history_file(path)
+    except OSError:
+        pass
+
+
+def main():
+    p = argparse.ArgumentParser(prog="dtrun --interactive")
+    p.add_argument("--host", required=True)
+    p.add_argument("--port", type=int, required=True)
+    p.add_argument("--world-size", type=int, required=True)
+    p.add_argument("--launcher-pid", type=int)
+    p.add_argument("--log", help="dtrun's log, named when something fails")
+    p.add_argument("--session-dir", help="removed at the end unless something failed")
+    a = p.parse_args()
+    session = Session(a.host, a.port, a.world_size, a.launcher_pid)
+    console = Console(session)
+    rc = 0
+    try:
+        try:
+            session.wait_ready()
+        except KeyboardInterrupt:
+            rc = 130
+        else:
+            rc = console.loop()
+    except SessionError as e:
+        console.say(f"error: {e}" + (f" (see {a.log})" if a.log else ""))
+        rc = 1
+    finally:
+        session.shutdown()
+        if a.launcher_pid:
+            try:
+                os.kill(a.launcher_pid, signal.SIGTERM)
+                os.waitpid(a.launcher_pid, 0)
+            except (ProcessLookupError, ChildProcessError):
+                pass
+        if a.session_dir and rc == 0:
+            shutil.rmtree(a.session_dir, ignore_errors=True)
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())
