@@ -1,0 +1,264 @@
+"""`dtrun --interactive` end to end: the console driven through a pipe and
+through tmux (a real terminal, real Ctrl-C), and the Jupyter extension in a
+notebook executed headless. Real workers, real gloo, real store.
+
+Every process a test starts is stopped by pid: the console (or the tmux
+server) it started; the launcher dies with the console (PDEATHSIG) and the
+workers with the launcher."""
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import unittest
+
+p = argparse.ArgumentParser()
+p.add_argument("--dtrun", required=True)
+ARGS, REST = p.parse_known_args()
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.normpath(os.path.join(HERE, "..", ".."))
+ENV = dict(os.environ, PATH="/usr/bin:" + os.environ.get("PATH", ""))
+
+
+def stop(pid):
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+class Console:
+    """A console on pipes; lines of its stdout collected with arrival times."""
+
+    def __init__(self, nproc=2, *flags):
+        self.p = subprocess.Popen(
+            [ARGS.dtrun, "--interactive", f"--nproc-per-node={nproc}", *flags],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            text=True, env=ENV)
+        self.lines = []
+        self.cv = threading.Condition()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self):
+        for line in self.p.stdout:
+            with self.cv:
+                self.lines.append((time.monotonic(), line.rstrip("\n")))
+                self.cv.notify_all()
+
+    def send(self, text):
+        self.p.stdin.write(text)
+        self.p.stdin.flush()
+
+    def expect(self, fragment, timeout=60):
+        """Waits for a line containing `fragment`; returns its arrival time."""
+        deadline = time.monotonic() + timeout
+        with self.cv:
+            while True:
+                for t, line in self.lines:
+                    if fragment in line:
+                        return t
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise AssertionError(f"no line with {fragment!r} in:\n" + self.text())
+                self.cv.wait(left)
+
+    def text(self):
+        return "\n".join(line for _, line in self.lines)
+
+    def finish(self, timeout=60):
+        self.p.stdin.close()
+        rc = self.p.wait(timeout)
+        time.sleep(0.1)
+        return rc
+
+    def kill(self):
+        stop(self.p.pid)
+        self.p.wait()
+
+
+class PipeConsole(unittest.TestCase):
+    def setUp(self):
+        self.c = None
+
+    def tearDown(self):
+        if self.c and self.c.p.poll() is None:
+            self.c.kill()
+
+    def test_cells_on_all_and_chosen_ranks_keep_per_rank_state(self):
+        self.c = Console(2)
+        self.c.send("x = torch.ones(2) * (rank + 1)\ndist.all_reduce(x)\nprint(x)\n"
+                    "%rank 0\nprint('only', rank, world_size, device)\n"
+                    "%rank 1 y = 5\n"
+                    "%rank 1-1 y * 2\n"
+                    "for i in range(2):\n    print('loop', i)\n\n"
+                    "%rank 0,1 x\n")
+        self.assertEqual(self.c.finish(), 0)
+        out = self.c.text()
+        self.assertIn("[rank 0] tensor([3., 3.])\n[rank 1] tensor([3., 3.])", out)
+        self.assertIn("[rank 0] only 0 2 cpu", out)
+        self.assertNotIn("[rank 1] only", out)
+        self.assertIn("[rank 1] 10", out)
+        self.assertIn("[rank 0] loop 0\n[rank 0] loop 1\n[rank 1] loop 0\n[rank 1] loop 1", out)
+
+    def test_exception_on_one_rank_leaves_every_rank_alive_with_its_state(self):
+        self.c = Console(2)
+        self.c.send("v = rank * 10\n%rank 1 raise ValueError('bad on one')\nv\n")
+        self.assertEqual(self.c.finish(), 0)
+        out = self.c.text()
+        self.assertIn("[rank 1] ValueError: bad on one", out)
+        self.assertIn('[rank 1]   File "<cell>", line 1, in <module>', out)
+        self.assertNotIn("worker.py", out)  # the user's frames only
+        self.assertIn("[rank 0] 0\n[rank 1] 10", out)
+
+    def test_ctrl_c_interrupts_a_collective_only_one_rank_entered(self):
+        self.c = Console(2)
+        self.c.send("kept = 'still here'\n%rank 0 dist.all_reduce(torch.ones(1))\n")
+        time.sleep(3)  # rank 0 is now blocked in gloo
+        os.kill(self.c.p.pid, signal.SIGINT)
+        self.c.expect("interrupted; it was blocked in native code")
+        self.c.send("x = torch.ones(1); dist.all_reduce(x); x\nkept\n")
+        self.assertEqual(self.c.finish(), 0)
+        out = self.c.text()
+        self.assertIn("[rank 0] tensor([2.])\n[rank 1] tensor([2.])", out)
+        self.assertIn("[rank 0] 'still here'\n[rank 1] 'still here'", out)
+
+    def test_timeout_interrupts_python_code(self):
+        self.c = Console(2)
+        self.c.send("%timeout 1\nwhile True: pass\n\n%timeout off\nrank\n")
+        self.assertEqual(self.c.finish(), 0)
+        out = self.c.text()
+        self.assertIn("[rank 0] timed out after 1 s\n[rank 1] timed out after 1 s", out)
+        self.assertIn("[rank 0] 0\n[rank 1] 1", out)
+
+    def test_stream_shows_output_as_it_is_printed(self):
+        self.c = Console(2)
+        self.c.send("%stream on\nimport time; print('first', flush=True); time.sleep(2); "
+                    "print('second')\n")
+        first = self.c.expect("[rank 1] first")
+        second = self.c.expect("[rank 1] second")
+        self.assertGreater(second - first, 1.0)
+        self.assertEqual(self.c.finish(), 0)
+
+    def test_restart_clears_state_and_a_dead_worker_restarts_the_group(self):
+        self.c = Console(2)
+        self.c.send("a = 1\n%status\n%restart\n'a' in dir()\n"
+                    "%rank 1 import os; os._exit(3)\nrank\n")
+        self.assertEqual(self.c.finish(), 0)
+        out = self.c.text()
+        self.assertIn("rank      pid  alive  state", out)
+        self.assertIn("2 fresh worker(s) ready (attempt 1)", out)
+        self.assertIn("[rank 0] False\n[rank 1] False", out)
+        self.assertIn("[rank 1] worker died; dtrun restarted the group", out)
+        self.assertIn("[rank 0] 0\n[rank 1] 1", out)
+
+    def test_bad_input_gets_a_message_and_the_session_goes_on(self):
+        self.c = Console(2)
+        self.c.send("def broken(:\n%bogus\n%rank 5 1\n%rank x 1\n%timeout soon\n%stream maybe\n"
+                    "%help\nrank + 100\n")
+        self.assertEqual(self.c.finish(), 0)
+        out = self.c.text()
+        self.assertIn("SyntaxError: ", out)
+        self.assertIn("nothing was run", out)
+        self.assertIn("unknown magic %bogus; %help lists them", out)
+        self.assertIn("error: rank 5 is out of range: this session has ranks 0-1", out)
+        self.assertIn("error: rank list 'x': 'x' is not a rank or a range like 1-3", out)
+        self.assertIn("usage: %timeout SECONDS (> 0) | off", out)
+        self.assertIn("usage: %stream on|off", out)
+        self.assertIn("%restart", out)
+        self.assertIn("[rank 0] 100\n[rank 1] 101", out)
+
+    def test_bad_flags_exit_2(self):
+        for argv, says in [(["--interactive", "train.py"], "drop the program 'train.py'"),
+                           (["--no-console", "true"], "--no-console goes with --interactive")]:
+            p = subprocess.run([ARGS.dtrun, *argv], capture_output=True, text=True, env=ENV)
+            self.assertEqual(p.returncode, 2, p.stderr)
+            self.assertIn(says, p.stderr)
+
+
+@unittest.skipUnless(shutil.which("tmux"), "tmux is not installed")
+class TmuxConsole(unittest.TestCase):
+    """The console in a real terminal: line editing, Ctrl-C from the keyboard."""
+
+    def setUp(self):
+        self.sock = f"dtrun-test-{os.getpid()}"
+        self.tmux = ["tmux", "-L", self.sock, "-f", "/dev/null"]
+        subprocess.run(self.tmux + ["new-session", "-d", "-x", "160", "-y", "50",
+                                    f"{ARGS.dtrun} --interactive --nproc-per-node=2"],
+                       check=True, env=ENV)
+        self.server = int(subprocess.run(self.tmux + ["display-message", "-p", "#{pid}"],
+                                         capture_output=True, text=True, check=True).stdout)
+
+    def tearDown(self):
+        stop(self.server)
+
+    def screen(self):
+        return subprocess.run(self.tmux + ["capture-pane", "-p", "-J", "-S", "-200"],
+                              capture_output=True, text=True).stdout
+
+    def keys(self, *keys):
+        subprocess.run(self.tmux + ["send-keys", *keys], check=True)
+
+    def wait_for(self, fragment, timeout=60):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if fragment in self.screen():
+                return
+            time.sleep(0.2)
+        self.fail(f"no {fragment!r} on the screen:\n{self.screen()}")
+
+    def test_terminal_session(self):
+        self.wait_for("2 rank(s) ready")
+        self.keys("t = torch.arange(3) + rank", "Enter")
+        self.keys("dist.all_reduce(t); t", "Enter")
+        self.wait_for("[rank 1] tensor([1, 3, 5])")
+        # Line editing: type, step back over ")", insert, run ("rank+100").
+        self.keys("%rank 0 print(rank+10)", "Left", "0", "Enter")
+        self.wait_for("[rank 0] 100\n")
+        self.keys("%rank 0 dist.all_reduce(torch.ones(1))", "Enter")
+        time.sleep(3)
+        self.keys("C-c")
+        self.wait_for("process group was re-created on every rank")
+        self.keys("t", "Enter")
+        self.wait_for("[rank 0] tensor([1, 3, 5])")
+        self.keys("%shutdown", "Enter")
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and subprocess.run(
+                self.tmux + ["has-session"], capture_output=True).returncode == 0:
+            time.sleep(0.2)
+        self.assertNotEqual(subprocess.run(self.tmux + ["has-session"],
+                                           capture_output=True).returncode, 0,
+                            "the console did not leave on %shutdown")
+
+
+class Notebook(unittest.TestCase):
+    def test_example_notebook_runs_headless(self):
+        jupyter = shutil.which("jupyter", path=ENV["PATH"])
+        if not jupyter:
+            self.skipTest("jupyter (jupyter-nbconvert, python3-ipykernel) is not installed")
+        with tempfile.TemporaryDirectory() as tmp:
+            env = dict(ENV, PYTHONPATH=os.path.join(ROOT, "apps", "dtrun", "python"),
+                       DTRUN=ARGS.dtrun, PYDEVD_DISABLE_FILE_VALIDATION="1")
+            p = subprocess.run([jupyter, "nbconvert", "--to", "notebook", "--execute",
+                                "--ExecutePreprocessor.timeout=120", "--output-dir", tmp,
+                                "--output", "out.ipynb",
+                                os.path.join(ROOT, "examples", "interactive.ipynb")],
+                               capture_output=True, text=True, env=env, timeout=300)
+            self.assertEqual(p.returncode, 0, p.stderr)
+            with open(os.path.join(tmp, "out.ipynb")) as f:
+                nb = json.load(f)
+        outputs = ["".join(o.get("text", "")) for c in nb["cells"] for o in c.get("outputs", [])]
+        self.assertIn("[rank 0] tensor([3., 3.])\n[rank 1] tensor([3., 3.])\n", outputs)
+        self.assertIn("[rank 0] hello from rank 0 of 2\n", outputs)
+        self.assertTrue(any("[rank 1] ValueError: a mistake on rank 1" in o for o in outputs))
+        self.assertIn("[rank 1] kept on rank 1\n", outputs)
+        self.assertTrue(any(o.startswith("rank 0: pid ") and "alive, idle" in o for o in outputs))
+        self.assertIn("dtrun: workers stopped\n", outputs)
+
+
+if __name__ == "__main__":
+    unittest.main(argv=[sys.argv[0]] + REST, verbosity=2)
