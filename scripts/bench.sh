@@ -41,3 +41,7 @@ for n in 2 4; do
     build-bench/apps/dtrun --nproc-per-node=$n --log-level=error build-bench/tests/bench/fsdp_bench $mode
   done
 done
+
+echo
+echo "== interactive: empty cell round trip, console side (send, all results, format)"
+/usr/bin/python3 tests/bench/interactive_bench.py --dtrun build-bench/apps/dtrun

@@ -10,6 +10,7 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   clang libclang-rt-14-dev
   python3-sklearn
+  tmux jupyter-core jupyter-nbconvert python3-nbclient python3-ipykernel
   iproute2 procps util-linux
   slurmctld slurmd slurm-client munge
 )

@@ -118,7 +118,7 @@ def load_ipython_extension(ip):
         @line_magic
         def dist_status(self, line):
             session = _session()
-            st = session.statuses()
+            st = session.statuses(fresh=True)
             dead = set(session.dead_ranks(list(st)))
             for r in range(session.world):
                 s = st.get(r, {})

@@ -140,7 +140,7 @@ class Console:
         return True
 
     def status(self):
-        st = self.s.statuses()
+        st = self.s.statuses(fresh=True)
         dead = set(self.s.dead_ranks(list(st)))
         self.say(f"{'rank':>4}  {'pid':>7}  {'alive':5}  {'state':5}  {'last cell':>9}  "
                  f"{'memory':>9}  device")

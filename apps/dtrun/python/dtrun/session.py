@@ -4,7 +4,8 @@ Jupyter extension use to run cells on the workers.
 Everything travels through the dtrun store, under the prefix "dtrun/i/":
   ready                  counter; each worker adds 1 once it serves cells
   status/<rank>          JSON {pid, host, attempt, busy, last_cell, rss_mb, ...}
-  cell/<n>               JSON {kind: "cell"|"reset_pg"|"shutdown", code, ranks, stream}
+  cell/<n>               JSON {kind: "cell"|"status"|"reset_pg"|"shutdown", code, ranks, stream}
+  statusn/<n>            counter of ranks that refreshed their status for cell n
   result/<n>/<rank>      JSON {ok, out, err, value?, error?, interrupted?, abandoned?}
   interrupt/<n>          counter; the client adds 1 to interrupt cell n
   has_status/<rank>      counter; > 0 once status/<rank> exists (Torch 1.13's
@@ -42,6 +43,10 @@ def status_key(rank):
 
 def interrupt_key(n):
     return f"{PREFIX}interrupt/{n}"
+
+
+def status_answers_key(n):
+    return f"{PREFIX}statusn/{n}"
 
 
 def has_status_key(rank):
@@ -99,9 +104,13 @@ class _Waiter(threading.Thread):
 
     def run(self):
         while True:
-            keys, done = self.requests.get()
+            request = self.requests.get()
+            if request is None:
+                break
+            keys, done = request
             self.conn.wait(keys)
             done.set()
+        self.conn = None
 
 
 class Session:
@@ -117,7 +126,15 @@ class Session:
         self.timeout = None  # seconds per cell, or None
 
     # -- workers ---------------------------------------------------------
-    def statuses(self):
+    def statuses(self, fresh=False, wait=1.0):
+        """Each rank's status. fresh: idle ranks refresh theirs first (a busy
+        rank's, updated when its cell passed 50 ms, is as fresh as it gets)."""
+        if fresh:
+            n = self.send("", list(range(self.world)), kind="status")
+            deadline = time.monotonic() + wait
+            while (self.store.add(status_answers_key(n), 0) < self.world
+                   and time.monotonic() < deadline):
+                time.sleep(0.005)
         out = {}
         for r in range(self.world):
             if self.store.add(has_status_key(r), 0) > 0:
@@ -165,10 +182,16 @@ class Session:
         self.wait_ready(newer_than=old)
 
     def shutdown(self):
+        """Tells the workers to leave, and closes this client's connections
+        (before the store goes away: Torch 1.13's client spins on a store
+        that closed under it)."""
         try:
             self.store.set(cell_key(self.next_cell), json.dumps({"kind": "shutdown"}))
         except Exception:  # noqa: BLE001 - the store may be gone already
             pass
+        self.waiter.requests.put(None)
+        self.waiter.join(5)
+        self.store = None
 
     # -- cells -----------------------------------------------------------
     def send(self, code, ranks, kind="cell"):

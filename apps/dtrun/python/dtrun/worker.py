@@ -76,8 +76,10 @@ class Worker:
         sys.stdout, sys.stderr = self.stdout, self.stderr
         self.last_cell = None
         self.published = False
+        self.published_at = 0.0
 
     def publish(self, busy):
+        self.published_at = time.monotonic()
         status = {"pid": os.getpid(), "host": socket.gethostname(), "attempt": ATTEMPT,
                   "busy": busy, "last_cell": self.last_cell, "rss_mb": _rss_mb(),
                   "device": str(self.device), "backend": self.backend}
@@ -95,6 +97,11 @@ class Worker:
             cell = json.loads(self.cells.get(proto.cell_key(n)))
             if cell.get("kind") == "shutdown":
                 return
+            if cell.get("kind") == "status":
+                self.publish(busy=False)
+                self.store.add(proto.status_answers_key(n), 1)
+                n += 1
+                continue
             if RANK in cell["ranks"]:
                 if cell.get("kind") == "reset_pg":
                     result = self.reset_process_group()
@@ -105,7 +112,6 @@ class Worker:
 
     def run(self, n, cell):
         self.last_cell = n
-        self.publish(busy=True)
         out, err = [], []
         streamed = [0]
         stream = cell.get("stream", False)
@@ -138,9 +144,15 @@ class Worker:
         thread = threading.Thread(target=body, name=f"cell-{n}", daemon=True)
         thread.start()
         interrupt = proto.interrupt_key(n)
+        busy_published = False
         while thread.is_alive():
             thread.join(0.05)
-            if thread.is_alive() and self.store.add(interrupt, 0) > 0:
+            if not thread.is_alive():
+                break
+            if not busy_published:  # status updates cost round trips: only for long cells
+                self.publish(busy=True)
+                busy_published = True
+            if self.store.add(interrupt, 0) > 0:
                 self.interrupt(thread, result)
                 break
         self.stdout.sinks.pop(thread.ident, None)
@@ -149,7 +161,8 @@ class Worker:
         result["streamed"] = streamed[0]
         if self.backend == "nccl":
             torch.cuda.empty_cache()  # give memory a cell freed back, as Ddip does
-        self.publish(busy=False)
+        if busy_published or time.monotonic() - self.published_at > 1.0:
+            self.publish(busy=False)
         return result
 
     def interrupt(self, thread, result):
