@@ -294,6 +294,16 @@ struct FullyShardedDataParallel::Impl {
     return out;
   }
 
+  template <typename S>
+  static std::unique_ptr<S> AdamState(std::map<std::string, at::Tensor>& state) {
+    auto a = std::make_unique<S>();
+    a->exp_avg(state.at("exp_avg"));
+    a->exp_avg_sq(state.at("exp_avg_sq"));
+    if (state.count("max_exp_avg_sq")) a->max_exp_avg_sq(state.at("max_exp_avg_sq"));
+    a->step(state.at("step").item<int64_t>());
+    return a;
+  }
+
   std::map<std::string, at::Tensor> OptimizerState(torch::optim::Optimizer& opt, const Unit& u) {
     std::map<std::string, at::Tensor> out;
     auto it = opt.state().find(StateKey(u.shard));
@@ -303,9 +313,15 @@ struct FullyShardedDataParallel::Impl {
     } else if (auto* a = dynamic_cast<torch::optim::AdamWParamState*>(it->second.get())) {
       out["exp_avg"] = a->exp_avg();
       out["exp_avg_sq"] = a->exp_avg_sq();
+      if (a->max_exp_avg_sq().defined()) out["max_exp_avg_sq"] = a->max_exp_avg_sq();
+      out["step"] = torch::tensor(a->step(), torch::kLong);
+    } else if (auto* a = dynamic_cast<torch::optim::AdamParamState*>(it->second.get())) {
+      out["exp_avg"] = a->exp_avg();
+      out["exp_avg_sq"] = a->exp_avg_sq();
+      if (a->max_exp_avg_sq().defined()) out["max_exp_avg_sq"] = a->max_exp_avg_sq();
       out["step"] = torch::tensor(a->step(), torch::kLong);
     } else {
-      throw Error("FSDP checkpoints support SGD and AdamW optimizer state only");
+      throw Error("FSDP checkpoints support SGD, Adam and AdamW optimizer state only");
     }
     return out;
   }
@@ -319,13 +335,11 @@ struct FullyShardedDataParallel::Impl {
       s->momentum_buffer(state.at("momentum_buffer"));
       opt.state()[key] = std::move(s);
     } else if (dynamic_cast<torch::optim::AdamW*>(&opt)) {
-      auto a = std::make_unique<torch::optim::AdamWParamState>();
-      a->exp_avg(state.at("exp_avg"));
-      a->exp_avg_sq(state.at("exp_avg_sq"));
-      a->step(state.at("step").item<int64_t>());
-      opt.state()[key] = std::move(a);
+      opt.state()[key] = AdamState<torch::optim::AdamWParamState>(state);
+    } else if (dynamic_cast<torch::optim::Adam*>(&opt)) {
+      opt.state()[key] = AdamState<torch::optim::AdamParamState>(state);
     } else {
-      throw Error("FSDP checkpoints support SGD and AdamW optimizer state only");
+      throw Error("FSDP checkpoints support SGD, Adam and AdamW optimizer state only");
     }
   }
 };

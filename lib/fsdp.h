@@ -83,7 +83,8 @@ class FullyShardedDataParallel {
   // unit's parameters and optimizer state ("u<k>.param", "u<k>.<state>",
   // plus "u<k>.begin", "u<k>.numel", "u<k>.padded"). Full: the same with
   // every range complete (gathered: collective; every rank gets it).
-  // Optimizers: SGD (momentum buffer) and AdamW (step, exp_avg, exp_avg_sq).
+  // Optimizers: SGD (momentum buffer), Adam and AdamW (step, exp_avg,
+  // exp_avg_sq, max_exp_avg_sq with amsgrad).
   std::map<std::string, at::Tensor> StateDict(torch::optim::Optimizer& opt, bool full);
   // Restores this rank's shards and optimizer state from one or more state
   // dicts of either kind, saved on any number of ranks: each element is

@@ -56,11 +56,15 @@ std::unique_ptr<torch::optim::Optimizer> MakeOptimizer(const TrainConfig& c,
     return std::make_unique<torch::optim::SGD>(
         params, torch::optim::SGDOptions(c.lr).momentum(c.momentum).weight_decay(c.weight_decay));
   }
+  if (c.optimizer == "adam") {
+    return std::make_unique<torch::optim::Adam>(
+        params, torch::optim::AdamOptions(c.lr).weight_decay(c.weight_decay));
+  }
   if (c.optimizer == "adamw") {
     return std::make_unique<torch::optim::AdamW>(
         params, torch::optim::AdamWOptions(c.lr).weight_decay(c.weight_decay));
   }
-  throw Error("optimizer.type '" + c.optimizer + "': use \"sgd\" or \"adamw\"");
+  throw Error("optimizer.type '" + c.optimizer + "': use \"sgd\", \"adam\" or \"adamw\"");
 }
 
 double LearningRate(const TrainConfig& c, int64_t step) {
@@ -356,7 +360,7 @@ std::string ValidateConfig(const TrainConfig& c) {
            OneOf("strategy.backend", c.backend, {"auto", "gloo", "nccl"}),
            OneOf("strategy.param_dtype", c.param_dtype, {"float32", "bfloat16"}),
            OneOf("strategy.reduce_dtype", c.reduce_dtype, {"float32", "bfloat16"}),
-           OneOf("optimizer.type", c.optimizer, {"sgd", "adamw"}),
+           OneOf("optimizer.type", c.optimizer, {"sgd", "adam", "adamw"}),
            OneOf("schedule.type", c.schedule, {"constant", "cosine"}),
            OneOf("checkpoint.format", c.checkpoint_format, {"sharded", "full"}),
        }) {

@@ -28,7 +28,7 @@ struct TrainConfig {
   std::string param_dtype = "float32", reduce_dtype = "float32";  // fsdp mixed precision
   bool cpu_offload = false;           // fsdp, GPU builds
   // optimizer and schedule
-  std::string optimizer = "sgd";      // sgd | adamw
+  std::string optimizer = "sgd";      // sgd | adam | adamw
   double lr = 0.05, momentum = 0.9, weight_decay = 0.0;
   std::string schedule = "constant";  // constant | cosine
   int warmup_steps = 0;

@@ -1,6 +1,6 @@
 // Run under dtrun with N ranks. Same model, data and seed trained with our
 // DDP and with FSDP for 20 steps; after SGD with momentum and after AdamW
-// the gathered FSDP parameters match DDP's (relative error <= 1e-5). The
+// (and Adam with amsgrad) the gathered FSDP parameters match DDP's (relative error <= 1e-5). The
 // model's parameter count is not divisible by 2 or 4 and the units have odd
 // sizes, so every shard boundary and padding path runs. Also: two
 // micro-batches per step, every wrap policy and reshard setting, a sharded
@@ -130,6 +130,10 @@ int main() {
   grouped.min_unit_params = 300;  // units {238+126, 40}
   Expect(*dist, "SGD, units by parameter count", MaxRelativeError(RunFsdp(*dist, sgd, 1, grouped, &units), ddp_sgd), 1e-5);
   if (units != 2) ++failures;
+  MakeOpt adam = [](std::vector<torch::Tensor> p) {
+    return std::make_unique<torch::optim::Adam>(p, torch::optim::AdamOptions(0.01).amsgrad(true));
+  };
+  Expect(*dist, "Adam (amsgrad)", MaxRelativeError(RunFsdp(*dist, adam, 1, {}), RunDdp(*dist, adam, 1)), 1e-5);
   auto ddp_adamw = RunDdp(*dist, adamw, 1);
   Expect(*dist, "AdamW", MaxRelativeError(RunFsdp(*dist, adamw, 1, {}), ddp_adamw), 1e-5);
   Expect(*dist, "AdamW, 2 micro-batches per step", MaxRelativeError(RunFsdp(*dist, adamw, 2, {}), RunDdp(*dist, adamw, 2)), 1e-5);

@@ -117,7 +117,9 @@ class TrainCfg(unittest.TestCase):
 
     def test_fsdp_sharded_checkpoint_from_4_ranks_resumes_on_2(self):
         # Same global batch (4 x 16 = 2 x 32), so the continuation is the same.
-        sets = ["train.steps=40", "checkpoint.every=20", "train.log_every=1"]
+        # AdamW: its sharded state (two moments, step) is resharded too.
+        sets = ["train.steps=40", "checkpoint.every=20", "train.log_every=1",
+                'optimizer.type="adamw"', "optimizer.lr=0.005", "optimizer.weight_decay=0.01"]
         rc, out, err = train(4, self.ckpt("four"), *sets, "train.batch_size=16",
                              "train.stop_after_step=20", config=FSDP)
         self.assertEqual(rc, 0, err)
