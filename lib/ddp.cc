@@ -3,12 +3,78 @@
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/nn/module.h>
 
+#include <unistd.h>
+
+#include <condition_variable>
+#include <deque>
+#include <future>
 #include <mutex>
+#include <random>
 #include <sstream>
+#include <thread>
 
 #include "lib/process_group.h"
+#include "lib/shm_allreduce.h"
+#include "rendezvous/log.h"
 
 namespace dtrun::train {
+
+namespace {
+
+// All-reduces ranges of a ShmAllreduce segment on a thread of its own, in
+// the order they were queued (the same on every rank), so that backward
+// goes on while it waits for the other ranks.
+class ShmComm {
+ public:
+  ShmComm(std::unique_ptr<ShmAllreduce> shm, std::chrono::milliseconds timeout)
+      : shm_(std::move(shm)), timeout_(timeout), thread_([this] { Loop(); }) {}
+  ~ShmComm() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  float* region() { return shm_->region(); }
+  std::future<Status> Launch(size_t offset, size_t n) {
+    std::promise<Status> done;
+    auto result = done.get_future();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      todo_.push_back({offset, n, std::move(done)});
+    }
+    cv_.notify_one();
+    return result;
+  }
+
+ private:
+  struct Job {
+    size_t offset, n;
+    std::promise<Status> done;
+  };
+  void Loop() {
+    for (;;) {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [this] { return stop_ || !todo_.empty(); });
+      if (todo_.empty()) return;
+      Job job = std::move(todo_.front());
+      todo_.pop_front();
+      lock.unlock();
+      job.done.set_value(shm_->Allreduce(job.offset, job.n, timeout_));
+    }
+  }
+
+  std::unique_ptr<ShmAllreduce> shm_;
+  std::chrono::milliseconds timeout_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Job> todo_;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+}  // namespace
 
 struct DistributedDataParallel::Impl {
   struct Bucket {
@@ -17,8 +83,11 @@ struct DistributedDataParallel::Impl {
     at::Tensor flat;
     size_t pending = 0;            // gradients not yet copied in this step
     c10::intrusive_ptr<c10d::Work> work;
+    int64_t shm_offset = 0;        // where `flat` sits in this rank's shared region
+    std::future<Status> shm_work;
   };
 
+  std::unique_ptr<ShmComm> shm;  // before `buckets`: their flats may live in it
   std::shared_ptr<torch::nn::Module> module;
   c10d::ProcessGroup* pg;
   DdpOptions opts;
@@ -91,9 +160,77 @@ struct DistributedDataParallel::Impl {
 
   void LaunchReady() {
     while (next_launch < buckets.size() && buckets[next_launch].pending == 0) {
-      std::vector<at::Tensor> v{buckets[next_launch].flat};
-      buckets[next_launch].work = pg->allreduce(v);
+      Bucket& b = buckets[next_launch];
+      if (shm) {
+        b.shm_work = shm->Launch(static_cast<size_t>(b.shm_offset), static_cast<size_t>(b.flat.numel()));
+      } else {
+        std::vector<at::Tensor> v{b.flat};
+        b.work = pg->allreduce(v);
+      }
       ++next_launch;
+    }
+  }
+
+  void Wait(Bucket& b) {
+    if (!shm) {
+      b.work->wait();
+      b.work.reset();
+      return;
+    }
+    Status s = b.shm_work.get();
+    if (!s.ok()) throw Error("DDP: rank " + std::to_string(pg->getRank()) + ": " + s.message());
+  }
+
+  // Shared-memory all-reduce when every rank can open rank 0's segment
+  // (collective; every rank reaches the same decision).
+  void SetUpSharedMemory() {
+    const int world = pg->getSize(), rank = pg->getRank();
+    if (world < 2 || !opts.shared_memory) return;
+    int64_t floats = 0;
+    for (const auto& p : params) {
+      if (!p.device().is_cpu() || p.scalar_type() != at::kFloat) return;  // same on every rank
+      floats += p.numel();
+    }
+    std::string why;
+    std::unique_ptr<ShmAllreduce> seg;
+    at::Tensor name = at::zeros({128}, at::kByte);
+    if (rank == 0) {
+      std::string n = "/dtrun-ddp-" + std::to_string(getpid()) + "-" +
+                      std::to_string(std::random_device{}()) + std::to_string(std::random_device{}());
+      auto created = ShmAllreduce::Create(n, world, static_cast<size_t>(floats));
+      if (created.ok()) {
+        seg = std::move(*created);
+        std::memcpy(name.data_ptr(), n.data(), n.size());
+      } else {
+        why = created.status().message();
+      }
+    }
+    Broadcast(name);
+    std::string n(static_cast<const char*>(name.data_ptr()));
+    if (rank != 0 && !n.empty()) {
+      auto opened = ShmAllreduce::Open(n, rank, world, static_cast<size_t>(floats));
+      if (opened.ok()) seg = std::move(*opened);
+      else why = opened.status().message();
+    }
+    std::vector<at::Tensor> ok{at::tensor({seg ? 1 : 0}, at::kInt)};
+    c10d::AllreduceOptions min;
+    min.reduceOp = c10d::ReduceOp::MIN;
+    pg->allreduce(ok, min)->wait();
+    if (rank == 0 && seg) seg->Unlink();  // everyone has it mapped (or gave up)
+    if (ok[0].item<int>() == 0) {
+      if (!why.empty()) {
+        Logger("dtrun.ddp")->info("rank {}: all-reduce through the process group ({})", rank, why);
+      }
+      return;
+    }
+    shm = std::make_unique<ShmComm>(std::move(seg), opts.timeout);
+    int64_t at = 0;
+    for (Bucket& b : buckets) {
+      const int64_t n_b = b.flat.numel();
+      b.shm_offset = at;
+      b.flat = at::from_blob(shm->region() + at, {n_b}, at::TensorOptions().dtype(at::kFloat));
+      b.flat.zero_();
+      at += n_b;
     }
   }
 
@@ -139,6 +276,7 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Modu
   }
   d.ready.assign(d.params.size(), false);
   d.BuildBuckets();
+  d.SetUpSharedMemory();
   Impl* raw = impl_.get();
   for (size_t k = 0; k < d.params.size(); ++k) {
     d.params[k].register_hook([raw, k](const at::Tensor& grad) { raw->OnGrad(k, grad); });
@@ -156,8 +294,7 @@ void DistributedDataParallel::SyncGradients() {
   d.LaunchReady();
   const double world = d.pg->getSize();
   for (auto& b : d.buckets) {
-    b.work->wait();
-    b.work.reset();
+    d.Wait(b);
     b.flat.div_(world);
     for (size_t i = 0; i < b.params.size(); ++i) {
       at::Tensor& p = d.params[b.params[i]];
@@ -180,6 +317,9 @@ DistributedDataParallel::NoSync::NoSync(DistributedDataParallel& ddp) : ddp_(ddp
 DistributedDataParallel::NoSync::~NoSync() { ddp_.impl_->sync = true; }
 
 size_t DistributedDataParallel::num_buckets() const { return impl_->buckets.size(); }
+std::string DistributedDataParallel::transport() const {
+  return impl_->shm ? "shared memory" : "process group";
+}
 torch::nn::Module& DistributedDataParallel::module() { return *impl_->module; }
 
 }  // namespace dtrun::train

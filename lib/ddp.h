@@ -1,6 +1,8 @@
 #pragma once
 
+#include <chrono>
 #include <memory>
+#include <string>
 
 namespace c10d {
 class ProcessGroup;
@@ -17,6 +19,12 @@ struct DdpOptions {
   bool find_unused_parameters = false;  // a parameter with no gradient in a step
                                         // contributes zeros (else SyncGradients throws)
   bool broadcast_buffers = true;        // buffers too come from rank 0 at start
+  // When every rank runs on this host (they can all open one POSIX
+  // shared-memory segment) and the gradients are float32 on the CPU, sum
+  // them through /dev/shm (see ShmAllreduce) instead of the process group;
+  // otherwise, or when /dev/shm is too small, the process group.
+  bool shared_memory = true;
+  std::chrono::milliseconds timeout{30 * 60 * 1000};  // of a shared-memory all-reduce
 };
 
 // Data parallelism for any torch::nn::Module. At construction, parameters
@@ -52,6 +60,8 @@ class DistributedDataParallel {
   };
 
   size_t num_buckets() const;
+  // "shared memory" or "process group": how buckets are all-reduced.
+  std::string transport() const;
   torch::nn::Module& module();
 
   struct Impl;

@@ -23,13 +23,23 @@ echo "== multi-node: dtrun vs torchrun 1.13, c10d backend, agents on one machine
 
 echo
 echo "== DDP: our C++ DDP vs PyTorch's Python DDP, MLP 784-1024x3-10, batch 64/rank, 2 ranks"
-echo "   (both launched by dtrun; gloo; 1 thread per rank; $(python3 -c 'import numpy' 2>/dev/null; \
-  ls /usr/lib/x86_64-linux-gnu/libopenblas* >/dev/null 2>&1 && echo OpenBLAS || echo reference BLAS))"
+echo "   (both launched by dtrun; gloo; 1 thread per rank; each BLAS installed, chosen per run"
+echo "   with LD_LIBRARY_PATH for ours and PyTorch's alike)"
 ninja -C build-bench ddp_bench >/dev/null
-for i in 1 2 3; do
-  build-bench/apps/dtrun --nproc-per-node=2 --log-level=error build-bench/tests/bench/ddp_bench
-  build-bench/apps/dtrun --nproc-per-node=2 --log-level=error --python /usr/bin/python3 \
-    tests/bench/ddp_bench.py
+blas_dirs=(/usr/lib/x86_64-linux-gnu/blas)
+if [[ -e /usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3 ]]; then
+  blas_dirs+=(/usr/lib/x86_64-linux-gnu/openblas-pthread)
+else
+  echo "   (install libopenblas0-pthread to compare under OpenBLAS too)"
+fi
+for dir in "${blas_dirs[@]}"; do
+  echo "-- BLAS: $dir"
+  for i in 1 2 3; do
+    LD_LIBRARY_PATH=$dir OPENBLAS_NUM_THREADS=1 build-bench/apps/dtrun --nproc-per-node=2 \
+      --log-level=error build-bench/tests/bench/ddp_bench
+    LD_LIBRARY_PATH=$dir OPENBLAS_NUM_THREADS=1 build-bench/apps/dtrun --nproc-per-node=2 \
+      --log-level=error --python /usr/bin/python3 tests/bench/ddp_bench.py
+  done
 done
 
 echo

@@ -2,7 +2,9 @@
 //  1. DDP with batch B per rank for 20 SGD steps ends with the parameters of
 //     one process trained on the whole N*B batch (relative error <= 1e-5);
 //  2. no_sync accumulation over k micro-batches equals one step on the
-//     k-times batch.
+//     k-times batch;
+// both with the shared-memory all-reduce (ranks on one host) and through
+// the process group.
 // Prints "ddp_equivalence: ... OK" on rank 0; exits 1 on a mismatch.
 #include <torch/torch.h>
 
@@ -44,12 +46,13 @@ double MaxRelativeError(torch::nn::Module& a, torch::nn::Module& b) {
   return worst;
 }
 
-double TrainAndCompare(dtrun::train::Distributed& dist, int accumulate) {
+double TrainAndCompare(dtrun::train::Distributed& dist, int accumulate, bool shared_memory) {
   const int n = dist.world_size(), r = dist.rank();
   auto model = MakeModel();
   auto reference = MakeModel();
   dtrun::train::DdpOptions opts;
   opts.bucket_cap_mb = 0.002;  // several buckets even for this small model
+  opts.shared_memory = shared_memory;
   DistributedDataParallel ddp(model, &dist.pg(), opts);
   torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
   torch::optim::SGD ref_opt(reference->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
@@ -75,7 +78,12 @@ double TrainAndCompare(dtrun::train::Distributed& dist, int accumulate) {
     ddp.SyncGradients();
     opt.step();
   }
-  if (r == 0) std::printf("ddp_equivalence: %zu buckets\n", ddp.num_buckets());
+  if (r == 0) {
+    std::printf("ddp_equivalence: %zu buckets, all-reduced through %s\n", ddp.num_buckets(),
+                ddp.transport().c_str());
+  }
+  // One process needs no all-reduce; two or more on this host share memory.
+  if (ddp.transport() != (shared_memory && n > 1 ? "shared memory" : "process group")) return 1.0;
   return MaxRelativeError(*model, *reference);
 }
 
@@ -84,11 +92,16 @@ double TrainAndCompare(dtrun::train::Distributed& dist, int accumulate) {
 int main() {
   torch::set_num_threads(1);
   auto dist = dtrun::train::Distributed::FromEnv();
-  double plain = TrainAndCompare(*dist, 1);
-  double accumulated = TrainAndCompare(*dist, 3);
-  bool ok = plain <= 1e-5 && accumulated <= 1e-5;
-  std::printf("ddp_equivalence: rank %d of %d: max relative error %.3g (batch %d per rank), "
-              "%.3g (no_sync, 3 micro-batches) %s\n",
-              dist->rank(), dist->world_size(), plain, kBatch, accumulated, ok ? "OK" : "MISMATCH");
+  bool ok = true;
+  for (bool shm : {true, false}) {
+    double plain = TrainAndCompare(*dist, 1, shm);
+    double accumulated = TrainAndCompare(*dist, 3, shm);
+    bool good = plain <= 1e-5 && accumulated <= 1e-5;
+    ok = ok && good;
+    std::printf("ddp_equivalence: rank %d of %d (%s): max relative error %.3g (batch %d per "
+                "rank), %.3g (no_sync, 3 micro-batches) %s\n",
+                dist->rank(), dist->world_size(), shm ? "shared memory allowed" : "process group",
+                plain, kBatch, accumulated, good ? "OK" : "MISMATCH");
+  }
   return ok ? 0 : 1;
 }

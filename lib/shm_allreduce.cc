@@ -1,0 +1,172 @@
+#include "lib/shm_allreduce.h"
+
+#include <fcntl.h>
+#include <linux/futex.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <thread>
+
+namespace dtrun::train {
+namespace {
+
+constexpr uint64_t kMagic = 0x6474726e73686d31;  // "dtrnshm1"
+constexpr int kMaxRanks = 512;
+constexpr size_t kHeaderBytes = 4096;
+
+std::string Errno(const std::string& what) { return what + ": " + std::strerror(errno); }
+
+size_t RegionBytes(size_t floats) { return (floats * sizeof(float) + 63) / 64 * 64; }
+
+void FutexWait(std::atomic<uint32_t>* addr, uint32_t expected, int64_t ns) {
+  timespec ts{static_cast<time_t>(ns / 1000000000), static_cast<long>(ns % 1000000000)};
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(addr), FUTEX_WAIT, expected, &ts, nullptr, 0);
+}
+
+void FutexWakeAll(std::atomic<uint32_t>* addr) {
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(addr), FUTEX_WAKE, INT32_MAX, nullptr, nullptr, 0);
+}
+
+}  // namespace
+
+struct ShmAllreduce::Control {
+  uint64_t magic;
+  uint32_t world;
+  uint64_t floats;
+  alignas(64) std::atomic<uint32_t> count;       // ranks arrived at the current barrier
+  alignas(64) std::atomic<uint32_t> generation;  // barriers completed (futex word)
+  alignas(64) std::atomic<uint32_t> waiting_in[kMaxRanks];  // rank -> barrier it is in, + 1
+};
+static_assert(sizeof(ShmAllreduce::Control) <= kHeaderBytes, "control block too large");
+
+Result<std::unique_ptr<ShmAllreduce>> ShmAllreduce::Create(const std::string& name, int world,
+                                                           size_t floats) {
+  if (world < 1 || world > kMaxRanks) return Status::Invalid("shared-memory all-reduce: bad world size");
+  const size_t bytes = kHeaderBytes + RegionBytes(floats) * static_cast<size_t>(world);
+  int fd = shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (fd < 0) return Status::Io(Errno("shm_open " + name));
+  // Reserve the pages now: a /dev/shm too small fails here, not with SIGBUS later.
+  int err = posix_fallocate(fd, 0, static_cast<off_t>(bytes));
+  if (err != 0) {
+    close(fd);
+    shm_unlink(name.c_str());
+    errno = err;
+    return Status::Io(Errno("reserving " + std::to_string(bytes >> 20) + " MiB in /dev/shm for " + name));
+  }
+  void* base = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  if (base == MAP_FAILED) {
+    shm_unlink(name.c_str());
+    return Status::Io(Errno("mmap " + name));
+  }
+  auto* c = new (base) Control();
+  c->world = static_cast<uint32_t>(world);
+  c->floats = floats;
+  c->count.store(0);
+  c->generation.store(0);
+  for (auto& w : c->waiting_in) w.store(0);
+  std::atomic_thread_fence(std::memory_order_release);
+  c->magic = kMagic;
+  return std::unique_ptr<ShmAllreduce>(new ShmAllreduce(name, 0, world, floats, base, bytes));
+}
+
+Result<std::unique_ptr<ShmAllreduce>> ShmAllreduce::Open(const std::string& name, int rank,
+                                                         int world, size_t floats) {
+  const size_t bytes = kHeaderBytes + RegionBytes(floats) * static_cast<size_t>(world);
+  int fd = shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0600);
+  if (fd < 0) return Status::Io(Errno("shm_open " + name));
+  void* base = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  if (base == MAP_FAILED) return Status::Io(Errno("mmap " + name));
+  auto* c = static_cast<Control*>(base);
+  std::atomic_thread_fence(std::memory_order_acquire);
+  if (c->magic != kMagic || c->world != static_cast<uint32_t>(world) || c->floats != floats) {
+    munmap(base, bytes);
+    return Status::Invalid(name + " is not this group's all-reduce segment");
+  }
+  return std::unique_ptr<ShmAllreduce>(new ShmAllreduce(name, rank, world, floats, base, bytes));
+}
+
+ShmAllreduce::ShmAllreduce(std::string name, int rank, int world, size_t floats, void* base,
+                           size_t bytes)
+    : name_(std::move(name)), rank_(rank), world_(world), floats_(floats), base_(base), bytes_(bytes) {}
+
+ShmAllreduce::~ShmAllreduce() { munmap(base_, bytes_); }
+
+void ShmAllreduce::Unlink() { shm_unlink(name_.c_str()); }
+
+float* ShmAllreduce::Region(int r) {
+  return reinterpret_cast<float*>(static_cast<char*>(base_) + kHeaderBytes +
+                                  RegionBytes(floats_) * static_cast<size_t>(r));
+}
+
+Status ShmAllreduce::Barrier(std::chrono::steady_clock::time_point deadline) {
+  auto* c = static_cast<Control*>(base_);
+  const uint32_t gen = c->generation.load(std::memory_order_acquire);
+  c->waiting_in[rank_].store(gen + 1, std::memory_order_relaxed);
+  if (c->count.fetch_add(1, std::memory_order_acq_rel) + 1 == static_cast<uint32_t>(world_)) {
+    c->count.store(0, std::memory_order_relaxed);
+    c->generation.fetch_add(1, std::memory_order_acq_rel);
+    FutexWakeAll(&c->generation);
+    return Status::Ok();
+  }
+  for (int spin = 0; c->generation.load(std::memory_order_acquire) == gen; ++spin) {
+    if (spin < 200) {
+      std::this_thread::yield();
+      continue;
+    }
+    auto now = std::chrono::steady_clock::now();
+    if (now >= deadline) {
+      std::string missing;
+      for (int r = 0; r < world_; ++r) {
+        if (c->waiting_in[r].load() != gen + 1) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+      }
+      return Status::Timeout("shared-memory all-reduce: rank " + std::to_string(rank_) +
+                             " timed out waiting for local rank(s) " + missing);
+    }
+    int64_t ns = std::min<int64_t>(
+        100000000, std::chrono::duration_cast<std::chrono::nanoseconds>(deadline - now).count());
+    FutexWait(&c->generation, gen, ns);
+  }
+  return Status::Ok();
+}
+
+Status ShmAllreduce::Allreduce(size_t offset, size_t n, std::chrono::milliseconds timeout) {
+  if (offset + n > floats_) return Status::Invalid("shared-memory all-reduce: range out of bounds");
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  Status s = Barrier(deadline);  // every rank's input is in place
+  if (!s.ok()) return s;
+  const size_t chunk = (n + world_ - 1) / world_;
+  auto bounds = [&](int r) {
+    size_t lo = std::min(n, chunk * static_cast<size_t>(r));
+    return std::make_pair(offset + lo, offset + std::min(n, lo + chunk));
+  };
+  // Reduce this rank's chunk, in rank order, a block at a time (the block
+  // is read from every region before this rank's own is overwritten).
+  auto [lo, hi] = bounds(rank_);
+  constexpr size_t kBlock = 2048;
+  float acc[kBlock];
+  for (size_t at = lo; at < hi; at += kBlock) {
+    const size_t len = std::min(kBlock, hi - at);
+    std::memcpy(acc, Region(0) + at, len * sizeof(float));
+    for (int r = 1; r < world_; ++r) {
+      const float* src = Region(r) + at;
+      for (size_t i = 0; i < len; ++i) acc[i] += src[i];
+    }
+    std::memcpy(Region(rank_) + at, acc, len * sizeof(float));
+  }
+  s = Barrier(deadline);  // every chunk is summed
+  if (!s.ok()) return s;
+  for (int r = 0; r < world_; ++r) {
+    if (r == rank_) continue;
+    auto [rlo, rhi] = bounds(r);
+    std::memcpy(Region(rank_) + rlo, Region(r) + rlo, (rhi - rlo) * sizeof(float));
+  }
+  return Barrier(deadline);  // nobody overwrites a region another rank still copies from
+}
+
+}  // namespace dtrun::train

@@ -1,0 +1,98 @@
+#include "lib/shm_allreduce.h"
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <random>
+#include <vector>
+
+namespace dtrun::train {
+namespace {
+
+std::string UniqueName() {
+  return "/dtrun-test-" + std::to_string(getpid()) + "-" + std::to_string(std::random_device{}());
+}
+
+// Runs fn(rank) in `world` forked processes (rank 0 creates the segment
+// first); returns how many of them failed.
+template <typename Fn>
+int InProcesses(int world, size_t floats, Fn fn) {
+  const std::string name = UniqueName();
+  auto owner = ShmAllreduce::Create(name, world, floats);
+  if (!owner.ok()) {
+    ADD_FAILURE() << owner.status().message();
+    return world;
+  }
+  std::vector<pid_t> pids;
+  for (int r = 0; r < world; ++r) {
+    pid_t pid = fork();
+    if (pid == 0) {
+      std::unique_ptr<ShmAllreduce> mine;
+      if (r == 0) {
+        mine = std::move(*owner);
+      } else {
+        auto opened = ShmAllreduce::Open(name, r, world, floats);
+        if (!opened.ok()) _exit(3);
+        mine = std::move(*opened);
+      }
+      _exit(fn(*mine) ? 0 : 1);
+    }
+    pids.push_back(pid);
+  }
+  int failed = 0;
+  for (pid_t pid : pids) {
+    int status = 0;
+    waitpid(pid, &status, 0);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) ++failed;
+  }
+  (*owner)->Unlink();
+  return failed;
+}
+
+TEST(ShmAllreduceTest, SumsEveryRanksValuesIntoEachRegion) {
+  constexpr size_t kFloats = 100003;  // not a multiple of the world size
+  for (int world : {1, 2, 3, 4}) {
+    int failed = InProcesses(world, kFloats, [&](ShmAllreduce& s) {
+      for (int round = 0; round < 3; ++round) {
+        float* x = s.region();
+        for (size_t i = 0; i < kFloats; ++i) x[i] = float((s.rank() + 1) * (i % 97) + round);
+        // Two ranges in turn, as DDP's buckets.
+        if (!s.Allreduce(0, 40000, std::chrono::seconds(20)).ok()) return false;
+        if (!s.Allreduce(40000, kFloats - 40000, std::chrono::seconds(20)).ok()) return false;
+        const float ranks_sum = world * (world + 1) / 2.0f;
+        for (size_t i = 0; i < kFloats; ++i) {
+          if (x[i] != ranks_sum * float(i % 97) + world * round) return false;
+        }
+      }
+      return true;
+    });
+    EXPECT_EQ(failed, 0) << "world " << world;
+  }
+}
+
+TEST(ShmAllreduceTest, ARankThatNeverComesIsATimeoutNamingIt) {
+  int failed = InProcesses(2, 16, [](ShmAllreduce& s) {
+    if (s.rank() == 1) return true;  // never calls Allreduce
+    Status st = s.Allreduce(0, 16, std::chrono::milliseconds(300));
+    return st.code() == Status::Code::kTimeout &&
+           st.message().find("local rank(s) 1") != std::string::npos;
+  });
+  EXPECT_EQ(failed, 0);
+}
+
+TEST(ShmAllreduceTest, OpenRefusesAMismatchedOrMissingSegment) {
+  const std::string name = UniqueName();
+  auto owner = ShmAllreduce::Create(name, 2, 64);
+  ASSERT_TRUE(owner.ok());
+  EXPECT_FALSE(ShmAllreduce::Open(name, 1, 2, 128).ok());  // other size
+  EXPECT_FALSE(ShmAllreduce::Open(name, 1, 3, 64).ok());   // other world
+  EXPECT_TRUE(ShmAllreduce::Open(name, 1, 2, 64).ok());
+  (*owner)->Unlink();
+  EXPECT_FALSE(ShmAllreduce::Open(name, 1, 2, 64).ok());
+  EXPECT_FALSE(ShmAllreduce::Create(name, 0, 64).ok());
+}
+
+}  // namespace
+}  // namespace dtrun::train
