@@ -58,7 +58,10 @@ int main(int argc, char** argv) {
     }
     ++i;
     if (flag == "--pid-dir") {
-      std::ofstream(arg + "/pid_" + rank + "_" + restart) << getpid() << "\n";
+      // Written whole, then renamed: a reader never sees an empty file.
+      const std::string path = arg + "/pid_" + rank + "_" + restart;
+      std::ofstream(path + ".tmp") << getpid() << "\n";
+      std::rename((path + ".tmp").c_str(), path.c_str());
     } else if (flag == "--env-dir") {
       std::ofstream out(arg + "/env_" + rank);
       for (char** e = environ; *e; ++e) out << *e << "\n";
