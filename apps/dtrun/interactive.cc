@@ -1,6 +1,7 @@
 #include "apps/dtrun/interactive.h"
 
 #include <fcntl.h>
+#include <ftw.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
@@ -92,11 +93,16 @@ int RunInteractive(const LaunchConfig& config) {
   const int world = launch.nproc_per_node;
 
   if (config.no_console) {
-    return RunLauncher(launch, [&](const std::string& host, uint16_t port, const std::string&) {
+    int rc = RunLauncher(launch, [&](const std::string& host, uint16_t port, const std::string&) {
       std::printf("dtrun-interactive: host %s port %u world %d dir %s\n", host.c_str(), port,
                   world, dir.c_str());
       std::fflush(stdout);
     });
+    if (rc == 0) {  // a clean shutdown; otherwise the logs stay for a look
+      nftw(dir.c_str(), [](const char* p, const struct stat*, int, FTW*) { return ::remove(p); },
+           16, FTW_DEPTH | FTW_PHYS);
+    }
+    return rc;
   }
 
   int ready[2];

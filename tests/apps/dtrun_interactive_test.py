@@ -54,7 +54,7 @@ class Console:
         self.p.stdin.write(text)
         self.p.stdin.flush()
 
-    def expect(self, fragment, timeout=60):
+    def expect(self, fragment, timeout=120):
         """Waits for a line containing `fragment`; returns its arrival time."""
         deadline = time.monotonic() + timeout
         with self.cv:
@@ -70,7 +70,7 @@ class Console:
     def text(self):
         return "\n".join(line for _, line in self.lines)
 
-    def finish(self, timeout=60):
+    def finish(self, timeout=180):
         self.p.stdin.close()
         rc = self.p.wait(timeout)
         time.sleep(0.1)
@@ -117,8 +117,10 @@ class PipeConsole(unittest.TestCase):
 
     def test_ctrl_c_interrupts_a_collective_only_one_rank_entered(self):
         self.c = Console(2)
-        self.c.send("kept = 'still here'\n%rank 0 dist.all_reduce(torch.ones(1))\n")
-        time.sleep(3)  # rank 0 is now blocked in gloo
+        self.c.send("kept = 'still here'; print('ready')\n")
+        self.c.expect("[rank 1] ready", timeout=120)  # the console runs cells now
+        self.c.send("%rank 0 dist.all_reduce(torch.ones(1))\n")
+        time.sleep(2)  # rank 0 is now blocked in gloo
         os.kill(self.c.p.pid, signal.SIGINT)
         self.c.expect("interrupted; it was blocked in native code")
         self.c.send("x = torch.ones(1); dist.all_reduce(x); x\nkept\n")
@@ -203,7 +205,7 @@ class TmuxConsole(unittest.TestCase):
     def keys(self, *keys):
         subprocess.run(self.tmux + ["send-keys", *keys], check=True)
 
-    def wait_for(self, fragment, timeout=60):
+    def wait_for(self, fragment, timeout=120):
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if fragment in self.screen():
