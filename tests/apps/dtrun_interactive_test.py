@@ -174,6 +174,34 @@ class PipeConsole(unittest.TestCase):
         self.assertIn("%restart", out)
         self.assertIn("[rank 0] 100\n[rank 1] 101", out)
 
+    def test_workers_that_cannot_start_are_named_not_restarted_forever(self):
+        # An interpreter whose workers die at once (as one without torch would).
+        with tempfile.TemporaryDirectory() as tmp:
+            python = os.path.join(tmp, "python3")
+            with open(python, "w") as f:
+                f.write('#!/bin/sh\ncase "$*" in *dtrun.worker*) '
+                        'echo "ModuleNotFoundError: no torch in this python" >&2; exit 1;; esac\n'
+                        'exec /usr/bin/python3 "$@"\n')
+            os.chmod(python, 0o755)
+            self.c = Console(2, f"--python={python}")
+            rc = self.c.finish()
+        self.assertEqual(rc, 1, self.c.text())
+        out = self.c.text()
+        self.assertIn("error: the workers keep failing before they serve cells", out)
+        self.assertIn("ModuleNotFoundError: no torch in this python", out)
+
+    def test_a_python_without_torch_is_named(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            python = os.path.join(tmp, "python3")
+            with open(python, "w") as f:
+                f.write('#!/bin/sh\nexec /usr/bin/python3 -S "$@"\n')  # no site: no torch
+            os.chmod(python, 0o755)
+            self.c = Console(2, f"--python={python}")
+            rc = self.c.finish()
+        self.assertEqual(rc, 1, self.c.text())
+        self.assertIn("cannot import what a session needs (No module named 'torch'); pass "
+                      "--python with a Python that has PyTorch", self.c.text())
+
     def test_bad_flags_exit_2(self):
         for argv, says in [(["--interactive", "train.py"], "drop the program 'train.py'"),
                            (["--no-console", "true"], "--no-console goes with --interactive")]:

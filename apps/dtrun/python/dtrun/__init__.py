@@ -43,11 +43,13 @@ def _start(num_processes, python=None, dtrun=None, timeout=300.0):
         raise RuntimeError(f"dtrun did not start a session (exit code {proc.wait()}); "
                            f"run {' '.join(shlex.quote(c) for c in cmd)} in a terminal to see why")
     host, port, world = fields[2], int(fields[4]), int(fields[6])
-    session = Session(host, port, world)
+    session = Session(host, port, world, session_dir=fields[8])
     try:
         session.wait_ready(timeout=timeout)
     except SessionError:
+        session.shutdown()
         proc.kill()
+        proc.wait()
         raise
     _STATE.update(session=session, proc=proc)
     return session

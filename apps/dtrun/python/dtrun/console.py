@@ -8,7 +8,13 @@ import shutil
 import signal
 import sys
 
-from dtrun.session import Session, SessionError, format_results, parse_ranks
+try:
+    from dtrun.session import Session, SessionError, format_results, parse_ranks
+except ImportError as e:  # the interpreter has no torch
+    sys.stderr.write(f"dtrun --interactive: {sys.executable} cannot import what a session needs "
+                     f"({e}); pass --python with a Python that has PyTorch (on Debian: "
+                     "/usr/bin/python3 with python3-torch)\n")
+    sys.exit(1)
 
 HELP = """\
 A cell runs on every rank unless its first line selects some:
@@ -219,7 +225,7 @@ def main():
     p.add_argument("--log", help="dtrun's log, named when something fails")
     p.add_argument("--session-dir", help="removed at the end unless something failed")
     a = p.parse_args()
-    session = Session(a.host, a.port, a.world_size, a.launcher_pid)
+    session = Session(a.host, a.port, a.world_size, a.launcher_pid, a.session_dir)
     console = Console(session)
     rc = 0
     try:

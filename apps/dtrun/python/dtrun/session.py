@@ -15,6 +15,7 @@ Everything travels through the dtrun store, under the prefix "dtrun/i/":
 Every worker reads every cell (cells are numbered from 0 in each attempt of
 the worker group) and answers those that select its rank.
 """
+import glob
 import json
 import os
 import queue
@@ -114,9 +115,10 @@ class _Waiter(threading.Thread):
 
 
 class Session:
-    def __init__(self, host, port, world, launcher_pid=None):
+    def __init__(self, host, port, world, launcher_pid=None, session_dir=None):
         self.host, self.port, self.world = host, port, world
         self.launcher_pid = launcher_pid
+        self.session_dir = session_dir  # dtrun's session folder, when on this host
         self.store = dist.TCPStore(host, port, None, False, timedelta(days=30), False)
         self.waiter = _Waiter(host, port)
         self.next_cell = 0
@@ -156,10 +158,32 @@ class Session:
                     return
             if self.launcher_pid and not _alive(self.launcher_pid):
                 raise SessionError("dtrun exited; its log says why")
+            self._check_start_loop(newer_than)
             if time.monotonic() > deadline:
                 raise SessionError(f"workers not ready after {timeout:.0f} s: "
                                    f"{self.store.add(READY, 0)} of {self.world} answered")
             time.sleep(0.02)
+
+    def _check_start_loop(self, newer_than, limit=3):
+        """Workers that die before they serve (an interpreter without torch, a
+        broken environment) would be restarted by dtrun forever: after `limit`
+        failed starts, stop and show what the last one said."""
+        if not self.session_dir:
+            return
+        attempts = glob.glob(os.path.join(self.session_dir, "logs", "*", "attempt_*"))
+        started = max((int(a.rsplit("_", 1)[1]) for a in attempts), default=-1)
+        if started - (newer_than if newer_than is not None else -1) <= limit:
+            return
+        logs = [p for p in glob.glob(os.path.join(self.session_dir, "logs", "*", "attempt_*", "*",
+                                                  "stderr.log")) if os.path.getsize(p) > 0]
+        said = ""
+        if logs:
+            newest = max(logs, key=os.path.getmtime)
+            with open(newest, errors="replace") as f:
+                tail = f.read().splitlines()[-8:]
+            said = f"; the last one said ({newest}):\n  " + "\n  ".join(tail)
+        raise SessionError(f"the workers keep failing before they serve cells ({started} "
+                           f"restarts){said}")
 
     def dead_ranks(self, ranks):
         """Ranks of this attempt whose worker (on this host) has exited."""
