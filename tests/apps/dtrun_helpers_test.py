@@ -62,7 +62,7 @@ class DtrunWithHelperWorkers(WorkerTestCase):
 
     def test_fail_once_then_succeed_with_one_restart(self):
         rc, out, err = run(DTRUN, ["--nproc-per-node=2", "--max-restarts=1", WORKER,
-                                   "--pid-dir", self.dir, "--only-rank", "1",
+                                   "--pid-dir", self.dir, "--wait-pids", "2", "--only-rank", "1",
                                    "--fail-once", self.dir])
         self.assertEqual(rc, 0, err)
         pids = read_pids(self.dir)

@@ -6,6 +6,9 @@
 //   --lines N          print N lines "line <i> from rank <RANK>" on stdout
 //   --stderr TEXT      print TEXT and a newline on stderr
 //   --partial TEXT     print TEXT on stdout with no newline, in pieces
+//   --wait-pids N      wait (up to 10 s) until N ranks of this restart wrote
+//                      their --pid-dir file (so a failure next can't stop
+//                      a peer before it recorded itself)
 //   --only-rank R      what follows applies to rank R only (others exit 0)
 //   --fail-once D      exit 3 if D/failed_<RANK> is missing (and create it;
 //                      with --stamp-dir, also write exit_<RANK>_<RESTART>)
@@ -45,7 +48,7 @@ long long UnixNanos() {
 
 int main(int argc, char** argv) {
   std::string rank = Env("RANK"), restart = Env("TORCHELASTIC_RESTART_COUNT");
-  std::string stamp_dir;
+  std::string stamp_dir, pid_dir;
   for (int i = 1; i < argc; ++i) {
     std::string flag = argv[i];
     std::string arg = i + 1 < argc ? argv[i + 1] : "";
@@ -58,10 +61,29 @@ int main(int argc, char** argv) {
     }
     ++i;
     if (flag == "--pid-dir") {
-      // Written whole, then renamed: a reader never sees an empty file.
+      // Written whole, then renamed, with stop signals held: a reader never
+      // sees an empty file, and a stopped worker leaves no half-written one.
+      pid_dir = arg;
       const std::string path = arg + "/pid_" + rank + "_" + restart;
+      sigset_t stop, old;
+      sigemptyset(&stop);
+      sigaddset(&stop, SIGTERM);
+      sigaddset(&stop, SIGINT);
+      sigprocmask(SIG_BLOCK, &stop, &old);
       std::ofstream(path + ".tmp") << getpid() << "\n";
       std::rename((path + ".tmp").c_str(), path.c_str());
+      sigprocmask(SIG_SETMASK, &old, nullptr);
+    } else if (flag == "--wait-pids") {
+      const int want = std::atoi(arg.c_str());
+      for (int waited = 0; waited < 10000; waited += 5) {
+        int have = 0;
+        for (int r = 0; r < want; ++r) {
+          std::string path = pid_dir + "/pid_" + std::to_string(r) + "_" + restart;
+          if (access(path.c_str(), F_OK) == 0) ++have;
+        }
+        if (have == want) break;
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      }
     } else if (flag == "--env-dir") {
       std::ofstream out(arg + "/env_" + rank);
       for (char** e = environ; *e; ++e) out << *e << "\n";
