@@ -22,7 +22,10 @@ p.add_argument("--dtrun", required=True)
 ARGS, REST = p.parse_known_args()
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.normpath(os.path.join(HERE, "..", ".."))
-ENV = dict(os.environ, PATH="/usr/bin:" + os.environ.get("PATH", ""))
+# Session folders (kept by dtrun when a session fails) go under a folder of
+# this test's own, removed at the end.
+SESSIONS = tempfile.TemporaryDirectory(prefix="dtrun-interactive-test-")
+ENV = dict(os.environ, PATH="/usr/bin:" + os.environ.get("PATH", ""), TMPDIR=SESSIONS.name)
 
 
 def stop(pid):
