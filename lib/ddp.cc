@@ -76,6 +76,42 @@ class ShmComm {
 
 }  // namespace
 
+std::unique_ptr<ShmAllreduce> OpenSharedMemoryAllreduce(c10d::ProcessGroup& pg, size_t floats,
+                                                        std::string* why) {
+  const int world = pg.getSize(), rank = pg.getRank();
+  std::unique_ptr<ShmAllreduce> seg;
+  at::Tensor name = at::zeros({128}, at::kByte);
+  if (rank == 0) {
+    std::string n = "/dtrun-ddp-" + std::to_string(getpid()) + "-" +
+                    std::to_string(std::random_device{}()) + std::to_string(std::random_device{}());
+    auto created = ShmAllreduce::Create(n, world, floats);
+    if (created.ok()) {
+      seg = std::move(*created);
+      std::memcpy(name.data_ptr(), n.data(), n.size());
+    } else {
+      *why = created.status().message();
+    }
+  }
+  std::vector<at::Tensor> v{name};
+  pg.broadcast(v)->wait();
+  std::string n(static_cast<const char*>(name.data_ptr()));
+  if (rank != 0 && !n.empty()) {
+    auto opened = ShmAllreduce::Open(n, rank, world, floats);
+    if (opened.ok()) {
+      seg = std::move(*opened);
+    } else {
+      *why = opened.status().message();
+    }
+  }
+  std::vector<at::Tensor> ok{at::tensor({seg ? 1 : 0}, at::kInt)};
+  c10d::AllreduceOptions min;
+  min.reduceOp = c10d::ReduceOp::MIN;
+  pg.allreduce(ok, min)->wait();
+  if (rank == 0 && seg) seg->Unlink();  // everyone has it mapped, or gave up
+  if (ok[0].item<int>() == 0) return nullptr;
+  return seg;
+}
+
 struct DistributedDataParallel::Impl {
   struct Bucket {
     std::vector<size_t> params;    // indices into Impl::params
@@ -130,10 +166,43 @@ struct DistributedDataParallel::Impl {
       b.offsets.push_back(offset_of[k]);
       bytes += size;
     }
+  }
+
+  int64_t BucketNumel(const Bucket& b) const {
+    return b.offsets.back() + params[b.params.back()].numel();
+  }
+
+  // Each bucket's storage, once: in this rank's shared region when the
+  // group shares memory, else its own tensor.
+  void AllocateBuckets() {
+    int64_t total = 0;
+    bool shareable = pg->getSize() > 1 && opts.shared_memory;
+    for (const auto& p : params) {
+      shareable = shareable && p.device().is_cpu() && p.scalar_type() == at::kFloat;
+      total += p.numel();
+    }
+    if (shareable) {  // the same verdict on every rank: the collective below is entered by all
+      std::string why;
+      auto seg = OpenSharedMemoryAllreduce(*pg, static_cast<size_t>(total), &why);
+      if (seg) {
+        shm = std::make_unique<ShmComm>(std::move(seg), opts.timeout);
+      } else if (!why.empty()) {
+        Logger("dtrun.ddp")->info("rank {}: all-reduce through the process group ({})",
+                                  pg->getRank(), why);
+      }
+    }
+    int64_t at = 0;
     for (Bucket& b : buckets) {
-      int64_t n = b.offsets.back() + params[b.params.back()].numel();
-      b.flat = at::zeros({n}, params[b.params.front()].options().requires_grad(false));
+      const int64_t n = BucketNumel(b);
+      if (shm) {
+        b.shm_offset = at;
+        b.flat = at::from_blob(shm->region() + at, {n}, at::TensorOptions().dtype(at::kFloat));
+        b.flat.zero_();
+      } else {
+        b.flat = at::zeros({n}, params[b.params.front()].options().requires_grad(false));
+      }
       b.pending = b.params.size();
+      at += n;
     }
   }
 
@@ -181,59 +250,6 @@ struct DistributedDataParallel::Impl {
     if (!s.ok()) throw Error("DDP: rank " + std::to_string(pg->getRank()) + ": " + s.message());
   }
 
-  // Shared-memory all-reduce when every rank can open rank 0's segment
-  // (collective; every rank reaches the same decision).
-  void SetUpSharedMemory() {
-    const int world = pg->getSize(), rank = pg->getRank();
-    if (world < 2 || !opts.shared_memory) return;
-    int64_t floats = 0;
-    for (const auto& p : params) {
-      if (!p.device().is_cpu() || p.scalar_type() != at::kFloat) return;  // same on every rank
-      floats += p.numel();
-    }
-    std::string why;
-    std::unique_ptr<ShmAllreduce> seg;
-    at::Tensor name = at::zeros({128}, at::kByte);
-    if (rank == 0) {
-      std::string n = "/dtrun-ddp-" + std::to_string(getpid()) + "-" +
-                      std::to_string(std::random_device{}()) + std::to_string(std::random_device{}());
-      auto created = ShmAllreduce::Create(n, world, static_cast<size_t>(floats));
-      if (created.ok()) {
-        seg = std::move(*created);
-        std::memcpy(name.data_ptr(), n.data(), n.size());
-      } else {
-        why = created.status().message();
-      }
-    }
-    Broadcast(name);
-    std::string n(static_cast<const char*>(name.data_ptr()));
-    if (rank != 0 && !n.empty()) {
-      auto opened = ShmAllreduce::Open(n, rank, world, static_cast<size_t>(floats));
-      if (opened.ok()) seg = std::move(*opened);
-      else why = opened.status().message();
-    }
-    std::vector<at::Tensor> ok{at::tensor({seg ? 1 : 0}, at::kInt)};
-    c10d::AllreduceOptions min;
-    min.reduceOp = c10d::ReduceOp::MIN;
-    pg->allreduce(ok, min)->wait();
-    if (rank == 0 && seg) seg->Unlink();  // everyone has it mapped (or gave up)
-    if (ok[0].item<int>() == 0) {
-      if (!why.empty()) {
-        Logger("dtrun.ddp")->info("rank {}: all-reduce through the process group ({})", rank, why);
-      }
-      return;
-    }
-    shm = std::make_unique<ShmComm>(std::move(seg), opts.timeout);
-    int64_t at = 0;
-    for (Bucket& b : buckets) {
-      const int64_t n_b = b.flat.numel();
-      b.shm_offset = at;
-      b.flat = at::from_blob(shm->region() + at, {n_b}, at::TensorOptions().dtype(at::kFloat));
-      b.flat.zero_();
-      at += n_b;
-    }
-  }
-
   void FillUnused() {
     for (size_t k = 0; k < params.size(); ++k) {
       if (ready[k]) continue;
@@ -276,7 +292,7 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Modu
   }
   d.ready.assign(d.params.size(), false);
   d.BuildBuckets();
-  d.SetUpSharedMemory();
+  d.AllocateBuckets();
   Impl* raw = impl_.get();
   for (size_t k = 0; k < d.params.size(); ++k) {
     d.params[k].register_hook([raw, k](const at::Tensor& grad) { raw->OnGrad(k, grad); });

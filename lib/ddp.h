@@ -13,6 +13,16 @@ class Module;
 
 namespace dtrun::train {
 
+class ShmAllreduce;
+
+// Collective: a shared-memory all-reduce of `floats` floats for every rank
+// of `pg` (rank 0 creates the segment, the others open it by the name it
+// broadcasts, rank 0 unlinks the name), or nullptr on every rank when any
+// rank could not (another host, a small /dev/shm); *why then says why, on
+// the rank that failed.
+std::unique_ptr<ShmAllreduce> OpenSharedMemoryAllreduce(c10d::ProcessGroup& pg, size_t floats,
+                                                        std::string* why);
+
 struct DdpOptions {
   double bucket_cap_mb = 25;            // gradient bucket cap, MiB; default 25
                                         // (the first bucket: at most 1 MiB)

@@ -98,9 +98,9 @@ class FullyShardedDataParallel {
   // optimizer's state, and any gathered unit or gradient buffer.
   int64_t HeldBytes(torch::optim::Optimizer& opt) const;
 
-  // Seconds spent waiting for all-gathers and reduce-scatters since the
-  // last call (what prefetch and overlap did not hide), and the time the
-  // collectives took on their own.
+  // Since the last call: seconds spent blocked on all-gathers and
+  // reduce-scatters (what prefetch and overlap did not hide), and how many
+  // of each were started.
   struct CommStats {
     double wait_s = 0;
     int64_t gathers = 0, reduce_scatters = 0;

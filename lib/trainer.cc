@@ -38,8 +38,7 @@ std::shared_ptr<torch::nn::SequentialImpl> MakeModel(const TrainConfig& c, int f
     seq->push_back(torch::nn::Linear(32 * 4 * 4, classes));
     return seq;
   }
-  if (c.model != "mlp") throw Error("model.type '" + c.model + "': use \"mlp\" or \"cnn\"");
-  int in = features;
+  int in = features;  // "mlp" (ValidateConfig allows nothing else)
   for (int h : c.hidden) {
     seq->push_back(torch::nn::Linear(in, h));
     seq->push_back(torch::nn::ReLU());
@@ -60,11 +59,8 @@ std::unique_ptr<torch::optim::Optimizer> MakeOptimizer(const TrainConfig& c,
     return std::make_unique<torch::optim::Adam>(
         params, torch::optim::AdamOptions(c.lr).weight_decay(c.weight_decay));
   }
-  if (c.optimizer == "adamw") {
-    return std::make_unique<torch::optim::AdamW>(
-        params, torch::optim::AdamWOptions(c.lr).weight_decay(c.weight_decay));
-  }
-  throw Error("optimizer.type '" + c.optimizer + "': use \"sgd\", \"adam\" or \"adamw\"");
+  return std::make_unique<torch::optim::AdamW>(  // "adamw", the one choice left
+      params, torch::optim::AdamWOptions(c.lr).weight_decay(c.weight_decay));
 }
 
 double LearningRate(const TrainConfig& c, int64_t step) {
@@ -182,7 +178,8 @@ class Strategy {
   virtual std::map<std::string, torch::Tensor> Save(torch::optim::Optimizer& opt,
                                                     const CheckpointDir& dir, int64_t step) = 0;
   // Whether a checkpoint's other files are there and verify (every rank
-  // reaches the same verdict: they read the same files).
+  // reaches the same verdict: they read the same files). Restore() follows
+  // the Complete() that accepted, for the same step.
   virtual Status Complete(const std::map<std::string, torch::Tensor>& main,
                           const CheckpointDir& dir, int64_t step) = 0;
   virtual void Restore(const std::map<std::string, torch::Tensor>& main, const CheckpointDir& dir,
@@ -283,33 +280,29 @@ class FsdpStrategy : public Strategy {
       throw Error(dir.dir() + " holds checkpoints of a DDP run (strategy = \"ddp\"); resume it "
                   "with strategy.type=\"ddp\" or give this FSDP run another checkpoint.dir");
     }
-    for (int64_t j = 0; j < main.at("fsdp_shards").item<int64_t>(); ++j) {
-      auto shard = ReadCheckpointFile(dir.ShardPath(step, static_cast<int>(j)));
+    // Read and verified once; Restore() loads what this kept.
+    verified_.clear();
+    const int64_t shards = main.at("fsdp_shards").item<int64_t>();
+    if (shards == 0) verified_.push_back(main);  // full format: the step's file holds it all
+    for (int64_t j = 0; j < shards; ++j) {
+      const std::string path = dir.ShardPath(step, static_cast<int>(j));
+      auto shard = ReadCheckpointFile(path);
       if (!shard.ok()) {
-        return Status::Invalid("its shard " + dir.ShardPath(step, static_cast<int>(j)) +
-                               " does not load: " + shard.status().message());
+        verified_.clear();
+        return Status::Invalid("its shard " + path + " does not load: " + shard.status().message());
       }
+      verified_.push_back(Deserialize(*shard));
     }
     return Status::Ok();
   }
-  void Restore(const std::map<std::string, torch::Tensor>& main, const CheckpointDir& dir,
-               int64_t step, torch::optim::Optimizer& opt) override {
-    std::vector<std::map<std::string, torch::Tensor>> dicts;
-    const int64_t shards = main.at("fsdp_shards").item<int64_t>();
-    if (shards == 0) dicts.push_back(main);
-    for (int64_t j = 0; j < shards; ++j) {
-      auto shard = ReadCheckpointFile(dir.ShardPath(step, static_cast<int>(j)));
-      if (!shard.ok()) throw Error(dir.ShardPath(step, static_cast<int>(j)) + ": " + shard.status().message());
-      dicts.push_back(Deserialize(*shard));
-    }
-    fsdp_.LoadStateDicts(dicts, opt);
+  void Restore(const std::map<std::string, torch::Tensor>&, const CheckpointDir&, int64_t,
+               torch::optim::Optimizer& opt) override {
+    fsdp_.LoadStateDicts(verified_, opt);
+    verified_.clear();
   }
 
  private:
   static FsdpOptions Options(const TrainConfig& c) {
-    if (c.checkpoint_format != "full" && c.checkpoint_format != "sharded") {
-      throw Error("checkpoint.format '" + c.checkpoint_format + "': use \"sharded\" or \"full\"");
-    }
     FsdpOptions o;
     o.min_unit_params = c.min_unit_params;
     o.reshard_after_forward = c.reshard_after_forward;
@@ -323,13 +316,13 @@ class FsdpStrategy : public Strategy {
   c10d::ProcessGroup* pg_;
   bool full_format_;
   FullyShardedDataParallel fsdp_;
+  std::vector<std::map<std::string, torch::Tensor>> verified_;  // by Complete(), for Restore()
 };
 
 std::unique_ptr<Strategy> MakeStrategy(std::shared_ptr<torch::nn::SequentialImpl> model,
                                        c10d::ProcessGroup* pg, const TrainConfig& c) {
-  if (c.strategy == "ddp") return std::make_unique<DdpStrategy>(model, pg, c);
   if (c.strategy == "fsdp") return std::make_unique<FsdpStrategy>(model, pg, c);
-  throw Error("strategy.type '" + c.strategy + "': use \"ddp\" or \"fsdp\"");
+  return std::make_unique<DdpStrategy>(model, pg, c);  // "ddp" (validated)
 }
 
 // Each rank's own randomness (dropout) is seeded apart from the others'; a
@@ -392,10 +385,8 @@ int Train(const TrainConfig& c) {
     auto loaded = LoadDigits(c.digits_path);
     if (!loaded.ok()) throw Error(loaded.status().message());
     all = std::move(*loaded);
-  } else if (c.data == "synthetic") {
+  } else {  // "synthetic" (validated)
     all = MakeSynthetic(c.synthetic_samples, c.synthetic_features, c.synthetic_classes, c.seed);
-  } else {
-    throw Error("data.source '" + c.data + "': use \"digits\" or \"synthetic\"");
   }
   Dataset train, test;
   SplitTrainTest(all, c.test_fraction, &train, &test);

@@ -92,6 +92,16 @@ class PipeConsole(unittest.TestCase):
         if self.c and self.c.p.poll() is None:
             self.c.kill()
 
+    def with_python(self, script):
+        """A session whose --python is a shell script; the console's exit code."""
+        with tempfile.TemporaryDirectory() as tmp:
+            python = os.path.join(tmp, "python3")
+            with open(python, "w") as f:
+                f.write("#!/bin/sh\n" + script + "\n")
+            os.chmod(python, 0o755)
+            self.c = Console(2, f"--python={python}")
+            return self.c.finish()
+
     def test_cells_on_all_and_chosen_ranks_keep_per_rank_state(self):
         self.c = Console(2)
         self.c.send("x = torch.ones(2) * (rank + 1)\ndist.all_reduce(x)\nprint(x)\n"
@@ -179,28 +189,16 @@ class PipeConsole(unittest.TestCase):
 
     def test_workers_that_cannot_start_are_named_not_restarted_forever(self):
         # An interpreter whose workers die at once (as one without torch would).
-        with tempfile.TemporaryDirectory() as tmp:
-            python = os.path.join(tmp, "python3")
-            with open(python, "w") as f:
-                f.write('#!/bin/sh\ncase "$*" in *dtrun.worker*) '
-                        'echo "ModuleNotFoundError: no torch in this python" >&2; exit 1;; esac\n'
-                        'exec /usr/bin/python3 "$@"\n')
-            os.chmod(python, 0o755)
-            self.c = Console(2, f"--python={python}")
-            rc = self.c.finish()
+        rc = self.with_python('case "$*" in *dtrun.worker*) '
+                              'echo "ModuleNotFoundError: no torch in this python" >&2; exit 1;; esac\n'
+                              'exec /usr/bin/python3 "$@"')
         self.assertEqual(rc, 1, self.c.text())
         out = self.c.text()
         self.assertIn("error: the workers keep failing before they serve cells", out)
         self.assertIn("ModuleNotFoundError: no torch in this python", out)
 
     def test_a_python_without_torch_is_named(self):
-        with tempfile.TemporaryDirectory() as tmp:
-            python = os.path.join(tmp, "python3")
-            with open(python, "w") as f:
-                f.write('#!/bin/sh\nexec /usr/bin/python3 -S "$@"\n')  # no site: no torch
-            os.chmod(python, 0o755)
-            self.c = Console(2, f"--python={python}")
-            rc = self.c.finish()
+        rc = self.with_python('exec /usr/bin/python3 -S "$@"')  # no site: no torch
         self.assertEqual(rc, 1, self.c.text())
         self.assertIn("cannot import what a session needs (No module named 'torch'); pass "
                       "--python with a Python that has PyTorch", self.c.text())

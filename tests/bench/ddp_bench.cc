@@ -9,16 +9,17 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
-#include <unistd.h>
+#include <stdexcept>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
 #include "lib/ddp.h"
 #include "lib/process_group.h"
 #include "lib/shm_allreduce.h"
+#include "tests/helpers/measure.h"
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
+using dtrun::testing::MedianMs;
 
 std::shared_ptr<torch::nn::SequentialImpl> Mlp() {
   torch::manual_seed(0);
@@ -26,23 +27,6 @@ std::shared_ptr<torch::nn::SequentialImpl> Mlp() {
       torch::nn::Linear(784, 1024), torch::nn::ReLU(), torch::nn::Linear(1024, 1024),
       torch::nn::ReLU(), torch::nn::Linear(1024, 1024), torch::nn::ReLU(),
       torch::nn::Linear(1024, 10));
-}
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
-template <typename Fn>
-double MedianMs(int warmup, int reps, Fn fn) {
-  for (int i = 0; i < warmup; ++i) fn();
-  std::vector<double> t;
-  for (int i = 0; i < reps; ++i) {
-    auto a = Clock::now();
-    fn();
-    t.push_back(std::chrono::duration<double, std::milli>(Clock::now() - a).count());
-  }
-  return Median(t);
 }
 
 // The all-reduce of every gradient on its own, through `transport`.
@@ -54,22 +38,9 @@ double AllreduceMs(dtrun::train::Distributed& dist, int64_t n, bool shared_memor
       dist.pg().allreduce(v)->wait();
     });
   }
-  // The same segment protocol as DDP's: rank 0 creates, broadcasts the name.
-  auto name = torch::zeros({128}, torch::kByte);
-  std::unique_ptr<dtrun::train::ShmAllreduce> shm;
-  if (dist.rank() == 0) {
-    std::string s = "/dtrun-bench-" + std::to_string(getpid());
-    shm = std::move(*dtrun::train::ShmAllreduce::Create(s, dist.world_size(), n));
-    std::memcpy(name.data_ptr(), s.data(), s.size());
-  }
-  std::vector<torch::Tensor> v{name};
-  dist.pg().broadcast(v)->wait();
-  if (dist.rank() != 0) {
-    shm = std::move(*dtrun::train::ShmAllreduce::Open(static_cast<const char*>(name.data_ptr()),
-                                                     dist.rank(), dist.world_size(), n));
-  }
-  dist.pg().barrier()->wait();
-  if (dist.rank() == 0) shm->Unlink();
+  std::string why;
+  auto shm = dtrun::train::OpenSharedMemoryAllreduce(dist.pg(), static_cast<size_t>(n), &why);
+  if (!shm) throw std::runtime_error("shared-memory all-reduce unavailable: " + why);
   return MedianMs(3, 20, [&] {
     std::memcpy(shm->region(), flat.data_ptr(), n * sizeof(float));
     shm->Allreduce(0, n, std::chrono::seconds(60));

@@ -6,7 +6,6 @@
 // gradients + optimizer state; DDP's gradient buckets apart); peak RSS (max
 // over ranks); for FSDP the time blocked on all-gathers/reduce-scatters per
 // step, the same collectives' time on their own, and the share hidden.
-#include <sys/resource.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/torch.h>
 
@@ -18,10 +17,13 @@
 #include "lib/ddp.h"
 #include "lib/fsdp.h"
 #include "lib/process_group.h"
+#include "tests/helpers/measure.h"
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
+using dtrun::testing::AllMax;
+using dtrun::testing::MedianMs;
+using dtrun::testing::PeakRssMb;
 
 std::shared_ptr<torch::nn::SequentialImpl> Mlp(int width) {
   torch::manual_seed(0);
@@ -31,34 +33,7 @@ std::shared_ptr<torch::nn::SequentialImpl> Mlp(int width) {
       torch::nn::Linear(width, 10));
 }
 
-template <typename Fn>
-double MedianMs(int warmup, int reps, Fn fn) {
-  for (int i = 0; i < warmup; ++i) fn();
-  std::vector<double> t;
-  for (int i = 0; i < reps; ++i) {
-    auto a = Clock::now();
-    fn();
-    t.push_back(std::chrono::duration<double, std::milli>(Clock::now() - a).count());
-  }
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
-}
-
 int64_t Bytes(const torch::Tensor& t) { return t.defined() ? t.numel() * t.element_size() : 0; }
-
-double AllMax(c10d::ProcessGroup& pg, double v) {
-  std::vector<torch::Tensor> t{torch::tensor({v}, torch::kDouble)};
-  c10d::AllreduceOptions o;
-  o.reduceOp = c10d::ReduceOp::MAX;
-  pg.allreduce(t, o)->wait();
-  return t[0].item<double>();
-}
-
-double PeakRssMb() {
-  rusage u{};
-  getrusage(RUSAGE_SELF, &u);
-  return u.ru_maxrss / 1024.0;
-}
 
 }  // namespace
 

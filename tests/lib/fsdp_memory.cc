@@ -4,7 +4,6 @@
 // (the tensors' own byte counts) must be <= DDP's / N + 10% with FSDP.
 // FSDP's count includes every buffer it holds; DDP's leaves out its
 // gradient buckets. Rank 0 prints both and the ranks' peak RSS.
-#include <sys/resource.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/torch.h>
 
@@ -13,8 +12,12 @@
 #include "lib/ddp.h"
 #include "lib/fsdp.h"
 #include "lib/process_group.h"
+#include "tests/helpers/measure.h"
 
 namespace {
+
+using dtrun::testing::AllMax;
+using dtrun::testing::PeakRssMb;
 
 constexpr int kWidth = 4096, kBatch = 2;
 
@@ -35,21 +38,6 @@ int64_t OptimizerBytes(torch::optim::AdamW& opt) {
     n += Bytes(s.exp_avg()) + Bytes(s.exp_avg_sq()) + Bytes(s.max_exp_avg_sq());
   }
   return n;
-}
-
-double PeakRssMb() {
-  rusage u{};
-  getrusage(RUSAGE_SELF, &u);
-  return u.ru_maxrss / 1024.0;
-}
-
-// Max over ranks.
-double AllMax(c10d::ProcessGroup& pg, double v) {
-  std::vector<torch::Tensor> t{torch::tensor({v}, torch::kDouble)};
-  c10d::AllreduceOptions o;
-  o.reduceOp = c10d::ReduceOp::MAX;
-  pg.allreduce(t, o)->wait();
-  return t[0].item<double>();
 }
 
 }  // namespace
