@@ -76,7 +76,7 @@ class ShmComm {
 
 }  // namespace
 
-std::unique_ptr<ShmAllreduce> OpenSharedMemoryAllreduce(c10d::ProcessGroup& pg, size_t floats,
+std::unique_ptr<ShmAllreduce> OpenSharedMemoryAllreduce(ProcessGroup& pg, size_t floats,
                                                         std::string* why) {
   const int world = pg.getSize(), rank = pg.getRank();
   std::unique_ptr<ShmAllreduce> seg;
@@ -125,7 +125,7 @@ struct DistributedDataParallel::Impl {
 
   std::unique_ptr<ShmComm> shm;  // before `buckets`: their flats may live in it
   std::shared_ptr<torch::nn::Module> module;
-  c10d::ProcessGroup* pg;
+  ProcessGroup* pg;
   DdpOptions opts;
   std::vector<at::Tensor> params;
   std::vector<size_t> bucket_of;
@@ -274,7 +274,7 @@ struct DistributedDataParallel::Impl {
 };
 
 DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Module> module,
-                                                 c10d::ProcessGroup* pg, DdpOptions options)
+                                                 ProcessGroup* pg, DdpOptions options)
     : impl_(std::make_unique<Impl>()) {
   Impl& d = *impl_;
   d.module = std::move(module);

@@ -4,9 +4,8 @@
 #include <memory>
 #include <string>
 
-namespace c10d {
-class ProcessGroup;
-}
+#include "lib/torch_compat.h"
+
 namespace torch::nn {
 class Module;
 }
@@ -20,7 +19,7 @@ class ShmAllreduce;
 // broadcasts, rank 0 unlinks the name), or nullptr on every rank when any
 // rank could not (another host, a small /dev/shm); *why then says why, on
 // the rank that failed.
-std::unique_ptr<ShmAllreduce> OpenSharedMemoryAllreduce(c10d::ProcessGroup& pg, size_t floats,
+std::unique_ptr<ShmAllreduce> OpenSharedMemoryAllreduce(ProcessGroup& pg, size_t floats,
                                                         std::string* why);
 
 struct DdpOptions {
@@ -47,7 +46,7 @@ struct DdpOptions {
 // Not thread-safe: one training thread; the hooks run inside backward.
 class DistributedDataParallel {
  public:
-  DistributedDataParallel(std::shared_ptr<torch::nn::Module> module, c10d::ProcessGroup* pg,
+  DistributedDataParallel(std::shared_ptr<torch::nn::Module> module, ProcessGroup* pg,
                           DdpOptions options = {});
   ~DistributedDataParallel();
 

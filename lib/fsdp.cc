@@ -43,8 +43,6 @@ int64_t Bytes(const at::Tensor& t) {
   return static_cast<int64_t>(t.storage().nbytes());
 }
 
-std::string StateKey(const at::Tensor& p) { return c10::guts::to_string(p.unsafeGetTensorImpl()); }
-
 }  // namespace
 
 struct FullyShardedDataParallel::Impl {
@@ -67,7 +65,7 @@ struct FullyShardedDataParallel::Impl {
   };
 
   std::shared_ptr<torch::nn::SequentialImpl> model;
-  c10d::ProcessGroup* pg = nullptr;
+  ProcessGroup* pg = nullptr;
   FsdpOptions opts;
   int rank = 0, world = 1;
   bool nccl = false;
@@ -306,7 +304,7 @@ struct FullyShardedDataParallel::Impl {
 
   std::map<std::string, at::Tensor> OptimizerState(torch::optim::Optimizer& opt, const Unit& u) {
     std::map<std::string, at::Tensor> out;
-    auto it = opt.state().find(StateKey(u.shard));
+    auto it = opt.state().find(OptimizerStateKey(opt, u.shard));
     if (it == opt.state().end()) return out;
     if (auto* s = dynamic_cast<torch::optim::SGDParamState*>(it->second.get())) {
       if (s->momentum_buffer().defined()) out["momentum_buffer"] = s->momentum_buffer();
@@ -329,7 +327,7 @@ struct FullyShardedDataParallel::Impl {
   void SetOptimizerState(torch::optim::Optimizer& opt, const Unit& u,
                          std::map<std::string, at::Tensor> state) {
     if (state.empty()) return;
-    const std::string key = StateKey(u.shard);
+    const auto key = OptimizerStateKey(opt, u.shard);
     if (dynamic_cast<torch::optim::SGD*>(&opt)) {
       auto s = std::make_unique<torch::optim::SGDParamState>();
       s->momentum_buffer(state.at("momentum_buffer"));
@@ -345,7 +343,7 @@ struct FullyShardedDataParallel::Impl {
 };
 
 FullyShardedDataParallel::FullyShardedDataParallel(std::shared_ptr<torch::nn::SequentialImpl> model,
-                                                   c10d::ProcessGroup* pg, FsdpOptions options)
+                                                   ProcessGroup* pg, FsdpOptions options)
     : impl_(std::make_unique<Impl>()) {
   Impl& d = *impl_;
   d.model = std::move(model);

@@ -6,11 +6,10 @@
 #include <string>
 #include <vector>
 
+#include "lib/torch_compat.h"
+
 namespace at {
 class Tensor;
-}
-namespace c10d {
-class ProcessGroup;
 }
 namespace torch::nn {
 class SequentialImpl;
@@ -60,7 +59,7 @@ struct FsdpOptions {
 // Not thread-safe: one training thread; the hooks run inside backward.
 class FullyShardedDataParallel {
  public:
-  FullyShardedDataParallel(std::shared_ptr<torch::nn::SequentialImpl> model, c10d::ProcessGroup* pg,
+  FullyShardedDataParallel(std::shared_ptr<torch::nn::SequentialImpl> model, ProcessGroup* pg,
                            FsdpOptions options = {});
   ~FullyShardedDataParallel();
 

@@ -69,7 +69,7 @@ class DtrunC10dStore : public c10d::Store {
 struct Distributed::Impl {
   DistEnv env;
   std::string backend;
-  c10::intrusive_ptr<c10d::ProcessGroup> pg;
+  c10::intrusive_ptr<ProcessGroup> pg;
 };
 
 namespace {
@@ -153,7 +153,7 @@ std::unique_ptr<Distributed> Distributed::FromEnv(const ProcessGroupOptions& opt
 Distributed::Distributed(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Distributed::~Distributed() = default;
 const DistEnv& Distributed::env() const { return impl_->env; }
-c10d::ProcessGroup& Distributed::pg() { return *impl_->pg; }
+ProcessGroup& Distributed::pg() { return *impl_->pg; }
 const std::string& Distributed::backend() const { return impl_->backend; }
 
 }  // namespace dtrun::train

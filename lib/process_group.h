@@ -6,10 +6,8 @@
 #include <string>
 
 #include "lib/dist_env.h"
+#include "lib/torch_compat.h"
 
-namespace c10d {
-class ProcessGroup;
-}
 
 namespace dtrun::train {
 
@@ -42,7 +40,7 @@ struct ProcessGroupOptions {
 // MASTER_ADDR:MASTER_PORT (dtrun's client, 1.13 dialect, so torchrun's store
 // works too) in the attempt's key space "/worker/attempt_<n>", and gloo on
 // CPU, NCCL on the GPU numbered LOCAL_RANK (which becomes the current CUDA
-// device). Thread rules: those of c10d::ProcessGroup.
+// device). Thread rules: those of c10d's process groups.
 class Distributed {
  public:
   // Throws Error naming the rank, the store address and the time waited.
@@ -52,7 +50,7 @@ class Distributed {
   const DistEnv& env() const;
   int rank() const { return env().rank; }
   int world_size() const { return env().world_size; }
-  c10d::ProcessGroup& pg();
+  ProcessGroup& pg();
   // "gloo" or "nccl". With nccl, tensors handed to pg() live on GPU
   // local_rank (device "cuda:<local_rank>").
   const std::string& backend() const;

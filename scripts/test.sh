@@ -10,6 +10,27 @@ scripts/install-deps.sh
 scripts/build.sh build -DDTRUN_WERROR=ON -DDTRUN_FUZZ_SECONDS=${DTRUN_FUZZ_SECONDS:-30}
 (cd build && ctest --output-on-failure -j2)
 
+echo "== torch 2.6 peer (Debian trixie root, scripts/torch2.sh)"
+# Quiet on success: each step's output is shown only when it fails. A root
+# that cannot be made is an error: the torch 2 peer is never skipped.
+torch2_log=$(mktemp)
+trap 'rm -f "$torch2_log"' EXIT
+quietly() {  # quietly WHAT CMD [ARGS...]
+  local what=$1
+  shift
+  "$@" >"$torch2_log" 2>&1 || {
+    cat "$torch2_log"
+    echo "test.sh: torch 2.6 peer: $what failed" >&2
+    exit 1
+  }
+}
+quietly "making the trixie root (scripts/torch2.sh)" scripts/torch2.sh
+quietly "building build-torch2 in the root" scripts/torch2.sh run \
+  scripts/build.sh build-torch2 -DDTRUN_WERROR=ON -DDTRUN_FUZZ=OFF
+quietly "ctest -L 'torch2|compat2' in the root" scripts/torch2.sh run \
+  ctest --test-dir build-torch2 --output-on-failure --no-tests=error -j2 -L 'torch2|compat2'
+grep -E 'tests passed|Total Test time' "$torch2_log"
+
 echo "== ThreadSanitizer: store unit and component tests"
 scripts/build.sh build-tsan -DDTRUN_WITH_TORCH=OFF -DDTRUN_FUZZ=OFF \
   -DDTRUN_SANITIZE=thread -DDTRUN_WERROR=ON -DCMAKE_BUILD_TYPE=Debug

@@ -1,9 +1,13 @@
-# cmake -DOUT=header -DROOT=dir -P embed_python.cmake FILE...(relative to ROOT)
-# Writes a header with each file's text as a raw string literal, so that the
-# dtrun binary carries its interactive session's Python package.
+# cmake -DOUT=header -DROOT=dir [-DNAME=array] -P embed_python.cmake FILE...(relative to ROOT)
+# Writes a header with each file's text as a raw string literal in the array
+# NAME (default kPythonFiles), so that the dtrun binary carries its Python
+# files: the interactive session's package, the workers' torch shim.
+if(NOT NAME)
+  set(NAME kPythonFiles)
+endif()
 get_filename_component(out_dir "${OUT}" DIRECTORY)
 file(MAKE_DIRECTORY "${out_dir}")
-set(text "// Generated from apps/dtrun/python by embed_python.cmake; do not edit.\n#pragma once\n\nnamespace dtrun::agent {\nstruct EmbeddedFile { const char* path; const char* text; };\ninline constexpr EmbeddedFile kPythonFiles[] = {\n")
+set(text "// Generated from apps/dtrun/python by embed_python.cmake; do not edit.\n#pragma once\n\nnamespace dtrun::agent {\n#ifndef DTRUN_EMBEDDED_FILE\n#define DTRUN_EMBEDDED_FILE\nstruct EmbeddedFile { const char* path; const char* text; };\n#endif\ninline constexpr EmbeddedFile ${NAME}[] = {\n")
 math(EXPR last "${CMAKE_ARGC} - 1")
 foreach(i RANGE 0 ${last})
   if(CMAKE_ARGV${i} MATCHES "\\.py$")

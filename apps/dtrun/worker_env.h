@@ -4,6 +4,8 @@
 #include <string>
 #include <vector>
 
+#include "rendezvous/status.h"
+
 namespace dtrun::agent {
 
 // Where one worker sits in the job; the agent fills it for each rank.
@@ -43,5 +45,27 @@ std::string ErrorFilePath(const AttemptEnv& attempt, int local_rank);
 
 // map -> "K=V" strings for execve.
 std::vector<std::string> ToEnvStrings(const EnvMap& env);
+
+// The torch compatibility shim: a sitecustomize (apps/dtrun/python/
+// dtrun_torch_shim, embedded in the binary) that lets a torch built without
+// libuv (Debian's 2.6) join the agent's store; README "Torch 2.x workers".
+inline constexpr char kTorchShimSwitch[] = "DTRUN_TORCH_SHIM";  // "0" turns it off
+inline constexpr char kTorchShimDir[] = "DTRUN_TORCH_SHIM_DIR";  // the folder in use
+
+// Whether `env` should get the shim: not turned off, and no shim already on
+// its PYTHONPATH (an interactive console's, or an outer dtrun's). Pure.
+bool WantsTorchShim(const EnvMap& env);
+
+// `env` with `dir` first on PYTHONPATH (the user's entries kept after it)
+// and DTRUN_TORCH_SHIM_DIR=dir. Pure; callers check WantsTorchShim first.
+EnvMap WithTorchShim(const EnvMap& env, const std::string& dir);
+
+// If WantsTorchShim(*env): writes the shim into `dir` (created if missing)
+// and applies WithTorchShim to *env. The error names the file.
+Status InstallTorchShim(const std::string& dir, EnvMap* env);
+
+// The same for this process's own environment, so that Python programs it
+// runs (the interactive console) and its workers share one shim.
+Status InstallTorchShimInProcess(const std::string& dir);
 
 }  // namespace dtrun::agent

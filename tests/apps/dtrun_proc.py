@@ -58,6 +58,32 @@ def read_pids(folder):
     return out
 
 
+def check_torchrun_env(test, env, rank, world, local_rank=None, local_world=None,
+                       group_rank=0, group_world=1, restart=0, max_restarts=0,
+                       run_id="none", role="default"):
+    """Asserts every variable of torchrun's worker contract in `env` (one
+    worker's environment) for a single-role job."""
+    local_rank = rank if local_rank is None else local_rank
+    local_world = world if local_world is None else local_world
+    want = {
+        "RANK": rank, "LOCAL_RANK": local_rank, "GROUP_RANK": group_rank,
+        "ROLE_RANK": rank, "ROLE_NAME": role, "LOCAL_WORLD_SIZE": local_world,
+        "WORLD_SIZE": world, "GROUP_WORLD_SIZE": group_world, "ROLE_WORLD_SIZE": world,
+        "TORCHELASTIC_RESTART_COUNT": restart, "TORCHELASTIC_MAX_RESTARTS": max_restarts,
+        "TORCHELASTIC_RUN_ID": run_id, "TORCHELASTIC_USE_AGENT_STORE": "True",
+    }
+    for key, value in want.items():
+        test.assertEqual(env.get(key), str(value), f"{key} of rank {rank}")
+    test.assertTrue(env.get("MASTER_ADDR"), "MASTER_ADDR")
+    test.assertTrue(0 < int(env.get("MASTER_PORT", "0")) < 65536, "MASTER_PORT")
+    test.assertTrue(env.get("TORCHELASTIC_ERROR_FILE", "").endswith(
+        f"/attempt_{restart}/{local_rank}/error.json"), "TORCHELASTIC_ERROR_FILE")
+    if local_world > 1 and "OMP_NUM_THREADS" not in os.environ:
+        test.assertEqual(env.get("OMP_NUM_THREADS"), "1")
+    for key in ("NCCL_ASYNC_ERROR_HANDLING", "TORCH_NCCL_ASYNC_ERROR_HANDLING"):
+        test.assertEqual(env.get(key), os.environ.get(key, "1"), key)
+
+
 def kill_all(pids):
     for pid in pids:
         if alive(pid):

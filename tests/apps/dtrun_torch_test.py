@@ -6,7 +6,8 @@ import sys
 import time
 import unittest
 
-from dtrun_proc import WorkerTestCase, alive, parse_args, read_pids, run, start, wait_for
+from dtrun_proc import (WorkerTestCase, alive, check_torchrun_env, parse_args, read_pids, run,
+                        start, wait_for)
 
 ARGS, REST = parse_args()
 DTRUN = ARGS.dtrun
@@ -21,14 +22,7 @@ class DtrunWithTorchWorkers(WorkerTestCase):
         self.assertEqual(rc, 0, err)
         for rank in range(4):
             with open(os.path.join(self.dir, f"env_{rank}.json")) as f:
-                env = json.load(f)
-            self.assertEqual(env["RANK"], str(rank))
-            self.assertEqual(env["LOCAL_RANK"], str(rank))
-            self.assertEqual(env["WORLD_SIZE"], "4")
-            self.assertEqual(env["LOCAL_WORLD_SIZE"], "4")
-            self.assertEqual(env["TORCHELASTIC_USE_AGENT_STORE"], "True")
-            self.assertEqual(env["OMP_NUM_THREADS"], "1")
-            self.assertIn("MASTER_PORT", env)
+                check_torchrun_env(self, json.load(f), rank, 4)
 
     def test_gloo_all_reduce(self):
         rc, out, err = run(DTRUN, PY + ["--nproc-per-node=4", WORKER, "allreduce"])

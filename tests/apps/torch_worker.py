@@ -1,10 +1,12 @@
 """A Python torch worker for dtrun's integration tests.
 
-  torch_worker.py env OUT_DIR        dump the environment to OUT_DIR/env_<RANK>.json
+  torch_worker.py env OUT_DIR        dump the environment (and "torch.__version__") to
+                                     OUT_DIR/env_<RANK>.json
   torch_worker.py allreduce          gloo all_reduce; exit 1 if the sum is wrong
   torch_worker.py fail-once DIR      all_reduce; rank 1 raises on the first attempt
   torch_worker.py always-fail        rank 0 raises (with an error file) every time
   torch_worker.py hang PID_DIR       write PID_DIR/pid_<RANK>_<RESTART>, then barrier forever
+  torch_worker.py grow N             all_reduce; below N ranks wait to be restarted, at N exit
 """
 import json
 import os
@@ -35,7 +37,7 @@ def main():
     rank = os.environ["RANK"]
     if mode == "env":
         with open(os.path.join(sys.argv[2], f"env_{rank}.json"), "w") as f:
-            json.dump(dict(os.environ), f)
+            json.dump(dict(os.environ, **{"torch.__version__": torch.__version__}), f)
     elif mode == "allreduce":
         sys.exit(0 if all_reduce_ok() else 1)
     elif mode == "fail-once":
@@ -55,6 +57,12 @@ def main():
         dist.init_process_group("gloo")
         while True:
             time.sleep(1)
+    elif mode == "grow":
+        ok = all_reduce_ok()
+        if int(os.environ["WORLD_SIZE"]) < int(sys.argv[2]):
+            time.sleep(300)  # the launcher restarts this group once more nodes join
+            sys.exit(1)
+        sys.exit(0 if ok else 1)
 
 
 if __name__ == "__main__":

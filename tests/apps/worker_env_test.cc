@@ -1,5 +1,12 @@
 #include "apps/dtrun/worker_env.h"
 
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <iterator>
+
 #include <gtest/gtest.h>
 
 namespace dtrun::agent {
@@ -52,6 +59,49 @@ TEST(WorkerEnvTest, NcclAsyncErrorHandlingKeepsUserValue) {
   EnvMap env = WorkerEnv({{"NCCL_ASYNC_ERROR_HANDLING", "0"}}, Attempt(), p);
   EXPECT_EQ(env["NCCL_ASYNC_ERROR_HANDLING"], "0");
   EXPECT_EQ(env["TORCH_NCCL_ASYNC_ERROR_HANDLING"], "1");
+}
+
+TEST(TorchShimTest, GoesFirstOnPythonPathKeepingTheUsersEntries) {
+  EnvMap env = WithTorchShim({{"PYTHONPATH", "/a:/b"}}, "/run/python");
+  EXPECT_EQ(env["PYTHONPATH"], "/run/python:/a:/b");
+  EXPECT_EQ(env["DTRUN_TORCH_SHIM_DIR"], "/run/python");
+  EXPECT_EQ(WithTorchShim({}, "/run/python")["PYTHONPATH"], "/run/python");
+}
+
+TEST(TorchShimTest, OffWhenTurnedOffOrAlreadyThere) {
+  EXPECT_TRUE(WantsTorchShim({}));
+  EXPECT_TRUE(WantsTorchShim({{"DTRUN_TORCH_SHIM", "1"}}));
+  EXPECT_FALSE(WantsTorchShim({{"DTRUN_TORCH_SHIM", "0"}}));
+  EXPECT_FALSE(WantsTorchShim(WithTorchShim({{"PYTHONPATH", "/a"}}, "/s")));
+  // A stale folder no longer on PYTHONPATH does not count.
+  EXPECT_TRUE(WantsTorchShim({{"DTRUN_TORCH_SHIM_DIR", "/s"}, {"PYTHONPATH", "/a:/s2"}}));
+}
+
+TEST(TorchShimTest, InstallWritesTheSitecustomizeOnce) {
+  char templ[] = "/tmp/worker_env_test-XXXXXX";
+  ASSERT_NE(mkdtemp(templ), nullptr);
+  std::string dir = std::string(templ) + "/python";
+  EnvMap env = {{"PYTHONPATH", "/user"}};
+  ASSERT_TRUE(InstallTorchShim(dir, &env).ok());
+  EXPECT_EQ(env["PYTHONPATH"], dir + ":/user");
+  std::ifstream in(dir + "/sitecustomize.py");
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_NE(text.find("DTRUN_TORCH_SHIM"), std::string::npos);
+  EnvMap again = env;
+  ASSERT_TRUE(InstallTorchShim(dir + "2", &again).ok());
+  EXPECT_EQ(again, env);  // already there: nothing added
+  EnvMap off = {{"DTRUN_TORCH_SHIM", "0"}};
+  ASSERT_TRUE(InstallTorchShim(dir + "3", &off).ok());
+  EXPECT_EQ(off.count("PYTHONPATH"), 0u);
+  EXPECT_NE(access((dir + "3").c_str(), F_OK), 0);
+  EnvMap fresh;
+  Status bad = InstallTorchShim("/proc/no/such/dir", &fresh);
+  EXPECT_FALSE(bad.ok());
+  EXPECT_NE(bad.message().find("/proc/no/such/dir"), std::string::npos) << bad.message();
+  EXPECT_EQ(fresh.count("PYTHONPATH"), 0u);
+  std::remove((dir + "/sitecustomize.py").c_str());
+  rmdir(dir.c_str());
+  rmdir(templ);
 }
 
 }  // namespace

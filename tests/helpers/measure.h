@@ -10,6 +10,8 @@
 #include <chrono>
 #include <vector>
 
+#include "lib/torch_compat.h"
+
 namespace dtrun::testing {
 
 // Median wall time of fn() over `reps` calls after `warmup` calls, in ms.
@@ -34,7 +36,7 @@ inline double PeakRssMb() {
 }
 
 // The largest `v` over the ranks of `pg` (collective).
-inline double AllMax(c10d::ProcessGroup& pg, double v) {
+inline double AllMax(dtrun::train::ProcessGroup& pg, double v) {
   std::vector<at::Tensor> t{at::tensor({v}, at::kDouble)};
   c10d::AllreduceOptions o;
   o.reduceOp = c10d::ReduceOp::MAX;

@@ -1,4 +1,5 @@
-// Hosts libtorch 1.13's own c10d::TCPStore server in its own process, for
+// Hosts libtorch's own c10d::TCPStore server (1.13 on the host, 2.6 when
+// built in the root of scripts/torch2.sh) in its own process, for
 // side-by-side benchmarks. Prints "listening on 127.0.0.1:PORT" and serves
 // until SIGTERM/SIGINT. Usage: torch_store_host [PORT]
 #include <signal.h>
@@ -8,6 +9,7 @@
 #include <cstdlib>
 
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#include <torch/version.h>
 
 int main(int argc, char** argv) {
   rlimit lim{};
@@ -24,6 +26,9 @@ int main(int argc, char** argv) {
   opts.port = argc > 1 ? static_cast<uint16_t>(std::atoi(argv[1])) : 0;
   opts.isServer = true;
   opts.waitWorkers = false;
+#if TORCH_VERSION_MAJOR >= 2
+  opts.useLibUV = false;  // Debian's 2.x is built without libuv
+#endif
   c10d::TCPStore store("127.0.0.1", opts);
   std::printf("listening on 127.0.0.1:%u\n", unsigned(store.getPort()));
   std::fflush(stdout);

@@ -74,6 +74,24 @@ TEST_F(StoreStateTest, AddToNonNumberFailsTheConnection) {
   EXPECT_NE(s.message().find("/c"), std::string::npos);
 }
 
+TEST_F(StoreStateTest, AddCountsOnFromTheLeadingNumberAsTorchDoes) {
+  // torch 2.6's server: ' 7' -> 8, '7abc' -> 8, '0x10' -> 1.
+  const std::pair<const char*, int64_t> cases[] = {
+      {" 7", 8}, {"7abc", 8}, {"0x10", 1}};
+  for (const auto& [old_value, sum] : cases) {
+    Do(1, Op::kSet, {"/c"}, {old_value});
+    ASSERT_TRUE(Do(1, Op::kAdd, {"/c"}, {}, 1).ok()) << old_value;
+    EXPECT_EQ(sink_.Take(1), I64Bytes(sum)) << old_value;
+    Do(1, Op::kGet, {"/c"});
+    EXPECT_EQ(sink_.Take(1), BytesOf(std::to_string(sum))) << old_value;
+  }
+}
+
+TEST_F(StoreStateTest, AddToValueBeyondSixtyFourBitsFailsTheConnection) {
+  Do(1, Op::kSet, {"/c"}, {"99999999999999999999"});
+  EXPECT_EQ(Do(1, Op::kAdd, {"/c"}, {}, 1).code(), Status::Code::kInvalid);
+}
+
 TEST_F(StoreStateTest, AddThatOverflowsFailsTheConnection) {
   Do(1, Op::kAdd, {"/c"}, {}, INT64_MAX);
   EXPECT_EQ(Do(1, Op::kAdd, {"/c"}, {}, 1).code(), Status::Code::kInvalid);
@@ -245,14 +263,50 @@ TEST_F(StoreStateTest, ClearEmptiesKeysButKeepsWaiters) {
   EXPECT_EQ(sink_.Take(2), kStop);
 }
 
-TEST(ParseCounterTest, AcceptsSignedDecimalOnly) {
+// ParseCounter follows std::stoll, as torch's server does for ADD.
+int64_t Parsed(std::string_view text) {
+  int64_t v = -999;
+  EXPECT_TRUE(ParseCounter(text, &v)) << "'" << text << "'";
+  return v;
+}
+
+TEST(ParseCounterTest, AcceptsSignedDecimal) {
+  EXPECT_EQ(Parsed("-12"), -12);
+  EXPECT_EQ(Parsed("+3"), 3);
+  EXPECT_EQ(Parsed("0"), 0);
+  EXPECT_EQ(Parsed("-9223372036854775808"), INT64_MIN);
+  EXPECT_EQ(Parsed("9223372036854775807"), INT64_MAX);
+}
+
+TEST(ParseCounterTest, SkipsLeadingBlanksAsStollDoes) {
+  EXPECT_EQ(Parsed(" 7"), 7);
+  EXPECT_EQ(Parsed("\t\n\v\f\r -4"), -4);
+}
+
+TEST(ParseCounterTest, IgnoresTrailingTextAsStollDoes) {
+  EXPECT_EQ(Parsed("7abc"), 7);
+  EXPECT_EQ(Parsed("0x10"), 0);
+  EXPECT_EQ(Parsed("12 34"), 12);
+  EXPECT_EQ(Parsed("5.9"), 5);
+  EXPECT_EQ(Parsed(std::string_view("8\0" "9", 3)), 8);
+}
+
+TEST(ParseCounterTest, RejectsTextWithoutLeadingDigits) {
+  using namespace std::string_view_literals;
+  int64_t v = 42;
+  for (std::string_view text : {""sv, " "sv, "abc"sv, "x7"sv, "+"sv, "-"sv,
+                                "+-5"sv, "-+5"sv, "- 5"sv, "++5"sv, "\0" "5"sv}) {
+    EXPECT_FALSE(ParseCounter(text, &v)) << "'" << text << "'";
+  }
+  EXPECT_EQ(v, 42);  // untouched on failure
+}
+
+TEST(ParseCounterTest, RejectsNumbersBeyondSixtyFourBits) {
   int64_t v = 0;
-  EXPECT_TRUE(ParseCounter("-12", &v));
-  EXPECT_EQ(v, -12);
-  EXPECT_TRUE(ParseCounter("+3", &v));
-  EXPECT_FALSE(ParseCounter("", &v));
-  EXPECT_FALSE(ParseCounter("1x", &v));
   EXPECT_FALSE(ParseCounter("99999999999999999999", &v));
+  EXPECT_FALSE(ParseCounter("9223372036854775808", &v));
+  EXPECT_FALSE(ParseCounter("-9223372036854775809", &v));
+  EXPECT_FALSE(ParseCounter("  +99999999999999999999abc", &v));
 }
 
 }  // namespace
