@@ -30,7 +30,7 @@ const std::map<std::string, std::set<std::string>> kKeys = {
     {"train", {"batch_size", "steps", "accumulate", "eval_every", "log_every", "seed",
                "stop_after_step", "drop_last"}},
     {"checkpoint", {"dir", "every", "keep", "format"}},
-    {"fault", {"kill_rank", "kill_at_step"}},
+    {"fault", {"kill_rank", "kill_at_step", "hang_rank", "hang_at_step"}},
     {"metrics", {"path"}},
 };
 
@@ -137,6 +137,8 @@ TrainConfig ToConfig(const toml::table& t) {
   Read(t, "checkpoint", "format", &c.checkpoint_format);
   Read(t, "fault", "kill_rank", &c.kill_rank);
   Read(t, "fault", "kill_at_step", &c.kill_at_step);
+  Read(t, "fault", "hang_rank", &c.hang_rank);
+  Read(t, "fault", "hang_at_step", &c.hang_at_step);
   Read(t, "metrics", "path", &c.metrics_path);
   return c;
 }

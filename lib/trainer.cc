@@ -1,6 +1,7 @@
 #include "lib/trainer.h"
 
 #include <signal.h>
+#include <unistd.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/torch.h>
 
@@ -18,9 +19,16 @@
 #include "lib/fsdp.h"
 #include "lib/process_group.h"
 #include "lib/sha256.h"
+#include "rendezvous/heartbeat.h"
 
 namespace dtrun::train {
 namespace {
+
+// Fault injection: stop beating and wait forever, as a wedged rank does.
+[[gnu::noinline]] void HangForever(int rank, int64_t step) {
+  std::fprintf(stderr, "fault injection: rank %d hangs after step %lld\n", rank, (long long)step);
+  for (;;) pause();
+}
 
 std::shared_ptr<torch::nn::SequentialImpl> MakeModel(const TrainConfig& c, int features,
                                                      int classes) {
@@ -114,14 +122,14 @@ std::string Sha256Of(const std::vector<torch::Tensor>& params) {
   return h.HexDigest();
 }
 
-double AllMean(c10d::ProcessGroup& pg, double v, torch::Device device) {
+double AllMean(ProcessGroup& pg, double v, torch::Device device) {
   std::vector<torch::Tensor> t{torch::tensor({v}, torch::kDouble).to(device)};
   pg.allreduce(t)->wait();
   return t[0].item<double>() / pg.getSize();
 }
 
 // Every rank's CPU generator state, gathered (collective).
-std::vector<torch::Tensor> GatherRngStates(c10d::ProcessGroup& pg, torch::Device device) {
+std::vector<torch::Tensor> GatherRngStates(ProcessGroup& pg, torch::Device device) {
   torch::Tensor mine = at::detail::getDefaultCPUGenerator().get_state().to(device);
   std::vector<std::vector<torch::Tensor>> out(1);
   for (int r = 0; r < pg.getSize(); ++r) out[0].push_back(torch::empty_like(mine));
@@ -188,7 +196,7 @@ class Strategy {
 
 class DdpStrategy : public Strategy {
  public:
-  DdpStrategy(std::shared_ptr<torch::nn::SequentialImpl> model, c10d::ProcessGroup* pg,
+  DdpStrategy(std::shared_ptr<torch::nn::SequentialImpl> model, ProcessGroup* pg,
               const TrainConfig& c)
       : model_(model), ddp_(model, pg, Options(c)) {}
 
@@ -248,7 +256,7 @@ class DdpStrategy : public Strategy {
 
 class FsdpStrategy : public Strategy {
  public:
-  FsdpStrategy(std::shared_ptr<torch::nn::SequentialImpl> model, c10d::ProcessGroup* pg,
+  FsdpStrategy(std::shared_ptr<torch::nn::SequentialImpl> model, ProcessGroup* pg,
                const TrainConfig& c)
       : pg_(pg), full_format_(c.checkpoint_format == "full"), fsdp_(model, pg, Options(c)) {}
 
@@ -313,14 +321,14 @@ class FsdpStrategy : public Strategy {
     return o;
   }
 
-  c10d::ProcessGroup* pg_;
+  ProcessGroup* pg_;
   bool full_format_;
   FullyShardedDataParallel fsdp_;
   std::vector<std::map<std::string, torch::Tensor>> verified_;  // by Complete(), for Restore()
 };
 
 std::unique_ptr<Strategy> MakeStrategy(std::shared_ptr<torch::nn::SequentialImpl> model,
-                                       c10d::ProcessGroup* pg, const TrainConfig& c) {
+                                       ProcessGroup* pg, const TrainConfig& c) {
   if (c.strategy == "fsdp") return std::make_unique<FsdpStrategy>(model, pg, c);
   return std::make_unique<DdpStrategy>(model, pg, c);  // "ddp" (validated)
 }
@@ -437,6 +445,7 @@ int Train(const TrainConfig& c) {
   double loss_value = 0;
   auto window_start = std::chrono::steady_clock::now();
   int64_t window_samples = 0;
+  rdzv::Heartbeat heartbeat;  // dtrun --hang-timeout: one pwrite per step
   for (int64_t step = start; step < c.steps; ++step) {
     SetLearningRate(*opt, LearningRate(c, step));
     opt->zero_grad();
@@ -492,11 +501,14 @@ int Train(const TrainConfig& c) {
                    (long long)done);
       raise(SIGKILL);
     }
+    if (first_attempt && rank == c.hang_rank && done == c.hang_at_step) HangForever(rank, done);
+    heartbeat.Beat(done);
     if (done == c.stop_after_step) {
       if (rank == 0) std::printf("stopped after step %lld\n", (long long)done);
       return 0;
     }
   }
+  heartbeat.Done();
   double acc = rank == 0 || strategy->CollectiveEval() ? evaluate() : 0;
   auto params = strategy->FullParams();
   if (rank == 0) {

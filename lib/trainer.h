@@ -48,6 +48,10 @@ struct TrainConfig {
   // after step `kill_at_step` on the first attempt only.
   int kill_rank = -1;
   int64_t kill_at_step = -1;
+  // rank `hang_rank` stops (no heartbeat, no collective) after step
+  // `hang_at_step`, on the first attempt only.
+  int hang_rank = -1;
+  int64_t hang_at_step = -1;
   std::string metrics_path;           // JSON lines; empty: none
 };
 

@@ -27,6 +27,7 @@ std::vector<Action> Agent::StopForNewRound(TimePoint now) {
 void Agent::OnGroupStarted() {
   alive_ = opts_.nproc;
   killed_ = false;
+  hung_ = false;
   failures_.clear();
 }
 
@@ -45,10 +46,7 @@ std::vector<Action> Agent::OnWorkerExit(const WorkerExit& exit, TimePoint now) {
 
 std::vector<Action> Agent::OnSignal(int signo, TimePoint now) {
   if (phase_ == Phase::kFinished) return {};
-  if (phase_ == Phase::kShuttingDown && !killed_) {
-    killed_ = true;
-    return {{Action::Kind::kSignalGroup, 0, SIGKILL}};
-  }
+  if (phase_ == Phase::kShuttingDown && !killed_) return Kill(now);
   stop_signal_ = signo;
   if (alive_ == 0) {
     phase_ = Phase::kFinished;
@@ -57,19 +55,35 @@ std::vector<Action> Agent::OnSignal(int signo, TimePoint now) {
   return Stop(Phase::kShuttingDown, signo, now);
 }
 
+std::vector<Action> Agent::OnHang(int signo, TimePoint now) {
+  if (phase_ != Phase::kRunning || alive_ == 0) return {};
+  hung_ = true;
+  return Stop(Phase::kStopping, signo, now);
+}
+
+std::vector<Action> Agent::Kill(TimePoint now) {
+  killed_ = true;
+  abandon_at_ = now + opts_.kill_wait;
+  return {{Action::Kind::kSignalGroup, 0, SIGKILL}};
+}
+
 std::vector<Action> Agent::OnTick(TimePoint now) {
   bool stopping = phase_ == Phase::kStopping || phase_ == Phase::kShuttingDown ||
                   phase_ == Phase::kRestarting;
-  if (!stopping || killed_ || now < kill_at_) return {};
-  killed_ = true;
-  return {{Action::Kind::kSignalGroup, 0, SIGKILL}};
+  if (!stopping) return {};
+  if (!killed_) return now < kill_at_ ? std::vector<Action>{} : Kill(now);
+  if (now < abandon_at_ || alive_ == 0) return {};
+  alive_ = 0;
+  std::vector<Action> out = {{Action::Kind::kAbandonGroup, restart_count_}};
+  for (const Action& a : GroupGone()) out.push_back(a);
+  return out;
 }
 
 std::optional<TimePoint> Agent::deadline() const {
   bool stopping = phase_ == Phase::kStopping || phase_ == Phase::kShuttingDown ||
                   phase_ == Phase::kRestarting;
-  if (!stopping || killed_) return std::nullopt;
-  return kill_at_;
+  if (!stopping) return std::nullopt;
+  return killed_ ? abandon_at_ : kill_at_;
 }
 
 std::vector<Action> Agent::Stop(Phase phase, int signo, TimePoint now) {
@@ -88,7 +102,7 @@ std::vector<Action> Agent::GroupGone() {
     phase_ = Phase::kFinished;
     return {{Action::Kind::kFinish, restart_count_, stop_signal_}};
   }
-  if (failures_.empty()) {
+  if (failures_.empty() && !hung_) {
     phase_ = Phase::kFinished;
     return {{Action::Kind::kFinish, restart_count_}};
   }

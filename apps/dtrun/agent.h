@@ -12,6 +12,9 @@ struct AgentOptions {
   int nproc = 1;                                   // workers in the local group
   int max_restarts = 0;                            // group restarts allowed
   std::chrono::milliseconds term_timeout{30000};   // SIGTERM -> SIGKILL grace
+  // After SIGKILL, how long to wait for workers before going on without
+  // them (a worker in uninterruptible sleep survives SIGKILL).
+  std::chrono::milliseconds kill_wait{10000};
 };
 
 // How one worker ended, as the spawner saw it.
@@ -29,6 +32,7 @@ struct Action {
     kSignalGroup,  // send `signo` to every live worker's process group
     kFinish,       // exit: `failed` after the last attempt, or `signo` if stopped
     kGroupStopped, // the group stopped for a new rendezvous round (StopForNewRound)
+    kAbandonGroup, // workers outlived SIGKILL by kill_wait: report them, stop waiting
   };
   Kind kind;
   int restart_count = 0;
@@ -65,6 +69,10 @@ class Agent {
   // SIGINT/SIGTERM/... to dtrun. A second one while stopping escalates to
   // SIGKILL at once.
   std::vector<Action> OnSignal(int signo, TimePoint now);
+  // The group is hung (heartbeats or a timer): a failure like an exit.
+  // -> SignalGroup(signo) (SIGABRT dumps Python stacks), SIGKILL after
+  // term_timeout, then restart or finish as after a failure.
+  std::vector<Action> OnHang(int signo, TimePoint now);
   // Call at deadline() (or later): escalates a stop to SIGKILL.
   std::vector<Action> OnTick(TimePoint now);
 
@@ -75,10 +83,13 @@ class Agent {
   int alive() const { return alive_; }
   // Failures of the attempt that ended last, in the order they were seen.
   const std::vector<WorkerExit>& failures() const { return failures_; }
+  // Whether the attempt that ended last was stopped as hung.
+  bool hung() const { return hung_; }
 
  private:
   std::vector<Action> Stop(Phase phase, int signo, TimePoint now);
   std::vector<Action> GroupGone();
+  std::vector<Action> Kill(TimePoint now);
 
   AgentOptions opts_;
   Phase phase_ = Phase::kIdle;
@@ -86,7 +97,9 @@ class Agent {
   int alive_ = 0;
   int stop_signal_ = 0;
   bool killed_ = false;
+  bool hung_ = false;
   TimePoint kill_at_{};
+  TimePoint abandon_at_{};
   std::vector<WorkerExit> failures_;
 };
 

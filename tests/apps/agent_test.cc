@@ -68,8 +68,53 @@ TEST_F(AgentTest, KillsSurvivorsOnlyAfterTheGracePeriod) {
   auto a = agent_.OnTick(now_ + milliseconds(500));
   ASSERT_EQ(a.size(), 1u);
   EXPECT_EQ(a[0].signo, SIGKILL);
-  EXPECT_FALSE(agent_.deadline().has_value());
+  // Next: the bounded wait for workers that outlive SIGKILL.
+  EXPECT_EQ(agent_.deadline(), now_ + milliseconds(500) + milliseconds(10000));
   EXPECT_TRUE(agent_.OnTick(now_ + milliseconds(900)).empty());
+}
+
+TEST_F(AgentTest, HangStopsTheGroupAndRestartsLikeAFailure) {
+  StartRunning();
+  auto a = agent_.OnHang(SIGABRT, now_);
+  ASSERT_EQ(a.size(), 1u);
+  EXPECT_EQ(a[0].kind, Kind::kSignalGroup);
+  EXPECT_EQ(a[0].signo, SIGABRT);
+  EXPECT_TRUE(agent_.hung());
+  EXPECT_TRUE(agent_.OnHang(SIGABRT, now_).empty());  // once per attempt
+  Exit(0, 0, SIGABRT);
+  Exit(1, 0, SIGABRT);
+  a = Exit(2, 0, SIGABRT);
+  ASSERT_EQ(a.size(), 1u);
+  EXPECT_EQ(a[0].kind, Kind::kStartGroup);
+  EXPECT_EQ(a[0].restart_count, 1);
+  agent_.OnGroupStarted();
+  EXPECT_FALSE(agent_.hung());
+}
+
+TEST_F(AgentTest, HangOnTheLastAttemptFinishesFailed) {
+  Agent agent(AgentOptions{1, 0, milliseconds(500)});
+  agent.Start(now_);
+  agent.OnGroupStarted();
+  agent.OnHang(SIGTERM, now_);
+  auto a = agent.OnWorkerExit(WorkerExit{0, 100, 0, SIGTERM}, now_);
+  ASSERT_EQ(a.size(), 1u);
+  EXPECT_EQ(a[0].kind, Kind::kFinish);
+  EXPECT_TRUE(a[0].failed);
+}
+
+TEST_F(AgentTest, WorkersThatOutliveSigkillAreAbandonedAfterTheBoundedWait) {
+  StartRunning();
+  agent_.OnHang(SIGTERM, now_);
+  auto kill = agent_.OnTick(now_ + milliseconds(500));
+  ASSERT_EQ(kill.size(), 1u);
+  EXPECT_EQ(kill[0].signo, SIGKILL);
+  Exit(0, 0, SIGKILL);  // two stay in uninterruptible sleep
+  EXPECT_TRUE(agent_.OnTick(now_ + milliseconds(10499)).empty());
+  auto a = agent_.OnTick(now_ + milliseconds(10500));
+  ASSERT_EQ(a.size(), 2u);
+  EXPECT_EQ(a[0].kind, Kind::kAbandonGroup);
+  EXPECT_EQ(a[1].kind, Kind::kStartGroup);
+  EXPECT_EQ(agent_.alive(), 0);
 }
 
 TEST_F(AgentTest, RestartsWithRaisedCountOnceTheGroupIsDown) {

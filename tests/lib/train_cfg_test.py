@@ -21,8 +21,8 @@ FSDP = os.path.join(CONFIGS, "digits_fsdp.toml")
 DONE = re.compile(r"done: steps=(\d+) loss=(\S+) eval_accuracy=(\S+) params_sha256=([0-9a-f]{64})")
 
 
-def train(nproc, *sets, restarts=0, config=CONFIG):
-    cmd = [ARGS.dtrun, f"--nproc-per-node={nproc}", f"--max-restarts={restarts}",
+def train(nproc, *sets, restarts=0, config=CONFIG, flags=()):
+    cmd = [ARGS.dtrun, f"--nproc-per-node={nproc}", f"--max-restarts={restarts}", *flags,
            ARGS.train_cfg, config]
     for s in sets:
         cmd += ["--set", s]
@@ -73,6 +73,22 @@ class TrainCfg(unittest.TestCase):
                              restarts=1)
         self.assertEqual(rc, 0, err)
         self.assertIn("SIGKILL", err)
+        self.assertIn("resumed from", out)
+        self.assertEqual(self.done(out), clean)
+
+    def test_hang_at_step_170_is_detected_and_resumes_bitwise(self):
+        rc, out, err = train(2, self.ckpt("clean"))
+        self.assertEqual(rc, 0, err)
+        clean = self.done(out)
+        rc, out, err = train(2, self.ckpt("hung"), "fault.hang_rank=1", "fault.hang_at_step=170",
+                             restarts=1, flags=["--hang-timeout=5"])
+        self.assertEqual(rc, 0, err)
+        self.assertIn("fault injection: rank 1 hangs after step 170", err)
+        self.assertIn("Root cause (stopped first / lowest step): rank 1", err)
+        self.assertIn("last step 169", err)
+        if shutil.which("eu-stack") or shutil.which("gdb"):  # native stacks of both ranks
+            self.assertIn("HangForever", err)
+            self.assertIn("SyncGradients", err)
         self.assertIn("resumed from", out)
         self.assertEqual(self.done(out), clean)
 

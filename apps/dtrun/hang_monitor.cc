@@ -1,0 +1,95 @@
+#include "apps/dtrun/hang_monitor.h"
+
+#include <cstdlib>
+
+namespace dtrun::agent {
+
+void HangMonitor::Reset(int nproc, TimePoint now) {
+  beats_.assign(static_cast<size_t>(nproc), BeatState{false, now, -1});
+}
+
+void HangMonitor::OnBeat(int local_rank, TimePoint when, int64_t step) {
+  if (local_rank < 0 || static_cast<size_t>(local_rank) >= beats_.size()) return;
+  BeatState& b = beats_[local_rank];
+  if (step == kBeatDone) b.exited = true;
+  b.beaten = true;
+  if (when > b.last) b.last = when;
+  if (step >= 0) b.step = step;
+}
+
+void HangMonitor::OnExit(int local_rank) {
+  if (local_rank >= 0 && static_cast<size_t>(local_rank) < beats_.size()) {
+    beats_[local_rank].exited = true;
+  }
+}
+
+TimePoint HangMonitor::DeadlineOf(const BeatState& b) const {
+  if (b.exited) return TimePoint::max();
+  return b.last + (b.beaten ? opts_.timeout : opts_.first_beat);
+}
+
+std::vector<int> HangMonitor::Hung(TimePoint now) const {
+  std::vector<int> out;
+  if (!opts_.enabled()) return out;
+  for (size_t i = 0; i < beats_.size(); ++i) {
+    if (DeadlineOf(beats_[i]) <= now) out.push_back(static_cast<int>(i));
+  }
+  return out;
+}
+
+std::vector<RankSilence> HangMonitor::Snapshot(TimePoint now) const {
+  std::vector<RankSilence> out;
+  for (size_t i = 0; i < beats_.size(); ++i) {
+    const BeatState& b = beats_[i];
+    RankSilence r;
+    r.local_rank = static_cast<int>(i);
+    r.beaten = b.beaten;
+    r.silent_s = std::chrono::duration<double>(now - b.last).count();
+    r.step = b.step;
+    r.exited = b.exited;
+    r.hung = opts_.enabled() && DeadlineOf(b) <= now;
+    out.push_back(r);
+  }
+  return out;
+}
+
+std::optional<TimePoint> HangMonitor::deadline() const {
+  if (!opts_.enabled() || beats_.empty()) return std::nullopt;
+  TimePoint first = DeadlineOf(beats_[0]);
+  for (const BeatState& b : beats_) first = std::min(first, DeadlineOf(b));
+  return first;
+}
+
+size_t HangRootCause(const std::vector<RankSilence>& ranks) {
+  // Ordered by: never beat, lower step, longer silence.
+  auto before = [](const RankSilence& a, const RankSilence& b) {
+    if (a.exited != b.exited) return !a.exited;
+    if (a.beaten != b.beaten) return !a.beaten;
+    if (a.step != b.step) return a.step < b.step;
+    return a.silent_s > b.silent_s;
+  };
+  size_t best = 0;
+  for (size_t i = 1; i < ranks.size(); ++i) {
+    if (before(ranks[i], ranks[best])) best = i;
+  }
+  return best;
+}
+
+size_t MarkWaiting(std::vector<RankSilence>* ranks) {
+  size_t root = HangRootCause(*ranks);
+  const RankSilence& r = (*ranks)[root];
+  for (RankSilence& s : *ranks) {
+    if (r.beaten && s.beaten && s.step > r.step) s.hung = false;
+  }
+  return root;
+}
+
+int64_t ParseBeatStep(const std::string& text) {
+  size_t i = 0;
+  while (i < text.size() && (text[i] == ' ' || text[i] == '\t')) ++i;
+  if (text.compare(i, 4, "done") == 0) return kBeatDone;
+  if (i >= text.size() || text[i] < '0' || text[i] > '9') return -1;
+  return std::strtoll(text.c_str() + i, nullptr, 10);
+}
+
+}  // namespace dtrun::agent

@@ -1,0 +1,84 @@
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "apps/dtrun/clock.h"
+
+namespace dtrun::agent {
+
+struct HangOptions {
+  std::chrono::milliseconds timeout{0};       // --hang-timeout; 0: off
+  std::chrono::milliseconds first_beat{0};    // allowance before the first beat
+  bool enabled() const { return timeout.count() > 0; }
+};
+
+// What the monitor knows of one worker's heartbeats.
+struct BeatState {
+  bool beaten = false;   // at least one beat this attempt
+  TimePoint last{};      // the last beat, or the group's start before any
+  int64_t step = -1;     // the step the last beat carried; -1: none
+  bool exited = false;   // gone: never hung
+};
+
+// One worker at the moment a hang was declared.
+struct RankSilence {
+  int local_rank = 0;
+  bool beaten = false;
+  double silent_s = 0;   // since the last beat (or the start, before any)
+  int64_t step = -1;
+  bool hung = false;     // past its deadline
+  bool exited = false;   // had exited already
+};
+
+// Decides which workers are hung from their heartbeats. Pure: beats and
+// time come in as values. Owned and called by the agent's loop thread.
+class HangMonitor {
+ public:
+  explicit HangMonitor(const HangOptions& options) : opts_(options) {}
+
+  // A new attempt of `nproc` workers started at `now`: no beats yet.
+  void Reset(int nproc, TimePoint now);
+  // Worker `local_rank` beat at `when`, carrying `step` (-1: none;
+  // kBeatDone: it is done, as if it had exited).
+  void OnBeat(int local_rank, TimePoint when, int64_t step);
+  // Worker `local_rank` exited: it is watched no more.
+  void OnExit(int local_rank);
+  // Local ranks past their deadline at `now`: silent longer than the
+  // timeout after a beat, or than the first-beat allowance before any.
+  std::vector<int> Hung(TimePoint now) const;
+  // Every worker's silence at `now`, in local-rank order.
+  std::vector<RankSilence> Snapshot(TimePoint now) const;
+  // The earliest deadline; none when off or no workers.
+  std::optional<TimePoint> deadline() const;
+  const std::vector<BeatState>& beats() const { return beats_; }
+
+ private:
+  TimePoint DeadlineOf(const BeatState& b) const;
+
+  HangOptions opts_;
+  std::vector<BeatState> beats_;
+};
+
+// Index (into `ranks`) of a collective hang's root cause: among workers that
+// beat, the one at the lowest step, then the one silent longest; a worker
+// that never beat comes first. `ranks` must not be empty.
+size_t HangRootCause(const std::vector<RankSilence>& ranks);
+
+// Marks as waiting (hung = false) every worker at a later step than the
+// root cause: in a collective it waits for the root cause. Returns the
+// root cause's index.
+size_t MarkWaiting(std::vector<RankSilence>* ranks);
+
+// A last beat of "done": the worker is past its loop (tearing down, which
+// may be slow) and is not watched any more.
+constexpr int64_t kBeatDone = -2;
+
+// The step carried by a heartbeat file's text: the first line's integer,
+// kBeatDone for "done", -1 when it holds neither.
+int64_t ParseBeatStep(const std::string& text);
+
+}  // namespace dtrun::agent

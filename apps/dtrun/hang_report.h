@@ -1,0 +1,42 @@
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "apps/dtrun/hang_monitor.h"
+
+namespace dtrun::agent {
+
+// dtrun's exit code when the last attempt ended in a hang (GNU timeout's).
+constexpr int kHangExitCode = 124;
+
+// Where one worker was when its group was declared hung.
+struct RankStack {
+  int rank = 0;              // global rank
+  int pid = 0;
+  RankSilence silence;
+  std::string stack;         // the whole captured stack; empty when none
+  std::string stack_file;    // where `stack` is kept; empty when none
+  std::string why_no_stack;  // set when none could be captured
+};
+
+// The last Python fault-handler dump in a worker's stderr text (from its
+// "Fatal Python error:" line to the end), or "" when there is none.
+std::string ExtractFaulthandlerDump(const std::string& stderr_text);
+
+// Up to `n` frame lines of a stack: a Python dump's current thread
+// ("File ..., line N in f"), else the first thread of an eu-stack or gdb
+// backtrace ("#0 ..."). Leading blanks trimmed.
+std::vector<std::string> FirstFrames(const std::string& stack, size_t n);
+
+// The report printed when a hang stops a group: the root cause first (see
+// HangRootCause), marked hung or waiting, silence, step, first frames and
+// the stack file of each rank. Pure.
+std::string FormatHangReport(const std::vector<RankStack>& ranks, double timeout_s,
+                             int attempt, size_t frames);
+
+// One line for a failure summary: "hung: no heartbeat for 3.1 s, last step 170"
+// (or "waiting: ..."), then the first frames and the stack file.
+std::string HangTraceback(const RankStack& r, size_t frames);
+
+}  // namespace dtrun::agent

@@ -1,0 +1,145 @@
+"""dtrun --hang-timeout and torch's file-timer watchdog with real workers:
+detection, every rank's stack, the root cause, restarts, exit code 124."""
+import argparse
+import os
+import re
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+
+p = argparse.ArgumentParser()
+p.add_argument("--dtrun", required=True)
+p.add_argument("--python", default="/usr/bin/python3")
+p.add_argument("--require-torch", action="store_true", help="fail, not skip, without torch")
+ARGS, REST = p.parse_known_args()
+HERE = os.path.dirname(os.path.abspath(__file__))
+WORKER = os.path.join(HERE, "hang_worker.py")
+HUNG = re.compile(r"local_rank (\d+) \(pid \d+\) is hung: no heartbeat for ([\d.]+) s")
+
+
+def has_torch():
+    ok = subprocess.run([ARGS.python, "-c", "import torch"], capture_output=True).returncode == 0
+    if not ok and ARGS.require_torch:
+        sys.exit(f"{ARGS.python} cannot import torch (for torch 2.6: run scripts/torch2.sh)")
+    return ok
+
+
+class HangTest(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory()
+        self.env = dict(os.environ, BEAT_LOG=os.path.join(self.tmp.name, "beat"))
+
+    def tearDown(self):
+        self.tmp.cleanup()
+
+    def dtrun(self, *args, timeout=120):
+        cmd = [ARGS.dtrun, "--python", ARGS.python, "--log-dir", self.tmp.name, *args]
+        start = time.monotonic()
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=self.env)
+        return p.returncode, p.stdout, p.stderr, time.monotonic() - start
+
+    def test_wedged_worker_is_found_with_its_stack_and_the_group_restarts(self):
+        rc, out, err, _ = self.dtrun("--nproc-per-node=2", "--hang-timeout=2", "--max-restarts=1",
+                                     WORKER, "wedge", "20", "1", "5")
+        self.assertEqual(rc, 0, err)
+        m = HUNG.search(err)
+        self.assertIsNotNone(m, err)
+        self.assertEqual(m.group(1), "1")
+        self.assertGreaterEqual(float(m.group(2)), 2.0)
+        self.assertLess(float(m.group(2)), 2.0 + 3, err)  # margin for a loaded machine
+        self.assertIn("Root cause (stopped first / lowest step): rank 1", err)
+        self.assertIn("last step 5", err)
+        self.assertRegex(err, r"File \".*hang_worker.py\", line \d+ in wedged")
+        stack_file = re.search(r"whole stack: (\S+)", err).group(1)
+        with open(stack_file) as f:
+            self.assertIn("in wedged", f.read())
+        self.assertIn("finished rank 0 attempt 1", out)
+        self.assertIn("finished rank 1 attempt 1", out)
+
+    def test_no_kill_before_the_first_beat_allowance_and_a_hang_exits_124(self):
+        rc, out, err, secs = self.dtrun("--nproc-per-node=2", "--hang-timeout=1",
+                                        "--hang-first-beat=5", WORKER, "silent", "2")
+        self.assertEqual(rc, 124, err)
+        self.assertIn("finished rank 0", out)  # silent 2 s > timeout, not killed
+        self.assertGreaterEqual(secs, 5.0)
+        self.assertIn("no heartbeat yet, after", err)
+        self.assertIn("exit code : 124", err)
+
+    def test_without_the_flag_nothing_changes(self):
+        rc, out, _, _ = self.dtrun(WORKER, "env")
+        self.assertEqual(rc, 0)
+        self.assertIn("DTRUN_HEARTBEAT_FILE=<unset>", out)
+        self.assertIn("PYTHONFAULTHANDLER=<unset>", out)
+        self.assertIn("TORCHELASTIC_TIMER_FILE=<unset>", out)
+        rc, out, _, _ = self.dtrun("--hang-timeout=5", WORKER, "env")
+        self.assertRegex(out, r"DTRUN_HEARTBEAT_FILE=\S+/attempt_0/0/heartbeat")
+        self.assertIn("PYTHONFAULTHANDLER=1", out)
+
+    @unittest.skipUnless(has_torch(), "needs torch")
+    def test_gloo_collective_hang_names_rank1_root_cause_and_rank0_waiting(self):
+        rc, out, err, _ = self.dtrun("--nproc-per-node=2", "--hang-timeout=3", "--max-restarts=1",
+                                     WORKER, "collective", "3", timeout=200)
+        self.assertEqual(rc, 0, err)
+        report = err[err.index("HANG on attempt 0"):]
+        root = report[report.index("Root cause"):]
+        self.assertTrue(root.startswith("Root cause (stopped first / lowest step): rank 1"), report)
+        self.assertIn("in diverged", root.split("\nrank 0")[0])
+        waiting = report[report.index("\nrank 0"):]
+        self.assertRegex(waiting, r"waiting: no heartbeat for [\d.]+ s, last step 3")
+        self.assertIn("in all_reduce", waiting)
+        self.assertIn("finished rank 1 attempt 1", out)
+
+    def test_hang_on_node_1_restarts_the_round_on_both_nodes(self):
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        fast = "keep_alive_interval=0.2,keep_alive_max_attempt=3,last_call_timeout=0.5,join_timeout=30"
+        procs = []
+        for addr in ("127.0.0.2", "127.0.0.3"):
+            cmd = [ARGS.dtrun, "--python", ARGS.python, "--nnodes=2", "--nproc-per-node=2",
+                   "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=hang",
+                   f"--rdzv-conf={fast}", f"--local-addr={addr}", "--max-restarts=1",
+                   "--hang-timeout=2", WORKER, "wedge", "100", "3", "5"]
+            procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                          text=True, env=self.env))
+        results = []
+        for proc in procs:
+            try:
+                results.append(proc.communicate(timeout=150))
+            finally:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.communicate()
+        self.assertEqual([p.returncode for p in procs], [0, 0], results[0][1] + results[1][1])
+        out = results[0][0] + results[1][0]
+        err = results[0][1] + results[1][1]
+        self.assertIn("HANG on attempt 0", err)
+        self.assertIn("Root cause (stopped first / lowest step): rank 3", err)
+        for rank in range(4):
+            self.assertIn(f"finished rank {rank} attempt 1", out)
+
+    @unittest.skipUnless(has_torch(), "needs torch")
+    def test_torch_file_timer_kills_stuck_here_within_a_second_of_expiry(self):
+        self.env["TORCHELASTIC_ENABLE_FILE_TIMER"] = "1"
+        rc, out, err, _ = self.dtrun("--nproc-per-node=1", WORKER, "timer", timeout=200)
+        self.assertEqual(rc, 124, err)
+        m = re.search(r"file timer '([^']*)' of pid \d+ expired", err)
+        self.assertIsNotNone(m, err)
+        self.assertIn("#", m.group(1))  # torch's default scope: file#line
+        self.assertIn("torch file timer", err)
+        self.assertRegex(err, r"File \".*hang_worker.py\", line \d+ in stuck_here")
+        with open(re.search(r"whole stack: (\S+)", err).group(1)) as f:
+            self.assertIn("stuck_here", f.read())
+        # Killed within 1 s of expiry: the worker logged its acquire time.
+        with open(self.env["BEAT_LOG"] + ".timer") as f:
+            acquired = float(f.read())
+        killed = float(re.search(r"expired at ([\d.]+), killed at ([\d.]+)", err).group(2))
+        self.assertLess(killed - (acquired + 1), 1.0)
+        self.assertGreaterEqual(killed - (acquired + 1), -0.05)
+
+
+if __name__ == "__main__":
+    unittest.main(argv=[sys.argv[0]] + REST)

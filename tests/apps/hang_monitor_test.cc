@@ -1,0 +1,143 @@
+#include "apps/dtrun/hang_monitor.h"
+
+#include <gtest/gtest.h>
+
+#include "apps/dtrun/hang_report.h"
+
+namespace dtrun::agent {
+namespace {
+
+using std::chrono::milliseconds;
+using std::chrono::seconds;
+
+class HangMonitorTest : public ::testing::Test {
+ protected:
+  HangMonitorTest() : monitor_(HangOptions{seconds(2), seconds(10)}) { monitor_.Reset(2, t0_); }
+  HangMonitor monitor_;
+  TimePoint t0_{};
+};
+
+TEST_F(HangMonitorTest, NothingIsHungBeforeTheFirstBeatAllowance) {
+  EXPECT_TRUE(monitor_.Hung(t0_ + seconds(9)).empty());
+  EXPECT_EQ(monitor_.Hung(t0_ + seconds(10)), (std::vector<int>{0, 1}));
+  EXPECT_EQ(monitor_.deadline(), t0_ + seconds(10));
+}
+
+TEST_F(HangMonitorTest, ABeatenWorkerIsHungOnceSilentForTheTimeout) {
+  monitor_.OnBeat(0, t0_ + seconds(1), 5);
+  monitor_.OnBeat(1, t0_ + seconds(1), 5);
+  monitor_.OnBeat(1, t0_ + seconds(2), 6);
+  EXPECT_EQ(monitor_.deadline(), t0_ + seconds(3));
+  EXPECT_TRUE(monitor_.Hung(t0_ + milliseconds(2999)).empty());
+  EXPECT_EQ(monitor_.Hung(t0_ + seconds(3)), (std::vector<int>{0}));
+  auto snap = monitor_.Snapshot(t0_ + seconds(3));
+  EXPECT_TRUE(snap[0].hung);
+  EXPECT_DOUBLE_EQ(snap[0].silent_s, 2.0);
+  EXPECT_EQ(snap[0].step, 5);
+  EXPECT_FALSE(snap[1].hung);
+  EXPECT_EQ(snap[1].step, 6);
+}
+
+TEST_F(HangMonitorTest, AStaleBeatNeverMovesTimeBackAndResetForgetsBeats) {
+  monitor_.OnBeat(0, t0_ + seconds(5), 1);
+  monitor_.OnBeat(0, t0_ + seconds(4), -1);
+  EXPECT_EQ(monitor_.beats()[0].last, t0_ + seconds(5));
+  EXPECT_EQ(monitor_.beats()[0].step, 1);
+  monitor_.Reset(2, t0_ + seconds(6));
+  EXPECT_FALSE(monitor_.beats()[0].beaten);
+  monitor_.OnBeat(7, t0_, 1);  // not a worker: ignored
+}
+
+TEST_F(HangMonitorTest, AWorkerThatExitedIsNeverHung) {
+  monitor_.OnBeat(0, t0_ + seconds(1), 5);
+  monitor_.OnBeat(1, t0_ + seconds(1), 5);
+  monitor_.OnExit(0);
+  EXPECT_EQ(monitor_.Hung(t0_ + seconds(100)), (std::vector<int>{1}));
+  auto snap = monitor_.Snapshot(t0_ + seconds(100));
+  EXPECT_TRUE(snap[0].exited);
+  EXPECT_FALSE(snap[0].hung);
+  EXPECT_EQ(HangRootCause(snap), 1u);
+  monitor_.OnBeat(1, t0_ + seconds(2), kBeatDone);  // past its loop
+  EXPECT_TRUE(monitor_.Hung(t0_ + seconds(100)).empty());
+}
+
+TEST_F(HangMonitorTest, OffWithoutATimeout) {
+  HangMonitor off(HangOptions{});
+  off.Reset(2, t0_);
+  EXPECT_FALSE(off.deadline().has_value());
+  EXPECT_TRUE(off.Hung(t0_ + seconds(100000)).empty());
+}
+
+TEST(HangRootCauseTest, LowestStepThenLongestSilenceThenNeverBeaten) {
+  std::vector<RankSilence> ranks = {{0, true, 2.0, 3, true}, {1, true, 2.5, 2, true}};
+  EXPECT_EQ(HangRootCause(ranks), 1u);
+  ranks[1].step = 3;
+  EXPECT_EQ(HangRootCause(ranks), 1u);  // same step: silent longer
+  ranks[0].silent_s = 3.0;
+  EXPECT_EQ(HangRootCause(ranks), 0u);
+  ranks.push_back({2, false, 1.0, -1, false});
+  EXPECT_EQ(HangRootCause(ranks), 2u);
+}
+
+TEST(HangRootCauseTest, RanksAtALaterStepAreWaitingNotHung) {
+  std::vector<RankSilence> ranks = {{0, true, 3.0, 3, true}, {1, true, 3.1, 2, true},
+                                    {2, true, 3.0, 2, true}};
+  EXPECT_EQ(MarkWaiting(&ranks), 1u);
+  EXPECT_FALSE(ranks[0].hung);
+  EXPECT_TRUE(ranks[1].hung);
+  EXPECT_TRUE(ranks[2].hung);  // same step: hung as well
+}
+
+TEST(ParseBeatStepTest, FirstLineIntegerElseMinusOne) {
+  EXPECT_EQ(ParseBeatStep("170\n"), 170);
+  EXPECT_EQ(ParseBeatStep("99\n0\n"), 99);  // a shorter beat over a longer one
+  EXPECT_EQ(ParseBeatStep(""), -1);
+  EXPECT_EQ(ParseBeatStep("beat"), -1);
+  EXPECT_EQ(ParseBeatStep("done\n"), kBeatDone);
+}
+
+const char* kDump =
+    "[rank1]: step 2\n"
+    "Fatal Python error: Aborted\n\n"
+    "Thread 0x00007f0000000001 (most recent call first):\n"
+    "  File \"/usr/lib/python3.11/threading.py\", line 324 in wait\n\n"
+    "Current thread 0x00007f0000000002 (most recent call first):\n"
+    "  File \"/tmp/w.py\", line 9 in wedged\n"
+    "  File \"/tmp/w.py\", line 14 in main\n"
+    "  File \"/tmp/w.py\", line 17 in <module>\n\n"
+    "Extension modules: torch._C (total: 1)\n";
+
+TEST(HangReportTest, ExtractsThePythonDumpAndItsCurrentThreadFrames) {
+  std::string dump = ExtractFaulthandlerDump(kDump);
+  EXPECT_EQ(dump.rfind("Fatal Python error: Aborted", 0), 0u);
+  auto frames = FirstFrames(dump, 2);
+  ASSERT_EQ(frames.size(), 2u);
+  EXPECT_EQ(frames[0], "File \"/tmp/w.py\", line 9 in wedged");
+  EXPECT_EQ(ExtractFaulthandlerDump("no dump here"), "");
+}
+
+TEST(HangReportTest, NativeFramesOfTheFirstThread) {
+  const char* eu =
+      "PID 42 - process\nTID 42:\n#0  0x00007f nanosleep\n#1  0x00007f Wedged\n"
+      "TID 43:\n#0  0x00007f epoll_wait\n";
+  auto frames = FirstFrames(eu, 5);
+  ASSERT_EQ(frames.size(), 2u);
+  EXPECT_EQ(frames[1], "#1  0x00007f Wedged");
+}
+
+TEST(HangReportTest, ReportPutsTheRootCauseFirstAndNamesStackFiles) {
+  RankStack r0{0, 100, {0, true, 2.0, 3, true}, "", "", "no stack tool"};
+  RankStack r1{1, 101, {1, true, 2.4, 2, true}, kDump, "/logs/1/stack.txt", ""};
+  std::string text = FormatHangReport({r0, r1}, 2.0, 0, 3);
+  size_t root = text.find("Root cause");
+  ASSERT_NE(root, std::string::npos);
+  EXPECT_LT(root, text.find("rank 1 "));
+  EXPECT_LT(text.find("rank 1 "), text.find("rank 0 "));
+  EXPECT_NE(text.find("hung: no heartbeat for 2.40 s, last step 2"), std::string::npos);
+  EXPECT_NE(text.find("in wedged"), std::string::npos);
+  EXPECT_NE(text.find("whole stack: /logs/1/stack.txt"), std::string::npos);
+  EXPECT_NE(text.find("no stack: no stack tool"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace dtrun::agent

@@ -1,0 +1,28 @@
+// The cost of one heartbeat (rdzv::Heartbeat::Beat: one pwrite) in C++.
+// Usage: hang_bench [BEATS]; prints "cpp_beat_us <mean microseconds>".
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+#include <unistd.h>
+
+#include "rendezvous/heartbeat.h"
+
+int main(int argc, char** argv) {
+  long beats = argc > 1 ? std::atol(argv[1]) : 200000;
+  char dir[] = "/tmp/dtrun-hang-bench-XXXXXX";
+  if (!mkdtemp(dir)) return 1;
+  std::string path = std::string(dir) + "/heartbeat";
+  setenv(dtrun::rdzv::Heartbeat::kEnv, path.c_str(), 1);
+  {
+    dtrun::rdzv::Heartbeat hb;
+    auto start = std::chrono::steady_clock::now();
+    for (long i = 0; i < beats; ++i) hb.Beat(i);
+    double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    std::printf("cpp_beat_us %.3f\n", s / beats * 1e6);
+  }
+  unlink(path.c_str());
+  rmdir(dir);
+  return 0;
+}
