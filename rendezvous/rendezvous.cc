@@ -3,27 +3,24 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <climits>
 #include <random>
 #include <thread>
+#include <tuple>
 
 #include <nlohmann/json.hpp>
 
 #include "rendezvous/log.h"
 #include "rendezvous/memory_store.h"
+#include "rendezvous/store_state.h"
 
 namespace dtrun::rdzv {
 namespace {
-
-using Steady = std::chrono::steady_clock;
 
 int64_t UnixMillis() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(
              std::chrono::system_clock::now().time_since_epoch())
       .count();
-}
-
-bool Contains(const std::vector<std::string>& v, const std::string& x) {
-  return std::find(v.begin(), v.end(), x) != v.end();
 }
 
 std::string JoinIds(const std::vector<std::string>& v) {
@@ -32,80 +29,43 @@ std::string JoinIds(const std::vector<std::string>& v) {
   return out.empty() ? "none" : out;
 }
 
+int64_t ToInt(const std::string& text, int64_t fallback) {
+  int64_t v = 0;
+  return ParseCounter(text, &v) ? v : fallback;
+}
+
+// "<number> <rest>" -> number, rest.
+void SplitFirst(const std::string& text, int64_t* number, std::string* rest) {
+  auto space = text.find(' ');
+  *number = ToInt(text.substr(0, space), -1);
+  *rest = space == std::string::npos ? "" : text.substr(space + 1);
+}
+
 }  // namespace
 
-// The shared document. `raw` is the exact text read, for compare-and-set.
-struct Rendezvous::State {
-  int64_t version = 0;
+// The shared state document: small, and changed only when a round starts or
+// the job ends. `raw` is the exact text read, for compare-and-set.
+struct Rendezvous::Doc {
   int round = 0;
-  bool complete = false;
-  std::vector<std::string> participants;  // join order; final order once complete
-  std::map<std::string, int> fixed_rank;  // static backend: node -> --node-rank
-  std::vector<std::string> waiting;       // want to join the next round
-  std::vector<std::string> previous;      // order of the last completed round
-  int64_t last_call_ms = 0;               // unix ms when the open round may close
-  std::string closed;                     // "" open, "ok", or why it failed
   int failures = 0;
-  int nproc = 0, max_restarts = -1;       // the job's settings (first joiner's)
+  std::string closed;  // "" open, "ok", or why the job failed
   std::string raw;
 
   std::string Serialize() const {
-    nlohmann::json j = {{"version", version},   {"round", round},
-                        {"complete", complete}, {"participants", participants},
-                        {"fixed_rank", fixed_rank}, {"waiting", waiting},
-                        {"previous", previous}, {"last_call_ms", last_call_ms},
-                        {"closed", closed},     {"failures", failures},
-                        {"nproc", nproc},       {"max_restarts", max_restarts}};
-    return j.dump();
+    return nlohmann::json{{"round", round}, {"failures", failures}, {"closed", closed}}.dump();
   }
-  static bool Parse(const std::string& text, State* s) {
+  static bool Parse(const std::string& text, Doc* d) {
     auto j = nlohmann::json::parse(text, nullptr, false);
     if (j.is_discarded() || !j.is_object()) return false;
     try {
-      s->version = j.at("version");
-      s->round = j.at("round");
-      s->complete = j.at("complete");
-      s->participants = j.at("participants").get<std::vector<std::string>>();
-      s->fixed_rank = j.at("fixed_rank").get<std::map<std::string, int>>();
-      s->waiting = j.at("waiting").get<std::vector<std::string>>();
-      s->previous = j.at("previous").get<std::vector<std::string>>();
-      s->last_call_ms = j.at("last_call_ms");
-      s->closed = j.at("closed");
-      s->failures = j.at("failures");
-      s->nproc = j.at("nproc");
-      s->max_restarts = j.at("max_restarts");
+      d->round = j.at("round");
+      d->failures = j.at("failures");
+      d->closed = j.at("closed");
     } catch (const nlohmann::json::exception&) {
       return false;
     }
-    s->raw = text;
+    d->raw = text;
     return true;
-  }
-  // Everyone leaves; the next round opens.
-  void NewRound() {
-    ++round;
-    complete = false;
-    participants.clear();
-    waiting.clear();
-    last_call_ms = 0;
-  }
-  // Closes the open round: ranks by --node-rank (static), else nodes of the
-  // previous round keep their order and newcomers follow in join order.
-  void Complete() {
-    std::vector<std::string> order = participants;
-    if (!fixed_rank.empty()) {
-      std::stable_sort(order.begin(), order.end(), [this](const auto& a, const auto& b) {
-        return fixed_rank.at(a) < fixed_rank.at(b);
-      });
-    } else {
-      std::stable_sort(order.begin(), order.end(), [this](const auto& a, const auto& b) {
-        auto pa = std::find(previous.begin(), previous.end(), a);
-        auto pb = std::find(previous.begin(), previous.end(), b);
-        return pa < pb;
-      });
-    }
-    participants = order;
-    previous = order;
-    complete = true;
   }
 };
 
@@ -124,222 +84,387 @@ std::string Rendezvous::Key(const std::string& suffix) const {
   return "rdzv/" + opts_.run_id + "/" + suffix;
 }
 
-Result<Rendezvous::State> Rendezvous::Read() {
-  State fresh;
-  auto got = store_->CompareSet(Key("state"), "", fresh.Serialize());
+std::string Rendezvous::RoundKey(int round, const std::string& suffix) const {
+  return Key("round/" + std::to_string(round) + "/" + suffix);
+}
+
+Result<Rendezvous::Doc> Rendezvous::ReadDoc() {
+  auto got = store_->CompareSet(Key("state"), "", Doc().Serialize());
   if (!got.ok()) return got.status();
-  State s;
-  if (!State::Parse(*got, &s)) {
+  Doc d;
+  if (!Doc::Parse(*got, &d)) {
     return Status::Invalid("rendezvous state at key '" + Key("state") +
                            "' is not dtrun's; is another program using --rdzv-id " +
                            opts_.run_id + "?");
   }
-  return s;
+  return d;
 }
 
-Result<Rendezvous::State> Rendezvous::Update(const std::function<bool(State&)>& mutate) {
-  auto current = Read();
+Result<Rendezvous::Doc> Rendezvous::ChangeDoc(int round,
+                                              const std::function<void(Doc&)>& mutate) {
+  auto current = ReadDoc();
   if (!current.ok()) return current;
-  State cur = *current;
-  for (;;) {
-    State next = cur;
-    if (!mutate(next)) return cur;
-    ++next.version;
+  Doc cur = *current;
+  while (cur.round == round && cur.closed.empty()) {
+    Doc next = cur;
+    mutate(next);
     std::string text = next.Serialize();
     auto got = store_->CompareSet(Key("state"), cur.raw, text);
     if (!got.ok()) return got.status();
     if (*got == text) {
       next.raw = text;
+      // Wake the nodes waiting on the round: those that could not get in,
+      // and (when the job closed before the round did) its joiners.
+      Status s = store_->Set(RoundKey(round, "over"), "1");
+      auto abandoned = s.ok() ? store_->CompareSet(RoundKey(round, "final"), "", "-")
+                              : Result<std::string>(s);
+      if (!abandoned.ok()) return abandoned.status();
       return next;
     }
-    if (!State::Parse(*got, &cur)) return Status::Invalid("rendezvous state is corrupt");
+    if (!Doc::Parse(*got, &cur)) return Status::Invalid("rendezvous state is corrupt");
+  }
+  return cur;
+}
+
+Status Rendezvous::CloseJob(int round, const std::string& why) {
+  for (;;) {  // whatever round the job is in by now
+    auto doc = ChangeDoc(round, [&](Doc& d) { d.closed = why; });
+    if (!doc.ok()) return doc.status();
+    if (!doc->closed.empty()) return ClosedStatus(*doc);
+    round = doc->round;
   }
 }
 
-Status Rendezvous::Heartbeat(bool force) {
-  auto now = Steady::now();
-  if (!force && now - last_beat_ < opts_.keep_alive_interval) return Status::Ok();
-  last_beat_ = now;
-  return store_->Add(Key("hb/" + opts_.node_id), 1).status();
+Status Rendezvous::ClosedStatus(const Doc& doc) {
+  closed_reason_ = doc.closed;
+  if (doc.closed == "ok") {
+    return Status::Unavailable("rendezvous '" + opts_.run_id +
+                               "' belongs to a job that already finished; use a new --rdzv-id");
+  }
+  return Status::Invalid(doc.closed);
 }
 
-bool Rendezvous::JoinStep(State& s, int64_t now_ms) {
+Status Rendezvous::CheckConfig(const Doc& doc) {
+  std::string mine =
+      std::to_string(opts_.nproc_per_node) + " " + std::to_string(opts_.max_restarts);
+  auto job = store_->CompareSet(Key("config"), "", mine);
+  if (!job.ok()) return job.status();
+  config_checked_ = true;
+  if (*job == mine) return Status::Ok();
+  int64_t nproc = 0;
+  std::string restarts;
+  SplitFirst(*job, &nproc, &restarts);
+  return CloseJob(doc.round, "node " + opts_.node_id + " has --nproc-per-node=" +
+                                 std::to_string(opts_.nproc_per_node) + " --max-restarts=" +
+                                 std::to_string(opts_.max_restarts) +
+                                 " but the job runs with --nproc-per-node=" +
+                                 std::to_string(nproc) + " --max-restarts=" + restarts +
+                                 "; every node must pass the same values");
+}
+
+// Takes a slot in the doc's round (or, past max_nodes, a place in the queue
+// for the next one).
+Status Rendezvous::Register(const Doc& doc) {
+  const int r = doc.round;
   const std::string& me = opts_.node_id;
-  if (s.complete) {
-    if (Contains(s.participants, me) || Contains(s.waiting, me)) return false;
-    s.waiting.push_back(me);  // the running nodes will open a round for us
-    return true;
-  }
-  int size = static_cast<int>(s.participants.size());
-  if (!Contains(s.participants, me)) {
-    if (size >= opts_.max_nodes) return false;
-    s.participants.push_back(me);
-    if (opts_.node_rank >= 0) s.fixed_rank[me] = opts_.node_rank;
-    ++size;
-    if (size >= opts_.min_nodes && s.last_call_ms == 0) {
-      s.last_call_ms = now_ms + opts_.last_call_timeout.count();
+  if (opts_.node_rank >= 0) {
+    auto owner = store_->CompareSet(RoundKey(r, "static/" + std::to_string(opts_.node_rank)),
+                                    "", me);
+    if (!owner.ok()) return owner.status();
+    if (*owner != me) {
+      return CloseJob(r, "two nodes claim --node-rank=" + std::to_string(opts_.node_rank) +
+                             " (" + *owner + " and " + me + "); give each node its own rank");
     }
-    if (size == opts_.max_nodes) s.Complete();
-    return true;
   }
-  if (size >= opts_.min_nodes && now_ms >= s.last_call_ms) {
-    s.Complete();
-    return true;
+  auto slot = store_->Add(RoundKey(r, "n"), 1);
+  if (!slot.ok()) return slot.status();
+  joined_round_ = r;
+  slot_ = *slot;
+  last_call_ms_ = 0;
+  close_tried_ = false;
+  if (slot_ > opts_.max_nodes) {
+    waiting_round_ = r;
+    return store_->Add(RoundKey(r, "waiting"), 1).status();
   }
-  return false;
+  // Static ranks, else the previous round's order: newcomers sort after.
+  int hint = opts_.node_rank >= 0 ? opts_.node_rank : (last_round_ == r - 1 ? last_rank_ : -1);
+  Status s = store_->Set(RoundKey(r, "node/" + std::to_string(slot_)),
+                         std::to_string(hint) + " " + me);
+  if (!s.ok() || slot_ < opts_.min_nodes || opts_.min_nodes == opts_.max_nodes) return s;
+  if (slot_ > opts_.min_nodes) {  // the node at slot min_nodes sets it now
+    auto at = store_->Get(RoundKey(r, "last_call"));
+    if (!at.ok()) return at.status();
+    last_call_ms_ = ToInt(*at, 0);
+    return Status::Ok();
+  }
+  last_call_ms_ = UnixMillis() + opts_.last_call_timeout.count();
+  return store_->Set(RoundKey(r, "last_call"), std::to_string(last_call_ms_));
+}
+
+Status Rendezvous::TryClose(int round) {
+  auto joined = store_->Add(RoundKey(round, "n"), 0);
+  if (!joined.ok()) return joined.status();
+  int count = static_cast<int>(std::min<int64_t>(*joined, opts_.max_nodes));
+  if (count < opts_.min_nodes) return Status::Ok();
+  close_tried_ = true;
+  std::string claim = std::to_string(count) + " " + opts_.node_id;
+  auto closer = store_->CompareSet(RoundKey(round, "closing"), "", claim);
+  if (!closer.ok()) return closer.status();
+  if (*closer != claim) return Status::Ok();  // another node closes it
+  Status s = WriteRanks(round, count);
+  if (!s.ok()) return s;
+  return store_->CompareSet(RoundKey(round, "final"), "", std::to_string(count)).status();
+}
+
+// Ranks: --node-rank (static), else nodes of the previous round keep their
+// order and newcomers follow in join order.
+Status Rendezvous::WriteRanks(int round, int count) {
+  std::vector<std::string> node_keys;
+  for (int slot = 1; slot <= count; ++slot) {
+    node_keys.push_back(RoundKey(round, "node/" + std::to_string(slot)));
+  }
+  // A joiner sets its key right after taking its slot.
+  Status s = store_->Wait(node_keys, opts_.join_timeout);
+  if (!s.ok()) return s;
+  auto entries = store_->MultiGet(node_keys);
+  if (!entries.ok()) return entries.status();
+  std::vector<std::tuple<int64_t, int, std::string>> order;  // hint, slot, id
+  for (int slot = 1; slot <= count; ++slot) {
+    int64_t hint = 0;
+    std::string id;
+    SplitFirst((*entries)[slot - 1], &hint, &id);
+    order.emplace_back(hint < 0 ? INT64_MAX : hint, slot, id);
+  }
+  std::sort(order.begin(), order.end());
+  std::vector<std::string> keys, values;
+  for (int g = 0; g < count; ++g) {
+    const auto& next = std::get<2>(order[(g + 1) % count]);
+    keys.push_back(RoundKey(round, "rank/" + std::to_string(std::get<1>(order[g]))));
+    values.push_back(std::to_string(g) + " " + (count > 1 ? next : ""));
+    keys.push_back(RoundKey(round, "hb/" + std::to_string(g)));
+    values.push_back("0");
+  }
+  return store_->MultiSet(keys, values);
+}
+
+Result<std::optional<Assignment>> Rendezvous::Outcome(const Doc& doc) {
+  const int r = doc.round;
+  auto got = store_->MultiGet({RoundKey(r, "final"), RoundKey(r, "rank/" + std::to_string(slot_))});
+  if (!got.ok()) return got.status();
+  const std::string& closed_with = (*got)[0];
+  if (closed_with.empty() || closed_with == "-") return std::optional<Assignment>();
+  int64_t count = ToInt(closed_with, 0);
+  if (slot_ > count) {  // the round closed without us: wait for the next
+    waiting_round_ = r;
+    Status s = store_->Add(RoundKey(r, "waiting"), 1).status();
+    if (!s.ok()) return s;
+    return std::optional<Assignment>();
+  }
+  Assignment a;
+  int64_t rank = 0;
+  SplitFirst((*got)[1], &rank, &a.next_node);
+  a.round = r;
+  a.failures = doc.failures;
+  a.group_world_size = static_cast<int>(count);
+  a.group_rank = static_cast<int>(rank);
+  a.world_size = a.group_world_size * opts_.nproc_per_node;
+  a.base_rank = a.group_rank * opts_.nproc_per_node;
+  return std::optional<Assignment>(a);
+}
+
+Status Rendezvous::Timeout(int round, Clock::time_point started) {
+  auto joined = store_->Add(RoundKey(round, "n"), 0);
+  int64_t n = joined.ok() ? std::min<int64_t>(*joined, opts_.max_nodes) : 0;
+  std::vector<std::string> keys;
+  for (int64_t slot = 1; slot <= n; ++slot) {
+    keys.push_back(RoundKey(round, "node/" + std::to_string(slot)));
+  }
+  last_participants_.clear();
+  auto entries = store_->MultiGet(keys);
+  for (const auto& e : entries.ok() ? *entries : std::vector<std::string>()) {
+    int64_t hint = 0;
+    std::string id;
+    SplitFirst(e, &hint, &id);
+    if (!id.empty()) last_participants_.push_back(id);
+  }
+  return Status::Timeout(
+      "rendezvous '" + opts_.run_id + "' round " + std::to_string(round) + " timed out after " +
+      DescribeSeconds(Clock::now() - started) + ": " + std::to_string(n) + " of min " +
+      std::to_string(opts_.min_nodes) + " nodes joined (" + JoinIds(last_participants_) +
+      "); check --nnodes, that every node uses the same --rdzv-id, and that all reach the "
+      "endpoint");
+}
+
+Rendezvous::Clock::duration Rendezvous::WaitStep(Clock::time_point deadline) const {
+  Clock::duration step = opts_.poll_interval;
+  if (last_call_ms_ > 0 && waiting_round_ != joined_round_ && !close_tried_) {
+    step = std::min<Clock::duration>(
+        step, std::chrono::milliseconds(std::max<int64_t>(1, last_call_ms_ - UnixMillis())));
+  }
+  return std::max<Clock::duration>(std::min(step, deadline - Clock::now()),
+                                   std::chrono::milliseconds(1));
+}
+
+Status Rendezvous::MaybeClose() {
+  if (close_tried_) return Status::Ok();
+  if (slot_ == opts_.max_nodes || (last_call_ms_ > 0 && UnixMillis() >= last_call_ms_)) {
+    return TryClose(joined_round_);
+  }
+  return Status::Ok();
+}
+
+Result<std::optional<Assignment>> Rendezvous::Look(int* round) {
+  auto doc = ReadDoc();
+  if (!doc.ok()) return doc.status();
+  if (!doc->closed.empty()) return ClosedStatus(*doc);
+  if (!config_checked_) {
+    Status s = CheckConfig(*doc);
+    if (!s.ok()) return s;
+  }
+  *round = doc->round;
+  if (joined_round_ != doc->round) {
+    Status s = Register(*doc);
+    if (!s.ok()) return s;
+  }
+  if (waiting_round_ == doc->round) return std::optional<Assignment>();
+  Status s = MaybeClose();
+  if (!s.ok()) return s;
+  return Outcome(*doc);
 }
 
 Result<Assignment> Rendezvous::Join(const std::function<bool()>& interrupted) {
-  auto started = Steady::now();
+  auto started = Clock::now();
   auto deadline = started + opts_.join_timeout;
-  seen_.clear();
-  const std::string& me = opts_.node_id;
-  for (;;) {
+  int r = -1;
+  bool look = true;
+  for (int step = 1;; ++step) {
     if (interrupted && interrupted()) return Status::Canceled("rendezvous interrupted");
-    auto state = Update([&](State& s) {
-      if (!s.closed.empty()) return false;
-      if (s.nproc == 0) {
-        s.nproc = opts_.nproc_per_node;
-        s.max_restarts = opts_.max_restarts;
-      } else if (s.nproc != opts_.nproc_per_node || s.max_restarts != opts_.max_restarts) {
-        s.closed = "node " + me + " has --nproc-per-node=" + std::to_string(opts_.nproc_per_node) +
-                   " --max-restarts=" + std::to_string(opts_.max_restarts) +
-                   " but the job runs with --nproc-per-node=" + std::to_string(s.nproc) +
-                   " --max-restarts=" + std::to_string(s.max_restarts) +
-                   "; every node must pass the same values";
-        return true;
+    if (look) {
+      auto outcome = Look(&r);
+      if (!outcome.ok()) return outcome.status();
+      if (*outcome) {
+        last_round_ = r;
+        last_rank_ = (*outcome)->group_rank;
+        watch_round_ = -1;
+        Heartbeat(**outcome, true);
+        return **outcome;
       }
-      for (const auto& [node, rank] : s.fixed_rank) {
-        if (rank == opts_.node_rank && node != me && Contains(s.participants, node)) {
-          s.closed = "two nodes claim --node-rank=" + std::to_string(rank) + " (" + node +
-                     " and " + me + "); give each node its own rank";
-          return true;
-        }
-      }
-      return JoinStep(s, UnixMillis());
-    });
-    if (!state.ok()) return state.status();
-    const State& s = *state;
-    last_participants_ = s.participants;
-    if (!s.closed.empty()) {
-      closed_reason_ = s.closed;
-      if (s.closed == "ok") {
-        return Status::Unavailable("rendezvous '" + opts_.run_id +
-                                   "' belongs to a job that already finished; use a new --rdzv-id");
-      }
-      return Status::Invalid(s.closed);
+    } else if (waiting_round_ != r) {
+      Status s = MaybeClose();  // the last call may be over
+      if (!s.ok()) return s;
     }
-    if (s.complete && Contains(s.participants, me)) {
-      Assignment a;
-      a.round = s.round;
-      a.failures = s.failures;
-      a.nodes = s.participants;
-      a.group_world_size = static_cast<int>(s.participants.size());
-      a.group_rank = static_cast<int>(
-          std::find(s.participants.begin(), s.participants.end(), me) - s.participants.begin());
-      a.world_size = a.group_world_size * opts_.nproc_per_node;
-      a.base_rank = a.group_rank * opts_.nproc_per_node;
-      Heartbeat(true);
-      return a;
-    }
-    Heartbeat(false);
-    if (Steady::now() >= deadline) {
-      return Status::Timeout(
-          "rendezvous '" + opts_.run_id + "' round " + std::to_string(s.round) +
-          " timed out after " + DescribeSeconds(Steady::now() - started) + ": " +
-          std::to_string(s.participants.size()) + " of min " + std::to_string(opts_.min_nodes) +
-          " nodes joined (" + JoinIds(s.participants) +
-          "); check --nnodes, that every node uses the same --rdzv-id, and that all reach the "
-          "endpoint");
-    }
-    std::this_thread::sleep_for(opts_.poll_interval);
+    if (Clock::now() >= deadline) return Timeout(r, started);
+    bool in_round = waiting_round_ != r;
+    Status s = store_->Wait({RoundKey(r, in_round ? "final" : "over")},
+                           std::chrono::duration_cast<std::chrono::milliseconds>(WaitStep(deadline)));
+    if (!s.ok() && s.code() != Status::Code::kTimeout) return s;
+    // Woken, something changed; timed out, nothing did (the wakes cover every
+    // change), so the state is read again only now and then.
+    look = s.ok() || step % 10 == 0;
   }
 }
 
 std::string Rendezvous::DescribeParticipants() const { return JoinIds(last_participants_); }
 
+Status Rendezvous::Heartbeat(const Assignment& current, bool force) {
+  auto now = Clock::now();
+  if (!force && now - last_beat_ < opts_.keep_alive_interval) return Status::Ok();
+  last_beat_ = now;
+  return store_->Add(RoundKey(current.round, "hb/" + std::to_string(current.group_rank)), 1)
+      .status();
+}
+
+Result<RoundEvent> Rendezvous::StartNextRound(const Assignment& current, const std::string& why) {
+  auto doc = ChangeDoc(current.round, [](Doc& d) { ++d.round; });
+  if (!doc.ok()) return doc.status();
+  Logger("dtrun.rdzv")->warn("starting round {}: {}", current.round + 1, why);
+  return RoundEvent::kRestart;
+}
+
 Result<RoundEvent> Rendezvous::Check(const Assignment& current) {
-  Status beat = Heartbeat(false);
+  Status beat = Heartbeat(current, false);
   if (!beat.ok()) return beat;
-  auto state = Read();
-  if (!state.ok()) return state.status();
-  const State& s = *state;
+  const int r = current.round;
+  const int n = current.group_world_size;
+  std::vector<std::string> keys = {Key("state")};
+  if (n > 1) keys.push_back(RoundKey(r, "hb/" + std::to_string((current.group_rank + 1) % n)));
+  auto got = store_->MultiGet(keys);
+  if (!got.ok()) return got.status();
+  Doc s;
+  if (!Doc::Parse((*got)[0], &s)) return Status::Invalid("rendezvous state is corrupt");
   if (s.closed == "ok") return RoundEvent::kAllDone;
   if (!s.closed.empty()) {
     closed_reason_ = s.closed;
     return RoundEvent::kClosed;
   }
-  if (s.round != current.round) return RoundEvent::kRestart;
-  auto bump = [&](const std::string& why) -> Result<RoundEvent> {
-    auto updated = Update([&](State& st) {
-      if (st.round != current.round || !st.closed.empty()) return false;
-      st.NewRound();
-      return true;
-    });
-    if (!updated.ok()) return updated.status();
-    Logger("dtrun.rdzv")->warn("starting round {}: {}", current.round + 1, why);
-    return RoundEvent::kRestart;
-  };
-  if (!s.waiting.empty() && static_cast<int>(current.nodes.size()) < opts_.max_nodes) {
-    return bump(std::to_string(s.waiting.size()) + " node(s) waiting to join (" +
-                JoinIds(s.waiting) + ")");
-  }
-  auto done = store_->Add(Key("round/" + std::to_string(current.round) + "/done"), 0);
-  if (!done.ok()) return done.status();
-  if (*done >= static_cast<int64_t>(current.nodes.size())) {
-    auto closed = Update([](State& st) {
-      if (!st.closed.empty()) return false;
-      st.closed = "ok";
-      return true;
-    });
-    if (!closed.ok()) return closed.status();
-    return RoundEvent::kAllDone;
-  }
-  auto now = Steady::now();
-  auto limit = opts_.keep_alive_interval * opts_.keep_alive_max_attempt;
-  for (const auto& node : current.nodes) {
-    if (node == opts_.node_id) continue;
-    auto count = store_->Add(Key("hb/" + node), 0);
-    if (!count.ok()) return count.status();
-    auto it = seen_.find(node);
-    if (it == seen_.end() || it->second.first != *count) {
-      seen_[node] = {*count, now};
-    } else if (now - it->second.second > limit) {
-      return bump("node " + node + " sent no heartbeat for " +
-                  DescribeSeconds(now - it->second.second) + "; declared dead");
+  if (s.round != r) return RoundEvent::kRestart;
+  if (current.group_rank == 0) {  // one node watches the round's counters
+    auto waiting = store_->Add(RoundKey(r, "waiting"), 0);
+    if (!waiting.ok()) return waiting.status();
+    if (*waiting > 0 && n < opts_.max_nodes) {
+      return StartNextRound(current, std::to_string(*waiting) + " node(s) waiting to join");
     }
+    auto done = store_->Add(RoundKey(r, "done"), 0);
+    if (!done.ok()) return done.status();
+    if (*done >= n) {
+      auto doc = ChangeDoc(r, [](Doc& d) { d.closed = "ok"; });
+      if (!doc.ok()) return doc.status();
+      if (doc->closed == "ok") return RoundEvent::kAllDone;
+      closed_reason_ = doc->closed;
+      return doc->closed.empty() ? RoundEvent::kRestart : RoundEvent::kClosed;
+    }
+  }
+  if (n == 1) return RoundEvent::kNone;
+  auto now = Clock::now();
+  if (watch_round_ != r || watch_count_ != (*got)[1]) {
+    watch_round_ = r;
+    watch_count_ = (*got)[1];
+    watch_since_ = now;
+  } else if (now - watch_since_ > opts_.keep_alive_interval * opts_.keep_alive_max_attempt) {
+    return StartNextRound(current, "node " + current.next_node + " sent no heartbeat for " +
+                                       DescribeSeconds(now - watch_since_) + "; declared dead");
   }
   return RoundEvent::kNone;
 }
 
 Result<int> Rendezvous::ReportFailure(const Assignment& current, const std::string& why) {
-  auto state = Update([&](State& s) {
-    if (s.round != current.round || !s.closed.empty()) return false;
-    ++s.failures;
-    if (s.failures > s.max_restarts) {
-      s.closed = "workers failed on node " + opts_.node_id + " (" + why + ") after " +
-                 std::to_string(s.max_restarts) + " restart(s)";
+  auto doc = ChangeDoc(current.round, [&](Doc& d) {
+    ++d.failures;
+    if (d.failures > opts_.max_restarts) {
+      d.closed = "workers failed on node " + opts_.node_id + " (" + why + ") after " +
+                 std::to_string(opts_.max_restarts) + " restart(s)";
     } else {
-      s.NewRound();
+      ++d.round;
     }
-    return true;
   });
-  if (!state.ok()) return state.status();
-  closed_reason_ = state->closed;
-  return state->failures;
+  if (!doc.ok()) return doc.status();
+  closed_reason_ = doc->closed;
+  return doc->failures;
 }
 
 Status Rendezvous::AckEnd(const Assignment& current) {
-  return store_->Add(Key("round/" + std::to_string(current.round) + "/ended"), 1).status();
+  return store_->Add(RoundKey(current.round, "ended"), 1).status();
 }
 
 bool Rendezvous::AllEnded(const Assignment& current) {
-  auto n = store_->Add(Key("round/" + std::to_string(current.round) + "/ended"), 0);
-  return n.ok() && *n >= static_cast<int64_t>(current.nodes.size());
+  auto n = store_->Add(RoundKey(current.round, "ended"), 0);
+  return n.ok() && *n >= current.group_world_size;
 }
 
 Status Rendezvous::MarkDone(const Assignment& current) {
-  return store_->Add(Key("round/" + std::to_string(current.round) + "/done"), 1).status();
+  auto done = store_->Add(RoundKey(current.round, "done"), 1);
+  if (!done.ok()) return done.status();
+  // The last node to finish ends the job at once.
+  if (*done < current.group_world_size) return Status::Ok();
+  return ChangeDoc(current.round, [](Doc& d) { d.closed = "ok"; }).status();
+}
+
+Result<bool> Rendezvous::AwaitRoundOver(const Assignment& current,
+                                        std::chrono::milliseconds timeout) {
+  Status s = store_->Wait({RoundKey(current.round, "over")}, timeout);
+  if (s.ok()) return true;
+  if (s.code() == Status::Code::kTimeout) return false;
+  return s;
 }
 
 }  // namespace dtrun::rdzv

@@ -2,7 +2,7 @@
 
 #include <chrono>
 #include <functional>
-#include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -22,7 +22,9 @@ struct RendezvousOptions {
   std::chrono::milliseconds last_call_timeout{30000};   // default 30 s
   std::chrono::milliseconds keep_alive_interval{5000};  // default 5 s
   int keep_alive_max_attempt = 3;                       // misses before "dead"
-  std::chrono::milliseconds poll_interval{50};          // state polling while joining
+  // A joining node is woken by the store when the round it waits for
+  // completes; it also looks again this often (signals, the last call).
+  std::chrono::milliseconds poll_interval{500};
 };
 
 // Where this node landed in a completed round.
@@ -33,7 +35,7 @@ struct Assignment {
   int group_world_size = 1;
   int base_rank = 0;         // global rank of this node's local rank 0
   int world_size = 1;
-  std::vector<std::string> nodes;  // node ids by group rank
+  std::string next_node;     // the node whose heartbeat this one watches ("" alone)
 };
 
 // What a running node learns from Check().
@@ -45,12 +47,29 @@ enum class RoundEvent {
 };
 
 // Elastic rendezvous of agents over a Store (static = min = max with fixed
-// ranks). All agents share one JSON state document under
-// "rdzv/<run_id>/state", changed only by compare-and-set, plus a heartbeat
-// counter per node. Nodes are declared dead by the observer's own clock when
-// their counter stops moving for keep_alive_interval x keep_alive_max_attempt,
-// so clocks need not agree (except for the last-call deadline). Not
-// thread-safe: one agent thread owns it.
+// ranks). Every operation of a node touches O(1) keys of O(1) size, except
+// the one node that closes a round, which reads the joiners and writes their
+// ranks in one request each (README "Several nodes" lists the keys). Under
+// "rdzv/<run_id>/":
+//   state                 {"round","failures","closed"}: changed by
+//                         compare-and-set only to start a round or end the job
+//   config                "<nproc> <max_restarts>", set by the first joiner
+//   round/<r>/n           ADD counter: a joiner's slot (1, 2, ...)
+//   round/<r>/node/<slot> "<rank hint> <node id>"
+//   round/<r>/last_call   unix ms the round may close, set by slot min_nodes
+//   round/<r>/closing     the one closer's claim
+//   round/<r>/rank/<slot> "<group rank> <next node id>", by the closer
+//   round/<r>/final       node count, set last by the closer (joiners WAIT on
+//                         it); "-" when the job closed before the round did
+//   round/<r>/hb/<rank>   ADD heartbeat counter of each group rank
+//   round/<r>/waiting, done, ended   ADD counters
+//   round/<r>/over        set once the state moved past round r
+// Each node watches the heartbeat of the next group rank only (a ring), so
+// some live node sees any dead one. A node is declared dead by the
+// observer's own clock when the counter stops moving for
+// keep_alive_interval x keep_alive_max_attempt, so clocks need not agree
+// (except for the last-call deadline). Not thread-safe: one agent thread
+// owns it.
 class Rendezvous {
  public:
   Rendezvous(Store* store, RendezvousOptions options);
@@ -74,6 +93,10 @@ class Rendezvous {
 
   // This node's workers all succeeded in `current`'s round.
   Status MarkDone(const Assignment& current);
+  // Blocks up to `timeout` (in the store, without polling) until `current`'s
+  // round is over: a new round started or the job ended. True when it is, so
+  // a node at the exit barrier learns of the job's end at once.
+  Result<bool> AwaitRoundOver(const Assignment& current, std::chrono::milliseconds timeout);
 
   // This node has seen the job end (kAllDone or kClosed).
   Status AckEnd(const Assignment& current);
@@ -87,22 +110,53 @@ class Rendezvous {
   std::string DescribeParticipants() const;
 
  private:
-  struct State;
-  Result<State> Read();
-  // Applies `mutate` with compare-and-set until it sticks; `mutate` returns
-  // false to leave the state as it is.
-  Result<State> Update(const std::function<bool(State&)>& mutate);
-  Status Heartbeat(bool force);
-  bool JoinStep(State& s, int64_t now_ms);
+  struct Doc;
+  using Clock = std::chrono::steady_clock;
+  // The state document, created when missing.
+  Result<Doc> ReadDoc();
+  // While the state is still at `round` and open, applies `mutate` with
+  // compare-and-set until it sticks, then wakes whoever waits on the round.
+  // Returns the state as it is afterwards.
+  Result<Doc> ChangeDoc(int round, const std::function<void(Doc&)>& mutate);
+  Status CloseJob(int round, const std::string& why);
+  Status ClosedStatus(const Doc& doc);
+  Status CheckConfig(const Doc& doc);
+  Status Register(const Doc& doc);
+  // Closes round `round` when it may close and no other node is closing it.
+  Status TryClose(int round);
+  // TryClose when this node may close its round: it took the last slot, or
+  // the last call is over.
+  Status MaybeClose();
+  // Reads the state, takes a slot in a round new to this node, closes the
+  // round when it may, and returns the assignment once the round is final.
+  Result<std::optional<Assignment>> Look(int* round);
+  Status WriteRanks(int round, int count);
+  // The assignment once the round is final, nullopt while it is not (or
+  // when this node did not make it in and now waits for the next round).
+  Result<std::optional<Assignment>> Outcome(const Doc& doc);
+  Status Timeout(int round, Clock::time_point started);
+  Clock::duration WaitStep(Clock::time_point deadline) const;
+  Result<RoundEvent> StartNextRound(const Assignment& current, const std::string& why);
+  Status Heartbeat(const Assignment& current, bool force);
   std::string Key(const std::string& suffix) const;
+  std::string RoundKey(int round, const std::string& suffix) const;
 
   Store* store_;
   RendezvousOptions opts_;
   std::string closed_reason_;
   std::vector<std::string> last_participants_;
-  std::chrono::steady_clock::time_point last_beat_{};
-  // node -> (last heartbeat count seen, when it last changed)
-  std::map<std::string, std::pair<int64_t, std::chrono::steady_clock::time_point>> seen_;
+  bool config_checked_ = false;
+  int joined_round_ = -1;   // round this node holds a slot in
+  int64_t slot_ = 0;
+  int waiting_round_ = -1;  // round this node could not get into
+  int64_t last_call_ms_ = 0;  // 0 = not known yet
+  bool close_tried_ = false;  // this node tried to close joined_round_
+  int last_round_ = -1, last_rank_ = -1;  // this node's last completed round
+  Clock::time_point last_beat_{};
+  // The watched node's heartbeat count and when it last changed.
+  int watch_round_ = -1;
+  std::string watch_count_;
+  Clock::time_point watch_since_{};
 };
 
 // A node id: "<host>_<pid>_<random>".

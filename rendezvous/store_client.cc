@@ -412,3 +412,40 @@ Result<int64_t> TcpStoreClient::NumKeys() {
 }
 
 }  // namespace dtrun::rdzv
+
+namespace dtrun::rdzv {
+
+Result<std::vector<std::string>> TcpStoreClient::MultiGet(const std::vector<std::string>& keys) {
+  if (opts_.dialect != Dialect::kTorch2) return Store::MultiGet(keys);
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<std::string> wire_keys;
+  wire_keys.reserve(keys.size());
+  for (const auto& k : keys) wire_keys.push_back(K(k));
+  std::string what = "multi_get of keys " + DescribeKeys(keys);
+  auto started = Clock::now();
+  Status s = SendRequest(MakeRequest(Op::kMultiGet, std::move(wire_keys)), what,
+                         started + opts_.timeout);
+  std::vector<std::string> values(keys.size());
+  for (size_t i = 0; s.ok() && i < keys.size(); ++i) {
+    s = ReadBytes(&values[i], what, started + opts_.timeout, started);
+  }
+  // A reply that never came may still arrive: start the next call afresh.
+  if (s.code() == Status::Code::kTimeout) Fail(Status::Ok());
+  if (!s.ok()) return s;
+  return values;
+}
+
+Status TcpStoreClient::MultiSet(const std::vector<std::string>& keys,
+                                const std::vector<std::string>& values) {
+  if (opts_.dialect != Dialect::kTorch2 || keys.size() != values.size()) {
+    return Store::MultiSet(keys, values);
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<std::string> wire_keys;
+  wire_keys.reserve(keys.size());
+  for (const auto& k : keys) wire_keys.push_back(K(k));
+  return Call(MakeRequest(Op::kMultiSet, std::move(wire_keys), values),
+              "multi_set of keys " + DescribeKeys(keys), 0, nullptr);
+}
+
+}  // namespace dtrun::rdzv

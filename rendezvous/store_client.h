@@ -53,6 +53,11 @@ class TcpStoreClient : public Store {
   Result<bool> DeleteKey(const std::string& key) override;
   Result<int64_t> NumKeys() override;
   std::chrono::milliseconds timeout() const override { return opts_.timeout; }
+  // kTorch2: one MULTI_GET / MULTI_SET request (a missing key reads as
+  // empty: unlike c10d's client, MultiGet does not wait for the keys).
+  Result<std::vector<std::string>> MultiGet(const std::vector<std::string>& keys) override;
+  Status MultiSet(const std::vector<std::string>& keys,
+                  const std::vector<std::string>& values) override;
 
   using Store::Wait;
 

@@ -1,7 +1,9 @@
 #include "rendezvous/store_server.h"
 
+#include <array>
 #include <atomic>
 #include <cstdio>
+#include <deque>
 #include <future>
 #include <thread>
 #include <unordered_map>
@@ -25,6 +27,14 @@ std::string FormatEndpoint(const tcp::endpoint& ep) {
   return addr + ":" + std::to_string(ep.port());
 }
 
+// Reply bytes queued for a connection: owned, or a stored value shared with
+// the store (sent without a copy).
+struct Segment {
+  std::string bytes;
+  std::shared_ptr<const std::string> shared;
+  std::string_view view() const { return shared ? std::string_view(*shared) : bytes; }
+};
+
 }  // namespace
 
 // One client connection. Owned by Impl::sessions_ and by in-flight handlers;
@@ -40,9 +50,9 @@ struct Session : std::enable_shared_from_this<Session> {
   std::string in;           // received bytes; in[in_off..] not yet decoded
   size_t in_off = 0;
   size_t need = 1;          // decode again once this many bytes are buffered
-  std::string out;          // replies not yet handed to the kernel
-  std::string writing;      // the buffer of the write in flight
-  bool write_busy = false;
+  std::deque<Segment> out;  // replies not yet handed to the kernel
+  size_t out_off = 0;       // bytes of out.front() already sent
+  bool write_busy = false;  // waiting for the socket to take more
   bool read_busy = false;
   bool dirty = false;       // listed in Impl::dirty_
   bool closed = false;
@@ -60,9 +70,13 @@ class StoreServer::Impl : public ReplySink {
   void OnRead(const std::shared_ptr<Session>& s, const asio::error_code& ec, size_t n);
   bool Process(Session* s);
   void StartWrite(const std::shared_ptr<Session>& s);
+  bool WriteNow(Session* s);
+  static size_t Pending(const Session& s);
   void FlushDirty();
   void Close(Session* s, const std::string& reason);
+  Session* Dirty(ConnId conn);
   std::string* Out(ConnId conn) override;
+  void OutShared(ConnId conn, std::shared_ptr<const std::string> bytes) override;
   void CloseAll();
   template <typename Fn>
   auto OnLoop(Fn fn) -> decltype(fn());
@@ -135,6 +149,9 @@ void StoreServer::Impl::Accept() {
     // would go out in ~17 writes, each a trip through epoll. The kernel caps
     // this at net.core.wmem_max.
     socket.set_option(asio::socket_base::send_buffer_size(kSendBufferBytes), ignored);
+    // Replies are written at once from the handler that made them (one
+    // wake-up of the loop per request); only a full socket waits.
+    socket.non_blocking(true, ignored);
     auto s = std::make_shared<Session>(std::move(socket), next_id_++);
     auto remote = s->socket.remote_endpoint(ignored);
     s->peer = ignored ? "unknown peer" : FormatEndpoint(remote);
@@ -170,7 +187,7 @@ void StoreServer::Impl::OnRead(const std::shared_ptr<Session>& s,
   if (!alive) return;
   // Backpressure: a client that sends requests but never reads its replies
   // is not read from until they drain (StartWrite resumes reading).
-  if (s->out.size() + s->writing.size() <= opts_.max_pending_reply_bytes) StartRead(s);
+  if (Pending(*s) <= opts_.max_pending_reply_bytes) StartRead(s);
 }
 
 bool StoreServer::Impl::Process(Session* s) {
@@ -228,7 +245,7 @@ bool StoreServer::Impl::Process(Session* s) {
   return true;
 }
 
-std::string* StoreServer::Impl::Out(ConnId conn) {
+Session* StoreServer::Impl::Dirty(ConnId conn) {
   auto it = sessions_.find(conn);
   if (it == sessions_.end() || it->second->closed) return nullptr;
   Session* s = it->second.get();
@@ -236,7 +253,20 @@ std::string* StoreServer::Impl::Out(ConnId conn) {
     s->dirty = true;
     dirty_.push_back(it->second);
   }
-  return &s->out;
+  return s;
+}
+
+std::string* StoreServer::Impl::Out(ConnId conn) {
+  Session* s = Dirty(conn);
+  if (!s) return nullptr;
+  // Appends go to the last owned segment (deque: its address is stable).
+  if (s->out.empty() || s->out.back().shared) s->out.emplace_back();
+  return &s->out.back().bytes;
+}
+
+void StoreServer::Impl::OutShared(ConnId conn, std::shared_ptr<const std::string> bytes) {
+  Session* s = Dirty(conn);
+  if (s) s->out.push_back(Segment{std::string(), std::move(bytes)});
 }
 
 void StoreServer::Impl::FlushDirty() {
@@ -247,33 +277,74 @@ void StoreServer::Impl::FlushDirty() {
   dirty_.clear();
 }
 
+size_t StoreServer::Impl::Pending(const Session& s) {
+  size_t n = 0;
+  for (const auto& seg : s.out) n += seg.view().size();
+  return n - s.out_off;
+}
+
+// Hands queued replies to the kernel, several segments per system call
+// (gather write), until the queue is empty or the socket is full. False
+// when the connection failed (and is closed).
+bool StoreServer::Impl::WriteNow(Session* s) {
+  while (!s->out.empty()) {
+    std::array<asio::const_buffer, 16> bufs;
+    size_t n = 0;
+    for (size_t i = 0; i < s->out.size() && n < bufs.size(); ++i) {
+      std::string_view v = s->out[i].view();
+      if (i == 0) v.remove_prefix(s->out_off);
+      if (!v.empty()) bufs[n++] = asio::buffer(v.data(), v.size());
+    }
+    if (n == 0) {  // only empty segments (requests with no reply)
+      s->out.clear();
+      break;
+    }
+    asio::error_code ec;
+    size_t wrote = s->socket.write_some(bufs, ec);
+    if (ec == asio::error::would_block || ec == asio::error::try_again) return true;
+    if (ec) {
+      Close(s, "");
+      return false;
+    }
+    while (wrote > 0) {
+      size_t left = s->out.front().view().size() - s->out_off;
+      if (wrote < left) {
+        s->out_off += wrote;
+        break;
+      }
+      wrote -= left;
+      s->out.pop_front();
+      s->out_off = 0;
+    }
+    while (!s->out.empty() && s->out.front().view().size() == s->out_off) {
+      s->out.pop_front();
+      s->out_off = 0;
+    }
+  }
+  if (s->out.empty()) s->out_off = 0;
+  return true;
+}
+
 void StoreServer::Impl::StartWrite(const std::shared_ptr<Session>& s) {
   if (s->write_busy || s->closed || s->out.empty()) return;
+  if (!WriteNow(s.get())) return;
+  if (s->out.empty()) {
+    // All sent: a connection held back by unread replies reads again.
+    StartRead(s);
+    return;
+  }
+  // The socket is full: wait until it takes more.
   s->write_busy = true;
-  s->writing.swap(s->out);
-  s->out.clear();
-  // asio's transfer_all caps each write_some at 64 KiB; ask for the rest of
-  // the buffer each time, so a large reply is one system call when the
-  // socket has room.
-  size_t total = s->writing.size();
-  auto whole = [total](const asio::error_code& ec, size_t done) -> size_t {
-    return ec ? 0 : total - done;
-  };
-  asio::async_write(s->socket, asio::buffer(s->writing), whole,
-                    [this, s](const asio::error_code& ec, size_t) {
-                      s->write_busy = false;
-                      s->writing.clear();
-                      if (s->closed) return;
-                      if (ec) {
-                        Close(s.get(), "");
-                        return;
-                      }
-                      StartWrite(s);
-                      if (s->out.size() + s->writing.size() <=
-                          opts_.max_pending_reply_bytes) {
-                        StartRead(s);
-                      }
-                    });
+  s->socket.async_wait(tcp::socket::wait_write, [this, s](const asio::error_code& ec) {
+    s->write_busy = false;
+    if (s->closed) return;
+    if (ec) {
+      Close(s.get(), "");
+      return;
+    }
+    StartWrite(s);
+    if (!s->closed && Pending(*s) <= opts_.max_pending_reply_bytes) StartRead(s);
+  });
 }
 
 void StoreServer::Impl::Close(Session* s, const std::string& reason) {

@@ -12,13 +12,36 @@ void ReplyU8(ReplySink* sink, ConnId conn, uint8_t v) {
 }
 
 
+// Values this large are sent from the stored bytes (no copy per GET); a
+// smaller one is cheaper to copy than to queue as a separate buffer.
+constexpr size_t kShareBytes = 16 * 1024;
+
 }  // namespace
 
+const std::shared_ptr<const std::string>& StoredValue::Empty() {
+  static const auto* empty = new std::shared_ptr<const std::string>(
+      std::make_shared<const std::string>());
+  return *empty;
+}
+
+// std::stoll's rules (strtoll, base 10, "C" locale), as torch's server
+// parses the old value of ADD: a value a client wrote with SET (' 7',
+// '7abc') counts on from its leading number instead of failing.
 bool ParseCounter(std::string_view text, int64_t* value) {
-  if (!text.empty() && text.front() == '+') text.remove_prefix(1);
-  if (text.empty()) return false;
-  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), *value);
-  return ec == std::errc() && end == text.data() + text.size();
+  auto blank = [](char c) { return c == ' ' || (c >= '\t' && c <= '\r'); };
+  while (!text.empty() && blank(text.front())) text.remove_prefix(1);
+  // from_chars takes '-' but not '+'; after a '+' only a digit may follow.
+  if (!text.empty() && text.front() == '+') {
+    text.remove_prefix(1);
+    if (!text.empty() && text.front() == '-') return false;
+  }
+  // Text after the digits is ignored, as strtoll does; no digits or a
+  // number out of 64-bit range is an error.
+  int64_t parsed = 0;
+  auto result = std::from_chars(text.data(), text.data() + text.size(), parsed);
+  if (result.ec != std::errc()) return false;
+  *value = parsed;
+  return true;
 }
 
 Status StoreState::Apply(ConnId conn, const Request& req, ReplySink* sink) {
@@ -43,7 +66,9 @@ Status StoreState::Apply(ConnId conn, const Request& req, ReplySink* sink) {
       return Status::Ok();
     case Op::kAppend: {
       auto it = data_.find(req.keys[0]);
-      Set(req.keys[0], (it == data_.end() ? "" : it->second) + req.values[0],
+      Set(req.keys[0],
+          std::string(it == data_.end() ? std::string_view() : std::string_view(it->second)) +
+              req.values[0],
           sink);
       return Status::Ok();
     }
@@ -65,6 +90,11 @@ Status StoreState::Apply(ConnId conn, const Request& req, ReplySink* sink) {
     }
     case Op::kGet: {
       auto it = data_.find(req.keys[0]);
+      if (it != data_.end() && it->second.size() >= kShareBytes && reply) {
+        PutU64(&out, it->second.size());
+        sink->OutShared(conn, it->second.shared());  // `out` is stale now
+        return Status::Ok();
+      }
       PutBytes(&out, it == data_.end() ? std::string_view() : it->second);
       break;
     }
@@ -97,7 +127,7 @@ Status StoreState::Apply(ConnId conn, const Request& req, ReplySink* sink) {
       auto it = data_.find(req.keys[0]);
       bool found = it != data_.end();
       if (found) {
-        std::string old = std::move(it->second);
+        StoredValue old = std::move(it->second);
         data_.erase(it);
         Notify(req.keys[0], kWatchDeleted, old, "", sink);
       }
@@ -159,7 +189,8 @@ Status StoreState::Add(const std::string& key, int64_t delta, int64_t* result,
   auto it = data_.find(key);
   if (it != data_.end() && !ParseCounter(it->second, &current)) {
     return Status::Invalid("ADD to key '" + key +
-                           "' whose value is not a decimal integer");
+                           "' whose value is not a decimal integer (no leading "
+                           "digits, or beyond 64 bits)");
   }
   if (__builtin_add_overflow(current, delta, result)) {
     return Status::Invalid("ADD of " + std::to_string(delta) + " to key '" + key +

@@ -2,6 +2,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -23,6 +24,32 @@ class ReplySink {
   virtual ~ReplySink() = default;
   // The output buffer of `conn` to append to, or null when it is gone.
   virtual std::string* Out(ConnId conn) = 0;
+  // Sends `bytes` to `conn` after everything Out(conn) holds so far. A sink
+  // may keep the reference instead of copying (a large GET reply goes out
+  // from the stored value itself); the default copies. Out(conn) must be
+  // asked again afterwards to append more.
+  virtual void OutShared(ConnId conn, std::shared_ptr<const std::string> bytes) {
+    if (std::string* out = Out(conn)) out->append(*bytes);
+  }
+};
+
+// A stored value: immutable bytes, shared with the replies that send them,
+// so a SET while a reply is in flight swaps the pointer, not those bytes.
+class StoredValue {
+ public:
+  StoredValue() : bytes_(Empty()) {}
+  StoredValue& operator=(std::string bytes) {
+    bytes_ = std::make_shared<const std::string>(std::move(bytes));
+    return *this;
+  }
+  operator std::string_view() const { return *bytes_; }  // NOLINT: reads as bytes
+  bool operator==(std::string_view other) const { return *bytes_ == other; }
+  size_t size() const { return bytes_->size(); }
+  const std::shared_ptr<const std::string>& shared() const { return bytes_; }
+
+ private:
+  static const std::shared_ptr<const std::string>& Empty();
+  std::shared_ptr<const std::string> bytes_;
 };
 
 // The store's server logic: key map, queues, waiters and watchers. Pure: no
@@ -32,9 +59,9 @@ class ReplySink {
 class StoreState {
  public:
   // Applies one decoded request from `conn` and sends its replies through
-  // `sink`. Returns non-ok when the request is invalid (ADD to a value that
-  // is not a decimal integer, a VALIDATE with the wrong magic); the caller
-  // then closes `conn` and calls Disconnect.
+  // `sink`. Returns non-ok when the request is invalid (ADD to a value with
+  // no leading decimal integer, or one that overflows; a VALIDATE with the
+  // wrong magic); the caller then closes `conn` and calls Disconnect.
   Status Apply(ConnId conn, const Request& req, ReplySink* sink);
 
   // Forgets every WAIT, BARRIER and WATCH_KEY registration of `conn`.
@@ -76,7 +103,7 @@ class StoreState {
   void QueuePop(ConnId conn, const std::string& key, ReplySink* sink);
 
   std::string discard_;  // replies to a connection that is gone
-  std::unordered_map<std::string, std::string> data_;
+  std::unordered_map<std::string, StoredValue> data_;
   std::unordered_map<std::string, std::deque<std::string>> queues_;
   uint64_t next_waiter_ = 1;
   std::unordered_map<uint64_t, Waiter> waiters_;
@@ -86,7 +113,10 @@ class StoreState {
   std::unordered_map<std::string, std::vector<ConnId>> watchers_;
 };
 
-// Parses a stored counter the way ADD does: optional sign, decimal digits.
+// Parses a stored counter the way ADD does, which is torch's std::stoll:
+// leading blanks, an optional sign, decimal digits; text after the digits
+// is ignored. False (and *value untouched) when there are no digits or the
+// number does not fit in 64 bits.
 bool ParseCounter(std::string_view text, int64_t* value);
 
 }  // namespace dtrun::rdzv

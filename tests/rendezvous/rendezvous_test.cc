@@ -5,9 +5,13 @@
 #include <gtest/gtest.h>
 
 #include <future>
+#include <map>
+#include <set>
 #include <thread>
 
 #include "rendezvous/memory_store.h"
+#include "rendezvous/store_client.h"
+#include "rendezvous/store_server.h"
 
 namespace dtrun::rdzv {
 namespace {
@@ -172,6 +176,74 @@ TEST(RendezvousTest, InterruptedJoinReturnsCanceled) {
   MemoryStore store;
   Rendezvous a(&store, Options("a", 2, 2));
   EXPECT_EQ(a.Join([] { return true; }).status().code(), Status::Code::kCanceled);
+}
+
+TEST(RendezvousTest, TwoNodesClaimingOneStaticRankCloseTheJob) {
+  MemoryStore store;
+  auto oa = Options("a", 3, 3), ob = Options("b", 3, 3);
+  oa.node_rank = 0;
+  ob.node_rank = 0;
+  Rendezvous a(&store, oa), b(&store, ob);
+  auto fa = JoinAsync(&a);
+  std::this_thread::sleep_for(milliseconds(20));
+  auto rb = b.Join(nullptr);
+  ASSERT_EQ(rb.status().code(), Status::Code::kInvalid);
+  EXPECT_NE(rb.status().message().find("two nodes claim --node-rank=0 (a and b)"),
+            std::string::npos);
+  EXPECT_EQ(fa.get().status().code(), Status::Code::kInvalid);
+}
+
+// Many agents, each with its own connection to a real server (MULTI_GET and
+// MULTI_SET on the wire): distinct ranks, one ring of watched nodes, and a
+// second round that keeps every node's rank.
+TEST(RendezvousTest, ManyNodesOverTcpGetDistinctRanksInARing) {
+  constexpr int kNodes = 48;
+  auto server = StoreServer::Start(StoreServerOptions{});
+  ASSERT_TRUE(server.ok());
+  (*server)->RunInBackground();
+  std::vector<std::unique_ptr<TcpStoreClient>> clients;
+  std::vector<std::unique_ptr<Rendezvous>> nodes;
+  for (int i = 0; i < kNodes; ++i) {
+    StoreClientOptions copts;
+    copts.port = (*server)->port();
+    auto c = TcpStoreClient::Connect(copts);
+    ASSERT_TRUE(c.ok()) << c.status().message();
+    clients.push_back(std::move(*c));
+    auto o = Options("n" + std::to_string(i), kNodes, kNodes);
+    o.join_timeout = milliseconds(20000);
+    nodes.push_back(std::make_unique<Rendezvous>(clients.back().get(), o));
+  }
+  auto join_all = [&] {
+    std::vector<std::future<Result<Assignment>>> futures;
+    for (auto& n : nodes) futures.push_back(JoinAsync(n.get()));
+    std::vector<Assignment> out;
+    for (auto& f : futures) {
+      auto r = f.get();
+      EXPECT_TRUE(r.ok()) << r.status().message();
+      out.push_back(r.ok() ? *r : Assignment{});
+    }
+    return out;
+  };
+  auto first = join_all();
+  std::set<int> ranks;
+  std::map<int, std::string> id_of_rank, next_of_rank;
+  for (int i = 0; i < kNodes; ++i) {
+    EXPECT_EQ(first[i].group_world_size, kNodes);
+    EXPECT_EQ(first[i].world_size, 2 * kNodes);
+    ranks.insert(first[i].group_rank);
+    id_of_rank[first[i].group_rank] = "n" + std::to_string(i);
+    next_of_rank[first[i].group_rank] = first[i].next_node;
+  }
+  ASSERT_EQ(ranks.size(), static_cast<size_t>(kNodes));
+  for (int g = 0; g < kNodes; ++g) EXPECT_EQ(next_of_rank[g], id_of_rank[(g + 1) % kNodes]);
+  ASSERT_EQ(*nodes[0]->ReportFailure(first[0], "exit 1"), 1);
+  for (int i = 1; i < kNodes; ++i) EXPECT_EQ(*nodes[i]->Check(first[i]), RoundEvent::kRestart);
+  auto second = join_all();
+  for (int i = 0; i < kNodes; ++i) {
+    EXPECT_EQ(second[i].round, 1);
+    EXPECT_EQ(second[i].failures, 1);
+    EXPECT_EQ(second[i].group_rank, first[i].group_rank);  // ranks are stable
+  }
 }
 
 }  // namespace

@@ -1,0 +1,36 @@
+#include "rendezvous/store.h"
+
+namespace dtrun::rdzv {
+
+Result<std::vector<std::string>> Store::MultiGet(const std::vector<std::string>& keys) {
+  std::vector<std::string> values;
+  values.reserve(keys.size());
+  for (const auto& key : keys) {
+    // Get waits for a missing key; MultiGet reads it as empty instead.
+    auto exists = Check({key});
+    if (!exists.ok()) return exists.status();
+    if (!*exists) {
+      values.emplace_back();
+      continue;
+    }
+    auto value = Get(key);
+    if (!value.ok()) return value.status();
+    values.push_back(std::move(*value));
+  }
+  return values;
+}
+
+Status Store::MultiSet(const std::vector<std::string>& keys,
+                       const std::vector<std::string>& values) {
+  if (keys.size() != values.size()) {
+    return Status::Invalid("multi_set of " + std::to_string(keys.size()) + " keys with " +
+                           std::to_string(values.size()) + " values; pass one value per key");
+  }
+  for (size_t i = 0; i < keys.size(); ++i) {
+    Status s = Set(keys[i], values[i]);
+    if (!s.ok()) return s;
+  }
+  return Status::Ok();
+}
+
+}  // namespace dtrun::rdzv

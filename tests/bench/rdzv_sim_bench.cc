@@ -1,0 +1,355 @@
+// Rendezvous at scale without workers: N agents, one thread each, run the
+// real Rendezvous code over their own TcpStoreClient connection to a real
+// dtstore process on loopback. For each N it reports
+//   round:     all N call Join at once -> the last one has its assignment
+//   requests/bytes through the store for the round (counted at the clients:
+//              requests, and c10d wire bytes both ways)
+//   steady:    every agent calls Check as dtrun does (every 0.5 s, a
+//              heartbeat ADD each keep-alive); the store's CPU (utime+stime
+//              of the dtstore process from /proc) as % of one core, and its
+//              requests per second
+//   detection: one agent stops (its connection closes, as when its host
+//              dies); time until a survivor declares it dead, and until the
+//              N-1 survivors hold a new round
+// The process raises its RLIMIT_NOFILE soft limit to the hard limit (each
+// agent holds one socket; dtstore, its child, inherits the limit).
+//
+// Usage: rdzv_sim_bench --dtstore PATH [--nodes 64,256,1024,4096]
+//                       [--keep-alive-ms 1000] [--attempts 3] [--steady-s 10]
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <future>
+#include <memory>
+#include <mutex>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "rendezvous/rendezvous.h"
+#include "rendezvous/store_client.h"
+
+extern char** environ;
+
+namespace dtrun::rdzv {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+std::atomic<uint64_t> g_requests{0}, g_bytes{0};
+
+// c10d wire size of a request or reply: opcode, u64 lengths, the bytes.
+uint64_t Wire(const std::vector<std::string>& strings) {
+  uint64_t n = 0;
+  for (const auto& s : strings) n += 8 + s.size();
+  return n;
+}
+
+// Counts the requests and wire bytes an agent sends through the store.
+class CountingStore : public Store {
+ public:
+  explicit CountingStore(std::unique_ptr<TcpStoreClient> inner) : inner_(std::move(inner)) {}
+  Status Set(const std::string& key, std::string_view value) override {
+    Count(1 + Wire({key, std::string(value)}));
+    return inner_->Set(key, value);
+  }
+  Result<std::string> Get(const std::string& key) override {
+    auto r = inner_->Get(key);
+    // TcpStoreClient's Get is WAIT then GET.
+    Count(2 + Wire({key}) * 2 + 1 + 8 + (r.ok() ? r->size() : 0), 2);
+    return r;
+  }
+  Result<int64_t> Add(const std::string& key, int64_t delta) override {
+    Count(1 + Wire({key}) + 16);
+    return inner_->Add(key, delta);
+  }
+  Result<std::string> CompareSet(const std::string& key, std::string_view expected,
+                                 std::string_view desired) override {
+    auto r = inner_->CompareSet(key, expected, desired);
+    Count(1 + Wire({key, std::string(expected), std::string(desired)}) + 8 +
+          (r.ok() ? r->size() : 0));
+    return r;
+  }
+  Result<bool> Check(const std::vector<std::string>& keys) override {
+    Count(1 + 8 + Wire(keys) + 1);
+    return inner_->Check(keys);
+  }
+  Status Wait(const std::vector<std::string>& keys, milliseconds timeout) override {
+    Count(1 + 8 + Wire(keys) + 1);
+    return inner_->Wait(keys, timeout);
+  }
+  Result<bool> DeleteKey(const std::string& key) override {
+    Count(1 + Wire({key}) + 8);
+    return inner_->DeleteKey(key);
+  }
+  Result<int64_t> NumKeys() override {
+    Count(1 + 8);
+    return inner_->NumKeys();
+  }
+  Result<std::vector<std::string>> MultiGet(const std::vector<std::string>& keys) override {
+    auto r = inner_->MultiGet(keys);
+    Count(1 + 8 + Wire(keys) + (r.ok() ? Wire(*r) : 0));
+    return r;
+  }
+  Status MultiSet(const std::vector<std::string>& keys,
+                  const std::vector<std::string>& values) override {
+    Count(1 + 8 + Wire(keys) + Wire(values));
+    return inner_->MultiSet(keys, values);
+  }
+  milliseconds timeout() const override { return inner_->timeout(); }
+
+ private:
+  static void Count(uint64_t bytes, uint64_t requests = 1) {
+    g_requests += requests;
+    g_bytes += bytes;
+  }
+  std::unique_ptr<TcpStoreClient> inner_;
+};
+
+struct Dtstore {
+  pid_t pid = -1;
+  uint16_t port = 0;
+};
+
+Dtstore StartDtstore(const std::string& path) {
+  int out[2];
+  if (pipe(out) != 0) return {};
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_adddup2(&fa, out[1], 1);
+  posix_spawn_file_actions_addclose(&fa, out[0]);
+  std::vector<std::string> args = {path, "--host", "127.0.0.1", "--port", "0",
+                                   "--log-level", "error"};
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  Dtstore d;
+  if (posix_spawn(&d.pid, path.c_str(), &fa, nullptr, argv.data(), environ) != 0) d.pid = -1;
+  posix_spawn_file_actions_destroy(&fa);
+  close(out[1]);
+  std::string line;
+  char c;
+  while (read(out[0], &c, 1) == 1 && c != '\n') line += c;
+  close(out[0]);
+  auto colon = line.rfind(':');
+  if (colon != std::string::npos) d.port = static_cast<uint16_t>(std::atoi(line.c_str() + colon + 1));
+  return d;
+}
+
+// utime + stime of `pid`, in seconds.
+double CpuSeconds(pid_t pid) {
+  std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
+  std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  auto paren = text.rfind(')');
+  if (paren == std::string::npos) return 0;
+  std::istringstream rest(text.substr(paren + 2));
+  std::string field;
+  double ticks = 0;
+  for (int i = 3; i <= 15 && rest >> field; ++i) {
+    if (i == 14 || i == 15) ticks += std::stod(field);
+  }
+  return ticks / static_cast<double>(sysconf(_SC_CLK_TCK));
+}
+
+void RaiseFdLimit(size_t needed) {
+  rlimit lim{};
+  getrlimit(RLIMIT_NOFILE, &lim);
+  lim.rlim_cur = lim.rlim_max;
+  setrlimit(RLIMIT_NOFILE, &lim);
+  if (lim.rlim_cur < needed) {
+    std::fprintf(stderr, "RLIMIT_NOFILE hard limit %lu < %zu: raise it (ulimit -Hn) for this N\n",
+                 static_cast<unsigned long>(lim.rlim_max), needed);
+  }
+}
+
+struct Options {
+  std::string dtstore;
+  std::vector<int> nodes = {64, 256, 1024, 4096};
+  int keep_alive_ms = 1000, attempts = 3, steady_s = 10;
+};
+
+// One run's shared clock marks, in seconds since `t0`.
+struct Marks {
+  Clock::time_point t0;
+  std::atomic<int> joined{0}, rejoined{0}, failed{0};
+  std::atomic<int64_t> last_join_ns{0}, detect_ns{INT64_MAX}, last_rejoin_ns{0};
+  std::atomic<bool> steady{true};
+  std::atomic<int> victim_rank{-1};
+  Clock::time_point killed;
+  std::mutex mu;
+  std::string error;
+
+  int64_t Since(Clock::time_point t) const {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t).count();
+  }
+  void Max(std::atomic<int64_t>* a, int64_t v) {
+    for (int64_t cur = *a; v > cur && !a->compare_exchange_weak(cur, v);) {}
+  }
+  void Min(std::atomic<int64_t>* a, int64_t v) {
+    for (int64_t cur = *a; v < cur && !a->compare_exchange_weak(cur, v);) {}
+  }
+  void Fail(const std::string& what) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (error.empty()) error = what;
+    ++failed;
+  }
+};
+
+// One agent: join, then Check every 0.5 s as dtrun's launcher does; the
+// victim (group rank 1) goes silent when told; survivors rejoin once.
+void Agent(std::unique_ptr<Store> store, RendezvousOptions ro, Marks* m,
+           std::shared_future<void> go) {
+  go.wait();  // all agents connected: join together
+  Rendezvous r(store.get(), ro);
+  auto a = r.Join(nullptr);
+  if (!a.ok()) return m->Fail(a.status().message());
+  m->Max(&m->last_join_ns, m->Since(m->t0));
+  ++m->joined;
+  auto tick = std::min(milliseconds(500), ro.keep_alive_interval);
+  std::this_thread::sleep_for(milliseconds(std::rand() % tick.count()));
+  for (;;) {
+    if (a->group_rank == m->victim_rank.load()) return;  // goes silent; socket closes
+    auto ev = r.Check(*a);
+    if (!ev.ok()) return m->Fail(ev.status().message());
+    if (*ev == RoundEvent::kRestart) break;
+    if (*ev != RoundEvent::kNone) return m->Fail("unexpected round event");
+    std::this_thread::sleep_for(tick);
+  }
+  m->Min(&m->detect_ns, m->Since(m->killed));
+  auto again = r.Join(nullptr);
+  if (!again.ok()) return m->Fail(again.status().message());
+  m->Max(&m->last_rejoin_ns, m->Since(m->killed));
+  ++m->rejoined;
+}
+
+// N agent threads, each with its own connection; they join once `go` is set.
+std::vector<std::thread> StartAgents(const Options& o, int n, const Dtstore& d, Marks* m,
+                                     std::shared_future<void> go) {
+  std::vector<std::thread> agents;
+  for (int i = 0; i < n; ++i) {
+    StoreClientOptions copts;
+    copts.port = d.port;
+    copts.timeout = std::chrono::seconds(60);
+    auto client = TcpStoreClient::Connect(copts);
+    if (!client.ok()) {
+      std::fprintf(stderr, "connect %d: %s\n", i, client.status().message().c_str());
+      kill(d.pid, SIGTERM);
+      waitpid(d.pid, nullptr, 0);
+      std::exit(1);  // the agents started so far wait on `go` forever
+    }
+    RendezvousOptions ro;
+    ro.run_id = "sim";
+    ro.node_id = "node" + std::to_string(i);
+    ro.min_nodes = n - 1;  // the survivors may go on without the dead node
+    ro.max_nodes = n;
+    ro.last_call_timeout = milliseconds(500);
+    ro.keep_alive_interval = milliseconds(o.keep_alive_ms);
+    ro.keep_alive_max_attempt = o.attempts;
+    ro.join_timeout = std::chrono::seconds(120);
+    agents.emplace_back(Agent, std::make_unique<CountingStore>(std::move(*client)), ro, m, go);
+  }
+  return agents;
+}
+
+int RunOne(const Options& o, int n) {
+  Dtstore d = StartDtstore(o.dtstore);
+  if (d.pid < 0 || d.port == 0) {
+    std::fprintf(stderr, "cannot start %s\n", o.dtstore.c_str());
+    return 1;
+  }
+  Marks m;
+  std::promise<void> start;
+  auto agents = StartAgents(o, n, d, &m, start.get_future().share());
+  double cpu0 = CpuSeconds(d.pid);
+  uint64_t req0 = g_requests, bytes0 = g_bytes;
+  m.t0 = Clock::now();
+  start.set_value();
+  while (m.joined < n && m.failed == 0) std::this_thread::sleep_for(milliseconds(5));
+  double round_s = m.last_join_ns / 1e9;
+  double round_cpu = CpuSeconds(d.pid) - cpu0;
+  uint64_t round_req = g_requests - req0, round_bytes = g_bytes - bytes0;
+  // Steady state: let the agents settle into their Check rhythm, then measure.
+  std::this_thread::sleep_for(milliseconds(1000));
+  double cpu1 = CpuSeconds(d.pid);
+  uint64_t req1 = g_requests, bytes1 = g_bytes;
+  std::this_thread::sleep_for(std::chrono::seconds(o.steady_s));
+  double steady_cpu = (CpuSeconds(d.pid) - cpu1) / o.steady_s;
+  double steady_rps = static_cast<double>(g_requests - req1) / o.steady_s;
+  double steady_bps = static_cast<double>(g_bytes - bytes1) / o.steady_s;
+  m.killed = Clock::now();
+  m.victim_rank = 1;
+  while (m.rejoined < n - 1 && m.failed == 0 &&
+         Clock::now() - m.killed < std::chrono::seconds(120)) {
+    std::this_thread::sleep_for(milliseconds(5));
+  }
+  for (auto& t : agents) t.join();
+  kill(d.pid, SIGTERM);
+  waitpid(d.pid, nullptr, 0);
+  if (m.failed > 0) {
+    std::fprintf(stderr, "N=%d: %d agent(s) failed: %s\n", n, m.failed.load(), m.error.c_str());
+    return 1;
+  }
+  std::printf("| %d | %.2f s | %lu | %.1f KiB | %.2f s | %.0f /s | %.1f KiB/s | %.1f %% | "
+              "%.2f s | %.2f s |\n",
+              n, round_s, static_cast<unsigned long>(round_req), round_bytes / 1024.0, round_cpu,
+              steady_rps, steady_bps / 1024.0, steady_cpu * 100, m.detect_ns / 1e9,
+              m.last_rejoin_ns / 1e9);
+  std::fflush(stdout);
+  return 0;
+}
+
+std::vector<int> ParseList(const std::string& text) {
+  std::vector<int> out;
+  std::stringstream ss(text);
+  for (std::string item; std::getline(ss, item, ',');) out.push_back(std::atoi(item.c_str()));
+  return out;
+}
+
+}  // namespace
+}  // namespace dtrun::rdzv
+
+int main(int argc, char** argv) {
+  using namespace dtrun::rdzv;
+  Options o;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    std::string flag = argv[i], value = argv[i + 1];
+    if (flag == "--dtstore") o.dtstore = value;
+    else if (flag == "--nodes") o.nodes = ParseList(value);
+    else if (flag == "--keep-alive-ms") o.keep_alive_ms = std::atoi(value.c_str());
+    else if (flag == "--attempts") o.attempts = std::atoi(value.c_str());
+    else if (flag == "--steady-s") o.steady_s = std::atoi(value.c_str());
+    else {
+      std::fprintf(stderr, "unknown flag %s\n", flag.c_str());
+      return 2;
+    }
+  }
+  if (o.dtstore.empty()) {
+    std::fprintf(stderr, "usage: rdzv_sim_bench --dtstore PATH [--nodes 64,256,1024,4096] "
+                 "[--keep-alive-ms 1000] [--attempts 3] [--steady-s 10]\n");
+    return 2;
+  }
+  signal(SIGPIPE, SIG_IGN);
+  RaiseFdLimit(static_cast<size_t>(*std::max_element(o.nodes.begin(), o.nodes.end())) + 64);
+  std::printf("| agents | round | requests | wire bytes | store CPU (round) | steady requests "
+              "| steady bytes | store CPU (steady, %% of a core) | dead node detected after "
+              "| survivors' new round after |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+  for (int n : o.nodes) {
+    if (RunOne(o, n) != 0) return 1;
+  }
+  std::printf("(keep-alive %d ms x %d attempts; Check every %d ms; last call 0.5 s for the "
+              "survivors' round)\n",
+              o.keep_alive_ms, o.attempts, std::min(500, o.keep_alive_ms));
+  return 0;
+}
