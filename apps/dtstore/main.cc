@@ -11,6 +11,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "dtrun_version.h"
 #include "rendezvous/log.h"
 #include "rendezvous/store_server.h"
 
@@ -41,6 +42,8 @@ int main(int argc, char** argv) {
   app.add_option("--max-value-mb", max_value_mb, "largest value accepted, in MiB")
       ->capture_default_str()
       ->check(CLI::Range(1, 4096));
+  app.set_version_flag("--version", "dtstore " DTRUN_VERSION " (git " DTRUN_GIT_COMMIT ")",
+                       "print dtstore's version and git commit");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
