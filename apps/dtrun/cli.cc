@@ -1,13 +1,19 @@
 #include "apps/dtrun/cli.h"
 
+#include "apps/dtrun/completion.h"
 #include "apps/dtrun/slurm_env.h"
 #include "rendezvous/environment.h"
 
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include <CLI/CLI.hpp>
+
+#include "dtrun_version.h"
 
 namespace dtrun::agent {
 namespace {
@@ -17,6 +23,7 @@ struct RawFlags {
   std::string nproc = "1", nnodes = "1:1", redirects = "0", tee = "0", rdzv_conf;
   std::string local_ranks_filter;
   double term_timeout_s = 30;
+  double hang_timeout_s = 0, hang_first_beat_s = 0;
   int master_port = -1;
 };
 
@@ -61,6 +68,7 @@ void AddFlags(CLI::App& app, LaunchConfig& c, RawFlags& raw, std::string& ignore
   Switch(app, "--run-path", c.run_path, "run the entrypoint file with python", workers);
   Switch(app, "--interactive", c.interactive, "start Python workers with torch.distributed set up and a console that runs code on chosen ranks (no PROGRAM)", workers);
   Switch(app, "--no-console", c.no_console, "with --interactive: no console; print the session's store address (for the Jupyter extension or a console elsewhere)", workers);
+  Flag(app, "--gpu-ids", c.gpu_ids, "with --interactive: GPU of each local rank, e.g. 0,2 (indices into CUDA_VISIBLE_DEVICES when set)", workers);
   Flag(app, "--python", c.python, "python interpreter for .py/-m entrypoints (default: $PYTHON_EXEC or python3)", workers);
   Flag(app, "--role", c.role, "worker role name (ROLE_NAME)", workers)->capture_default_str();
   Flag(app, "--start-method", ignored, "accepted for torchrun compatibility; workers are always new processes", workers);
@@ -81,6 +89,8 @@ void AddFlags(CLI::App& app, LaunchConfig& c, RawFlags& raw, std::string& ignore
   app.add_option("--term-timeout,--term_timeout,--shutdown-timeout,--shutdown_timeout", raw.term_timeout_s,
                  "seconds between SIGTERM and SIGKILL when stopping workers (default 30)")
       ->envname("TORCH_ELASTIC_SHUTDOWN_TIMEOUT")->group(fail);
+  Flag(app, "--hang-timeout", raw.hang_timeout_s, "a worker that beat and then is silent this many seconds is hung: stacks are captured, the group stops and restarts (default 0: off)", fail);
+  Flag(app, "--hang-first-beat", raw.hang_first_beat_s, "with --hang-timeout: seconds a worker may take to its first beat (default max(60, 10 x --hang-timeout))", fail);
 
   Flag(app, "--log-dir", c.log_dir, "folder for per-attempt worker logs and error files", logs);
   Flag(app, "--redirects", raw.redirects, "streams to files only: 0 none, 1 out, 2 err, 3 both, or lr:v,...", logs, "-r");
@@ -132,6 +142,10 @@ std::string ApplyRaw(const RawFlags& raw, const std::optional<SlurmJob>& job, La
   if (raw.master_port >= 0) c->master_port = static_cast<uint16_t>(raw.master_port);
   if (raw.term_timeout_s < 0) return "--term-timeout must be >= 0 seconds";
   c->term_timeout = std::chrono::milliseconds(static_cast<int64_t>(raw.term_timeout_s * 1000));
+  if (raw.hang_timeout_s < 0) return "--hang-timeout must be >= 0 seconds (0: off)";
+  if (raw.hang_first_beat_s < 0) return "--hang-first-beat must be >= 0 seconds";
+  c->hang_timeout = std::chrono::milliseconds(static_cast<int64_t>(raw.hang_timeout_s * 1000));
+  c->hang_first_beat = std::chrono::milliseconds(static_cast<int64_t>(raw.hang_first_beat_s * 1000));
   if (!raw.local_ranks_filter.empty()) {
     std::string item;
     for (size_t i = 0; i <= raw.local_ranks_filter.size(); ++i) {
@@ -152,25 +166,77 @@ std::string ApplyRaw(const RawFlags& raw, const std::optional<SlurmJob>& job, La
   return "";
 }
 
+// One usage block (CLI11's own line would add "Usage: <argv[0]> [OPTIONS]").
+class UsageFormatter : public CLI::Formatter {
+ public:
+  std::string make_usage(const CLI::App*, std::string) const override {
+    return "Usage: dtrun [flags] PROGRAM|SCRIPT.py [ARGS...]\n"
+           "   or: dtrun [flags] -m MODULE [ARGS...]\n"
+           "   or: dtrun --interactive [flags]\n";
+  }
+};
+
+// Values the shell completions offer for a flag (others complete file names).
+std::vector<std::string> Choices(const std::string& name) {
+  if (name == "--nproc-per-node") return {"1", "2", "4", "8", "cpu", "gpu", "auto"};
+  if (name == "--rdzv-backend") return {"static", "c10d"};
+  if (name == "--log-level") return {"trace", "debug", "info", "warn", "error", "off"};
+  if (name == "--redirects" || name == "--tee") return {"0", "1", "2", "3"};
+  if (name == "--print-completion") return {"bash", "zsh"};
+  return {};
+}
+
+std::vector<FlagSpec> FlagSpecs(const CLI::App& app) {
+  std::vector<FlagSpec> specs;
+  for (const CLI::Option* opt : app.get_options()) {
+    FlagSpec spec;
+    for (const auto& s : opt->get_snames()) spec.names.push_back("-" + s);
+    for (const auto& l : opt->get_lnames()) spec.names.push_back("--" + l);
+    if (spec.names.empty()) continue;
+    spec.takes_value = opt->get_expected_max() != 0;  // switches expect 0 values
+    spec.help = opt->get_description();
+    spec.choices = Choices(opt->get_lnames().empty() ? "" : "--" + opt->get_lnames().front());
+    specs.push_back(std::move(spec));
+  }
+  return specs;
+}
+
 }  // namespace
+
+std::string VersionText(const std::string& program) {
+  return program + " " DTRUN_VERSION " (git " DTRUN_GIT_COMMIT ")";
+}
 
 CliResult ParseCommandLine(int argc, const char* const* argv) {
   CliResult result;
   LaunchConfig& c = result.config;
   if (const char* exec = std::getenv("PYTHON_EXEC")) c.python = exec;
   CLI::App app{"dtrun: launch one worker per slot with torchrun's environment, "
-               "host the store, restart failed groups.\n"
-               "Usage: dtrun [flags] PROGRAM|SCRIPT.py [ARGS...]\n"
-               "       dtrun --interactive [flags]"};
+               "host the store, restart failed groups."};
+  app.formatter(std::make_shared<UsageFormatter>());
   app.prefix_command();  // everything after the entrypoint belongs to it
   RawFlags raw;
-  std::string ignored;
+  std::string ignored, completion_shell;
   AddFlags(app, c, raw, ignored);
+  app.set_version_flag("--version", VersionText("dtrun"), "print dtrun's version and git commit");
+  app.add_option("--print-completion", completion_shell,
+                 "print the bash or zsh completion script and exit")
+      ->type_name("SHELL");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     int rc = app.exit(e);
     result.exit_code = rc == 0 ? 0 : 2;
+    return result;
+  }
+  if (!completion_shell.empty()) {
+    std::string script = CompletionScript(completion_shell, FlagSpecs(app));
+    if (script.empty()) {
+      std::fprintf(stderr, "dtrun: --print-completion: unknown shell '%s'; use bash or zsh\n",
+                   completion_shell.c_str());
+    }
+    std::fputs(script.c_str(), stdout);
+    result.exit_code = script.empty() ? 2 : 0;
     return result;
   }
   c.entrypoint = app.remaining();

@@ -17,4 +17,7 @@ struct CliResult {
 // stderr naming the flag, with exit code 2; --help prints and exits 0.
 CliResult ParseCommandLine(int argc, const char* const* argv);
 
+// "<program> <version> (git <commit>)", the first line of --version.
+std::string VersionText(const std::string& program);
+
 }  // namespace dtrun::agent

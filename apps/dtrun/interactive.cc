@@ -59,6 +59,56 @@ int RunLauncher(const LaunchConfig& config, Launcher::StoreReady ready) {
   return launcher.Run();
 }
 
+// GPUs the workers can address: CUDA_VISIBLE_DEVICES' entries when set (the
+// ids are indices into it, as CUDA numbers them), else the host's devices.
+int VisibleGpus() {
+  const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
+  if (!visible) return CountGpus();
+  int listed = 0;
+  for (std::string rest = visible; !rest.empty();) {
+    size_t comma = rest.find(',');
+    std::string item = rest.substr(0, comma);
+    if (item == "-1") break;  // CUDA stops at an invalid entry
+    if (!item.empty()) ++listed;
+    rest = comma == std::string::npos ? "" : rest.substr(comma + 1);
+  }
+  return listed;
+}
+
+}  // namespace
+
+std::string CheckGpuIds(const std::string& ids, int nproc, int visible) {
+  std::vector<int> seen;
+  size_t start = 0;
+  while (start <= ids.size()) {
+    size_t comma = ids.find(',', start);
+    std::string item = ids.substr(start, comma == std::string::npos ? comma : comma - start);
+    char* end = nullptr;
+    long id = std::strtol(item.c_str(), &end, 10);
+    if (item.empty() || *end != '\0' || id < 0) {
+      return "--gpu-ids: '" + item + "' is not a GPU id; give ids like 0,2";
+    }
+    if (id >= visible) {
+      return "--gpu-ids: unknown GPU " + item + ": this host shows " + std::to_string(visible) +
+             " GPU(s)" + (visible ? " (ids 0-" + std::to_string(visible - 1) + ")" : "") +
+             (std::getenv("CUDA_VISIBLE_DEVICES") ? " through CUDA_VISIBLE_DEVICES" : "");
+    }
+    for (int s : seen) {
+      if (s == id) return "--gpu-ids: GPU " + item + " is listed twice; give each rank its own";
+    }
+    seen.push_back(static_cast<int>(id));
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  if (static_cast<int>(seen.size()) < nproc) {
+    return "--gpu-ids: " + std::to_string(seen.size()) + " id(s) for " + std::to_string(nproc) +
+           " ranks; give one GPU per rank";
+  }
+  return "";
+}
+
+namespace {
+
 std::string Tail(const std::string& path) {
   std::ifstream in(path);
   std::string line, tail;
@@ -73,6 +123,14 @@ std::string Tail(const std::string& path) {
 }  // namespace
 
 int RunInteractive(const LaunchConfig& config) {
+  if (!config.gpu_ids.empty()) {
+    std::string err = CheckGpuIds(config.gpu_ids, config.nproc_per_node, VisibleGpus());
+    if (!err.empty()) {
+      std::fprintf(stderr, "dtrun: %s\n", err.c_str());
+      return 2;
+    }
+    setenv("DTRUN_GPU_IDS", config.gpu_ids.c_str(), 1);  // read by dtrun.worker
+  }
   const char* tmp = std::getenv("TMPDIR");
   std::string templ = std::string(tmp && *tmp ? tmp : "/tmp") + "/dtrun-interactive-XXXXXX";
   std::vector<char> buf(templ.begin(), templ.end());
@@ -88,14 +146,24 @@ int RunInteractive(const LaunchConfig& config) {
     return 1;
   }
   PrependPythonPath(dir + "/py");
+  // The console talks to the store too: it and the workers share one shim.
+  if (Status s = InstallTorchShimInProcess(dir + "/shim"); !s.ok()) {
+    std::fprintf(stderr, "dtrun: %s\n", s.message().c_str());
+    return 1;
+  }
   LaunchConfig launch = config;
   if (launch.log_dir.empty()) launch.log_dir = dir + "/logs";
-  const int world = launch.nproc_per_node;
+  // With several nodes the address handed on is the rendezvous store's; the
+  // workers' store of the current round is named under `rdzv_key` there.
+  const bool nodes = launch.uses_rendezvous();
+  const int world = launch.nproc_per_node * (nodes ? launch.max_nodes : 1);
+  const std::string rdzv_key = nodes ? "dtrun/i/" + launch.rdzv_id + "/current" : "";
+  if (nodes && !launch.local_addr.empty()) setenv("DTRUN_NODE_ADDR", launch.local_addr.c_str(), 1);
 
   if (config.no_console) {
     int rc = RunLauncher(launch, [&](const std::string& host, uint16_t port, const std::string&) {
-      std::printf("dtrun-interactive: host %s port %u world %d dir %s\n", host.c_str(), port,
-                  world, dir.c_str());
+      std::printf("dtrun-interactive: host %s port %u world %d dir %s%s%s\n", host.c_str(), port,
+                  world, dir.c_str(), nodes ? " key " : "", rdzv_key.c_str());
       std::fflush(stdout);
     });
     if (rc == 0) {  // a clean shutdown; otherwise the logs stay for a look
@@ -168,6 +236,10 @@ int RunInteractive(const LaunchConfig& config) {
                                    log,
                                    "--session-dir",
                                    dir};
+  if (nodes) {
+    args.push_back("--rdzv-key");
+    args.push_back(rdzv_key);
+  }
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);

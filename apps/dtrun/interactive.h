@@ -1,5 +1,7 @@
 #pragma once
 
+#include <string>
+
 #include "apps/dtrun/launch_config.h"
 
 namespace dtrun::agent {
@@ -15,5 +17,9 @@ namespace dtrun::agent {
 // `config` has been through Validate(). Returns dtrun's exit code (the
 // console's, in console mode).
 int RunInteractive(const LaunchConfig& config);
+
+// --gpu-ids: "" if `ids` (comma-separated) names `nproc` or more distinct
+// GPUs below `visible`, else what is wrong with it.
+std::string CheckGpuIds(const std::string& ids, int nproc, int visible);
 
 }  // namespace dtrun::agent

@@ -127,14 +127,18 @@ Status Validate(LaunchConfig* c) {
   if (c->no_console && !c->interactive) {
     return Status::Invalid("--no-console goes with --interactive");
   }
+  if (!c->gpu_ids.empty() && !c->interactive) {
+    return Status::Invalid("--gpu-ids goes with --interactive (for a program, set CUDA_VISIBLE_DEVICES)");
+  }
   if (c->interactive) {
     if (!c->entrypoint.empty()) {
       return Status::Invalid("--interactive starts its own Python workers; drop the program '" +
                              c->entrypoint[0] + "' (or drop --interactive)");
     }
-    if (c->uses_rendezvous()) {
-      return Status::Invalid("--interactive runs on one node (no --nnodes > 1 or c10d "
-                             "rendezvous yet)");
+    if (c->uses_rendezvous() && c->min_nodes != c->max_nodes) {
+      // The console numbers ranks once; an elastic world would renumber them.
+      return Status::Invalid("--interactive needs a fixed number of nodes: give --nnodes=N, "
+                             "not a range");
     }
     if (c->no_python) return Status::Invalid("--interactive workers are Python: drop --no-python");
     // Debian's interpreter (the one with torch) unless told otherwise.
@@ -183,6 +187,7 @@ Status Validate(LaunchConfig* c) {
       return Status::Invalid("training script '" + program + "' not found or not readable");
     }
     c->worker_argv = {interpreter, "-u"};
+    c->python_worker = true;
     if (c->module) c->worker_argv.push_back("-m");
   } else {
     std::string path = LookUp(program);

@@ -35,6 +35,7 @@ struct LaunchConfig {
   std::string role = "default";        // --role -> ROLE_NAME
   bool interactive = false;            // --interactive: Python workers + a console
   bool no_console = false;             // --no-console: host the session, print its address
+  std::string gpu_ids;                 // --gpu-ids 0,2 (interactive): GPU of each local rank
 
   // Nodes and rendezvous.
   int min_nodes = 1, max_nodes = 1;    // --nnodes N or MIN:MAX
@@ -52,6 +53,10 @@ struct LaunchConfig {
   int max_restarts = 0;                                 // --max-restarts
   double monitor_interval_s = 0.1;                      // accepted; unused
   std::chrono::milliseconds term_timeout{30000};        // --term-timeout, s
+  std::chrono::milliseconds hang_timeout{0};            // --hang-timeout, s; 0: off
+  std::chrono::milliseconds hang_first_beat{0};         // --hang-first-beat, s; 0: default
+  bool file_timer = false;       // $TORCHELASTIC_ENABLE_FILE_TIMER=1: serve torch's watchdog
+  std::string timer_file;        // $TORCHELASTIC_TIMER_FILE; empty: one in the run folder
 
   // Output.
   std::string log_dir;           // --log-dir; empty = a temporary folder
@@ -62,6 +67,7 @@ struct LaunchConfig {
 
   // The resolved command each worker runs (argv), set by Validate().
   std::vector<std::string> worker_argv;
+  bool python_worker = false;  // set by Validate(): worker_argv runs the --python interpreter
 
   bool multi_node() const { return max_nodes > 1; }
   // Whether the job goes through rendezvous rounds (several nodes, or the

@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdlib>
@@ -55,6 +56,13 @@ void RemoveTree(const std::string& path) {
       FTW_DEPTH | FTW_PHYS);
 }
 
+HangOptions HangOptionsOf(const LaunchConfig& c) {
+  using std::chrono::milliseconds;
+  milliseconds first = c.hang_first_beat;
+  if (first.count() == 0) first = std::max(milliseconds(60000), 10 * c.hang_timeout);
+  return HangOptions{c.hang_timeout, first};
+}
+
 std::string Hostname() {
   char buf[256] = {};
   gethostname(buf, sizeof(buf) - 1);
@@ -87,7 +95,8 @@ Launcher::Launcher(const LaunchConfig& config, ProcessSpawner* spawner, const Cl
       // on every node; the local agent only reports that its group failed.
       agent_(AgentOptions{config.nproc_per_node,
                           config.uses_rendezvous() ? 0 : config.max_restarts,
-                          config.term_timeout}) {}
+                          config.term_timeout}),
+      hang_(HangOptionsOf(config)) {}
 
 Launcher::~Launcher() {
   if (store_) store_->Stop();
@@ -127,6 +136,8 @@ Status Launcher::MakeRunDir() {
       return Status::Io("--log-dir: cannot create '" + run_dir_ + "': " + std::strerror(errno));
     }
   }
+  // Python workers get the torch compatibility shim (worker_env.h), once per run.
+  if (config_.python_worker) return InstallTorchShim(run_dir_ + "/python", &base_env_);
   return Status::Ok();
 }
 
@@ -136,6 +147,9 @@ int Launcher::Run() {
   attempt_.max_restarts = config_.max_restarts;
   assignment_.world_size = config_.nproc_per_node;
   base_env_ = ProcessEnvironment();
+  config_.file_timer = base_env_.count("TORCHELASTIC_ENABLE_FILE_TIMER") &&
+                       base_env_["TORCHELASTIC_ENABLE_FILE_TIMER"] == "1";
+  if (base_env_.count("TORCHELASTIC_TIMER_FILE")) config_.timer_file = base_env_["TORCHELASTIC_TIMER_FILE"];
   if (config_.nproc_per_node > 1 && !base_env_.count("OMP_NUM_THREADS")) {
     Logger("dtrun.agent")->warn("setting OMP_NUM_THREADS=1 for each worker to avoid "
                                 "overloading the host; set it yourself to tune");
@@ -170,19 +184,29 @@ int Launcher::RunSingleNode() {
 void Launcher::PollOnce(int timeout_ms) {
   std::vector<pollfd> fds = {{signals_.fd(), POLLIN, 0}};
   for (int fd : mux_.fds()) fds.push_back({fd, POLLIN, 0});
+  if (timer_fd_ >= 0) fds.push_back({timer_fd_, POLLIN, 0});
   int timeout = timeout_ms;
   if (auto deadline = agent_.deadline()) {
     auto left = std::chrono::duration_cast<std::chrono::milliseconds>(*deadline - clock_->Now());
     int until = static_cast<int>(std::max<int64_t>(0, left.count()) + 1);
     timeout = timeout < 0 ? until : std::min(timeout, until);
   }
+  for (int check : {NextHangCheckMs(), NextTimerMs()}) {
+    if (check >= 0) timeout = timeout < 0 ? check : std::min(timeout, check);
+  }
   int n = poll(fds.data(), fds.size(), timeout);
   if (n < 0) return;
   for (size_t i = 1; i < fds.size(); ++i) {
-    if (fds[i].revents) mux_.OnReadable(fds[i].fd);
+    if (fds[i].revents && fds[i].fd == timer_fd_) {
+      ReadTimerPipe();
+    } else if (fds[i].revents) {
+      mux_.OnReadable(fds[i].fd);
+    }
   }
   if (fds[0].revents) OnSignals();
   if (!finished_) Apply(agent_.OnTick(clock_->Now()));
+  if (!finished_) CheckHeartbeats();
+  if (!finished_) CheckTimers();
 }
 
 void Launcher::OnSignals() {
@@ -193,7 +217,9 @@ void Launcher::OnSignals() {
       continue;
     }
     for (const WorkerExit& e : spawner_->Reap()) {
+      if (abandoned_.erase(e.pid)) continue;  // counted as gone already
       exit_time_[e.pid] = UnixNow();
+      hang_.OnExit(e.local_rank);
       if (e.failed() && agent_.phase() == Phase::kRunning) {
         std::string how = e.signal ? SignalName(e.signal) : "exit code " + std::to_string(e.exit_code);
         Logger("dtrun.agent")->warn("worker local_rank {} (pid {}) failed: {}", e.local_rank, e.pid, how);
@@ -205,7 +231,11 @@ void Launcher::OnSignals() {
 
 void Launcher::Apply(const std::vector<Action>& actions) {
   for (const Action& a : actions) {
+    if (a.kind != Action::Kind::kSignalGroup && agent_.hung()) ReportHang();
     switch (a.kind) {
+      case Action::Kind::kAbandonGroup:
+        AbandonSurvivors();
+        break;
       case Action::Kind::kStartGroup:
         StartGroup(a.restart_count);
         break;
@@ -230,7 +260,8 @@ void Launcher::Apply(const std::vector<Action>& actions) {
 StreamRoute Launcher::Route(int local_rank, int stream_bit, const std::string& attempt_dir) {
   StreamRoute route;
   bool redirected = config_.redirects.For(local_rank) & stream_bit;
-  bool teed = config_.tee.For(local_rank) & stream_bit;
+  // Watching for hangs, stderr is kept too: a Python worker's stack lands there.
+  bool teed = (config_.tee.For(local_rank) & stream_bit) || (stream_bit == 2 && KeepsStderr());
   const auto& filter = config_.local_ranks_filter;
   bool shown = filter.empty() || std::find(filter.begin(), filter.end(), local_rank) != filter.end();
   if (!redirected && shown) route.console_fd = stream_bit == 1 ? 1 : 2;
@@ -258,6 +289,8 @@ void Launcher::StartGroup(int restart_count) {
   attempt_.restart_count = restart_count;
   std::string attempt_dir = run_dir_ + "/attempt_" + std::to_string(restart_count);
   attempt_.error_file_dir = attempt_dir;
+  attempt_dir_ = attempt_dir;
+  OpenTimerPipe();
   pids_.clear();
   spawn_error_.clear();
   int n = config_.nproc_per_node;
@@ -271,7 +304,9 @@ void Launcher::StartGroup(int restart_count) {
     WorkerSpec spec;
     spec.local_rank = lr;
     spec.argv = config_.worker_argv;
-    spec.env = ToEnvStrings(WorkerEnv(base_env_, attempt_, place));
+    EnvMap env = WorkerEnv(base_env_, attempt_, place);
+    AddWatchEnv(lr, attempt_dir, &env);
+    spec.env = ToEnvStrings(env);
     int out[2], err[2];
     pipe2(out, O_CLOEXEC | O_NONBLOCK);
     pipe2(err, O_CLOEXEC | O_NONBLOCK);
@@ -291,6 +326,9 @@ void Launcher::StartGroup(int restart_count) {
     pid_list += (pid_list.empty() ? "" : ",") + std::to_string(*pid);
   }
   agent_.OnGroupStarted();
+  hang_.Reset(n, clock_->Now());
+  beat_mtime_ns_.clear();
+  next_hang_check_ = clock_->Now();
   log->info("attempt {}: started {} worker(s), pids {}", restart_count, n, pid_list);
 }
 
@@ -309,6 +347,7 @@ void Launcher::Finish(const Action& finish) {
 
 int Launcher::ReportFailure() {
   std::vector<WorkerFailure> failures;
+  if (agent_.hung()) failures = HangFailures();
   for (const WorkerExit& e : agent_.failures()) {
     WorkerFailure f;
     f.local_rank = e.local_rank;
@@ -318,6 +357,7 @@ int Launcher::ReportFailure() {
     f.signal = e.signal;
     f.timestamp = exit_time_.count(e.pid) ? exit_time_[e.pid] : UnixNow();
     ReadErrorFile(ErrorFilePath(attempt_, e.local_rank), &f);
+    DescribeTimerExpiry(&f);
     if (f.message.empty() && spawn_error_.count(e.local_rank)) f.message = spawn_error_[e.local_rank];
     failures.push_back(f);
   }

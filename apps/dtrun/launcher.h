@@ -7,6 +7,10 @@
 #include <vector>
 
 #include "apps/dtrun/agent.h"
+#include "apps/dtrun/error_report.h"
+#include "apps/dtrun/file_timer.h"
+#include "apps/dtrun/hang_monitor.h"
+#include "apps/dtrun/hang_report.h"
 #include "apps/dtrun/launch_config.h"
 #include "apps/dtrun/log_mux.h"
 #include "apps/dtrun/process_spawner.h"
@@ -34,9 +38,9 @@ class Launcher {
   // Runs the job to the end; returns dtrun's exit code (see README).
   int Run();
 
-  // Called once the single-node store listens and the run folder exists,
-  // before any worker starts (the interactive session hands the address to
-  // its console).
+  // Called once the single-node store listens (with several nodes: once the
+  // rendezvous store is reached) and the run folder exists, before any worker
+  // starts (the interactive session hands the address to its console).
   using StoreReady =
       std::function<void(const std::string& host, uint16_t port, const std::string& run_dir)>;
   StoreReady on_store_ready;
@@ -64,6 +68,24 @@ class Launcher {
   int ReportFailure();
   void Drain();
   StreamRoute Route(int local_rank, int stream_bit, const std::string& attempt_dir);
+  // Hangs (launcher_hang.cc): heartbeat files, stacks, the hang report.
+  void AddHangEnv(int local_rank, const std::string& attempt_dir, EnvMap* env);
+  void AddWatchEnv(int local_rank, const std::string& attempt_dir, EnvMap* env);
+  int NextHangCheckMs() const;
+  void CheckHeartbeats();
+  void DeclareHang(TimePoint now);
+  bool PythonWorkers() const;
+  void CaptureNativeStacks();
+  void ReportHang();
+  void ReadPendingOutput();
+  void AbandonSurvivors();
+  std::vector<WorkerFailure> HangFailures() const;
+  bool KeepsStderr() const;
+  void OpenTimerPipe();
+  void ReadTimerPipe();
+  void CheckTimers();
+  int NextTimerMs() const;
+  void DescribeTimerExpiry(WorkerFailure* f);
 
   LaunchConfig config_;
   ProcessSpawner* spawner_;
@@ -88,6 +110,18 @@ class Launcher {
   std::map<int, std::string> spawn_error_;  // local rank -> why exec failed
   bool finished_ = false;
   int exit_code_ = 0;
+  HangMonitor hang_;
+  std::string attempt_dir_;
+  std::map<int, int64_t> beat_mtime_ns_;    // local rank -> heartbeat file's mtime
+  TimePoint next_hang_check_{};
+  std::vector<RankStack> hang_stacks_;      // the latest hang's ranks
+  bool hang_reported_ = true;
+  std::map<int, bool> abandoned_;           // pids that outlived SIGKILL
+  FileTimers timers_;                       // torch's watchdog, served
+  int timer_fd_ = -1;                       // its named pipe, read end
+  std::string timer_path_;
+  LineSplitter timer_lines_;
+  std::map<int, std::string> timer_expired_;  // pid -> scope that expired
 };
 
 }  // namespace dtrun::agent

@@ -171,6 +171,13 @@ Status Launcher::SetUpWorkerStore() {
     addr = host + ":" + std::to_string(worker_store_->port());
     Status s = rdzv_client_->Set(key, addr);
     if (!s.ok()) return s;
+    if (config_.interactive) {
+      // The interactive console follows the session from round to round here.
+      s = rdzv_client_->Set("dtrun/i/" + attempt_.run_id + "/current",
+                            std::to_string(assignment_.round) + " " +
+                                std::to_string(assignment_.world_size) + " " + addr);
+      if (!s.ok()) return s;
+    }
   } else {
     worker_store_.reset();
     auto got = rdzv_client_->Get(key);
@@ -216,6 +223,13 @@ int Launcher::RunMultiNode() {
   if (!s.ok()) {
     log->error("{}", s.message());
     return 2;
+  }
+  if (on_store_ready) {
+    const std::string endpoint = rdzv_client_->address();
+    auto colon = endpoint.rfind(':');
+    std::string host = endpoint.substr(0, colon);
+    if (host.size() > 1 && host.front() == '[') host = host.substr(1, host.size() - 2);
+    on_store_ready(host, std::atoi(endpoint.c_str() + colon + 1), run_dir_);
   }
   rdzv::RendezvousOptions ro;
   ro.run_id = attempt_.run_id;
@@ -287,6 +301,13 @@ int Launcher::FollowRound() {
   auto silent_limit = SilentLimit(config_);
   for (;;) {
     auto wait = std::chrono::duration_cast<milliseconds>(next_check - clock_->Now());
+    if (done_marked && outcome_ == Outcome::kSucceeded && wait.count() > 0) {
+      // Nothing runs here: wait in the store, which wakes every node the
+      // moment the last one finishes (no polling traffic at thousands of nodes).
+      auto over = rdzv_->AwaitRoundOver(assignment_, wait);
+      if (over.ok() && *over) next_check = clock_->Now();
+      wait = milliseconds(0);
+    }
     PollOnce(static_cast<int>(std::max<int64_t>(0, wait.count())));
     switch (outcome_) {
       case Outcome::kSignaled:

@@ -20,6 +20,7 @@ import unittest
 p = argparse.ArgumentParser()
 p.add_argument("--dtrun", required=True)
 ARGS, REST = p.parse_known_args()
+ARGS.dtrun = os.path.abspath(ARGS.dtrun)
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.normpath(os.path.join(HERE, "..", ".."))
 # Session folders (kept by dtrun when a session fails) go under a folder of
@@ -165,7 +166,7 @@ class PipeConsole(unittest.TestCase):
                     "%rank 1 import os; os._exit(3)\nrank\n")
         self.assertEqual(self.c.finish(), 0)
         out = self.c.text()
-        self.assertIn("rank      pid  alive  state", out)
+        self.assertRegex(out, r"rank  host +pid  alive  state")
         self.assertIn("2 fresh worker(s) ready (attempt 1)", out)
         self.assertIn("[rank 0] False\n[rank 1] False", out)
         self.assertIn("[rank 1] worker died; dtrun restarted the group", out)
@@ -205,10 +206,69 @@ class PipeConsole(unittest.TestCase):
 
     def test_bad_flags_exit_2(self):
         for argv, says in [(["--interactive", "train.py"], "drop the program 'train.py'"),
-                           (["--no-console", "true"], "--no-console goes with --interactive")]:
+                           (["--no-console", "true"], "--no-console goes with --interactive"),
+                           (["--gpu-ids=0", "true"], "--gpu-ids goes with --interactive")]:
             p = subprocess.run([ARGS.dtrun, *argv], capture_output=True, text=True, env=ENV)
             self.assertEqual(p.returncode, 2, p.stderr)
             self.assertIn(says, p.stderr)
+
+    def test_bad_gpu_ids_exit_2(self):
+        # Checked against CUDA_VISIBLE_DEVICES (ids index into it), so no GPU is needed.
+        env = dict(ENV, CUDA_VISIBLE_DEVICES="0,1,2")
+        for ids, says in [("0,5", "unknown GPU 5: this host shows 3 GPU(s) (ids 0-2) through "
+                                  "CUDA_VISIBLE_DEVICES"),
+                          ("1,1", "GPU 1 is listed twice; give each rank its own"),
+                          ("2", "1 id(s) for 2 ranks; give one GPU per rank"),
+                          ("0,x", "'x' is not a GPU id; give ids like 0,2")]:
+            p = subprocess.run([ARGS.dtrun, "--interactive", "--nproc-per-node=2",
+                                f"--gpu-ids={ids}"], capture_output=True, text=True, env=env,
+                               stdin=subprocess.DEVNULL, timeout=60)
+            self.assertEqual(p.returncode, 2, p.stderr)
+            self.assertIn(f"dtrun: --gpu-ids: {says}", p.stderr)
+
+    def test_gpu_ids_reach_the_workers(self):
+        global ENV
+        saved = ENV
+        ENV = dict(ENV, CUDA_VISIBLE_DEVICES="0,1,2")
+        try:
+            self.c = Console(2, "--gpu-ids=2,0")
+        finally:
+            ENV = saved
+        self.c.send("import os; os.environ['DTRUN_GPU_IDS']\n")
+        self.assertEqual(self.c.finish(), 0)
+        self.assertIn("[rank 0] '2,0'\n[rank 1] '2,0'", self.c.text())
+
+    def test_push_pull_show_sync_and_rich_output_as_text(self):
+        self.c = Console(2)
+        self.c.send("%push w=torch.arange(3.) * 2\n"
+                    "%rank 1 w = w + rank\n"
+                    "%pull w --rank 1\n"
+                    "%pull nope --rank 1\n"
+                    "%rank 0,1 --show 0 print('line from', rank)\n"
+                    "%rank 0,1 --show 0 1 / rank\n"
+                    "%sync\n"
+                    "%rank 1 from IPython.display import HTML; HTML('<i>x</i>')\n"
+                    "%push bad\n%pull\n%rank 0 --show 1 1\n"
+                    "%rank 0 d = {'a': torch.arange(3, dtype=torch.int16), "
+                    "'b': [torch.ones(2, dtype=torch.bfloat16)], 'c': 'text'}\n"
+                    "%pull d\n")
+        self.assertEqual(self.c.finish(), 0)
+        out = self.c.text()
+        self.assertIn("pushed w to rank(s) 0, 1", out)
+        self.assertIn("[rank 1] w = tensor([1., 3., 5.])", out)
+        self.assertIn("error: rank 1 has no variable 'nope'", out)
+        self.assertIn("[rank 0] line from 0", out)
+        self.assertNotIn("[rank 1] line from 1", out)
+        self.assertIn("[rank 0] ZeroDivisionError: division by zero", out)
+        self.assertNotIn("[rank 1] 1.0", out)
+        self.assertIn("all 2 ranks reached the barrier", out)
+        self.assertIn("[rank 1] <IPython.core.display.HTML object> (text/html: shown in a "
+                      "notebook)", out)
+        self.assertIn("usage: %push NAME=EXPR [--ranks SPEC]", out)
+        self.assertIn("usage: %pull NAME [--rank R]", out)
+        self.assertIn("error: --show 1: name one of the ranks that run the cell", out)
+        self.assertIn("[rank 0] d = {'a': tensor([0, 1, 2], dtype=torch.int16), "
+                      "'b': [tensor([1., 1.], dtype=torch.bfloat16)], 'c': 'text'}", out)
 
 
 @unittest.skipUnless(shutil.which("tmux"), "tmux is not installed")
@@ -250,6 +310,12 @@ class TmuxConsole(unittest.TestCase):
         # Line editing: type, step back over ")", insert, run ("rank+100").
         self.keys("%rank 0 print(rank+10)", "Left", "0", "Enter")
         self.wait_for("[rank 0] 100\n")
+        # Tab completes from rank 0's namespace.
+        self.keys("model = torch.nn.Linear(2, 2)", "Enter")
+        self.keys("model.we", "Tab")
+        self.wait_for(">>> model.weight")
+        self.keys(".shape", "Enter")
+        self.wait_for("[rank 1] torch.Size([2, 2])")
         self.keys("%rank 0 dist.all_reduce(torch.ones(1))", "Enter")
         time.sleep(3)
         self.keys("C-c")
@@ -282,14 +348,24 @@ class Notebook(unittest.TestCase):
             self.assertEqual(p.returncode, 0, p.stderr)
             with open(os.path.join(tmp, "out.ipynb")) as f:
                 nb = json.load(f)
-        outputs = ["".join(o.get("text", "")) for c in nb["cells"] for o in c.get("outputs", [])]
+        # A cell's stream outputs joined (the kernel may split a stream in several).
+        outputs = ["".join("".join(o.get("text", "")) for o in c.get("outputs", [])
+                           if o["output_type"] == "stream") for c in nb["cells"]]
         self.assertIn("[rank 0] tensor([3., 3.])\n[rank 1] tensor([3., 3.])\n", outputs)
         self.assertIn("[rank 0] hello from rank 0 of 2\n", outputs)
         self.assertTrue(any("[rank 1] ValueError: a mistake on rank 1" in o for o in outputs))
         self.assertIn("[rank 1] kept on rank 1\n", outputs)
-        self.assertTrue(any(o.startswith("rank 0: pid ") and "alive, idle" in o for o in outputs))
+        self.assertTrue(any(o.startswith("[rank 0] final loss ") for o in outputs))
+        images = [o for c in nb["cells"] for o in c.get("outputs", [])
+                  if o["output_type"] == "display_data" and "image/png" in o["data"]]
+        self.assertEqual([o["metadata"]["dtrun"]["rank"] for o in images], [0])
+        self.assertIn("pushed scale to rank(s) 0, 1\n", outputs)
+        self.assertIn("pulled scaled from rank 1\npulled from rank 1: torch.Size([3]) cpu\n",
+                      outputs)
+        self.assertIn("[rank 1] only rank 1 is shown; rank 1 ran too\n", outputs)
+        self.assertIn("all 2 ranks reached the barrier\n", outputs)
+        self.assertTrue(any(o.startswith("rank 0: host ") and "alive, idle" in o for o in outputs))
         self.assertIn("dtrun: workers stopped\n", outputs)
-
 
 if __name__ == "__main__":
     unittest.main(argv=[sys.argv[0]] + REST, verbosity=2)

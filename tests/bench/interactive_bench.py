@@ -1,12 +1,23 @@
-"""Round trip of an empty cell in a `dtrun --interactive` session, from the
-console's side: send the cell, wait for every rank's result, format what
-the console shows. Starts `dtrun --interactive --no-console` with 1, 2, 4
-and 8 workers (Debian's python3 and torch, gloo) and prints one JSON line
-per size: median and 90th percentile over REPS cells."""
+"""Round trips of a `dtrun --interactive` session (Debian's python3 and torch,
+gloo), one JSON line per measurement:
+  console   an empty cell from the console's side: send it, wait for every
+            rank's result, format what the console prints (`dtrun
+            --interactive --no-console` with 1, 2, 4, 8 workers; REPS cells)
+  notebook  an empty cell from a Jupyter front end: execute_request to
+            execute_reply through a real kernel with `%load_ext dtrun`
+            (jupyter_client; NB_REPS cells)
+  kernel-only  the same empty cell run in the kernel (%dist_mode off): the
+            part of the notebook's round trip that is Jupyter's own
+  pull      %dist_pull of a PULL_MB MB tensor from rank 0 of a 2-rank
+            session into the client (best and median of 5)
+  nodes     the console's empty cell on a session of two nodes on loopback
+            hosts (127.0.0.2 and 127.0.0.3, 2 ranks each, static rendezvous)
+Medians and 90th percentiles in ms, after warm-up cells."""
 import argparse
 import json
 import os
 import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -15,33 +26,128 @@ import time
 p = argparse.ArgumentParser()
 p.add_argument("--dtrun", required=True)
 p.add_argument("--reps", type=int, default=300)
+p.add_argument("--nb-reps", type=int, default=100)
 p.add_argument("--sizes", default="1,2,4,8")
+p.add_argument("--pull-mb", type=int, default=100)
+p.add_argument("--only", default="console,notebook,pull,nodes")
 a = p.parse_args()
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
-                                "apps", "dtrun", "python"))
+PY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "apps", "dtrun", "python")
+sys.path.insert(0, PY)
 from dtrun.session import Session, format_results  # noqa: E402
 
-for n in [int(x) for x in a.sizes.split(",")]:
+
+def summary(kind, n, times, **extra):
+    times.sort()
+    print(json.dumps({"kind": kind, "ranks": n, "median_ms": round(statistics.median(times), 3),
+                      "p90_ms": round(times[int(len(times) * 0.9)], 3), "cells": len(times),
+                      **extra}), flush=True)
+
+
+def with_session(n, body):
     proc = subprocess.Popen([a.dtrun, "--interactive", "--no-console", f"--nproc-per-node={n}",
                              "--log-level=error"], stdout=subprocess.PIPE, text=True)
     try:
         fields = proc.stdout.readline().split()
         s = Session(fields[2], int(fields[4]), n)
         s.wait_ready()
-        ranks = list(range(n))
-        times = []
-        for i in range(a.reps + 20):
-            t = time.perf_counter()
-            format_results(s.run("", ranks))
-            if i >= 20:
-                times.append((time.perf_counter() - t) * 1000)
-        times.sort()
-        print(json.dumps({"ranks": n, "median_ms": round(statistics.median(times), 3),
-                          "p90_ms": round(times[int(len(times) * 0.9)], 3),
-                          "cells": a.reps}), flush=True)
+        body(s)
         s.shutdown()
         proc.wait(timeout=30)
     finally:
         if proc.poll() is None:
             os.kill(proc.pid, signal.SIGTERM)
             proc.wait()
+
+
+def with_two_nodes(body):
+    """Two --no-console nodes; the client follows the rounds from node 0's line."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.2", 0))
+        port = sock.getsockname()[1]
+    common = [a.dtrun, "--interactive", "--no-console", "--nnodes=2", "--nproc-per-node=2",
+              "--master-addr=127.0.0.2", f"--master-port={port}", "--log-level=error"]
+    procs = [subprocess.Popen(common + [f"--node-rank={i}", f"--local-addr=127.0.0.{2 + i}"],
+                              stdout=subprocess.PIPE, text=True) for i in (0, 1)]
+    try:
+        fields = procs[0].stdout.readline().split()
+        s = Session(fields[2], int(fields[4]), int(fields[6]), rdzv_key=fields[-1])
+        s.wait_ready()
+        body(s)
+        s.shutdown()
+        for proc in procs:
+            proc.wait(timeout=30)
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                os.kill(proc.pid, signal.SIGTERM)
+                proc.wait()
+
+
+def console(s, kind="console"):
+    ranks = list(range(s.world))
+    times = []
+    for i in range(a.reps + 20):
+        t = time.perf_counter()
+        format_results(s.run("", ranks))
+        if i >= 20:
+            times.append((time.perf_counter() - t) * 1000)
+    summary(kind, s.world, times)
+
+
+def pull(s):
+    elements = a.pull_mb * 2**20 // 4
+    s.run(f"big = torch.ones({elements})", [0])
+    rates = []
+    for _ in range(5):
+        t = time.perf_counter()
+        got = s.pull(["big"], 0)["big"]
+        rates.append(a.pull_mb / (time.perf_counter() - t))
+        assert got.numel() == elements
+        del got
+    print(json.dumps({"kind": "pull", "ranks": s.world, "mb": a.pull_mb,
+                      "best_mb_s": round(max(rates)), "median_mb_s": round(statistics.median(rates))}),
+          flush=True)
+
+
+def notebook(n):
+    import jupyter_client
+
+    env = dict(os.environ, PYTHONPATH=PY, DTRUN=a.dtrun, PATH="/usr/bin:" + os.environ["PATH"],
+               PYDEVD_DISABLE_FILE_VALIDATION="1")
+    km, kc = jupyter_client.manager.start_new_kernel(kernel_name="python3", env=env)
+    try:
+        kc.execute_interactive("%load_ext dtrun", timeout=60)
+        kc.execute_interactive(f"%dist_init --num-processes {n}", timeout=300)
+        times = []
+        for i in range(a.nb_reps + 10):
+            t = time.perf_counter()
+            reply = kc.execute_interactive("pass", timeout=60, output_hook=lambda msg: None)
+            if i >= 10:
+                times.append((time.perf_counter() - t) * 1000)
+            assert reply["content"]["status"] == "ok", reply
+        summary("notebook", n, times)
+        # The same empty cell run by the kernel itself: what Jupyter costs.
+        kc.execute_interactive("%dist_mode off", timeout=60, output_hook=lambda msg: None)
+        times = []
+        for i in range(a.nb_reps + 10):
+            t = time.perf_counter()
+            kc.execute_interactive("pass", timeout=60, output_hook=lambda msg: None)
+            if i >= 10:
+                times.append((time.perf_counter() - t) * 1000)
+        summary("kernel-only", n, times)
+        kc.execute_interactive("%dist_shutdown", timeout=60, output_hook=lambda msg: None)
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
+
+
+only = a.only.split(",")
+for n in [int(x) for x in a.sizes.split(",")]:
+    if "console" in only:
+        with_session(n, console)
+    if "notebook" in only:
+        notebook(n)
+if "pull" in only:
+    with_session(2, pull)
+if "nodes" in only:
+    with_two_nodes(lambda s: console(s, "console-2-nodes"))

@@ -7,9 +7,12 @@ import os
 import shutil
 import signal
 import sys
+import time
 
 try:
-    from dtrun.session import Session, SessionError, format_results, parse_ranks
+    import torch
+    from dtrun.session import (LabelledLines, Session, SessionError, format_results,
+                               parse_ranks)
 except ImportError as e:  # the interpreter has no torch
     sys.stderr.write(f"dtrun --interactive: {sys.executable} cannot import what a session needs "
                      f"({e}); pass --python with a Python that has PyTorch (on Debian: "
@@ -19,11 +22,16 @@ except ImportError as e:  # the interpreter has no torch
 HELP = """\
 A cell runs on every rank unless its first line selects some:
   %rank 0 | %rank 0,2 | %rank 1-3 | %rank all   then the code (same line or next lines)
-Each rank keeps its own variables; rank, local_rank, world_size, device, torch
-and dist are predefined. Ctrl-C interrupts a running cell on its ranks.
+  %rank 0-3 --show 1 CODE   runs on 0-3, prints rank 1's output (and all errors)
+Each rank keeps its own variables; rank, local_rank, world_size, device, torch,
+dist and display are predefined. Ctrl-C interrupts a running cell on its ranks;
+Tab completes names and attributes from rank 0.
+  %pull NAME [--rank R]     print rank R's NAME (default rank 0), fetched to the CPU
+  %push NAME=EXPR [--ranks SPEC]   evaluate EXPR here, set NAME on the ranks
+  %sync            a barrier on every rank
   %stream on|off   show output as it is printed (default off: per rank, at the end)
   %timeout S|off   interrupt cells that run longer than S seconds
-  %status          each rank: pid, alive, busy or idle, last cell, memory
+  %status          each rank: host, pid, alive, busy or idle, last cell, memory
   %restart         new workers with fresh state
   %shutdown        stop the workers and leave (also Ctrl-D)
   %help            this text"""
@@ -35,6 +43,7 @@ class Console:
         self.out = out
         self.tty = sys.stdin.isatty()
         self.compiler = codeop.CommandCompiler()
+        self.local = {"torch": torch}  # where %push evaluates its expression
 
     def say(self, text):
         self.out.write(text + ("\n" if text and not text.endswith("\n") else ""))
@@ -69,6 +78,10 @@ class Console:
                     word, _, rest = stripped.partition(" ")
                     if word == "%rank":
                         spec, _, code = rest.strip().partition(" ")
+                        if code.startswith("--show "):
+                            _, _, shown = code.partition(" ")
+                            shown, _, code = shown.strip().partition(" ")
+                            spec = f"{spec} --show {shown}"
                         ranks_spec = spec
                         if code.strip():
                             lines.append(code.strip())
@@ -90,8 +103,14 @@ class Console:
 
     # -- commands --------------------------------------------------------
     def run_cell(self, ranks_spec, code):
+        spec, _, shown = (ranks_spec or "all").partition(" --show ")
         try:
-            ranks = parse_ranks(ranks_spec or "all", self.s.world)
+            ranks = parse_ranks(spec, self.s.world)
+            show = None
+            if shown:
+                if not shown.isdigit() or int(shown) not in ranks:
+                    raise SessionError(f"--show {shown}: name one of the ranks that run the cell")
+                show = int(shown)
         except SessionError as e:
             self.say(f"error: {e}")
             return
@@ -100,13 +119,11 @@ class Console:
         except SyntaxError as e:
             self.say(f"SyntaxError: {e.msg} (line {e.lineno}); nothing was run")
             return
-        on_stream = None
-        if self.s.stream:
-            def on_stream(rank, which, text):
-                for line in text.splitlines():
-                    self.say(f"[rank {rank}] {line}")
+        on_stream = LabelledLines(self.say, show) if self.s.stream else None
         results = self.s.run(code, ranks, on_stream)
-        text = format_results(results, streamed=self.s.stream)
+        if on_stream:
+            on_stream.flush()
+        text = format_results(results, streamed=self.s.stream, show=show)
         if text:
             self.say(text)
 
@@ -135,6 +152,13 @@ class Console:
                     self.say("usage: %timeout SECONDS (> 0) | off")
         elif word == "%status":
             self.status()
+        elif word == "%sync":
+            self.s.sync()
+            self.say(f"all {self.s.world} ranks reached the barrier")
+        elif word == "%pull":
+            self.pull(arg)
+        elif word == "%push":
+            self.push(arg)
         elif word == "%restart":
             self.say("restarting the workers...")
             self.s.restart()
@@ -145,11 +169,41 @@ class Console:
             self.say(f"unknown magic {word}; %help lists them")
         return True
 
+    def pull(self, arg):
+        words = arg.split()
+        if len(words) not in (1, 3) or (len(words) == 3 and words[1] != "--rank"):
+            self.say("usage: %pull NAME [--rank R]")
+            return
+        rank = parse_ranks(words[2] if len(words) == 3 else "0", self.s.world)[0]
+        value = self.s.pull([words[0]], rank)[words[0]]
+        self.local[words[0]] = value
+        self.say(f"[rank {rank}] {words[0]} = {value!r}")
+
+    def push(self, arg):
+        target, _, spec = arg.partition(" --ranks ")
+        name, eq, expr = target.partition("=")
+        name = name.strip()
+        if not eq or not name.isidentifier() or not expr.strip():
+            self.say("usage: %push NAME=EXPR [--ranks SPEC]")
+            return
+        ranks = parse_ranks(spec or "all", self.s.world)
+        try:
+            value = eval(expr, self.local)  # noqa: S307 - the user's own expression
+        except Exception as e:  # noqa: BLE001 - shown to the user
+            self.say(f"error: {expr.strip()}: {e!r}; nothing was pushed")
+            return
+        self.local[name] = value
+        self.s.push({name: value}, ranks)
+        self.say(f"pushed {name} to rank(s) {', '.join(map(str, ranks))}")
+
     def status(self):
         st = self.s.statuses(fresh=True)
         dead = set(self.s.dead_ranks(list(st)))
-        self.say(f"{'rank':>4}  {'pid':>7}  {'alive':5}  {'state':5}  {'last cell':>9}  "
-                 f"{'memory':>9}  device")
+        for s in st.values():  # on several nodes, the address each node advertises
+            s["host"] += f" ({s['addr']})" if s.get("addr") else ""
+        host_width = max([4] + [len(s["host"]) for s in st.values()])
+        self.say(f"{'rank':>4}  {'host':{host_width}}  {'pid':>7}  {'alive':5}  {'state':5}  "
+                 f"{'last cell':>9}  {'memory':>9}  device")
         for r in range(self.s.world):
             s = st.get(r)
             if not s:
@@ -157,12 +211,14 @@ class Console:
                 continue
             last = "-" if s["last_cell"] is None else str(s["last_cell"])
             mem = "-" if s["rss_mb"] is None else f"{s['rss_mb']:.0f} MB"
-            self.say(f"{r:>4}  {s['pid']:>7}  {'no' if r in dead else 'yes':5}  "
-                     f"{'busy' if s['busy'] else 'idle':5}  {last:>9}  {mem:>9}  {s['device']}")
+            gpu = f" ({s['gpu_mb']:.0f} MB)" if "gpu_mb" in s else ""
+            self.say(f"{r:>4}  {s['host']:{host_width}}  {s['pid']:>7}  "
+                     f"{'no' if r in dead else 'yes':5}  {'busy' if s['busy'] else 'idle':5}  "
+                     f"{last:>9}  {mem:>9}  {s['device']}{gpu}")
 
     def loop(self):
         if self.tty:
-            _enable_history()
+            _enable_history(self.s)
             self.say(f"dtrun interactive: {self.s.world} rank(s) ready. %help for help; "
                      "Ctrl-D or %shutdown to leave.")
         while True:
@@ -194,12 +250,32 @@ def _launcher_alive(pid):
         return False
 
 
-def _enable_history():
+def _exits(pid, seconds):
+    """Whether the child `pid` exits by itself within `seconds` (reaped)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if os.waitpid(pid, os.WNOHANG)[0] == pid:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def _enable_history(session):
     try:
         import atexit
         import readline
     except ImportError:
         return
+    matches = []
+
+    def complete(text, state):
+        if state == 0:
+            matches[:] = session.complete(text, 0) if text else []
+        return matches[state] if state < len(matches) else None
+
+    readline.set_completer(complete)
+    readline.set_completer_delims(" \t\n`~!@#$%^&*()-=+[{]}\\|;:'\",<>/?")
+    readline.parse_and_bind("tab: complete")
     path = os.path.expanduser("~/.dtrun_history")
     try:
         readline.read_history_file(path)
@@ -224,8 +300,10 @@ def main():
     p.add_argument("--launcher-pid", type=int)
     p.add_argument("--log", help="dtrun's log, named when something fails")
     p.add_argument("--session-dir", help="removed at the end unless something failed")
+    p.add_argument("--rdzv-key", help="several nodes: where the rendezvous store at "
+                   "--host/--port names the current round's store")
     a = p.parse_args()
-    session = Session(a.host, a.port, a.world_size, a.launcher_pid, a.session_dir)
+    session = Session(a.host, a.port, a.world_size, a.launcher_pid, a.session_dir, a.rdzv_key)
     console = Console(session)
     rc = 0
     try:
@@ -241,11 +319,13 @@ def main():
     finally:
         session.shutdown()
         if a.launcher_pid:
-            try:
-                os.kill(a.launcher_pid, signal.SIGTERM)
-                os.waitpid(a.launcher_pid, 0)
-            except (ProcessLookupError, ChildProcessError):
-                pass
+            # With several nodes dtrun ends the job on every node by itself.
+            if not (a.rdzv_key and rc == 0 and _exits(a.launcher_pid, 30)):
+                try:
+                    os.kill(a.launcher_pid, signal.SIGTERM)
+                    os.waitpid(a.launcher_pid, 0)
+                except (ProcessLookupError, ChildProcessError):
+                    pass
         if a.session_dir and rc == 0:
             shutil.rmtree(a.session_dir, ignore_errors=True)
     return rc

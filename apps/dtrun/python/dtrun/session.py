@@ -8,22 +8,43 @@ Everything travels through the dtrun store, under the prefix "dtrun/i/":
   statusn/<n>            counter of ranks that refreshed their status for cell n
   result/<n>/<rank>      JSON {ok, out, err, value?, error?, interrupted?, abandoned?}
   interrupt/<n>          counter; the client adds 1 to interrupt cell n
+  restart/<attempt>      counter; > 0: the workers of that attempt exit (a busy
+                         one polls it, an idle one gets a "restart" cell) and
+                         dtrun starts a fresh group, wherever the ranks run
   has_status/<rank>      counter; > 0 once status/<rank> exists (Torch 1.13's
                          Python store has no check())
   stream/<n>/<rank>/<k>  JSON [which, text]: output chunk k, with streaming on
   streamn/<n>/<rank>     counter of those chunks
+  data/<n>/<k>           chunk k of the pickled {name: value} a "push" cell sets
+  data/<n>/<rank>/<k>    chunk k of the pickled {name: value} a "pull" cell returns
+Cells of kind "push" (names, chunks), "pull" (names) and "complete" (text)
+move variables between the client and the ranks and complete names; values
+travel pickled, in chunks under the store's limit on one value (64 MiB).
+A pull's tensors leave the pickle: the rank answers {tensors: [[dtype,
+shape], ...], host, port} and sends their bytes, in order, to the first
+connection on host:port (one copy each side, not three through the store).
 Every worker reads every cell (cells are numbered from 0 in each attempt of
 the worker group) and answers those that select its rank.
+
+With several nodes, each rendezvous round has a workers' store of its own:
+the client is handed the rendezvous store, where dtrun keeps
+"<round> <world> <host>:<port>" of the current round under `rdzv_key`, and
+moves to the new store when the round changes (a %restart, a dead worker on
+any node).
 """
 import glob
+import importlib.util
+import io
 import json
 import os
+import pickle
 import queue
 import socket
 import threading
 import time
 from datetime import timedelta
 
+import torch
 import torch.distributed as dist
 
 PREFIX = "dtrun/i/"
@@ -46,6 +67,10 @@ def interrupt_key(n):
     return f"{PREFIX}interrupt/{n}"
 
 
+def restart_key(attempt):
+    return f"{PREFIX}restart/{attempt}"
+
+
 def status_answers_key(n):
     return f"{PREFIX}statusn/{n}"
 
@@ -60,6 +85,80 @@ def stream_key(n, rank, k):
 
 def stream_count_key(n, rank):
     return f"{PREFIX}streamn/{n}/{rank}"
+
+
+def data_key(n, k, rank=None):
+    return f"{PREFIX}data/{n}/{k}" if rank is None else f"{PREFIX}data/{n}/{rank}/{k}"
+
+
+CHUNK = 16 << 20  # bytes per stored chunk of pickled data
+
+
+def put_chunks(store, key_of, blob):
+    """Stores `blob` in chunks under key_of(k); returns how many."""
+    chunks = max(1, -(-len(blob) // CHUNK))
+    view = memoryview(blob)
+    for k in range(chunks):
+        store.set(key_of(k), bytes(view[k * CHUNK:(k + 1) * CHUNK]))
+    return chunks
+
+
+def get_chunks(store, key_of, chunks):
+    return b"".join(store.get(key_of(k)) for k in range(chunks))
+
+
+_INT_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+_NUMPY = importlib.util.find_spec("numpy") is not None  # raw_bytes views tensors through it
+
+
+def raw_bytes(t):
+    """A writable byte view of a contiguous CPU tensor's memory."""
+    return memoryview(t.view(_INT_OF_SIZE[t.element_size()]).numpy()).cast("B")
+
+
+def sendable(obj):
+    """Whether a tensor can travel as raw bytes (plain, dense, real)."""
+    return (_NUMPY and type(obj) is torch.Tensor and obj.layout == torch.strided and not obj.requires_grad
+            and not obj.is_complex() and obj.element_size() in _INT_OF_SIZE
+            and obj.device.type == "cpu")
+
+
+class TensorPickler(pickle.Pickler):
+    """Pickles everything but sendable tensors, which it collects."""
+
+    def __init__(self, file):
+        super().__init__(file, protocol=5)
+        self.tensors = []
+
+    def persistent_id(self, obj):
+        if sendable(obj):
+            self.tensors.append(obj.contiguous())
+            return ("tensor", len(self.tensors) - 1)
+        return None
+
+
+def load_with_tensors(blob, tensors):
+    class Unpickler(pickle.Unpickler):
+        def persistent_load(self, pid):
+            return tensors[pid[1]]
+
+    return Unpickler(io.BytesIO(blob)).load()
+
+
+def receive_tensors(host, port, specs, timeout=120.0):
+    """The tensors a pull's rank sends, received straight into their memory."""
+    tensors = [torch.empty(shape, dtype=getattr(torch, dtype.split(".")[-1]))
+               for dtype, shape in specs]
+    with socket.create_connection((host, port), timeout=timeout) as conn:
+        for t in tensors:
+            view, got = raw_bytes(t), 0
+            while got < len(view):
+                k = conn.recv_into(view[got:])
+                if k == 0:
+                    raise SessionError(f"the rank at {host}:{port} closed the connection "
+                                       f"after {got} of {len(view)} bytes")
+                got += k
+    return tensors
 
 
 class SessionError(Exception):
@@ -109,23 +208,54 @@ class _Waiter(threading.Thread):
             if request is None:
                 break
             keys, done = request
-            self.conn.wait(keys)
+            try:
+                self.conn.wait(keys)
+            except Exception:  # noqa: BLE001 - the round's store went away
+                pass
             done.set()
         self.conn = None
 
 
 class Session:
-    def __init__(self, host, port, world, launcher_pid=None, session_dir=None):
+    def __init__(self, host, port, world, launcher_pid=None, session_dir=None, rdzv_key=None):
         self.host, self.port, self.world = host, port, world
         self.launcher_pid = launcher_pid
         self.session_dir = session_dir  # dtrun's session folder, when on this host
-        self.store = dist.TCPStore(host, port, None, False, timedelta(days=30), False)
-        self.waiter = _Waiter(host, port)
+        self.rdzv_key, self.rdzv, self.round = rdzv_key, None, None
+        if rdzv_key:  # several nodes: host:port is the rendezvous store
+            self.rdzv = dist.TCPStore(host, port, None, False, timedelta(days=30), False)
+            self.rdzv.set_timeout(timedelta(seconds=1))  # wait_ready polls for the first round
+            self.store = self.waiter = None
+        else:
+            self.store = dist.TCPStore(host, port, None, False, timedelta(days=30), False)
+            self.waiter = _Waiter(host, port)
         self.next_cell = 0
         self.attempt = None
         self.workers = {}  # rank -> (host, pid) of the current attempt
         self.stream = False
         self.timeout = None  # seconds per cell, or None
+
+    # -- rounds (several nodes) -------------------------------------------
+    def _current_round(self):
+        """(round, world, host, port) of the workers' store dtrun names now."""
+        rnd, world, addr = self.rdzv.get(self.rdzv_key).decode().split(" ")
+        host, port = addr.rsplit(":", 1)
+        return int(rnd), int(world), host.strip("[]"), int(port)
+
+    def _round_moved(self):
+        return self.rdzv is not None and self._current_round()[0] != self.round
+
+    def _follow_round(self):
+        """Connects to the current round's store when the round changed."""
+        rnd, world, host, port = self._current_round()
+        if rnd == self.round:
+            return
+        store = dist.TCPStore(host, port, None, False, timedelta(days=30), False)
+        waiter = _Waiter(host, port)
+        if self.waiter is not None:
+            self.waiter.requests.put(None)  # its thread ends with its next wait
+        self.round, self.world, self.store, self.waiter = rnd, world, store, waiter
+        self.next_cell = 0
 
     # -- workers ---------------------------------------------------------
     def statuses(self, fresh=False, wait=1.0):
@@ -147,22 +277,43 @@ class Session:
         """Until every rank serves cells (of an attempt after `newer_than`)."""
         deadline = time.monotonic() + timeout
         while True:
+            if self._ready(newer_than):
+                return
+            if self.launcher_pid and not _alive(self.launcher_pid):
+                raise SessionError("dtrun exited; its log says why")
+            self._check_start_loop(newer_than)
+            if time.monotonic() > deadline:
+                raise SessionError(f"workers not ready after {timeout:.0f} s: "
+                                   f"{self._count_ready()} of {self.world} answered")
+            time.sleep(0.02)
+
+    def _count_ready(self):
+        try:
+            return self.store.add(READY, 0) if self.store is not None else 0
+        except RuntimeError:  # the round's store is gone: none of its ranks serve
+            return 0
+
+    def _ready(self, newer_than):
+        if self.rdzv is not None:
+            try:
+                self._follow_round()
+            except RuntimeError:  # the next round's store is not up yet
+                return False
+        try:
             if self.store.add(READY, 0) >= self.world:
                 st = self.statuses()
                 attempts = {s["attempt"] for s in st.values()}
                 if len(st) == self.world and len(attempts) == 1 and (
                         newer_than is None or attempts.pop() > newer_than):
                     self.attempt = st[0]["attempt"]
-                    self.workers = {r: (s["host"], s["pid"]) for r, s in st.items()}
+                    self.workers = {r: (s["host"], s.get("addr"), s["pid"])
+                                    for r, s in st.items()}
                     self.next_cell = 0
-                    return
-            if self.launcher_pid and not _alive(self.launcher_pid):
-                raise SessionError("dtrun exited; its log says why")
-            self._check_start_loop(newer_than)
-            if time.monotonic() > deadline:
-                raise SessionError(f"workers not ready after {timeout:.0f} s: "
-                                   f"{self.store.add(READY, 0)} of {self.world} answered")
-            time.sleep(0.02)
+                    return True
+        except RuntimeError:  # the round ended under us; the next one follows
+            if self.rdzv is None:
+                raise
+        return False
 
     def _check_start_loop(self, newer_than, limit=3):
         """Workers that die before they serve (an interpreter without torch, a
@@ -186,23 +337,19 @@ class Session:
                            f"restarts){said}")
 
     def dead_ranks(self, ranks):
-        """Ranks of this attempt whose worker (on this host) has exited."""
-        here = socket.gethostname()
-        return [r for r in ranks if r in self.workers and self.workers[r][0] == here
-                and not _alive(self.workers[r][1])]
+        """Ranks of this attempt whose worker (on this node) has exited. On
+        other nodes a dead worker shows as the round moving on."""
+        here = (socket.gethostname(), os.environ.get("DTRUN_NODE_ADDR"))
+        return [r for r in ranks if r in self.workers and self.workers[r][:2] == here
+                and not _alive(self.workers[r][2])]
 
     def restart(self):
-        """New workers with fresh state: kill this attempt's workers; dtrun
-        restarts the group."""
-        here = socket.gethostname()
-        if any(host != here for host, _ in self.workers.values()):
-            raise SessionError("restart kills the workers by pid, and some run on other hosts")
+        """New workers with fresh state: this attempt's workers are told
+        through the store to exit (no pids: they may run anywhere), and
+        dtrun restarts the group."""
         old = self.attempt
-        for _, pid in self.workers.values():
-            try:
-                os.kill(pid, 9)
-            except ProcessLookupError:
-                pass
+        self.store.add(restart_key(old), 1)
+        self.send("", list(range(self.world)), kind="restart")
         self.wait_ready(newer_than=old)
 
     def shutdown(self):
@@ -213,17 +360,51 @@ class Session:
             self.store.set(cell_key(self.next_cell), json.dumps({"kind": "shutdown"}))
         except Exception:  # noqa: BLE001 - the store may be gone already
             pass
-        self.waiter.requests.put(None)
-        self.waiter.join(5)
+        if self.waiter is not None:
+            self.waiter.requests.put(None)
+            self.waiter.join(5)
         self.store = None
 
     # -- cells -----------------------------------------------------------
-    def send(self, code, ranks, kind="cell"):
+    def send(self, code, ranks, kind="cell", **extra):
         n = self.next_cell
         self.next_cell += 1
         self.store.set(cell_key(n), json.dumps(
-            {"kind": kind, "code": code, "ranks": ranks, "stream": self.stream}))
+            {"kind": kind, "code": code, "ranks": ranks, "stream": self.stream, **extra}))
         return n
+
+    # -- data and completion -------------------------------------------
+    def push(self, values, ranks):
+        """Sets the variables {name: value} on `ranks` (pickled; tensors keep
+        their device, so push CPU tensors from a kernel without a GPU)."""
+        n = self.next_cell
+        chunks = put_chunks(self.store, lambda k: data_key(n, k), pickle.dumps(values, protocol=5))
+        self.send("", ranks, kind="push", names=sorted(values), chunks=chunks)
+        results = self.collect(n, ranks)
+        _raise_first_error(results)
+
+    def pull(self, names, rank):
+        """{name: value} of `rank`'s variables, tensors moved to the CPU."""
+        n = self.send("", [rank], kind="pull", names=list(names))
+        res = self.collect(n, [rank])[rank]
+        _raise_first_error({rank: res})
+        blob = get_chunks(self.store, lambda k: data_key(n, k, rank), res["chunks"])
+        tensors = (receive_tensors(res["host"], res["port"], res["tensors"])
+                   if res.get("tensors") else [])
+        return load_with_tensors(blob, tensors)
+
+    def complete(self, text, rank=0, timeout=2.0):
+        """Completions of `text` (a name or dotted attribute) in `rank`'s
+        namespace, computed there; [] if the rank does not answer in time."""
+        n = self.send("", [rank], kind="complete", text=text)
+        if not self.waiter.wait([result_key(n, rank)]).wait(timeout):
+            return []
+        return json.loads(self.store.get(result_key(n, rank))).get("matches", [])
+
+    def sync(self):
+        """A barrier on every rank."""
+        results = self.run("dist.barrier()", list(range(self.world)))
+        _raise_first_error(results)
 
     def run(self, code, ranks, on_stream=None):
         """Runs `code` on `ranks`; returns {rank: result} in rank order. A
@@ -253,20 +434,34 @@ class Session:
                     timed_out = interrupted = True
                     self.store.add(interrupt_key(n), 1)
                 died = self.dead_ranks(ranks)
+                if not died and self._round_moved():
+                    # A worker on another node died (or that node's dtrun
+                    # restarted the round): the ranks here start afresh too.
+                    died = [None]
                 if died:
                     # dtrun stops and restarts the whole group (clearing the
                     # store): release the waiter and answer for the ranks here.
-                    for r in ranks:
-                        self.store.set(result_key(n, r), json.dumps({"died": True}))
-                    done.wait()
+                    try:
+                        for r in ranks:
+                            self.store.set(result_key(n, r), json.dumps({"died": True}))
+                    except RuntimeError:  # that round's store is gone already
+                        pass
+                    done.wait(5)
                     break
             except KeyboardInterrupt:
                 interrupted = True
                 self.store.add(interrupt_key(n), 1)
+        try:
+            results = None if died else {r: json.loads(self.store.get(result_key(n, r)))
+                                         for r in ranks}
+        except RuntimeError:  # the round's store went away with its workers
+            if self.rdzv is None:
+                raise
+            died = [None]
         if died:
             self.wait_ready(newer_than=self.attempt)
-            return {r: {"died": r in died, "restarted": True} for r in ranks}
-        results = {r: json.loads(self.store.get(result_key(n, r))) for r in ranks}
+            return {r: {"died": r in died, "restarted": True, "elsewhere": died == [None]}
+                    for r in ranks}
         if on_stream:
             self._pump(n, ranks, shown, on_stream, final=results)
         if timed_out:
@@ -290,6 +485,16 @@ class Session:
                 shown[r] += 1
 
 
+def _raise_first_error(results):
+    for r in sorted(results):
+        res = results[r]
+        if res.get("died") or res.get("restarted"):
+            raise SessionError(f"rank {r}'s worker died; dtrun restarted the group (fresh state)")
+        if not res.get("ok", True):
+            why = (res.get("error") or ("interrupted" if res.get("interrupted") else "failed")).strip()
+            raise SessionError(why if why.startswith(f"rank {r} ") else f"rank {r}: {why}")
+
+
 def _alive(pid):
     try:
         os.kill(pid, 0)
@@ -300,14 +505,45 @@ def _alive(pid):
         return True
 
 
-def format_results(results, streamed=False):
-    """Rank-labelled text of a cell's results, in rank order."""
+class LabelledLines:
+    """Streamed output chunks -> whole lines labelled with their rank (a
+    print() arrives as its text and its newline, in two chunks)."""
+
+    def __init__(self, emit, show=None):
+        self.emit, self.show = emit, show
+        self.partial = {}
+
+    def __call__(self, rank, which, text):
+        if self.show is not None and rank != self.show:
+            return
+        text = self.partial.pop(rank, "") + text
+        *whole, rest = text.split("\n")
+        for line in whole:
+            self.emit(f"[rank {rank}] {line}")
+        if rest:
+            self.partial[rank] = rest
+
+    def flush(self):
+        for rank in sorted(self.partial):
+            self.emit(f"[rank {rank}] {self.partial[rank]}")
+        self.partial.clear()
+
+
+def format_results(results, streamed=False, show=None):
+    """Rank-labelled text of a cell's results, in rank order. show: only
+    that rank's output (the others' errors still count)."""
     lines = []
     for r in sorted(results):
         res = results[r]
+        if show is not None and r != show:
+            res = {k: v for k, v in res.items() if k not in ("out", "err", "value", "displays")}
         label = f"[rank {r}] "
         if res.get("died"):
             lines.append(f"{label}worker died; dtrun restarted the group: every rank has fresh state")
+            continue
+        if res.get("elsewhere"):
+            lines.append(f"{label}restarted with fresh state (a worker died: dtrun started "
+                         "a new round on every node)")
             continue
         if res.get("restarted"):
             lines.append(f"{label}restarted with fresh state (another rank's worker died)")
@@ -315,6 +551,9 @@ def format_results(results, streamed=False):
         text = "" if streamed else res.get("out", "") + res.get("err", "")
         if res.get("value") is not None:
             text += res["value"] + "\n"
+        for bundle in res.get("displays", ()):
+            kinds = ", ".join(sorted(m for m in bundle if m != "text/plain"))
+            text += f"{bundle.get('text/plain', '')} ({kinds}: shown in a notebook)\n"
         if res.get("error"):
             text += res["error"]
         if res.get("interrupted"):

@@ -6,16 +6,27 @@ store, each in this rank's own namespace, and answers through the store.
 Protocol: see session.py.
 """
 import ast
+import base64
+import copy
 import ctypes
 import io
 import json
 import os
+import pickle
+import rlcompleter
 import socket
 import sys
 import threading
 import time
 import traceback
+import warnings
 from datetime import timedelta
+
+# Figures render off screen and reach the client as PNG (see _flush_figures),
+# whatever backend the environment names (a Jupyter kernel that started the
+# session names its inline backend, which would print figures as text here).
+os.environ["MPLBACKEND"] = "Agg"
+warnings.filterwarnings("ignore", message=".*non-interactive, and thus cannot be shown")
 
 import torch
 import torch.distributed as dist
@@ -26,6 +37,8 @@ RANK = int(os.environ["RANK"])
 LOCAL_RANK = int(os.environ.get("LOCAL_RANK", "0"))
 WORLD = int(os.environ["WORLD_SIZE"])
 ATTEMPT = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+# --gpu-ids 0,2: local rank i uses GPU ids[i] (dtrun checked the list).
+GPU_IDS = [int(g) for g in os.environ.get("DTRUN_GPU_IDS", "").split(",") if g.strip()]
 
 
 class _ThreadOutput(io.TextIOBase):
@@ -60,8 +73,9 @@ class Worker:
         self.store = dist.TCPStore(host, port, None, False, forever, False)
         self.backend = "nccl" if torch.cuda.is_available() else "gloo"
         if self.backend == "nccl":
-            torch.cuda.set_device(LOCAL_RANK)
-            self.device = torch.device("cuda", LOCAL_RANK)
+            gpu = GPU_IDS[LOCAL_RANK] if LOCAL_RANK < len(GPU_IDS) else LOCAL_RANK
+            torch.cuda.set_device(gpu)
+            self.device = torch.device("cuda", gpu)
         else:
             self.device = torch.device("cpu")
         dist.init_process_group(self.backend, init_method="env://")
@@ -70,7 +84,9 @@ class Worker:
         self.namespace = {
             "__name__": "__main__", "torch": torch, "dist": dist, "rank": RANK,
             "local_rank": LOCAL_RANK, "world_size": WORLD, "device": self.device,
+            "display": self.display,
         }
+        self.display_sinks = {}  # thread ident -> list of a cell's mime bundles
         self.stdout = _ThreadOutput(sys.stdout, "out")
         self.stderr = _ThreadOutput(sys.stderr, "err")
         sys.stdout, sys.stderr = self.stdout, self.stderr
@@ -83,6 +99,10 @@ class Worker:
         status = {"pid": os.getpid(), "host": socket.gethostname(), "attempt": ATTEMPT,
                   "busy": busy, "last_cell": self.last_cell, "rss_mb": _rss_mb(),
                   "device": str(self.device), "backend": self.backend}
+        if "DTRUN_NODE_ADDR" in os.environ:  # several nodes: the node's own address
+            status["addr"] = os.environ["DTRUN_NODE_ADDR"]
+        if self.device.type == "cuda":
+            status["gpu_mb"] = round(torch.cuda.memory_allocated(self.device) / 2**20, 1)
         self.store.set(proto.status_key(RANK), json.dumps(status))
         if not self.published:
             self.store.add(proto.has_status_key(RANK), 1)
@@ -97,18 +117,75 @@ class Worker:
             cell = json.loads(self.cells.get(proto.cell_key(n)))
             if cell.get("kind") == "shutdown":
                 return
+            if cell.get("kind") == "restart":
+                os._exit(1)  # dtrun starts a fresh group
             if cell.get("kind") == "status":
                 self.publish(busy=False)
                 self.store.add(proto.status_answers_key(n), 1)
                 n += 1
                 continue
             if RANK in cell["ranks"]:
-                if cell.get("kind") == "reset_pg":
+                kind = cell.get("kind")
+                if kind == "reset_pg":
                     result = self.reset_process_group()
+                elif kind in ("push", "pull", "complete"):
+                    result = getattr(self, kind)(n, cell)
                 else:
                     result = self.run(n, cell)
                 self.store.set(proto.result_key(n, RANK), json.dumps(result))
             n += 1
+
+    def push(self, n, cell):
+        blob = proto.get_chunks(self.store, lambda k: proto.data_key(n, k), cell["chunks"])
+        try:
+            self.namespace.update(pickle.loads(blob))
+        except Exception as e:  # noqa: BLE001 - e.g. a class this rank cannot import
+            return {"ok": False, "error": f"rank {RANK} cannot unpickle {cell['names']}: {e!r}"}
+        return {"ok": True}
+
+    def pull(self, n, cell):
+        missing = [name for name in cell["names"] if name not in self.namespace]
+        if missing:
+            return {"ok": False, "error": f"rank {RANK} has no variable '{missing[0]}'"}
+        try:
+            buf = io.BytesIO()
+            pickler = proto.TensorPickler(buf)
+            pickler.dump({name: _to_cpu(self.namespace[name]) for name in cell["names"]})
+        except Exception as e:  # noqa: BLE001 - an unpicklable value, named to the user
+            return {"ok": False, "error": f"rank {RANK} cannot pickle {cell['names']}: {e!r}"}
+        chunks = proto.put_chunks(self.store, lambda k: proto.data_key(n, k, RANK), buf.getvalue())
+        result = {"ok": True, "chunks": chunks}
+        if pickler.tensors:
+            host, port = _send_tensors(pickler.tensors)
+            result.update(host=host, port=port,
+                          tensors=[[str(t.dtype), list(t.shape)] for t in pickler.tensors])
+        return result
+
+    def complete(self, n, cell):
+        """Names and attributes as rlcompleter finds them (it evaluates only
+        the part before the last dot; nothing is copied)."""
+        completer = rlcompleter.Completer(self.namespace)
+        matches = []
+        try:
+            for i in range(1000):
+                m = completer.complete(cell["text"], i)
+                if m is None:
+                    break
+                matches.append(m.rstrip("("))
+        except Exception:  # noqa: BLE001 - a failing property: no completions
+            pass
+        return {"ok": True, "matches": sorted(set(matches))}
+
+    def display(self, *objs):
+        """IPython's display() on a rank: each object's richest forms go to
+        the client, which shows them as a notebook shows them."""
+        sink = self.display_sinks.get(threading.get_ident())
+        for obj in objs:
+            bundle = _bundle(obj) or {"text/plain": repr(obj)}
+            if sink is None:
+                print(bundle["text/plain"])
+            else:
+                sink.append(bundle)
 
     def run(self, n, cell):
         self.last_cell = n
@@ -124,13 +201,20 @@ class Worker:
                 self.store.add(proto.stream_count_key(n, RANK), 1)
 
         result = {"ok": True}
+        displays = []
+        _patch_display(self.display)
 
         def body():
             self.stdout.sinks[threading.get_ident()] = sink
             self.stderr.sinks[threading.get_ident()] = sink
+            self.display_sinks[threading.get_ident()] = displays
             try:
                 value = _execute(cell["code"], self.namespace)
-                if value is not None:
+                _flush_figures(self.display)
+                rich = _bundle(value) if value is not None else None
+                if rich:
+                    displays.append(rich)
+                elif value is not None:
                     result["value"] = repr(value)
             except KeyboardInterrupt:
                 result.update(ok=False, interrupted=True)
@@ -155,9 +239,14 @@ class Worker:
             if self.store.add(interrupt, 0) > 0:
                 self.interrupt(thread, result)
                 break
+            if self.store.add(proto.restart_key(ATTEMPT), 0) > 0:
+                os._exit(1)  # %restart while this cell runs
         self.stdout.sinks.pop(thread.ident, None)
         self.stderr.sinks.pop(thread.ident, None)
+        self.display_sinks.pop(thread.ident, None)
         result["out"], result["err"] = "".join(out), "".join(err)
+        if displays:
+            result["displays"] = displays
         result["streamed"] = streamed[0]
         if self.backend == "nccl":
             torch.cuda.empty_cache()  # give memory a cell freed back, as Ddip does
@@ -200,6 +289,117 @@ def _execute(code, namespace):
     if last is not None:
         return eval(compile(last, "<cell>", "eval"), namespace)
     return None
+
+
+_REPRS = [("_repr_html_", "text/html"), ("_repr_markdown_", "text/markdown"),
+          ("_repr_svg_", "image/svg+xml"), ("_repr_png_", "image/png"),
+          ("_repr_jpeg_", "image/jpeg"), ("_repr_latex_", "text/latex"),
+          ("_repr_json_", "application/json")]
+
+
+def _bundle(obj):
+    """The mime bundle of an object with rich forms (IPython's _repr_*_
+    methods, a matplotlib figure), binary forms base64-encoded; None if it
+    has only a plain repr."""
+    if isinstance(obj, type):
+        return None
+    data = {}
+    try:
+        if hasattr(obj, "_repr_mimebundle_"):
+            got = obj._repr_mimebundle_()
+            data.update(got[0] if isinstance(got, tuple) else got or {})
+        for method, mime in _REPRS:
+            f = getattr(obj, method, None)
+            if callable(f) and mime not in data:
+                value = f()
+                if value is not None:
+                    data[mime] = value[0] if isinstance(value, tuple) else value
+        if "image/png" not in data and _is_figure(obj):
+            buf = io.BytesIO()
+            obj.savefig(buf, format="png", bbox_inches="tight")
+            data["image/png"] = buf.getvalue()
+    except Exception as e:  # noqa: BLE001 - a broken _repr_: the plain repr, with why
+        return {"text/plain": f"{obj!r} (rich display failed: {e!r})"}
+    if not data:
+        return None
+    for mime, value in data.items():
+        if isinstance(value, bytes):
+            data[mime] = base64.b64encode(value).decode("ascii")
+    data["text/plain"] = repr(obj)
+    return data
+
+
+def _is_figure(obj):
+    return type(obj).__module__.startswith("matplotlib.") and hasattr(obj, "savefig")
+
+
+def _flush_figures(display):
+    """As IPython's inline backend: figures a cell left open are shown (as
+    PNG) at its end, and closed."""
+    plt = sys.modules.get("matplotlib.pyplot")
+    if plt is None:
+        return
+    for num in plt.get_fignums():
+        display(plt.figure(num))
+    plt.close("all")
+
+
+def _patch_display(display):
+    """display() and plt.show() of modules a cell imported send to the client."""
+    plt = sys.modules.get("matplotlib.pyplot")
+    if plt is not None and getattr(plt.show, "__name__", "") != "_dtrun_show":
+        def _dtrun_show(*args, **kwargs):
+            _flush_figures(display)
+        plt.show = _dtrun_show
+    for name in ("IPython.display", "IPython.core.display_functions", "IPython.core.display"):
+        module = sys.modules.get(name)
+        if module is not None and getattr(module, "display", display) is not display:
+            module.display = display
+
+
+def _send_tensors(tensors, timeout=120.0):
+    """Listens on an address the client can reach (the one this host uses
+    towards the store); a thread sends the tensors' bytes to the first
+    connection. Returns (host, port)."""
+    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        probe.connect((os.environ["MASTER_ADDR"], 9))  # picks a route; sends nothing
+        host = probe.getsockname()[0]
+    except OSError:
+        host = os.environ["MASTER_ADDR"]
+    finally:
+        probe.close()
+    server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    server.bind((host, 0))
+    server.listen(1)
+    server.settimeout(timeout)
+
+    def send():
+        try:
+            conn, _ = server.accept()
+            with conn:
+                for t in tensors:
+                    conn.sendall(proto.raw_bytes(t))
+        except OSError:
+            pass  # the client gave up; it says so
+        finally:
+            server.close()
+
+    threading.Thread(target=send, name="dtrun-pull", daemon=True).start()
+    return host, server.getsockname()[1]
+
+
+def _to_cpu(value):
+    """A copy on the CPU of tensors and modules (in lists, tuples, dicts)."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu()
+    if isinstance(value, torch.nn.Module):
+        return copy.deepcopy(value).cpu()
+    if type(value) in (list, tuple):
+        return type(value)(_to_cpu(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _to_cpu(v) for k, v in value.items()}
+    return value
 
 
 def _rss_mb():

@@ -1,0 +1,323 @@
+"""The magics of dtrun's Jupyter extension (see the package's docstring)."""
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import tempfile
+
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
+from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+from IPython.display import publish_display_data
+
+from dtrun.session import (LabelledLines, Session, SessionError, format_results,
+                           parse_ranks)
+
+_STATE = {"session": None, "proc": None, "mode": True}
+
+
+def _session():
+    if _STATE["session"] is None:
+        raise _usage("no dtrun session: run %dist_init --num-processes N first")
+    return _STATE["session"]
+
+
+def _usage(text):
+    return UsageError(text)
+
+
+def _start(num_processes, python=None, dtrun=None, gpu_ids=None, timeout=300.0):
+    exe = dtrun or os.environ.get("DTRUN") or shutil.which("dtrun")
+    if not exe:
+        raise _usage("cannot find the dtrun binary: pass --dtrun PATH or set $DTRUN")
+    cmd = [exe, "--interactive", "--no-console", f"--nproc-per-node={num_processes}"]
+    if python:
+        cmd.append(f"--python={python}")
+    if gpu_ids:
+        cmd.append(f"--gpu-ids={gpu_ids}")
+    # dtrun's log to a file (a pipe nobody reads would fill and stop it).
+    log = tempfile.TemporaryFile("w+")
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True,
+                            start_new_session=True, preexec_fn=_die_with_parent)
+    line = proc.stdout.readline()
+    fields = line.split()
+    if not line.startswith("dtrun-interactive:") or len(fields) < 9:
+        proc.kill()
+        rc = proc.wait()
+        log.seek(0)
+        said = log.read().strip()[-2000:]
+        raise _usage(f"dtrun did not start a session (exit code {rc})" +
+                     (f": {said}" if said else f"; run {shlex.join(cmd)} in a terminal to see why"))
+    host, port, world = fields[2], int(fields[4]), int(fields[6])
+    session = Session(host, port, world, session_dir=fields[8])
+    session.stream = True
+    try:
+        session.wait_ready(timeout=timeout)
+    except SessionError:
+        session.shutdown()
+        proc.kill()
+        proc.wait()
+        raise
+    _STATE.update(session=session, proc=proc, mode=True)
+    return session
+
+
+def _die_with_parent():
+    """In the child: dtrun gets SIGTERM when the kernel that started it dies."""
+    import ctypes
+    import signal
+
+    ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG
+
+
+def _shutdown():
+    session, proc = _STATE["session"], _STATE["proc"]
+    _STATE.update(session=None, proc=None)
+    if session is not None:
+        session.shutdown()
+    if proc is not None:
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.terminate()
+            proc.wait()
+
+
+def _run(code, spec="all", show=None):
+    session = _session()
+    try:
+        ranks = parse_ranks(spec, session.world)
+        if show is not None and show not in ranks:
+            raise SessionError(f"--show {show}: rank {show} does not run this cell ({spec})")
+    except SessionError as e:
+        raise _usage(str(e)) from None
+    lines = LabelledLines(print, show) if session.stream else None
+    results = session.run(code, ranks, lines)
+    if lines:
+        lines.flush()
+    text = format_results({r: {k: v for k, v in res.items() if k != "displays"}
+                           for r, res in results.items()}, streamed=session.stream, show=show)
+    if text:
+        print(text)
+    for r in sorted(results):
+        if show is None or r == show:
+            for bundle in results[r].get("displays", ()):
+                _publish(r, bundle)
+
+
+def _publish(rank, bundle):
+    """A rank's rich output as the notebook's own display data, labelled."""
+    data = dict(bundle)
+    data["text/plain"] = f"[rank {rank}] {bundle.get('text/plain', '')}"
+    if "text/html" in data:
+        data["text/html"] = f"<div><small>[rank {rank}]</small></div>\n{data['text/html']}"
+    publish_display_data(data, metadata={"dtrun": {"rank": rank}})
+
+
+def _parse_rank_line(line):
+    """'%%rank' arguments: a rank spec ('[0, 1]', '1-3', 'all') with --local
+    and --show R anywhere -> (spec, local, show)."""
+    words = shlex.split(line)
+    local, show, spec = False, None, []
+    i = 0
+    while i < len(words):
+        if words[i] == "--local":
+            local = True
+        elif words[i] == "--show":
+            if i + 1 >= len(words) or not words[i + 1].isdigit():
+                raise _usage("--show takes a rank, e.g. %%rank 0-3 --show 1")
+            show = int(words[i + 1])
+            i += 1
+        elif words[i].startswith("--"):
+            raise _usage(f"unknown option {words[i]}: %%rank takes --local and --show R")
+        else:
+            spec.append(words[i])
+        i += 1
+    return " ".join(spec) or "all", local, show
+
+
+def _on_off(line, what):
+    arg = line.strip()
+    if arg not in ("", "on", "off"):
+        raise _usage(f"usage: %{what} on|off (no argument: show it)")
+    return None if arg == "" else arg == "on"
+
+
+def _names_and_option(line, option):
+    """'a b --ranks 0,1' -> (['a', 'b'], '0,1')."""
+    words = line.split()
+    value = None
+    if option in words:
+        at = words.index(option)
+        if at + 1 >= len(words):
+            raise _usage(f"{option} needs a value")
+        value = words[at + 1]
+        del words[at:at + 2]
+    if not words:
+        raise _usage("name at least one variable")
+    return words, value
+
+
+def _to_all_ranks(lines):
+    """IPython input transformer: with a session open and %dist_mode on, a
+    plain cell runs on every rank (magics and %%cells keep their meaning)."""
+    if (_STATE["session"] is None or not _STATE["mode"] or not lines
+            or lines[0].lstrip().startswith("%")):
+        return lines
+    return [f"get_ipython().run_cell_magic('distributed', '', {json.dumps(''.join(lines))})\n"]
+
+
+def _complete(text):
+    """IPython custom matcher: names and attributes from rank 0."""
+    session = _STATE["session"]
+    if session is None or not text or not (text[0].isalpha() or text[0] == "_"):
+        return []
+    try:
+        return session.complete(text, 0)
+    except Exception:  # noqa: BLE001 - completion must never break the kernel
+        return []
+
+
+def _status_lines(session):
+    st = session.statuses(fresh=True)
+    dead = set(session.dead_ranks(list(st)))
+    for r in range(session.world):
+        s = st.get(r, {})
+        gpu = f", GPU {s['gpu_mb']} MB" if "gpu_mb" in s else ""
+        yield (f"rank {r}: host {s.get('host')}, pid {s.get('pid')}, "
+               f"{'dead' if r in dead else 'alive'}, {'busy' if s.get('busy') else 'idle'}, "
+               f"last cell {s.get('last_cell')}, {s.get('rss_mb')} MB, {s.get('device')}{gpu}")
+
+
+@magics_class
+class DtrunMagics(Magics):
+    @magic_arguments()
+    @argument("--num-processes", "-n", type=int, default=2)
+    @argument("--gpu-ids", default=None, help="GPU per local rank, e.g. 0,2")
+    @argument("--python", default=None)
+    @argument("--dtrun", default=None)
+    @line_magic
+    def dist_init(self, line):
+        args = parse_argstring(self.dist_init, line)
+        if _STATE["session"] is not None:
+            _shutdown()
+        s = _start(args.num_processes, args.python, args.dtrun, args.gpu_ids)
+        print(f"dtrun: {s.world} rank(s) ready (torch.distributed initialised); "
+              "plain cells now run on every rank, %%rank SPEC on some")
+
+    @cell_magic
+    def rank(self, line, cell):
+        spec, local, show = _parse_rank_line(line)
+        _run(cell, spec, show)
+        if local:
+            self.shell.ex(cell)
+
+    @cell_magic
+    def distributed(self, line, cell):
+        _run(cell, "all")
+
+    @line_magic
+    def dist_mode(self, line):
+        on = _on_off(line, "dist_mode")
+        if on is not None:
+            _STATE["mode"] = on
+        print("dist_mode " + ("on: plain cells run on every rank" if _STATE["mode"] else
+                              "off: plain cells run in the kernel; %%distributed and "
+                              "%%rank on the ranks"))
+
+    @line_magic
+    def dist_stream(self, line):
+        session = _session()
+        on = _on_off(line, "dist_stream")
+        if on is not None:
+            session.stream = on
+        print(f"streaming {'on' if session.stream else 'off'}")
+
+    @line_magic
+    def dist_timeout(self, line):
+        session = _session()
+        arg = line.strip()
+        if arg == "off":
+            session.timeout = None
+            print("no cell timeout")
+            return
+        try:
+            session.timeout = float(arg)
+            if session.timeout <= 0:
+                raise ValueError
+        except ValueError:
+            session.timeout = None
+            raise _usage("usage: %dist_timeout SECONDS (> 0) | off") from None
+        print(f"cells are interrupted after {session.timeout:g} s")
+
+    @line_magic
+    def dist_push(self, line):
+        session = _session()
+        names, spec = _names_and_option(line, "--ranks")
+        missing = [n for n in names if n not in self.shell.user_ns]
+        if missing:
+            raise _usage(f"the kernel has no variable '{missing[0]}'")
+        try:
+            ranks = parse_ranks(spec or "all", session.world)
+            session.push({n: self.shell.user_ns[n] for n in names}, ranks)
+        except SessionError as e:
+            raise _usage(str(e)) from None
+        print(f"pushed {', '.join(names)} to rank(s) {', '.join(map(str, ranks))}")
+
+    @line_magic
+    def dist_pull(self, line):
+        session = _session()
+        names, rank = _names_and_option(line, "--rank")
+        try:
+            [r] = parse_ranks(rank or "0", session.world)
+            values = session.pull(names, r)
+        except (SessionError, ValueError) as e:
+            raise _usage(str(e) if isinstance(e, SessionError)
+                         else "--rank takes one rank") from None
+        self.shell.user_ns.update(values)
+        print(f"pulled {', '.join(names)} from rank {r}")
+
+    @line_magic
+    def sync(self, line):
+        session = _session()
+        try:
+            session.sync()
+        except SessionError as e:
+            raise _usage(str(e)) from None
+        print(f"all {session.world} ranks reached the barrier")
+
+    @line_magic
+    def dist_status(self, line):
+        for text in _status_lines(_session()):
+            print(text)
+
+    @line_magic
+    def dist_restart(self, line):
+        session = _session()
+        try:
+            session.restart()
+        except SessionError as e:
+            raise _usage(str(e)) from None
+        print(f"dtrun: {session.world} fresh worker(s) ready (attempt {session.attempt})")
+
+    @line_magic
+    def dist_shutdown(self, line):
+        _shutdown()
+        print("dtrun: workers stopped")
+
+
+def load_ipython_extension(ip):
+    ip.register_magics(DtrunMagics)
+    if _to_all_ranks not in ip.input_transformers_cleanup:
+        ip.input_transformers_cleanup.append(_to_all_ranks)
+    if _complete not in ip.Completer.custom_matchers:
+        ip.Completer.custom_matchers.append(_complete)
+
+
+def unload_ipython_extension(ip):
+    _shutdown()
+    if _to_all_ranks in ip.input_transformers_cleanup:
+        ip.input_transformers_cleanup.remove(_to_all_ranks)
+    if _complete in ip.Completer.custom_matchers:
+        ip.Completer.custom_matchers.remove(_complete)
