@@ -1,57 +1,158 @@
 #!/usr/bin/env bash
 # Builds the benchmarks and runs them against the real peers, printing the
 # Markdown tables README carries. Usage: scripts/bench.sh [SECONDS_PER_CELL]
+#
+# The peers are Debian's torch 1.13 on the host and torch 2.6 in the trixie
+# root made by scripts/torch2.sh (made here if missing; needs root). Debian's
+# 2.6 lacks libuv while its TCPStore defaults to use_libuv=True, so every 2.6
+# process runs with tests/bench/torch2_shim on PYTHONPATH, which only turns
+# that default off. DTRUN_BENCH_TORCH2=0 leaves the 2.6 columns out.
+# Build folders: $DTRUN_BENCH_BUILD (default build-bench) on the host and
+# $DTRUN_BENCH_BUILD_TORCH2 (default build-bench-torch2) in the root; only the
+# programs run here are built.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
-scripts/build.sh build-bench -DDTRUN_BUILD_BENCHMARKS=ON -DDTRUN_BUILD_TESTS=ON -DDTRUN_FUZZ=OFF \
-  -DCMAKE_BUILD_TYPE=Release
-echo "== store: dtstore vs libtorch 1.13 TCPStore server ($(nproc) cores, $(date -u +%F))"
-build-bench/tests/bench/store_bench --dtstore build-bench/apps/dtstore \
-  --torch-host build-bench/tests/bench/torch_store_host --seconds "${1:-1}"
+b=${DTRUN_BENCH_BUILD:-build-bench}
+b2=${DTRUN_BENCH_BUILD_TORCH2:-build-bench-torch2}
+export CCACHE_DIR=${CCACHE_DIR:-$HOME/.cache/ccache} CCACHE_BASEDIR=${CCACHE_BASEDIR:-$PWD}
+configure=(-G Ninja -DDTRUN_BUILD_BENCHMARKS=ON -DDTRUN_BUILD_TESTS=ON -DDTRUN_FUZZ=OFF
+  -DCMAKE_BUILD_TYPE=Release)
+cmake -S . -B "$b" "${configure[@]}" >/dev/null
+ninja -C "$b" dtrun dtstore fake_worker store_bench store_load_bench rdzv_sim_bench \
+  torch_store_host ddp_bench fsdp_bench hang_bench >/dev/null
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+# DTRUN_BENCH_ONLY=store,launcher,... runs only those parts: store, store-load,
+# launcher, multinode, rdzv-sim, rdzv-scale, ddp, fsdp, interactive, hang.
+want() { [[ -z ${DTRUN_BENCH_ONLY:-} || ",$DTRUN_BENCH_ONLY," == *",$1,"* ]]; }
 
-echo
-echo "== launcher: dtrun vs torchrun 1.13 ($(nproc) cores; workers OMP_NUM_THREADS=1)"
-ninja -C build-bench fake_worker dtrun >/dev/null
-/usr/bin/python3 tests/bench/launch_bench.py --dtrun build-bench/apps/dtrun \
-  --fake-worker build-bench/tests/apps/fake_worker
-
-echo
-echo "== multi-node: dtrun vs torchrun 1.13, c10d backend, agents on one machine"
-/usr/bin/python3 tests/bench/multinode_bench.py --dtrun build-bench/apps/dtrun \
-  --fake-worker build-bench/tests/apps/fake_worker
-
-echo
-echo "== DDP: our C++ DDP vs PyTorch's Python DDP, MLP 784-1024x3-10, batch 64/rank, 2 ranks"
-echo "   (both launched by dtrun; gloo; 1 thread per rank; each BLAS installed, chosen per run"
-echo "   with LD_LIBRARY_PATH for ours and PyTorch's alike)"
-ninja -C build-bench ddp_bench >/dev/null
-blas_dirs=(/usr/lib/x86_64-linux-gnu/blas)
-if [[ -e /usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3 ]]; then
-  blas_dirs+=(/usr/lib/x86_64-linux-gnu/openblas-pthread)
+torch2=${DTRUN_BENCH_TORCH2:-1}
+if [[ $torch2 == 1 ]]; then
+  scripts/torch2.sh >/dev/null
+  # Programs that link libtorch 2.6 are built in the root, in a folder of their own.
+  scripts/torch2.sh run sh -c "cmake -S . -B $b2 ${configure[*]} >/dev/null &&
+    ninja -C $b2 dtstore store_bench torch_store_host ddp_bench >/dev/null"
+  py2=scripts/torch2-python
+  shim2=PYTHONPATH=$PWD/tests/bench/torch2_shim
+  launch2=(--torch2 scripts/torch2.sh --torch2-python "$py2")
 else
-  echo "   (install libopenblas0-pthread to compare under OpenBLAS too)"
+  launch2=()
 fi
-for dir in "${blas_dirs[@]}"; do
-  echo "-- BLAS: $dir"
-  for i in 1 2 3; do
-    LD_LIBRARY_PATH=$dir OPENBLAS_NUM_THREADS=1 build-bench/apps/dtrun --nproc-per-node=2 \
-      --log-level=error build-bench/tests/bench/ddp_bench
-    LD_LIBRARY_PATH=$dir OPENBLAS_NUM_THREADS=1 build-bench/apps/dtrun --nproc-per-node=2 \
-      --log-level=error --python /usr/bin/python3 tests/bench/ddp_bench.py
-  done
-done
 
-echo
-echo "== FSDP vs our DDP: MLP 784-1024x3-10 (2.9M parameters), batch 32/rank, SGD momentum"
-echo "   (dtrun; gloo; 1 thread per rank; same BLAS as above)"
-ninja -C build-bench fsdp_bench >/dev/null
-for n in 2 4; do
-  for mode in ddp fsdp fsdp-noprefetch; do
-    build-bench/apps/dtrun --nproc-per-node=$n --log-level=error build-bench/tests/bench/fsdp_bench $mode
-  done
-done
+if want store; then
+  echo "== store: dtstore vs libtorch's TCPStore server ($(nproc) cores, $(date -u +%F))"
+  $b/tests/bench/store_bench --dtstore $b/apps/dtstore \
+    --torch-host $b/tests/bench/torch_store_host --seconds "${1:-1}" | tee "$tmp/store113.md"
+  if [[ $torch2 == 1 ]]; then
+    # libtorch 1.13's client cannot talk to a 2.6 server (the opcodes moved),
+    # so 2.6's own C++ client, built in the root, drives dtstore and 2.6's server.
+    scripts/torch2.sh run $b2/tests/bench/store_bench \
+      --dtstore $b2/apps/dtstore \
+      --torch-host $b2/tests/bench/torch_store_host --seconds "${1:-1}" \
+      | tee "$tmp/store26.md"
+    echo "-- joined:"
+    /usr/bin/python3 tests/bench/join_store_tables.py "$tmp/store113.md" "$tmp/store26.md"
+  fi
+fi
 
-echo
-echo "== interactive: empty cell round trip, console side (send, all results, format)"
-/usr/bin/python3 tests/bench/interactive_bench.py --dtrun build-bench/apps/dtrun
+if want store-load; then
+  echo
+  echo "== store, server-bound: raw-protocol load generator (one epoll thread, 8 connections x"
+  echo "   depth 32), dtstore vs libtorch 1.13's server, 3 paired rounds"
+  $b/tests/bench/store_load_bench --dtstore $b/apps/dtstore \
+    --torch-host $b/tests/bench/torch_store_host --seconds "${1:-1}" --rounds 3
+fi
+
+if want launcher; then
+  echo
+  echo "== launcher: dtrun vs torchrun 1.13 and 2.6 ($(nproc) cores; workers OMP_NUM_THREADS=1)"
+  /usr/bin/python3 tests/bench/launch_bench.py --dtrun $b/apps/dtrun \
+    --fake-worker $b/tests/apps/fake_worker "${launch2[@]}"
+fi
+
+if want multinode; then
+  echo
+  echo "== multi-node: dtrun vs torchrun 1.13 and 2.6, c10d backend, agents on one machine"
+  /usr/bin/python3 tests/bench/multinode_bench.py --dtrun $b/apps/dtrun \
+    --fake-worker $b/tests/apps/fake_worker "${launch2[@]:0:2}"
+fi
+
+if want rdzv-sim; then
+  echo
+  echo "== rendezvous at scale: N simulated agents (threads running the real rendezvous, one"
+  echo "   connection each) at a real dtstore; the process raises its RLIMIT_NOFILE to the hard limit"
+  $b/tests/bench/rdzv_sim_bench --dtstore $b/apps/dtstore
+fi
+
+if want rdzv-scale; then
+  echo
+  echo "== rendezvous at scale: N real dtrun agents (1 x /bin/true each) at a standalone dtstore"
+  /usr/bin/python3 tests/bench/rdzv_scale_bench.py --dtrun $b/apps/dtrun
+fi
+
+if want ddp; then
+  echo
+  echo "== DDP: our C++ DDP vs PyTorch's Python DDP, on 1.13 and (reference BLAS only) 2.6,"
+  echo "   MLP 784-1024x3-10, batch 64/rank, 2 ranks"
+  echo "   (all launched by dtrun; gloo; 1 thread per rank; each BLAS installed, chosen per run"
+  echo "   with LD_LIBRARY_PATH for ours and PyTorch's alike; the root has only the reference BLAS)"
+  blas_dirs=(/usr/lib/x86_64-linux-gnu/blas)
+  if [[ -e /usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3 ]]; then
+    blas_dirs+=(/usr/lib/x86_64-linux-gnu/openblas-pthread)
+  else
+    echo "   (install libopenblas0-pthread to compare under OpenBLAS too)"
+  fi
+  for dir in "${blas_dirs[@]}"; do
+    echo "-- BLAS: $dir"
+    for i in 1 2 3; do
+      LD_LIBRARY_PATH=$dir OPENBLAS_NUM_THREADS=1 $b/apps/dtrun --nproc-per-node=2 \
+        --log-level=error $b/tests/bench/ddp_bench
+      LD_LIBRARY_PATH=$dir OPENBLAS_NUM_THREADS=1 $b/apps/dtrun --nproc-per-node=2 \
+        --log-level=error --python /usr/bin/python3 tests/bench/ddp_bench.py
+      if [[ $torch2 == 1 && $dir == */blas ]]; then
+        # Ours built against libtorch 2.6 runs in the root too (one process each).
+        LD_LIBRARY_PATH=$dir OPENBLAS_NUM_THREADS=1 $b/apps/dtrun --nproc-per-node=2 \
+          --log-level=error --no-python scripts/torch2.sh run $b2/tests/bench/ddp_bench
+        env "$shim2" LD_LIBRARY_PATH=$dir OPENBLAS_NUM_THREADS=1 $b/apps/dtrun \
+          --nproc-per-node=2 --log-level=error --python "$py2" tests/bench/ddp_bench.py
+      fi
+    done
+  done
+fi
+
+if want fsdp; then
+  echo
+  echo "== FSDP vs our DDP: MLP 784-1024x3-10 (2.9M parameters), batch 32/rank, SGD momentum"
+  echo "   (dtrun; gloo; 1 thread per rank; same BLAS as above; PyTorch 2.6's FSDP2 fully_shard"
+  echo "   on CPU where it can run)"
+  for n in 2 4; do
+    for mode in ddp fsdp fsdp-noprefetch; do
+      $b/apps/dtrun --nproc-per-node=$n --log-level=error $b/tests/bench/fsdp_bench $mode
+      if [[ $torch2 == 1 && $mode != ddp ]]; then
+        # Prints its error as JSON when 2.6 cannot run it; the rest goes on.
+        env "$shim2" $b/apps/dtrun --nproc-per-node=$n --log-level=error --python "$py2" \
+          tests/bench/fsdp2_bench.py $mode 2>/dev/null || true
+      fi
+    done
+  done
+fi
+
+if want interactive; then
+  echo
+  echo "== interactive: empty cell round trip (console, notebook), pull of a 100 MB tensor"
+  /usr/bin/python3 tests/bench/interactive_bench.py --dtrun $b/apps/dtrun
+  if [[ $torch2 == 1 ]]; then
+    echo "-- the same console round trip with torch 2.6 workers (PET_PYTHON=$py2)"
+    env "$shim2" PET_PYTHON="$py2" /usr/bin/python3 tests/bench/interactive_bench.py \
+      --dtrun $b/apps/dtrun --only console
+  fi
+fi
+
+if want hang; then
+  echo
+  echo "== hangs: detection latency, heartbeat cost, torch's FileTimerServer vs dtrun"
+  echo "| measure | value |"
+  echo "|---|---|"
+  /usr/bin/python3 tests/bench/hang_bench.py --dtrun $b/apps/dtrun --cpp-bench $b/tests/bench/hang_bench
+fi

@@ -10,8 +10,9 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   clang libclang-rt-14-dev
   python3-sklearn
-  tmux jupyter-core jupyter-nbconvert python3-nbclient python3-ipykernel
+  tmux jupyter-core jupyter-nbconvert python3-nbclient python3-ipykernel python3-matplotlib
   iproute2 procps util-linux
+  help2man dpkg-dev debootstrap
   slurmctld slurmd slurm-client munge
 )
 

@@ -1,5 +1,7 @@
-"""PyTorch's Python DDP (Debian torch 1.13, gloo) on the same MLP and batch as
-ddp_bench.cc, launched by dtrun. Rank 0 prints the same JSON line."""
+"""PyTorch's Python DDP (gloo) on the same MLP and batch as ddp_bench.cc,
+launched by dtrun: Debian's torch 1.13 (--python /usr/bin/python3) or torch
+2.6 in the root of scripts/torch2.sh (--python scripts/torch2-python, with
+tests/bench/torch2_shim on PYTHONPATH). Rank 0 prints the same JSON line."""
 import json
 import os
 import statistics
@@ -55,9 +57,9 @@ def main():
     a = median_ms(3, 20, lambda: dist.all_reduce(flat))
     hidden = min(1.0, max(0.0, (c + a - s) / a))
     if dist.get_rank() == 0:
-        print(json.dumps({"impl": "PyTorch Python DDP", "step_ms": round(s, 2),
-                          "compute_ms": round(c, 2), "allreduce_ms": round(a, 2),
-                          "hidden": round(hidden, 3)}), flush=True)
+        print(json.dumps({"impl": f"PyTorch {torch.__version__} Python DDP",
+                          "step_ms": round(s, 2), "compute_ms": round(c, 2),
+                          "allreduce_ms": round(a, 2), "hidden": round(hidden, 3)}), flush=True)
     dist.barrier()
     # torch 1.13 on Python 3.11 can deadlock tearing down DDP's process group
     # at interpreter exit (a gloo thread waits for the GIL the joiner holds).

@@ -1,6 +1,8 @@
 """Multi-node start-up and node-failure detection, dtrun vs Debian's torchrun
-1.13 (through torchrun_shim.py, c10d backend), in one run. "Nodes" are
-agents on this machine sharing a c10d endpoint on 127.0.0.1.
+1.13 (through torchrun_shim.py, c10d backend) and, with --torch2, torchrun
+2.6 in the root of scripts/torch2.sh (through torch2_shim), in one run, the
+sides alternating. "Nodes" are agents on this machine sharing a c10d
+endpoint on 127.0.0.1.
 
   start-up: seconds from the last node's start to the moment every worker of
             N nodes x 2 is running (the workers stamp their start).
@@ -8,6 +10,7 @@ agents on this machine sharing a c10d endpoint on 127.0.0.1.
             workers) until the surviving node's workers are restarted.
 
 Usage: multinode_bench.py --dtrun PATH --fake-worker PATH [--reps N]
+                          [--torch2 scripts/torch2.sh]
 """
 import argparse
 import glob
@@ -22,6 +25,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SHIM = os.path.join(HERE, "torchrun_shim.py")
+SHIM2 = os.path.join(HERE, "torch2_shim")
 
 
 def free_port():
@@ -41,6 +45,14 @@ def torchrun_cmd(a, n, port, rid, conf, worker_args):
             "--rdzv_backend=c10d", f"--rdzv_endpoint=127.0.0.1:{port}", f"--rdzv_id={rid}",
             f"--rdzv_conf={conf}", "--monitor_interval=0.1", "--no_python",
             a.fake_worker] + worker_args
+
+
+def torchrun2_cmd(a, n, port, rid, conf, worker_args):
+    """torchrun 2.6 in the root; its default --monitor_interval is 0.1."""
+    return [a.torch2, "run", "env", f"PYTHONPATH={SHIM2}", "/usr/bin/torchrun",
+            f"--nnodes={n}", "--nproc_per_node=2", "--rdzv_backend=c10d",
+            f"--rdzv_endpoint=127.0.0.1:{port}", f"--rdzv_id={rid}", f"--rdzv_conf={conf}",
+            "--no_python", a.fake_worker] + worker_args
 
 
 def stamps(folder, restart):
@@ -109,21 +121,31 @@ def main():
     p.add_argument("--dtrun", required=True)
     p.add_argument("--fake-worker", required=True)
     p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--torch2", help="scripts/torch2.sh: also measure torchrun 2.6 in its root")
     a = p.parse_args()
-    print("| multi-node (agents on one machine, c10d endpoint) | dtrun | torchrun 1.13 (shim) "
-          "| torchrun / dtrun |")
-    print("|---|---:|---:|---:|")
+    makers = [dtrun_cmd, torchrun_cmd] + ([torchrun2_cmd] if a.torch2 else [])
+    two = " torchrun 2.6 (root, shim) |" if a.torch2 else ""
+    print(f"| multi-node (agents on one machine, c10d endpoint) | dtrun | torchrun 1.13 (shim) "
+          f"|{two} torchrun 1.13 / dtrun |{' torchrun 2.6 / dtrun |' if two else ''}")
+    print("|---|---:|---:|---:|" + ("---:|---:|" if two else ""))
     for n in (2, 4):
-        d = statistics.median(startup(a, dtrun_cmd, n) for _ in range(a.reps))
-        t = statistics.median(startup(a, torchrun_cmd, n) for _ in range(a.reps))
+        samples = [[] for _ in makers]
+        for _ in range(a.reps):
+            for i, make in enumerate(makers):
+                samples[i].append(startup(a, make, n))
+        m = [statistics.median(s) for s in samples]
+        cells = [f"{x:.2f} s [{min(s):.2f}-{max(s):.2f}]" for x, s in zip(m, samples)]
+        ratios = [f"{x / m[0]:.1f}x" for x in m[1:]]
         print(f"| {n} nodes x 2 workers: last node's start -> all workers running "
-              f"| {d:.2f} s | {t:.2f} s | {t / d:.1f}x |", flush=True)
+              f"| {' | '.join(cells)} | {' | '.join(ratios)} |", flush=True)
     conf = "keep_alive_interval=5,keep_alive_max_attempt=3,last_call_timeout=1"
-    d = failure_detection(a, dtrun_cmd, conf, 60)
-    t = failure_detection(a, torchrun_cmd, "last_call_timeout=1", 60)
     fmt = lambda v: "not within 60 s" if v is None else f"{v:.1f} s"
+    found = [fmt(failure_detection(a, dtrun_cmd, conf, 60)),
+             fmt(failure_detection(a, torchrun_cmd, "last_call_timeout=1", 60))]
+    if a.torch2:
+        found.append(fmt(failure_detection(a, torchrun2_cmd, "last_call_timeout=1", 60)))
     print(f"| 1 of 2 nodes killed (-9): survivor's workers restarted after "
-          f"(keep-alive 5 s x 3) | {fmt(d)} | {fmt(t)} | |")
+          f"(keep-alive 5 s x 3) | {' | '.join(found)} | |{' |' if two else ''}")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,9 @@
-// Our store server (dtstore) against libtorch 1.13's TCPStore server, in one
-// run, with libtorch's own C++ c10d::TCPStore client driving both. Each server
+// Our store server (dtstore) against libtorch's TCPStore server, in one run,
+// with libtorch's own C++ c10d::TCPStore client driving both. Each server
 // runs in its own process. Prints a Markdown table with the ratio ours/theirs.
+// Built against libtorch 1.13 it drives a 1.13 server (torch_store_host); built
+// in the torch 2.6 root (scripts/torch2.sh) it drives a 2.6 one: the two
+// dialects differ, so one client cannot drive both servers.
 //
 // Usage: store_bench --dtstore PATH --torch-host PATH [--seconds S]
 #include <fcntl.h>
@@ -25,6 +28,7 @@
 #include <vector>
 
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#include <torch/version.h>
 
 #include "rendezvous/wire.h"
 
@@ -34,6 +38,9 @@ using Clock = std::chrono::steady_clock;
 using dtrun::rdzv::Dialect;
 using dtrun::rdzv::Op;
 using dtrun::rdzv::Request;
+
+// The raw barrier connections speak the dialect of the libtorch built against.
+constexpr Dialect kDialect = TORCH_VERSION_MAJOR >= 2 ? Dialect::kTorch2 : Dialect::kTorch113;
 
 // A server child process; stopped with SIGTERM by pid.
 struct ServerProc {
@@ -80,6 +87,9 @@ std::unique_ptr<c10d::TCPStore> Connect(uint16_t port) {
   opts.port = port;
   opts.isServer = false;
   opts.timeout = std::chrono::seconds(60);
+#if TORCH_VERSION_MAJOR >= 2
+  opts.useLibUV = false;  // Debian's 2.x is built without libuv
+#endif
   return std::make_unique<c10d::TCPStore>("127.0.0.1", opts);
 }
 
@@ -182,7 +192,7 @@ std::string Frame(Op op, std::vector<std::string> keys, std::vector<std::string>
   r.values = std::move(values);
   r.number = number;
   std::string out;
-  EncodeRequest(r, Dialect::kTorch113, &out);
+  EncodeRequest(r, kDialect, &out);
   return out;
 }
 
@@ -198,6 +208,16 @@ double Barrier(uint16_t port, int n) {
   std::vector<Conn> conns(n);
   std::string key = "/barrier" + std::to_string(n) + "_" + std::to_string(port);
   std::string arrive = Frame(Op::kAdd, {key}, {}, 1) + Frame(Op::kWait, {key + "/done"}, {}, 0);
+  if (kDialect == Dialect::kTorch2) {
+    // A 2.x server drops a connection whose first message is not VALIDATE
+    // (it has no reply).
+    Request validate;
+    validate.op = Op::kValidate;
+    validate.word = dtrun::rdzv::kValidateMagic;
+    std::string first;
+    EncodeRequest(validate, kDialect, &first);
+    arrive = first + arrive;
+  }
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_port = htons(port);
@@ -293,7 +313,9 @@ int main(int argc, char** argv) {
   auto theirs = Spawn({torch_host});
   if (!ours || !theirs) return 1;
 
-  std::printf("| measurement (libtorch 1.13 C++ client) | dtstore | torch 1.13 server | unit | ours vs theirs |\n");
+  std::printf("| measurement (libtorch %d.%d C++ client) | dtstore | torch %d.%d server | unit "
+              "| ours vs theirs |\n",
+              TORCH_VERSION_MAJOR, TORCH_VERSION_MINOR, TORCH_VERSION_MAJOR, TORCH_VERSION_MINOR);
   std::printf("|---|---:|---:|---|---:|\n");
   for (const char* op : {"set", "get", "add"}) {
     for (int clients : {1, 8, 32}) {
