@@ -5,8 +5,8 @@
 # The peers are Debian's torch 1.13 on the host and torch 2.6 in the trixie
 # root made by scripts/torch2.sh (made here if missing; needs root). Debian's
 # 2.6 lacks libuv while its TCPStore defaults to use_libuv=True, so every 2.6
-# process runs with tests/bench/torch2_shim on PYTHONPATH, which only turns
-# that default off. DTRUN_BENCH_TORCH2=0 leaves the 2.6 columns out.
+# process runs with dtrun's own torch shim (apps/dtrun/python/dtrun_torch_shim)
+# on PYTHONPATH, which retries a store without libuv only where torch refused it. DTRUN_BENCH_TORCH2=0 leaves the 2.6 columns out.
 # Build folders: $DTRUN_BENCH_BUILD (default build-bench) on the host and
 # $DTRUN_BENCH_BUILD_TORCH2 (default build-bench-torch2) in the root; only the
 # programs run here are built.
@@ -34,7 +34,7 @@ if [[ $torch2 == 1 ]]; then
   scripts/torch2.sh run sh -c "cmake -S . -B $b2 ${configure[*]} >/dev/null &&
     ninja -C $b2 dtstore store_bench torch_store_host ddp_bench >/dev/null"
   py2=scripts/torch2-python
-  shim2=PYTHONPATH=$PWD/tests/bench/torch2_shim
+  shim2=PYTHONPATH=$PWD/apps/dtrun/python/dtrun_torch_shim
   launch2=(--torch2 scripts/torch2.sh --torch2-python "$py2")
 else
   launch2=()

@@ -6,11 +6,10 @@ import os
 import signal
 import socket
 import sys
-import tempfile
 import time
 import unittest
 
-from dtrun_proc import alive, kill_all, parse_args, read_pids, run, start, wait_for
+from dtrun_proc import NodesTestCase, alive, parse_args, read_pids, run, start, wait_for
 
 ARGS, REST = parse_args()
 DTRUN, FAKE = ARGS.dtrun, ARGS.fake_worker
@@ -36,20 +35,7 @@ def envs(folder):
     return out
 
 
-class MultiNode(unittest.TestCase):
-    def setUp(self):
-        self.tmp = tempfile.TemporaryDirectory()
-        self.dir = self.tmp.name
-        self.procs = []
-
-    def tearDown(self):
-        for p in self.procs:
-            if p.poll() is None:
-                p.kill()
-                p.communicate()
-        kill_all(read_pids(self.dir).values())
-        self.tmp.cleanup()
-
+class MultiNode(NodesTestCase):
     def node(self, args, env=None):
         p = start(DTRUN, args, env=env)
         self.procs.append(p)

@@ -101,3 +101,19 @@ class WorkerTestCase(unittest.TestCase):
     def tearDown(self):
         kill_all(read_pids(self.dir).values())
         self.tmp.cleanup()
+
+
+class NodesTestCase(WorkerTestCase):
+    """WorkerTestCase that also kills the dtrun agents a test started and kept
+    in self.procs (several nodes), before their workers."""
+
+    def setUp(self):
+        super().setUp()
+        self.procs = []
+
+    def tearDown(self):
+        for p in self.procs:
+            if p.poll() is None:
+                p.kill()
+                p.communicate()
+        super().tearDown()

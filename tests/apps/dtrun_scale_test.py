@@ -4,11 +4,10 @@ round of the 63 survivors, who then finish."""
 import os
 import subprocess
 import sys
-import tempfile
 import time
 import unittest
 
-from dtrun_proc import kill_all, parse_args, read_pids, start, wait_for
+from dtrun_proc import NodesTestCase, parse_args, read_pids, start, wait_for
 
 ARGS, REST = parse_args()
 DTRUN, FAKE = ARGS.dtrun, ARGS.fake_worker
@@ -17,20 +16,7 @@ CONF = ("is_host=0,keep_alive_interval=0.5,keep_alive_max_attempt=3,last_call_ti
         "join_timeout=60")
 
 
-class Scale(unittest.TestCase):
-    def setUp(self):
-        self.tmp = tempfile.TemporaryDirectory()
-        self.dir = self.tmp.name
-        self.procs = []
-
-    def tearDown(self):
-        for p in self.procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-        kill_all(read_pids(self.dir).values())
-        self.tmp.cleanup()
-
+class Scale(NodesTestCase):
     def agent(self, i, port):
         # Output to files: 64 pipes nobody reads would fill and block.
         err = open(os.path.join(self.dir, f"agent_{i}.err"), "w")

@@ -13,7 +13,7 @@ import sys
 import time
 import unittest
 
-from dtrun_proc import (WorkerTestCase, alive, check_torchrun_env, parse_args, read_pids, run,
+from dtrun_proc import (NodesTestCase, WorkerTestCase, alive, check_torchrun_env, parse_args, read_pids, run,
                         start, wait_for)
 
 ARGS, REST = parse_args()
@@ -130,19 +130,8 @@ class Torch2Workers(WorkerTestCase):
             self.assertNotIn("DTRUN_TORCH_SHIM_DIR", env)
 
 
-class Torch2MultiNode(WorkerTestCase):
+class Torch2MultiNode(NodesTestCase):
     """Nodes on loopback addresses 127.0.0.2 and 127.0.0.3."""
-
-    def setUp(self):
-        super().setUp()
-        self.procs = []
-
-    def tearDown(self):
-        for p in self.procs:
-            if p.poll() is None:
-                p.kill()
-                p.communicate()
-        super().tearDown()
 
     def node(self, args, stdout=subprocess.PIPE):
         p = subprocess.Popen([DTRUN] + args, stdout=stdout, stderr=subprocess.PIPE, text=True)

@@ -1,7 +1,7 @@
 """PyTorch's Python DDP (gloo) on the same MLP and batch as ddp_bench.cc,
 launched by dtrun: Debian's torch 1.13 (--python /usr/bin/python3) or torch
 2.6 in the root of scripts/torch2.sh (--python scripts/torch2-python, with
-tests/bench/torch2_shim on PYTHONPATH). Rank 0 prints the same JSON line."""
+dtrun's torch shim on PYTHONPATH). Rank 0 prints the same JSON line."""
 import json
 import os
 import statistics

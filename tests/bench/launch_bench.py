@@ -1,6 +1,6 @@
 """dtrun vs Debian's torchrun 1.13 (through torchrun_shim.py) and, with
 --torch2, torchrun 2.6 in the trixie root made by scripts/torch2.sh (through
-torch2_shim/sitecustomize.py), in one run, the sides alternating.
+dtrun's torch shim, apps/dtrun/python/dtrun_torch_shim), in one run, the sides alternating.
 
 Measures whole-process wall time for N workers of `true` (--no-python) and of
 a Python gloo-barrier worker (also launched from a bare shell loop; with
@@ -24,7 +24,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 PY = "/usr/bin/python3"
 SHIM = os.path.join(HERE, "torchrun_shim.py")
-SHIM2 = os.path.join(HERE, "torch2_shim")
+SHIM2 = os.path.normpath(os.path.join(HERE, "..", "..", "apps", "dtrun", "python", "dtrun_torch_shim"))
 BARRIER = os.path.join(HERE, "barrier_worker.py")
 
 

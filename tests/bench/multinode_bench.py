@@ -1,6 +1,6 @@
 """Multi-node start-up and node-failure detection, dtrun vs Debian's torchrun
 1.13 (through torchrun_shim.py, c10d backend) and, with --torch2, torchrun
-2.6 in the root of scripts/torch2.sh (through torch2_shim), in one run, the
+2.6 in the root of scripts/torch2.sh (through dtrun's torch shim), in one run, the
 sides alternating. "Nodes" are agents on this machine sharing a c10d
 endpoint on 127.0.0.1.
 
@@ -25,7 +25,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SHIM = os.path.join(HERE, "torchrun_shim.py")
-SHIM2 = os.path.join(HERE, "torch2_shim")
+SHIM2 = os.path.normpath(os.path.join(HERE, "..", "..", "apps", "dtrun", "python", "dtrun_torch_shim"))
 
 
 def free_port():
