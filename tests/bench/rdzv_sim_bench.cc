@@ -39,8 +39,7 @@
 
 #include "rendezvous/rendezvous.h"
 #include "rendezvous/store_client.h"
-
-extern char** environ;
+#include "tests/helpers/server_process.h"
 
 namespace dtrun::rdzv {
 namespace {
@@ -118,49 +117,11 @@ class CountingStore : public Store {
   std::unique_ptr<TcpStoreClient> inner_;
 };
 
-struct Dtstore {
-  pid_t pid = -1;
-  uint16_t port = 0;
-};
+using Dtstore = dtrun::testing::ServerProcess;
+using dtrun::testing::CpuSeconds;
 
 Dtstore StartDtstore(const std::string& path) {
-  int out[2];
-  if (pipe(out) != 0) return {};
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_adddup2(&fa, out[1], 1);
-  posix_spawn_file_actions_addclose(&fa, out[0]);
-  std::vector<std::string> args = {path, "--host", "127.0.0.1", "--port", "0",
-                                   "--log-level", "error"};
-  std::vector<char*> argv;
-  for (auto& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  Dtstore d;
-  if (posix_spawn(&d.pid, path.c_str(), &fa, nullptr, argv.data(), environ) != 0) d.pid = -1;
-  posix_spawn_file_actions_destroy(&fa);
-  close(out[1]);
-  std::string line;
-  char c;
-  while (read(out[0], &c, 1) == 1 && c != '\n') line += c;
-  close(out[0]);
-  auto colon = line.rfind(':');
-  if (colon != std::string::npos) d.port = static_cast<uint16_t>(std::atoi(line.c_str() + colon + 1));
-  return d;
-}
-
-// utime + stime of `pid`, in seconds.
-double CpuSeconds(pid_t pid) {
-  std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
-  std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-  auto paren = text.rfind(')');
-  if (paren == std::string::npos) return 0;
-  std::istringstream rest(text.substr(paren + 2));
-  std::string field;
-  double ticks = 0;
-  for (int i = 3; i <= 15 && rest >> field; ++i) {
-    if (i == 14 || i == 15) ticks += std::stod(field);
-  }
-  return ticks / static_cast<double>(sysconf(_SC_CLK_TCK));
+  return dtrun::testing::SpawnServer({path, "--host", "127.0.0.1", "--port", "0", "--log-level", "error"});
 }
 
 void RaiseFdLimit(size_t needed) {

@@ -35,8 +35,7 @@
 #include <vector>
 
 #include "rendezvous/wire.h"
-
-extern char** environ;
+#include "tests/helpers/server_process.h"
 
 namespace dtrun::rdzv {
 namespace {
@@ -44,47 +43,8 @@ namespace {
 using Clock = std::chrono::steady_clock;
 Dialect g_dialect = Dialect::kTorch113;
 
-struct Server {
-  pid_t pid = -1;
-  uint16_t port = 0;
-};
-
-Server Spawn(std::vector<std::string> args) {
-  int out[2];
-  if (pipe(out) != 0) return {};
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_adddup2(&fa, out[1], 1);
-  posix_spawn_file_actions_addclose(&fa, out[0]);
-  std::vector<char*> argv;
-  for (auto& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  Server s;
-  if (posix_spawn(&s.pid, args[0].c_str(), &fa, nullptr, argv.data(), environ) != 0) s.pid = -1;
-  posix_spawn_file_actions_destroy(&fa);
-  close(out[1]);
-  std::string line;
-  char c;
-  while (read(out[0], &c, 1) == 1 && c != '\n') line += c;
-  close(out[0]);
-  auto colon = line.rfind(':');
-  if (colon != std::string::npos) s.port = static_cast<uint16_t>(std::atoi(line.c_str() + colon + 1));
-  return s;
-}
-
-double CpuSeconds(pid_t pid) {
-  std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
-  std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-  auto paren = text.rfind(')');
-  if (paren == std::string::npos) return 0;
-  std::istringstream rest(text.substr(paren + 2));
-  std::string field;
-  double ticks = 0;
-  for (int i = 3; i <= 15 && rest >> field; ++i) {
-    if (i == 14 || i == 15) ticks += std::stod(field);
-  }
-  return ticks / static_cast<double>(sysconf(_SC_CLK_TCK));
-}
+using Server = dtrun::testing::ServerProcess;
+using dtrun::testing::CpuSeconds;
 
 std::string Frame(Op op, std::vector<std::string> keys, std::vector<std::string> values = {},
                   int64_t number = 0) {
@@ -360,8 +320,8 @@ int main(int argc, char** argv) {
   lim.rlim_cur = lim.rlim_max;
   setrlimit(RLIMIT_NOFILE, &lim);
   signal(SIGPIPE, SIG_IGN);
-  Server ours = Spawn({o.dtstore, "--host", "127.0.0.1", "--port", "0", "--log-level", "error"});
-  Server theirs = Spawn({o.torch_host});
+  Server ours = dtrun::testing::SpawnServer({o.dtstore, "--host", "127.0.0.1", "--port", "0", "--log-level", "error"});
+  Server theirs = dtrun::testing::SpawnServer({o.torch_host});
   if (ours.port == 0 || theirs.port == 0) {
     std::fprintf(stderr, "cannot start the servers\n");
     return 1;
