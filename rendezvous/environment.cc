@@ -1,5 +1,6 @@
 #include "rendezvous/environment.h"
 
+// Not declared by any standard header in C++; POSIX only promises it exists.
 extern char** environ;
 
 namespace dtrun {
@@ -8,6 +9,7 @@ std::map<std::string, std::string> ProcessEnvironment() {
   std::map<std::string, std::string> env;
   for (char** e = environ; e && *e; ++e) {
     std::string kv = *e;
+    // Entries without '=' can be put there by execve's caller; skip them.
     auto eq = kv.find('=');
     if (eq != std::string::npos) env[kv.substr(0, eq)] = kv.substr(eq + 1);
   }

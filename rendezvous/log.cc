@@ -8,6 +8,9 @@
 namespace dtrun {
 namespace {
 
+// Loggers are made lazily by whichever thread logs first; g_mu makes the
+// get-or-create and the level read one step. DTRUN_LOG_LEVEL is read on
+// first use, not at startup, so tests that set it before logging work.
 std::mutex g_mu;
 spdlog::level::level_enum g_level = spdlog::level::info;
 bool g_level_set = false;
@@ -20,6 +23,7 @@ std::shared_ptr<spdlog::logger> Logger(const std::string& name) {
   if (!g_level_set) {
     const char* env = std::getenv("DTRUN_LOG_LEVEL");
     if (env && *env) {
+      // from_str answers "off" for names it does not know: keep info then.
       auto level = spdlog::level::from_str(env);
       if (level != spdlog::level::off || std::string(env) == "off") g_level = level;
     }
@@ -29,6 +33,8 @@ std::shared_ptr<spdlog::logger> Logger(const std::string& name) {
       name, std::make_shared<spdlog::sinks::stderr_sink_mt>());
   logger->set_pattern("[%Y-%m-%d %H:%M:%S.%e] [%l] [%n] %v");
   logger->set_level(g_level);
+  // Flush every line: the launcher may be killed, and its last lines are
+  // the ones that say why.
   logger->flush_on(spdlog::level::trace);
   spdlog::register_logger(logger);
   return logger;

@@ -1,39 +1,23 @@
 #include "rendezvous/memory_store.h"
 
-#include <cstdio>
-
+#include "rendezvous/describe.h"
 #include "rendezvous/store_state.h"
 
 namespace dtrun::rdzv {
-
-std::string DescribeKeys(const std::vector<std::string>& keys) {
-  std::string out = "[";
-  for (size_t i = 0; i < keys.size(); ++i) {
-    if (i == 3 && keys.size() > 4) {
-      out += ", ... " + std::to_string(keys.size() - 3) + " more";
-      break;
-    }
-    out += (i ? ", " : "") + keys[i];
-  }
-  return out + "]";
-}
-
-std::string DescribeSeconds(std::chrono::nanoseconds d) {
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), "%.2fs",
-                std::chrono::duration<double>(d).count());
-  return buf;
-}
 
 Status MemoryStore::Set(const std::string& key, std::string_view value) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     data_[key] = std::string(value);
   }
+  // Notified after unlocking so the woken waiters do not block on mu_ at
+  // once; every waiter re-checks its own keys (one condition for all keys).
   changed_.notify_all();
   return Status::Ok();
 }
 
+// Waits for a missing key, as the TCP client does, so code tested over
+// this store behaves the same over the network.
 Result<std::string> MemoryStore::Get(const std::string& key) {
   Status s = Wait({key}, timeout_);
   if (!s.ok()) return s;
@@ -45,6 +29,7 @@ Result<int64_t> MemoryStore::Add(const std::string& key, int64_t delta) {
   int64_t value = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
+    // Same parse as the server's ADD, so counters agree across stores.
     auto it = data_.find(key);
     if (it != data_.end() && !ParseCounter(it->second, &value)) {
       return Status::Invalid("add to key '" + key +

@@ -39,8 +39,4 @@ class MemoryStore : public Store {
   std::unordered_map<std::string, std::string> data_;
 };
 
-// "store wait for keys [a, b] timed out after 1.50s" style description.
-std::string DescribeKeys(const std::vector<std::string>& keys);
-std::string DescribeSeconds(std::chrono::nanoseconds d);
-
 }  // namespace dtrun::rdzv

@@ -1,17 +1,56 @@
+// The round protocol. Every node runs the same code against one shared
+// Store; there is no leader process, only a leader *role* per round (the
+// closer) won by compare-and-set. Keys live under "rdzv/<run_id>/" (the
+// table is in rendezvous.h and README "Several nodes").
+//
+// State document. `state` holds {round, failures, closed, end}. It changes
+// only by compare-and-set against the exact text read, and only to start a
+// round (round+1) or to end the job (closed + end), so two nodes that both
+// see a failure move the job once: the loser of the race re-reads and finds
+// the round already moved. Whoever moves it sets round/<r>/over, the one key
+// that nodes waiting for "anything to change" block on.
+//
+// Joining. A node ADDs round/<r>/n to take a slot (1, 2, ...) and writes
+// round/<r>/node/<slot> with its rank hint. Slot min_nodes opens the last
+// call: a unix-ms deadline after which any joiner may close the round with
+// fewer than max_nodes. Slot max_nodes closes at once. Slots past max_nodes
+// are queued (round/<r>/waiting) for the next round. Unix time is used here
+// only because the deadline is shared between machines: clock skew shifts
+// the moment the round closes, and every node still sees one outcome.
+//
+// Closing. Closers race on round/<r>/closing; the winner orders the joiners
+// (static rank, else the previous round's rank, else join order), writes
+// every rank/<slot> and hb/<rank> in one MULTI_SET, then round/<r>/final =
+// count. Joiners WAIT on `final`, so they wake exactly when it is written;
+// `final` = "-" means the job closed before the round did.
+//
+// Heartbeats and failure detection. Each node ADDs its own hb/<rank> every
+// keep_alive_interval and watches the next rank's counter (a ring: n nodes,
+// n watchers, O(1) keys each). A counter that has not moved for interval x
+// max_attempt by the watcher's own steady clock means the node is dead, so
+// clocks need not agree. Group rank 0 also polls `waiting` (start a round to
+// let newcomers in) and `done` (every node finished).
+//
+// The end record. A failure past --max-restarts, disagreeing settings or a
+// duplicate --node-rank set `closed` (a message) and `end` (EndReasonName),
+// so every node exits for the same reason; "ok"/succeeded when all are done.
+// Each node then ADDs round/<r>/ended, and the node hosting the store waits
+// for all of them before the store goes away (AllEnded).
+
 #include "rendezvous/rendezvous.h"
 
 #include <unistd.h>
 
 #include <algorithm>
 #include <climits>
-#include <random>
-#include <thread>
 #include <tuple>
 
 #include <nlohmann/json.hpp>
 
+#include "rendezvous/check.h"
+#include "rendezvous/describe.h"
 #include "rendezvous/log.h"
-#include "rendezvous/memory_store.h"
+#include "rendezvous/os_util.h"
 #include "rendezvous/store_state.h"
 
 namespace dtrun::rdzv {
@@ -41,7 +80,47 @@ void SplitFirst(const std::string& text, int64_t* number, std::string* rest) {
   *rest = space == std::string::npos ? "" : text.substr(space + 1);
 }
 
+constexpr struct {
+  EndReason reason;
+  const char* name;
+} kEndReasonNames[] = {
+    {EndReason::kNone, "none"},
+    {EndReason::kSucceeded, "succeeded"},
+    {EndReason::kWorkersFailed, "workers_failed"},
+    {EndReason::kConfigMismatch, "config_mismatch"},
+    {EndReason::kDuplicateNodeRank, "duplicate_node_rank"},
+    {EndReason::kForeignState, "foreign_state"},
+};
+
+// A closed record from a dtrun that wrote no "end": the reason is read from
+// the message, whose wording those versions never changed.
+EndReason EndReasonOfMessage(const std::string& closed) {
+  if (closed.empty()) return EndReason::kNone;
+  if (closed == "ok") return EndReason::kSucceeded;
+  if (closed.rfind("workers failed", 0) == 0) return EndReason::kWorkersFailed;
+  if (closed.rfind("two nodes claim", 0) == 0) return EndReason::kDuplicateNodeRank;
+  return EndReason::kConfigMismatch;
+}
+
 }  // namespace
+
+const char* EndReasonName(EndReason reason) {
+  for (const auto& entry : kEndReasonNames) {
+    if (entry.reason == reason) return entry.name;
+  }
+  DTRUN_CHECK(false) << "EndReason " << static_cast<int>(reason) << " has no name";
+  return "";
+}
+
+bool ParseEndReason(const std::string& name, EndReason* reason) {
+  for (const auto& entry : kEndReasonNames) {
+    if (name == entry.name) {
+      *reason = entry.reason;
+      return true;
+    }
+  }
+  return false;
+}
 
 // The shared state document: small, and changed only when a round starts or
 // the job ends. `raw` is the exact text read, for compare-and-set.
@@ -49,10 +128,21 @@ struct Rendezvous::Doc {
   int round = 0;
   int failures = 0;
   std::string closed;  // "" open, "ok", or why the job failed
+  EndReason end = EndReason::kNone;  // kNone exactly while `closed` is ""
   std::string raw;
 
+  // Ends the job; the message and the reason always change together.
+  void Close(EndReason reason, std::string why) {
+    DTRUN_CHECK(reason != EndReason::kNone && !why.empty()) << "closing with no reason";
+    end = reason;
+    closed = std::move(why);
+  }
   std::string Serialize() const {
-    return nlohmann::json{{"round", round}, {"failures", failures}, {"closed", closed}}.dump();
+    return nlohmann::json{{"round", round},
+                          {"failures", failures},
+                          {"closed", closed},
+                          {"end", EndReasonName(end)}}
+        .dump();
   }
   static bool Parse(const std::string& text, Doc* d) {
     auto j = nlohmann::json::parse(text, nullptr, false);
@@ -64,17 +154,24 @@ struct Rendezvous::Doc {
     } catch (const nlohmann::json::exception&) {
       return false;
     }
+    // "end" is missing in records of older versions and may name a reason
+    // this version does not know: the message then decides.
+    auto end = j.find("end");
+    bool named = end != j.end() && end->is_string() && ParseEndReason(*end, &d->end);
+    if (d->closed.empty()) {
+      d->end = EndReason::kNone;
+    } else if (!named || d->end == EndReason::kNone) {
+      d->end = EndReasonOfMessage(d->closed);
+    }
     d->raw = text;
     return true;
   }
 };
 
 std::string MakeNodeId() {
-  char host[256] = {};
-  gethostname(host, sizeof(host) - 1);
-  std::mt19937 rng(std::random_device{}());
-  return std::string(host) + "_" + std::to_string(getpid()) + "_" +
-         std::to_string(rng() % 100000);
+  // The pid tells agents on one host apart; the random part tells apart a
+  // restarted agent that got a recycled pid (or the same pid in a container).
+  return os::HostName() + "_" + std::to_string(getpid()) + "_" + os::RandomHex(5);
 }
 
 Rendezvous::Rendezvous(Store* store, RendezvousOptions options)
@@ -89,10 +186,14 @@ std::string Rendezvous::RoundKey(int round, const std::string& suffix) const {
 }
 
 Result<Rendezvous::Doc> Rendezvous::ReadDoc() {
+  // Read and create in one request: compare-and-set from "" creates the
+  // document when missing and otherwise returns it, so the first nodes to
+  // arrive cannot both create one.
   auto got = store_->CompareSet(Key("state"), "", Doc().Serialize());
   if (!got.ok()) return got.status();
   Doc d;
   if (!Doc::Parse(*got, &d)) {
+    end_reason_ = EndReason::kForeignState;
     return Status::Invalid("rendezvous state at key '" + Key("state") +
                            "' is not dtrun's; is another program using --rdzv-id " +
                            opts_.run_id + "?");
@@ -121,14 +222,19 @@ Result<Rendezvous::Doc> Rendezvous::ChangeDoc(int round,
       if (!abandoned.ok()) return abandoned.status();
       return next;
     }
-    if (!Doc::Parse(*got, &cur)) return Status::Invalid("rendezvous state is corrupt");
+    if (!Doc::Parse(*got, &cur)) return CorruptState();
   }
   return cur;
 }
 
-Status Rendezvous::CloseJob(int round, const std::string& why) {
+Status Rendezvous::CorruptState() {
+  end_reason_ = EndReason::kForeignState;
+  return Status::Invalid("rendezvous state is corrupt");
+}
+
+Status Rendezvous::CloseJob(int round, EndReason reason, const std::string& why) {
   for (;;) {  // whatever round the job is in by now
-    auto doc = ChangeDoc(round, [&](Doc& d) { d.closed = why; });
+    auto doc = ChangeDoc(round, [&](Doc& d) { d.Close(reason, why); });
     if (!doc.ok()) return doc.status();
     if (!doc->closed.empty()) return ClosedStatus(*doc);
     round = doc->round;
@@ -137,6 +243,7 @@ Status Rendezvous::CloseJob(int round, const std::string& why) {
 
 Status Rendezvous::ClosedStatus(const Doc& doc) {
   closed_reason_ = doc.closed;
+  end_reason_ = doc.end;
   if (doc.closed == "ok") {
     return Status::Unavailable("rendezvous '" + opts_.run_id +
                                "' belongs to a job that already finished; use a new --rdzv-id");
@@ -144,6 +251,9 @@ Status Rendezvous::ClosedStatus(const Doc& doc) {
   return Status::Invalid(doc.closed);
 }
 
+// The first node to arrive fixes the job's settings; any later node that
+// disagrees closes the whole job, since workers with different world sizes
+// or restart budgets would hang or diverge rather than fail cleanly.
 Status Rendezvous::CheckConfig(const Doc& doc) {
   std::string mine =
       std::to_string(opts_.nproc_per_node) + " " + std::to_string(opts_.max_restarts);
@@ -154,12 +264,12 @@ Status Rendezvous::CheckConfig(const Doc& doc) {
   int64_t nproc = 0;
   std::string restarts;
   SplitFirst(*job, &nproc, &restarts);
-  return CloseJob(doc.round, "node " + opts_.node_id + " has --nproc-per-node=" +
-                                 std::to_string(opts_.nproc_per_node) + " --max-restarts=" +
-                                 std::to_string(opts_.max_restarts) +
-                                 " but the job runs with --nproc-per-node=" +
-                                 std::to_string(nproc) + " --max-restarts=" + restarts +
-                                 "; every node must pass the same values");
+  return CloseJob(doc.round, EndReason::kConfigMismatch,
+                  "node " + opts_.node_id + " has --nproc-per-node=" +
+                      std::to_string(opts_.nproc_per_node) + " --max-restarts=" +
+                      std::to_string(opts_.max_restarts) +
+                      " but the job runs with --nproc-per-node=" + std::to_string(nproc) +
+                      " --max-restarts=" + restarts + "; every node must pass the same values");
 }
 
 // Takes a slot in the doc's round (or, past max_nodes, a place in the queue
@@ -172,10 +282,13 @@ Status Rendezvous::Register(const Doc& doc) {
                                     "", me);
     if (!owner.ok()) return owner.status();
     if (*owner != me) {
-      return CloseJob(r, "two nodes claim --node-rank=" + std::to_string(opts_.node_rank) +
-                             " (" + *owner + " and " + me + "); give each node its own rank");
+      return CloseJob(r, EndReason::kDuplicateNodeRank,
+                      "two nodes claim --node-rank=" + std::to_string(opts_.node_rank) + " (" +
+                          *owner + " and " + me + "); give each node its own rank");
     }
   }
+  // The ADD is the join: slots are dense and unique, so the round's size is
+  // simply the counter, with no list to read and merge.
   auto slot = store_->Add(RoundKey(r, "n"), 1);
   if (!slot.ok()) return slot.status();
   joined_round_ = r;
@@ -201,6 +314,9 @@ Status Rendezvous::Register(const Doc& doc) {
   return store_->Set(RoundKey(r, "last_call"), std::to_string(last_call_ms_));
 }
 
+// Several nodes may decide at once that the round can close; the closing
+// key elects one. Its claim carries the count it saw, and joiners after
+// that count learn from `final` that they are out and wait for the next.
 Status Rendezvous::TryClose(int round) {
   auto joined = store_->Add(RoundKey(round, "n"), 0);
   if (!joined.ok()) return joined.status();
@@ -235,6 +351,8 @@ Status Rendezvous::WriteRanks(int round, int count) {
     SplitFirst((*entries)[slot - 1], &hint, &id);
     order.emplace_back(hint < 0 ? INT64_MAX : hint, slot, id);
   }
+  // Hint, then slot: the slot breaks ties and orders newcomers (hint -1
+  // sorts last as INT64_MAX), so the order depends on the store alone.
   std::sort(order.begin(), order.end());
   std::vector<std::string> keys, values;
   for (int g = 0; g < count; ++g) {
@@ -249,6 +367,8 @@ Status Rendezvous::WriteRanks(int round, int count) {
 
 Result<std::optional<Assignment>> Rendezvous::Outcome(const Doc& doc) {
   const int r = doc.round;
+  // One request for both: the closer writes rank/ before final, so a set
+  // final means this node's rank is there too.
   auto got = store_->MultiGet({RoundKey(r, "final"), RoundKey(r, "rank/" + std::to_string(slot_))});
   if (!got.ok()) return got.status();
   const std::string& closed_with = (*got)[0];
@@ -295,6 +415,9 @@ Status Rendezvous::Timeout(int round, Clock::time_point started) {
       "endpoint");
 }
 
+// How long one WAIT in Join may block: a poll interval, shortened to the
+// end of the last call when this node may have to close the round then
+// (nothing in the store changes at that moment, so nothing would wake us).
 Rendezvous::Clock::duration Rendezvous::WaitStep(Clock::time_point deadline) const {
   Clock::duration step = opts_.poll_interval;
   if (last_call_ms_ > 0 && waiting_round_ != joined_round_ && !close_tried_) {
@@ -366,6 +489,8 @@ Result<Assignment> Rendezvous::Join(const std::function<bool()>& interrupted) {
 
 std::string Rendezvous::DescribeParticipants() const { return JoinIds(last_participants_); }
 
+// An ADD rather than a timestamp: the watcher only needs to see the value
+// change, so no clock has to agree with another machine's.
 Status Rendezvous::Heartbeat(const Assignment& current, bool force) {
   auto now = Clock::now();
   if (!force && now - last_beat_ < opts_.keep_alive_interval) return Status::Ok();
@@ -390,35 +515,54 @@ Result<RoundEvent> Rendezvous::Check(const Assignment& current) {
   if (n > 1) keys.push_back(RoundKey(r, "hb/" + std::to_string((current.group_rank + 1) % n)));
   auto got = store_->MultiGet(keys);
   if (!got.ok()) return got.status();
+  DTRUN_CHECK(got->size() == keys.size()) << "MULTI_GET of " << keys.size() << " keys gave "
+                                           << got->size() << " values";
   Doc s;
-  if (!Doc::Parse((*got)[0], &s)) return Status::Invalid("rendezvous state is corrupt");
-  if (s.closed == "ok") return RoundEvent::kAllDone;
-  if (!s.closed.empty()) {
-    closed_reason_ = s.closed;
-    return RoundEvent::kClosed;
-  }
+  if (!Doc::Parse((*got)[0], &s)) return CorruptState();
+  if (!s.closed.empty()) return Ended(s);
   if (s.round != r) return RoundEvent::kRestart;
   if (current.group_rank == 0) {  // one node watches the round's counters
-    auto waiting = store_->Add(RoundKey(r, "waiting"), 0);
-    if (!waiting.ok()) return waiting.status();
-    if (*waiting > 0 && n < opts_.max_nodes) {
-      return StartNextRound(current, std::to_string(*waiting) + " node(s) waiting to join");
-    }
-    auto done = store_->Add(RoundKey(r, "done"), 0);
-    if (!done.ok()) return done.status();
-    if (*done >= n) {
-      auto doc = ChangeDoc(r, [](Doc& d) { d.closed = "ok"; });
-      if (!doc.ok()) return doc.status();
-      if (doc->closed == "ok") return RoundEvent::kAllDone;
-      closed_reason_ = doc->closed;
-      return doc->closed.empty() ? RoundEvent::kRestart : RoundEvent::kClosed;
-    }
+    auto event = WatchCounters(current);
+    if (!event.ok() || *event != RoundEvent::kNone) return event;
   }
   if (n == 1) return RoundEvent::kNone;
+  return WatchNext(current, (*got)[1]);
+}
+
+RoundEvent Rendezvous::Ended(const Doc& doc) {
+  end_reason_ = doc.end;
+  if (doc.end == EndReason::kSucceeded) return RoundEvent::kAllDone;
+  closed_reason_ = doc.closed;
+  return RoundEvent::kClosed;
+}
+
+// Group rank 0 only: newcomers waiting to join start a round (there is room
+// for them), and the last `done` of the round ends the job.
+Result<RoundEvent> Rendezvous::WatchCounters(const Assignment& current) {
+  const int r = current.round;
+  const int n = current.group_world_size;
+  auto waiting = store_->Add(RoundKey(r, "waiting"), 0);
+  if (!waiting.ok()) return waiting.status();
+  if (*waiting > 0 && n < opts_.max_nodes) {
+    return StartNextRound(current, std::to_string(*waiting) + " node(s) waiting to join");
+  }
+  auto done = store_->Add(RoundKey(r, "done"), 0);
+  if (!done.ok()) return done.status();
+  if (*done < n) return RoundEvent::kNone;
+  // MarkDone of the last node normally ends the job; this covers a last
+  // node that died between its ADD and its compare-and-set.
+  auto doc = ChangeDoc(r, [](Doc& d) { d.Close(EndReason::kSucceeded, "ok"); });
+  if (!doc.ok()) return doc.status();
+  return doc->closed.empty() ? RoundEvent::kRestart : Ended(*doc);
+}
+
+// Failure detection: the next node's heartbeat counter, timed by this
+// node's own steady clock from when the value was last seen to change.
+Result<RoundEvent> Rendezvous::WatchNext(const Assignment& current, const std::string& count) {
   auto now = Clock::now();
-  if (watch_round_ != r || watch_count_ != (*got)[1]) {
-    watch_round_ = r;
-    watch_count_ = (*got)[1];
+  if (watch_round_ != current.round || watch_count_ != count) {
+    watch_round_ = current.round;
+    watch_count_ = count;
     watch_since_ = now;
   } else if (now - watch_since_ > opts_.keep_alive_interval * opts_.keep_alive_max_attempt) {
     return StartNextRound(current, "node " + current.next_node + " sent no heartbeat for " +
@@ -427,18 +571,22 @@ Result<RoundEvent> Rendezvous::Check(const Assignment& current) {
   return RoundEvent::kNone;
 }
 
+// ChangeDoc applies the change only while the state is still at this round,
+// so when every node of a failed round reports, the failure counts once.
 Result<int> Rendezvous::ReportFailure(const Assignment& current, const std::string& why) {
   auto doc = ChangeDoc(current.round, [&](Doc& d) {
     ++d.failures;
     if (d.failures > opts_.max_restarts) {
-      d.closed = "workers failed on node " + opts_.node_id + " (" + why + ") after " +
-                 std::to_string(opts_.max_restarts) + " restart(s)";
+      d.Close(EndReason::kWorkersFailed, "workers failed on node " + opts_.node_id + " (" +
+                                             why + ") after " +
+                                             std::to_string(opts_.max_restarts) + " restart(s)");
     } else {
       ++d.round;
     }
   });
   if (!doc.ok()) return doc.status();
   closed_reason_ = doc->closed;
+  end_reason_ = doc->end;
   return doc->failures;
 }
 
@@ -446,6 +594,8 @@ Status Rendezvous::AckEnd(const Assignment& current) {
   return store_->Add(RoundKey(current.round, "ended"), 1).status();
 }
 
+// A store error counts as "not yet": the host keeps the store up until its
+// own grace period ends rather than cut others off early.
 bool Rendezvous::AllEnded(const Assignment& current) {
   auto n = store_->Add(RoundKey(current.round, "ended"), 0);
   return n.ok() && *n >= current.group_world_size;
@@ -456,7 +606,8 @@ Status Rendezvous::MarkDone(const Assignment& current) {
   if (!done.ok()) return done.status();
   // The last node to finish ends the job at once.
   if (*done < current.group_world_size) return Status::Ok();
-  return ChangeDoc(current.round, [](Doc& d) { d.closed = "ok"; }).status();
+  return ChangeDoc(current.round, [](Doc& d) { d.Close(EndReason::kSucceeded, "ok"); })
+      .status();
 }
 
 Result<bool> Rendezvous::AwaitRoundOver(const Assignment& current,

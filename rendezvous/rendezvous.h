@@ -46,13 +46,33 @@ enum class RoundEvent {
   kAllDone,     // every node of the round finished successfully
 };
 
+// Why the job ended, as recorded in the state document so every node reads
+// the same value (the message alone is for people: rewording it changes
+// nothing here). The launcher maps it to an exit code.
+enum class EndReason {
+  kNone,               // the job is still open
+  kSucceeded,          // every node of the last round finished ("ok")
+  kWorkersFailed,      // failures went past --max-restarts: exit 1
+  kConfigMismatch,     // a node's --nproc-per-node/--max-restarts differ: exit 2
+  kDuplicateNodeRank,  // two nodes claim one --node-rank: exit 2
+  // The state key holds something that is not dtrun's (another program on
+  // the same --rdzv-id). Seen by this node only; nothing is closed. Exit 2.
+  kForeignState,
+};
+
+// Stable lower-case name as stored in the state document ("workers_failed").
+const char* EndReasonName(EndReason reason);
+// The reason named `name`; false when the name is unknown.
+bool ParseEndReason(const std::string& name, EndReason* reason);
+
 // Elastic rendezvous of agents over a Store (static = min = max with fixed
 // ranks). Every operation of a node touches O(1) keys of O(1) size, except
 // the one node that closes a round, which reads the joiners and writes their
 // ranks in one request each (README "Several nodes" lists the keys). Under
 // "rdzv/<run_id>/":
-//   state                 {"round","failures","closed"}: changed by
-//                         compare-and-set only to start a round or end the job
+//   state                 {"round","failures","closed","end"}: changed by
+//                         compare-and-set only to start a round or end the job;
+//                         "closed" is the message, "end" the EndReasonName
 //   config                "<nproc> <max_restarts>", set by the first joiner
 //   round/<r>/n           ADD counter: a joiner's slot (1, 2, ...)
 //   round/<r>/node/<slot> "<rank hint> <node id>"
@@ -104,8 +124,12 @@ class Rendezvous {
   // node hosting the store waits for it before the store goes away.
   bool AllEnded(const Assignment& current);
 
-  // Why the job was closed ("" while open).
+  // Why the job was closed ("" while open): a message for people.
   const std::string& closed_reason() const { return closed_reason_; }
+  // Why the job ended, for decisions such as the exit code. Set where
+  // closed_reason() is, and also on kAllDone (kSucceeded) and when Join
+  // returns Invalid for a foreign state key (kForeignState).
+  EndReason end_reason() const { return end_reason_; }
   // Nodes that have joined the open round, for messages.
   std::string DescribeParticipants() const;
 
@@ -118,8 +142,15 @@ class Rendezvous {
   // compare-and-set until it sticks, then wakes whoever waits on the round.
   // Returns the state as it is afterwards.
   Result<Doc> ChangeDoc(int round, const std::function<void(Doc&)>& mutate);
-  Status CloseJob(int round, const std::string& why);
+  Status CloseJob(int round, EndReason reason, const std::string& why);
   Status ClosedStatus(const Doc& doc);
+  // Invalid for a state key that is not dtrun's; sets kForeignState.
+  Status CorruptState();
+  // The event for a closed state document; records why it closed.
+  RoundEvent Ended(const Doc& doc);
+  Result<RoundEvent> WatchCounters(const Assignment& current);
+  // `count` is the watched node's heartbeat counter as just read.
+  Result<RoundEvent> WatchNext(const Assignment& current, const std::string& count);
   Status CheckConfig(const Doc& doc);
   Status Register(const Doc& doc);
   // Closes round `round` when it may close and no other node is closing it.
@@ -144,6 +175,7 @@ class Rendezvous {
   Store* store_;
   RendezvousOptions opts_;
   std::string closed_reason_;
+  EndReason end_reason_ = EndReason::kNone;
   std::vector<std::string> last_participants_;
   bool config_checked_ = false;
   int joined_round_ = -1;   // round this node holds a slot in

@@ -1,3 +1,24 @@
+// A blocking client on one non-blocking socket.
+//
+// Deadlines. Every operation computes one deadline when it starts and
+// passes it down, so connect, send and every partial read share the same
+// budget: a reply that trickles in cannot stretch an operation past its
+// timeout the way a per-recv timeout would. poll() gets the time left,
+// recomputed after EINTR.
+//
+// Backoff. The first connect may precede the store by seconds (agents
+// start in any order), so refused connections are retried for
+// connect_timeout, 50 ms doubling to 1 s with +-25% jitter so that many
+// agents started together do not knock in lockstep.
+//
+// Desync. The protocol has no request ids: the n-th reply belongs to the
+// n-th request. A request that timed out may still be answered later, and
+// that late reply would be read as the answer to the next request. After a
+// timed-out WAIT the torch>=2.2 dialect sends CANCEL_WAIT and reads up to
+// its acknowledgement (a late "ready" first, when the keys arrived as we
+// gave up); any other timeout, and 1.13 (no cancel), drop the connection so
+// the next call starts on a fresh one. libtorch 1.13's client does neither.
+
 #include "rendezvous/store_client.h"
 
 #include <fcntl.h>
@@ -13,7 +34,7 @@
 #include <random>
 #include <thread>
 
-#include "rendezvous/memory_store.h"
+#include "rendezvous/describe.h"
 
 namespace dtrun::rdzv {
 namespace {
@@ -39,7 +60,9 @@ bool PollFor(int fd, short events, Clock::time_point deadline) {
   }
 }
 
-// One non-blocking connect attempt to one resolved address.
+// One non-blocking connect attempt to one resolved address: a blocking
+// connect() to a black-holed address would ignore our deadline for the
+// kernel's SYN retries (about two minutes).
 int TryConnect(const addrinfo* ai, Clock::time_point deadline, std::string* error) {
   int fd = ::socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC,
                     ai->ai_protocol);
@@ -65,6 +88,9 @@ int TryConnect(const addrinfo* ai, Clock::time_point deadline, std::string* erro
     ::close(fd);
     return -1;
   }
+  // SET, APPEND and MULTI_SET have no reply, so the next request follows
+  // unacknowledged data: Nagle would hold it until the server's delayed ACK
+  // (up to 40 ms on Linux).
   int one = 1;
   ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
   return fd;
@@ -158,6 +184,8 @@ Status TcpStoreClient::Open() {
   }
 }
 
+// VALIDATE and PING go out in one write. VALIDATE has no reply, so the PING
+// echo is what proves the server took the magic and speaks this dialect.
 Status TcpStoreClient::Handshake(Deadline deadline) {
   if (opts_.dialect != Dialect::kTorch2) return Status::Ok();
   Request validate;
@@ -225,6 +253,8 @@ Status TcpStoreClient::SendBytes(const std::string& bytes, const std::string& wh
 
 Status TcpStoreClient::ReadExact(size_t n, std::string* out, const std::string& what,
                                  Deadline deadline, Deadline started) {
+  // Whatever arrives past `n` stays in rbuf_ for the next read: MULTI_GET
+  // replies arrive back to back and are taken one value at a time.
   char chunk[64 * 1024];
   while (rbuf_.size() < n) {
     if (!PollFor(fd_, POLLIN, deadline)) {
@@ -267,6 +297,8 @@ Status TcpStoreClient::WaitLocked(const std::vector<std::string>& keys, Op op,
   std::string what = std::string(op == Op::kWait ? "wait for keys " : "barrier on ") +
                      DescribeKeys(keys);
   auto started = Clock::now();
+  // The caller's timeout bounds the wait itself; the cancel that may follow
+  // gets an ordinary operation's deadline of its own.
   Status s = SendRequest(req, what, started + timeout);
   if (!s.ok()) return s;
   std::string reply;
@@ -316,6 +348,12 @@ Request MakeRequest(Op op, std::vector<std::string> keys,
   return req;
 }
 
+// APPEND and BARRIER have no opcode in 1.13's protocol.
+Status NeedsTorch2(const std::string& what) {
+  return Status::Invalid(what + ": the store client speaks the torch-1.13 protocol, which has "
+                         "no such request; connect with the torch>=2.2 dialect");
+}
+
 int64_t I64(const std::string& bytes) {
   int64_t v = 0;
   size_t pos = 0;
@@ -332,6 +370,7 @@ Status TcpStoreClient::Set(const std::string& key, std::string_view value) {
 }
 
 Status TcpStoreClient::Append(const std::string& key, std::string_view value) {
+  if (opts_.dialect != Dialect::kTorch2) return NeedsTorch2("append to key '" + key + "'");
   std::lock_guard<std::mutex> lock(mu_);
   return Call(MakeRequest(Op::kAppend, {K(key)}, {std::string(value)}),
               "append to key '" + key + "'", 0, nullptr);
@@ -339,6 +378,7 @@ Status TcpStoreClient::Append(const std::string& key, std::string_view value) {
 
 Result<std::string> TcpStoreClient::Get(const std::string& key) {
   std::lock_guard<std::mutex> lock(mu_);
+  // c10d's GET waits for the key first (a missing key blocks, not fails).
   Status s = WaitLocked({key}, Op::kWait, 0, opts_.timeout);
   std::string value;
   if (s.ok()) {
@@ -390,6 +430,7 @@ Status TcpStoreClient::Wait(const std::vector<std::string>& keys,
 
 Status TcpStoreClient::Barrier(const std::string& key, int64_t world_size,
                                std::chrono::milliseconds timeout) {
+  if (opts_.dialect != Dialect::kTorch2) return NeedsTorch2("barrier on key '" + key + "'");
   std::lock_guard<std::mutex> lock(mu_);
   return WaitLocked({key}, Op::kBarrier, world_size, timeout);
 }

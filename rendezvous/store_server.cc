@@ -1,3 +1,32 @@
+// The server's shell: sockets, buffers and the event loop; StoreState does
+// the rest. What matters for speed, and why it is done this way:
+//
+// One wake-up per request. A reply is written from the read handler that
+// produced it, with a non-blocking write_some, instead of posting an async
+// write that would cost a second trip through epoll. Replies produced by
+// one read (a client may pipeline many requests) are sent together: the
+// sessions touched are collected in dirty_ and flushed once, after the
+// whole read is decoded (FlushDirty). Only a full socket waits for
+// writability.
+//
+// Gather writes. A session's output is a deque of segments, and one
+// write_some hands up to 16 of them to the kernel (writev), so a reply of
+// many small values or a length followed by a shared value costs one
+// system call.
+//
+// Shared value buffers. A large GET reply is queued as a reference to the
+// stored value (StoredValue's shared_ptr), not a copy: 8 clients reading a
+// 64 MiB value hold one copy in memory, and a SET meanwhile replaces the
+// pointer without touching bytes still being sent.
+//
+// Backpressure. A client that pipelines requests but does not read the
+// replies would grow its queue without bound; past max_pending_reply_bytes
+// the session stops reading until the kernel has taken enough, which also
+// stops the client through TCP flow control.
+//
+// Everything here runs on the loop thread; the public methods reach it by
+// posting (OnLoop), so nothing needs a lock.
+
 #include "rendezvous/store_server.h"
 
 #include <array>
@@ -11,6 +40,7 @@
 
 #include <asio.hpp>
 
+#include "rendezvous/check.h"
 #include "rendezvous/log.h"
 #include "rendezvous/store_state.h"
 
@@ -59,6 +89,25 @@ struct Session : std::enable_shared_from_this<Session> {
   std::unique_ptr<char[]> buf{new char[kReadChunk]};
 };
 
+namespace {
+
+// A first request of 0x00 that failed to decode as 1.13 was probably a
+// torch>=2.2 VALIDATE with another magic (another protocol version): the
+// message says so, with the magic received.
+std::string WrongMagicHint(const Session& s, std::string_view avail) {
+  if (s.requests != 0 || avail.empty() || avail[0] != 0 || s.dialect != Dialect::kTorch113) {
+    return "";
+  }
+  uint32_t magic = 0;
+  size_t pos = 1;
+  GetU32(avail, &pos, &magic);
+  char hex[16];
+  std::snprintf(hex, sizeof(hex), "0x%08X", magic);
+  return std::string(" (or a VALIDATE with wrong magic ") + hex + ", expected 0x3C85F7CE)";
+}
+
+}  // namespace
+
 class StoreServer::Impl : public ReplySink {
  public:
   explicit Impl(const StoreServerOptions& opts)
@@ -69,6 +118,7 @@ class StoreServer::Impl : public ReplySink {
   void StartRead(const std::shared_ptr<Session>& s);
   void OnRead(const std::shared_ptr<Session>& s, const asio::error_code& ec, size_t n);
   bool Process(Session* s);
+  static void CompactInput(Session* s);
   void StartWrite(const std::shared_ptr<Session>& s);
   bool WriteNow(Session* s);
   static size_t Pending(const Session& s);
@@ -96,6 +146,10 @@ class StoreServer::Impl : public ReplySink {
   std::atomic<bool> stopped_{false};
 };
 
+// "::" is tried first as a dual-stack socket (v6_only off), which also
+// takes IPv4 clients; hosts without IPv6 fall back to 0.0.0.0.
+// reuse_address lets a restarted agent bind its port while connections of
+// the previous run sit in TIME_WAIT.
 Status StoreServer::Impl::Listen() {
   std::vector<std::string> hosts = {opts_.host};
   if (opts_.host == "::") hosts.push_back("0.0.0.0");
@@ -190,9 +244,14 @@ void StoreServer::Impl::OnRead(const std::shared_ptr<Session>& s,
   if (Pending(*s) <= opts_.max_pending_reply_bytes) StartRead(s);
 }
 
+// Decodes and applies every whole request buffered. `need` is the size the
+// decoder asked for, so a large value arriving in 64 KiB reads is decoded
+// once, when complete. False when the connection was closed.
 bool StoreServer::Impl::Process(Session* s) {
   while (s->in.size() - s->in_off >= s->need) {
     std::string_view avail(s->in.data() + s->in_off, s->in.size() - s->in_off);
+    // The dialect is fixed by the first bytes of the connection; fewer than
+    // five that match VALIDATE's leave it open until more arrive.
     if (s->dialect == Dialect::kUnknown) {
       s->dialect = DetectDialect(avail);
       if (s->dialect == Dialect::kUnknown) {
@@ -209,16 +268,7 @@ bool StoreServer::Impl::Process(Session* s) {
       break;
     }
     if (st == DecodeState::kMalformed) {
-      if (s->requests == 0 && avail[0] == 0 && s->dialect == Dialect::kTorch113) {
-        uint32_t magic = 0;
-        size_t pos = 1;
-        GetU32(avail, &pos, &magic);
-        char hex[16];
-        std::snprintf(hex, sizeof(hex), "0x%08X", magic);
-        error += std::string(" (or a VALIDATE with wrong magic ") + hex +
-                 ", expected 0x3C85F7CE)";
-      }
-      Close(s, "malformed request: " + error);
+      Close(s, "malformed request: " + error + WrongMagicHint(*s, avail));
       return false;
     }
     s->in_off += consumed;
@@ -235,6 +285,14 @@ bool StoreServer::Impl::Process(Session* s) {
       return false;
     }
   }
+  CompactInput(s);
+  return true;
+}
+
+// Consumed bytes are dropped only when all are consumed or a chunk's worth
+// has piled up, so pipelined small requests do not shift the buffer once
+// each.
+void StoreServer::Impl::CompactInput(Session* s) {
   if (s->in_off == s->in.size()) {
     s->in.clear();
     s->in_off = 0;
@@ -242,7 +300,6 @@ bool StoreServer::Impl::Process(Session* s) {
     s->in.erase(0, s->in_off);
     s->in_off = 0;
   }
-  return true;
 }
 
 Session* StoreServer::Impl::Dirty(ConnId conn) {
@@ -307,6 +364,8 @@ bool StoreServer::Impl::WriteNow(Session* s) {
       return false;
     }
     while (wrote > 0) {
+      DTRUN_CHECK(!s->out.empty()) << "the kernel took " << wrote
+                                   << " bytes more than were queued";
       size_t left = s->out.front().view().size() - s->out_off;
       if (wrote < left) {
         s->out_off += wrote;
@@ -371,6 +430,8 @@ void StoreServer::Impl::CloseAll() {
   for (auto& s : all) Close(s.get(), "");
 }
 
+// Runs `fn` on the loop thread and waits for its result: the state and the
+// sessions are the loop's alone.
 template <typename Fn>
 auto StoreServer::Impl::OnLoop(Fn fn) -> decltype(fn()) {
   std::packaged_task<decltype(fn())()> task(std::move(fn));
@@ -400,6 +461,8 @@ void StoreServer::RunInBackground() {
   impl_->thread_ = std::thread([this] { impl_->io_.run(); });
 }
 
+// Closing happens on the loop (the sessions are its own); the join is
+// skipped when Stop runs on the loop thread itself, which would deadlock.
 void StoreServer::Stop() {
   if (!impl_->stopped_.exchange(true)) {
     asio::post(impl_->io_, [this] {

@@ -1,7 +1,32 @@
+// The store's semantics, apart from any socket.
+//
+// Waiters. A WAIT on keys that all exist is answered at once; otherwise one
+// Waiter counts the missing keys and is indexed three ways: by id (the
+// waiter), by key (who to wake when it appears) and by connection (what to
+// forget when the client cancels or goes away). Each arrival of a key wakes
+// every waiter on it once, so a waiter on n keys needs n arrivals; the reply
+// (one byte) goes out with the arrival that completes it. A queue push
+// counts as an arrival for one waiter only, since one item feeds one POP.
+//
+// Differences from torch that are deliberate (torch's own backends differ
+// among themselves; we follow the libuv one):
+//   - GET of a missing key replies empty bytes; the client WAITs first, as
+//     c10d's does, so only raw clients see it.
+//   - COMPARE_SET on a missing key creates it only when `expected` is empty
+//     and replies `expected` otherwise (c10d's answer, not an error). A
+//     successful COMPARE_SET is a SET: it wakes waiters and notifies
+//     watchers, which the rendezvous relies on to WAIT for its state.
+//   - ADD parses the old value as std::stoll does (ParseCounter), so a value
+//     SET as text counts on from its leading number.
+// Replies are appended into the connection's output buffer (ReplySink), and
+// a large stored value is shared with the reply instead of copied.
+
 #include "rendezvous/store_state.h"
 
 #include <algorithm>
 #include <charconv>
+
+#include "rendezvous/check.h"
 
 namespace dtrun::rdzv {
 namespace {
@@ -10,7 +35,6 @@ namespace {
 void ReplyU8(ReplySink* sink, ConnId conn, uint8_t v) {
   if (std::string* out = sink->Out(conn)) PutU8(out, v);
 }
-
 
 // Values this large are sent from the stored bytes (no copy per GET); a
 // smaller one is cheaper to copy than to queue as a separate buffer.
@@ -45,10 +69,14 @@ bool ParseCounter(std::string_view text, int64_t* value) {
 }
 
 Status StoreState::Apply(ConnId conn, const Request& req, ReplySink* sink) {
+  // Replies for a connection that is already gone are built into discard_
+  // and dropped, so every case below can write unconditionally.
   std::string* reply = sink->Out(conn);
   std::string& out = reply ? *reply : discard_;
   switch (req.op) {
     case Op::kValidate:
+      // Whether VALIDATE came first is the server's business (it knows the
+      // connection's dialect); here only the magic is checked.
       if (req.word != kValidateMagic) {
         return Status::Invalid("VALIDATE with wrong magic");
       }
@@ -90,6 +118,9 @@ Status StoreState::Apply(ConnId conn, const Request& req, ReplySink* sink) {
     }
     case Op::kGet: {
       auto it = data_.find(req.keys[0]);
+      // The length goes into the buffer now and the value is queued by
+      // reference after it; a SET meanwhile swaps data_'s pointer and the
+      // queued reply still sends the bytes the GET saw.
       if (it != data_.end() && it->second.size() >= kShareBytes && reply) {
         PutU64(&out, it->second.size());
         sink->OutShared(conn, it->second.shared());  // `out` is stale now
@@ -159,6 +190,8 @@ Status StoreState::Apply(ConnId conn, const Request& req, ReplySink* sink) {
       for (const auto& kv : data_) PutBytes(&out, kv.first);
       break;
     case Op::kBarrier: {
+      // A counting barrier on an ordinary counter: ADD 1, then release every
+      // barrier waiter whose world size the counter has reached.
       int64_t count = 0;
       Status s = Add(req.keys[0], 1, &count, sink);
       if (!s.ok()) return s;
@@ -173,6 +206,7 @@ Status StoreState::Apply(ConnId conn, const Request& req, ReplySink* sink) {
 
 void StoreState::Set(const std::string& key, std::string value, ReplySink* sink) {
   auto [it, created] = data_.try_emplace(key);
+  // The old value is copied only for a watched key (WATCH_KEY sends it).
   bool watched = !watchers_.empty() && watchers_.count(key);
   std::string old;
   if (watched) old = it->second;
@@ -228,9 +262,15 @@ void StoreState::Wake(const std::string& key, bool only_one, ReplySink* sink) {
   auto it = key_waiters_.find(key);
   if (it == key_waiters_.end()) return;
   std::vector<uint64_t>& ids = it->second;
+  // Oldest first: waiters are released in the order they came. For a queue
+  // push (only_one) the oldest waiter takes the item's arrival even when it
+  // still misses other keys, so a second waiter is not woken for an item
+  // the first will pop.
   size_t used = 0;
   for (bool woke = false; used < ids.size() && !(only_one && woke); ++used) {
     auto w = waiters_.find(ids[used]);
+    DTRUN_CHECK(w != waiters_.end()) << "waiter " << ids[used] << " on key '" << key
+                                     << "' is not registered";
     woke = true;
     if (--w->second.missing > 0) continue;
     ConnId conn = w->second.conn;
@@ -243,6 +283,7 @@ void StoreState::Wake(const std::string& key, bool only_one, ReplySink* sink) {
 
 void StoreState::Forget(uint64_t id, const std::string* except_key) {
   auto w = waiters_.find(id);
+  DTRUN_CHECK(w != waiters_.end()) << "forgetting waiter " << id << " twice";
   for (const auto& key : w->second.keys) {
     if (except_key && key == *except_key) continue;
     auto kw = key_waiters_.find(key);
@@ -264,6 +305,7 @@ void StoreState::ReleaseBarriers(const std::string& key, ReplySink* sink) {
   auto d = data_.find(key);
   if (d == data_.end() || !ParseCounter(d->second, &count)) return;
   auto& list = it->second;
+  // stable_partition keeps the barriers still waiting in arrival order.
   auto released = std::stable_partition(
       list.begin(), list.end(),
       [count](const BarrierWaiter& b) { return count < b.world_size; });
@@ -299,6 +341,8 @@ void StoreState::Disconnect(ConnId conn) {
 }
 
 void StoreState::Clear() {
+  // Waiters stay: clients of the previous attempt that still wait are
+  // released when the new attempt sets their keys.
   data_.clear();
   queues_.clear();
 }
@@ -308,6 +352,7 @@ void StoreState::Notify(const std::string& key, uint8_t type,
                         ReplySink* sink) {
   auto it = watchers_.find(key);
   if (it == watchers_.end()) return;
+  // Encoded once and appended to every watcher.
   std::string msg;
   PutU8(&msg, type);
   PutBytes(&msg, key);
@@ -323,6 +368,7 @@ void StoreState::QueuePop(ConnId conn, const std::string& key, ReplySink* sink) 
   if (!reply) return;
   std::string& out = *reply;
   auto it = queues_.find(key);
+  // The protocol's reply carries the length before the pop, not after.
   int64_t len = it == queues_.end() ? 0 : static_cast<int64_t>(it->second.size());
   PutI64(&out, len);
   if (len > 0) {

@@ -1,6 +1,15 @@
+// Decoding works on whatever bytes have arrived: a request has no length
+// prefix, so the decoder walks its fields and, when it runs out, reports how
+// many bytes it needs in all. The server then waits for that many before
+// decoding again, instead of re-parsing a large value on every read.
+// Lengths are checked against WireLimits before anything is allocated, so a
+// hostile length cannot make the server reserve gigabytes.
+
 #include "rendezvous/wire.h"
 
 #include <cstring>
+
+#include "rendezvous/check.h"
 
 namespace dtrun::rdzv {
 namespace {
@@ -75,6 +84,9 @@ class Reader {
   std::string error_;
 };
 
+// Opcode tables, indexed by the wire value. 1.13's numbering starts at SET;
+// torch 2.2 inserted VALIDATE at 0 and renumbered everything after it,
+// which is why one byte means different things per dialect.
 bool OpFrom113(uint8_t v, Op* op) {
   static constexpr Op kMap[] = {Op::kSet,   Op::kCompareSet, Op::kGet,
                                 Op::kAdd,   Op::kCheck,      Op::kWait,
@@ -96,6 +108,8 @@ bool OpFrom2(uint8_t v, Op* op) {
   return true;
 }
 
+// The reverse lookup scans the tables: they are tiny, and one table per
+// dialect cannot then disagree with its inverse.
 bool OpTo(Op op, Dialect dialect, uint8_t* v) {
   for (int i = 0; i < 32; ++i) {
     Op candidate;
@@ -181,9 +195,16 @@ const char* OpName(Op op) {
       "CHECK",      "WAIT",       "GETNUMKEYS",  "WATCH_KEY", "DELETE_KEY",
       "APPEND",     "MULTI_GET",  "MULTI_SET",   "CANCEL_WAIT", "PING",
       "QUEUE_PUSH", "QUEUE_POP",  "QUEUE_LEN",   "LIST_KEYS", "BARRIER"};
-  return kNames[static_cast<int>(op)];
+  size_t i = static_cast<size_t>(op);
+  DTRUN_CHECK(i < sizeof(kNames) / sizeof(kNames[0])) << "Op " << i << " has no name";
+  return kNames[i];
 }
 
+// A torch>=2.2 client always opens with VALIDATE: opcode 0 and the magic
+// 0x3C85F7CE, little-endian. The same first byte is a SET in 1.13, so the
+// five bytes together decide; a prefix of them is not enough yet (kUnknown),
+// and any difference means 1.13. A 1.13 SET whose key length happens to
+// begin CE F7 85 3C would need a key of at least 968 MiB, far over the cap.
 Dialect DetectDialect(std::string_view b) {
   static constexpr unsigned char kValidate[5] = {0x00, 0xCE, 0xF7, 0x85, 0x3C};
   size_t n = b.size() < 5 ? b.size() : 5;
@@ -229,7 +250,11 @@ DecodeState DecodeRequest(std::string_view in, Dialect dialect,
 
 void EncodeRequest(const Request& req, Dialect dialect, std::string* out) {
   uint8_t code = 0;
-  OpTo(req.op, dialect, &code);
+  // An op the dialect lacks would go out as opcode 0 (SET or VALIDATE) and
+  // desynchronize the stream; callers check the dialect first.
+  DTRUN_CHECK(OpTo(req.op, dialect, &code))
+      << OpName(req.op) << " has no opcode in the "
+      << (dialect == Dialect::kTorch2 ? "torch>=2.2" : "torch-1.13") << " dialect";
   PutU8(out, code);
   switch (req.op) {
     case Op::kValidate:

@@ -8,7 +8,7 @@ packages=(
   libtorch-dev python3-torch libgloo-dev
   libcli11-dev libspdlog-dev libasio-dev nlohmann-json3-dev libtomlplusplus-dev
   libgtest-dev libgmock-dev libbenchmark-dev
-  clang libclang-rt-14-dev
+  clang libclang-rt-14-dev clang-format
   python3-sklearn
   tmux jupyter-core jupyter-nbconvert python3-nbclient python3-ipykernel python3-matplotlib
   iproute2 procps util-linux

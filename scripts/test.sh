@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# Installs what is missing, builds, and runs every test: unit, component,
-# compat (libtorch 1.13 C++ and Python), a bounded fuzz run, and the store's
-# unit + component tests again under ThreadSanitizer.
+# Installs what is missing, checks the formatting, builds, and runs every
+# test: unit, component, compat (libtorch 1.13 C++ and Python), a bounded fuzz
+# run, and the store's unit + component tests again under ThreadSanitizer.
 # Usage: scripts/test.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
+scripts/format.sh --check
 
 scripts/build.sh build -DDTRUN_WERROR=ON -DDTRUN_FUZZ_SECONDS=${DTRUN_FUZZ_SECONDS:-30}
 (cd build && ctest --output-on-failure -j2)

@@ -1,3 +1,6 @@
+// The local agent's lifecycle as a pure state machine (torchrun's monitor
+// loop: start, watch, stop on the first failure, restart or finish). Events
+// and `now` come in, actions go out; local_group.cc carries them out.
 #include "apps/dtrun/agent.h"
 
 #include <csignal>
@@ -16,6 +19,7 @@ std::vector<Action> Agent::StartRound(int restart_count, TimePoint) {
 }
 
 std::vector<Action> Agent::StopForNewRound(TimePoint now) {
+  // A stop signal outranks a new round: the user asked for the job to end.
   if (phase_ == Phase::kShuttingDown) return {};
   if (alive_ == 0) {
     phase_ = Phase::kFinished;
@@ -25,6 +29,8 @@ std::vector<Action> Agent::StopForNewRound(TimePoint now) {
 }
 
 void Agent::OnGroupStarted() {
+  // The last attempt's failures stay readable until now, so the summary
+  // printed after a stop or a final failure still has them.
   alive_ = opts_.nproc;
   killed_ = false;
   hung_ = false;
@@ -34,34 +40,49 @@ void Agent::OnGroupStarted() {
 std::vector<Action> Agent::OnWorkerExit(const WorkerExit& exit, TimePoint now) {
   if (alive_ > 0) --alive_;
   if (phase_ == Phase::kRunning) {
+    // As in torchrun, the first failure stops the siblings at once, while a
+    // worker that exits 0 early just waits: the group succeeds only when every
+    // worker has exited 0.
     if (exit.failed()) {
       failures_.push_back(exit);
       if (alive_ > 0) return Stop(Phase::kStopping, SIGTERM, now);
     }
     return alive_ == 0 ? GroupGone() : std::vector<Action>{};
   }
-  // Workers we are stopping: their exits are consequences, not causes.
+  // Workers we are stopping: their exits are consequences, not causes. Not
+  // recording them keeps the summary's root cause on the worker that failed.
   return alive_ == 0 ? GroupGone() : std::vector<Action>{};
 }
 
 std::vector<Action> Agent::OnSignal(int signo, TimePoint now) {
   if (phase_ == Phase::kFinished) return {};
+  // A second signal while shutting down (Ctrl-C pressed again) means "now":
+  // skip the rest of the grace period. During a failure stop, a signal takes
+  // over instead: the job ends with it rather than restarting.
   if (phase_ == Phase::kShuttingDown && !killed_) return Kill(now);
   stop_signal_ = signo;
   if (alive_ == 0) {
     phase_ = Phase::kFinished;
     return {{Action::Kind::kFinish, restart_count_, signo}};
   }
+  // The workers get the signal dtrun got, as torchrun forwards it: a worker
+  // may treat SIGINT (save and exit) differently from SIGTERM.
   return Stop(Phase::kShuttingDown, signo, now);
 }
 
 std::vector<Action> Agent::OnHang(int signo, TimePoint now) {
+  // A group already being stopped is not hung: its exits are on their way.
+  // `signo` is SIGABRT for Python workers, so their fault handler prints the
+  // stacks before they die; SIGTERM for native ones, already inspected.
   if (phase_ != Phase::kRunning || alive_ == 0) return {};
   hung_ = true;
   return Stop(Phase::kStopping, signo, now);
 }
 
 std::vector<Action> Agent::Kill(TimePoint now) {
+  // SIGKILL cannot reach a process in uninterruptible sleep (a dead NFS
+  // server, a wedged GPU driver): after kill_wait dtrun stops waiting, so the
+  // launcher itself never hangs.
   killed_ = true;
   abandon_at_ = now + opts_.kill_wait;
   return {{Action::Kind::kSignalGroup, 0, SIGKILL}};
@@ -73,6 +94,8 @@ std::vector<Action> Agent::OnTick(TimePoint now) {
   if (!stopping) return {};
   if (!killed_) return now < kill_at_ ? std::vector<Action>{} : Kill(now);
   if (now < abandon_at_ || alive_ == 0) return {};
+  // The survivors are counted gone so the attempt can end (and restart);
+  // kAbandonGroup lets the caller report them by pid.
   alive_ = 0;
   std::vector<Action> out = {{Action::Kind::kAbandonGroup, restart_count_}};
   for (const Action& a : GroupGone()) out.push_back(a);
@@ -80,6 +103,8 @@ std::vector<Action> Agent::OnTick(TimePoint now) {
 }
 
 std::optional<TimePoint> Agent::deadline() const {
+  // Only a stop has a deadline: a running group is event-driven (exits,
+  // signals, beats), so the loop can sleep in poll() without waking.
   bool stopping = phase_ == Phase::kStopping || phase_ == Phase::kShuttingDown ||
                   phase_ == Phase::kRestarting;
   if (!stopping) return std::nullopt;
@@ -87,6 +112,9 @@ std::optional<TimePoint> Agent::deadline() const {
 }
 
 std::vector<Action> Agent::Stop(Phase phase, int signo, TimePoint now) {
+  // Every stop starts a fresh grace period (torchrun: 30 s) before SIGKILL;
+  // the signal goes to each worker's process group, reaching its children
+  // (data loaders) as torch 2.x's killpg does.
   phase_ = phase;
   kill_at_ = now + opts_.term_timeout;
   killed_ = false;
@@ -106,6 +134,8 @@ std::vector<Action> Agent::GroupGone() {
     phase_ = Phase::kFinished;
     return {{Action::Kind::kFinish, restart_count_}};
   }
+  // A hang uses up a restart like a failed exit. A new round (kRestarting,
+  // above) does not: membership changes are not the job's fault.
   if (restart_count_ < opts_.max_restarts) {
     ++restart_count_;
     phase_ = Phase::kRunning;

@@ -40,6 +40,15 @@ struct Action {
   bool failed = false;
 };
 
+// How the local group's latest attempt (or round) ended, as the jobs see it.
+enum class GroupOutcome {
+  kRunning,    // not over yet
+  kSucceeded,  // every worker exited 0
+  kFailed,     // a worker failed and no restart is left (elastic: at once)
+  kStopped,    // stopped for a new rendezvous round (StopForNewRound)
+  kSignaled,   // dtrun got a stop signal; the workers are gone
+};
+
 enum class Phase {
   kIdle,          // before Start
   kRunning,       // the group runs
@@ -50,7 +59,8 @@ enum class Phase {
 };
 
 // The local agent's state machine: events in, actions out. No I/O, no clock
-// of its own (callers pass `now`). Owned and called by one thread.
+// of its own (callers pass `now`), never blocks. Owned and called by one
+// thread (LocalGroup's loop); the caller must perform each action in order.
 class Agent {
  public:
   explicit Agent(const AgentOptions& options) : opts_(options) {}
@@ -63,8 +73,12 @@ class Agent {
   // Multi-node: the rendezvous moved on; stop the group without counting a
   // failure. -> SignalGroup(SIGTERM) ... GroupStopped, or GroupStopped now.
   std::vector<Action> StopForNewRound(TimePoint now);
-  // The spawner started the group of the last StartGroup.
+  // The spawner started the group of the last StartGroup: all `nproc`
+  // workers count as alive, and the previous attempt's failures are dropped.
   void OnGroupStarted();
+  // A worker was reaped. While running, its failure is kept in failures() and
+  // stops the others (-> SignalGroup(SIGTERM)); exits of workers being stopped
+  // are not failures. The last exit -> StartGroup(n+1), Finish or GroupStopped.
   std::vector<Action> OnWorkerExit(const WorkerExit& exit, TimePoint now);
   // SIGINT/SIGTERM/... to dtrun. A second one while stopping escalates to
   // SIGKILL at once.

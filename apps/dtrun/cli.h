@@ -13,8 +13,10 @@ struct CliResult {
 };
 
 // Parses torchrun's flags (dash and underscore spellings, PET_* environment
-// fallbacks) into a validated LaunchConfig. Usage errors are printed to
-// stderr naming the flag, with exit code 2; --help prints and exits 0.
+// fallbacks) into a validated LaunchConfig, with SLURM_* filling flags not
+// given. Usage errors are printed to stderr naming the flag, with exit code
+// 2; --help, --version and --print-completion print and exit 0. Reads the
+// environment and $PATH; starts nothing. Call once, from main's thread.
 CliResult ParseCommandLine(int argc, const char* const* argv);
 
 // "<program> <version> (git <commit>)", the first line of --version.

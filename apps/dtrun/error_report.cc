@@ -1,3 +1,7 @@
+// torchrun's error reporting (torchrun-compat.md section 6): reading the
+// workers' @record error files, picking the root cause, printing the
+// ChildFailedError summary and the root cause's JSON. Pure but for reading
+// the error files; the agent decides when to print.
 #include "apps/dtrun/error_report.h"
 
 #include <signal.h>
@@ -11,9 +15,14 @@
 
 #include <nlohmann/json.hpp>
 
+#include "apps/dtrun/exit_code.h"
+#include "rendezvous/os_util.h"
+
 namespace dtrun::agent {
 namespace {
 
+// torchrun's "time" field: local time with an underscore, so the value is
+// one word for grep and awk.
 std::string LocalTime(double unix_seconds) {
   std::time_t t = static_cast<std::time_t>(unix_seconds);
   std::tm tm{};
@@ -41,6 +50,8 @@ std::string Block(const WorkerFailure& f, size_t index, const std::string& host)
     << "  time      : " << LocalTime(f.timestamp) << "\n"
     << "  host      : " << host << "\n"
     << "  rank      : " << f.rank << " (local_rank: " << f.local_rank << ")\n";
+  // "-N" as torchrun prints it (Popen's negative return code), with the
+  // signal's name added: "-9" alone sends users to a table.
   if (f.signal) {
     o << "  exitcode  : -" << f.signal << " (" << SignalName(f.signal) << ", pid: " << f.pid << ")\n";
   } else {
@@ -49,6 +60,8 @@ std::string Block(const WorkerFailure& f, size_t index, const std::string& host)
   o << "  error_file: " << (f.error_file.empty() ? "<N/A>" : f.error_file) << "\n";
   std::string trace;
   if (!f.traceback.empty()) {
+    // Python's formatted traceback already ends with "Type: text"; append the
+    // message only when it is not in there, so it is never shown twice.
     bool has_message = f.message.empty() || f.traceback.find(f.message) != std::string::npos;
     trace = has_message ? f.traceback : f.traceback + "\n" + f.message;
     while (!trace.empty() && trace.back() == '\n') trace.pop_back();
@@ -57,6 +70,8 @@ std::string Block(const WorkerFailure& f, size_t index, const std::string& host)
   } else if (f.signal) {
     trace = "Signal " + std::to_string(f.signal) + " (" + SignalName(f.signal) +
             ") received by PID " + std::to_string(f.pid);
+  // torchrun says "To enable traceback see: <url>" here; without an error
+  // file the useful pointer is the worker's stderr, which dtrun has kept.
   } else {
     trace = "no error file was written; the worker's stderr (see above, or the log "
             "folder) says why it exited";
@@ -68,16 +83,22 @@ std::string Block(const WorkerFailure& f, size_t index, const std::string& host)
 }  // namespace
 
 void ReadErrorFile(const std::string& path, WorkerFailure* f) {
-  std::ifstream in(path);
-  if (!in) return;
+  // No file is the normal case for workers without @record: error_file stays
+  // empty and the summary says <N/A>, as torchrun's does.
+  auto text = os::ReadFile(path);
+  if (!text.ok()) return;
   f->error_file = path;
-  std::stringstream text;
-  text << in.rdbuf();
-  nlohmann::json j = nlohmann::json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
+  nlohmann::json j = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
+  // A worker killed while writing leaves half a file; show its start rather
+  // than pretend there was none.
   if (j.is_discarded() || !j.is_object() || !j.contains("message")) {
-    f->message = "error file is not torchrun's JSON format: " + text.str().substr(0, 200);
+    f->message = "error file is not torchrun's JSON format: " + text->substr(0, 200);
     return;
   }
+  // Two layouts exist: {"message": {"message", "extraInfo": {py_callstack,
+  // timestamp}}} from @record, and {"message": "text", "timestamp": T} that
+  // torch's readers also accept. The timestamp is a decimal string in
+  // torch's files; a number is accepted too.
   const auto& m = j["message"];
   const nlohmann::json* ts = j.contains("timestamp") ? &j["timestamp"] : nullptr;
   if (m.is_string()) {
@@ -100,6 +121,8 @@ void ReadErrorFile(const std::string& path, WorkerFailure* f) {
 }
 
 size_t RootCause(const std::vector<WorkerFailure>& failures) {
+  // Strictly earlier wins, so on a tie the failure seen first (failures come
+  // in detection order) stays the root cause.
   size_t best = 0;
   for (size_t i = 1; i < failures.size(); ++i) {
     if (failures[i].timestamp < failures[best].timestamp) best = i;
@@ -108,11 +131,17 @@ size_t RootCause(const std::vector<WorkerFailure>& failures) {
 }
 
 int ExitCodeFor(const WorkerFailure& f) {
-  if (f.signal) return 128 + f.signal;
+  // Unlike torchrun, which exits 1 for every failure, dtrun passes the root
+  // cause's code on (128 + signal, the shell's convention), so a script or
+  // scheduler can tell an OOM kill from a Python exception.
+  if (f.signal) return ExitBySignal(f.signal);
+  // A worker that failed without a code of its own (torchrun says 1).
   return f.exit_code == 0 ? 1 : f.exit_code;
 }
 
 std::string SignalName(int signo) {
+  // sigabbrev_np (glibc 2.32) is thread-safe and gives the short name, where
+  // strsignal gives a translated description; real-time signals have none.
   const char* abbrev = sigabbrev_np(signo);
   return abbrev ? std::string("SIG") + abbrev : "signal " + std::to_string(signo);
 }
@@ -124,6 +153,8 @@ std::string FormatFailureSummary(const std::string& entrypoint, const std::strin
   size_t root = RootCause(failures);
   std::ostringstream o;
   o << rule << "\n" << entrypoint << " FAILED\n" << thin << "\nFailures:\n";
+  // torchrun's layout: the other failures numbered from 1, the root cause as
+  // [0] in its own section; the attempts, logs and exit code lines are dtrun's.
   size_t index = 1;
   for (size_t i = 0; i < failures.size(); ++i) {
     if (i != root) o << Block(failures[i], index++, host);
@@ -137,6 +168,9 @@ std::string FormatFailureSummary(const std::string& entrypoint, const std::strin
 }
 
 std::string RootCauseJson(const WorkerFailure& f) {
+  // The worker's JSON is copied as written, fields dtrun does not know
+  // included; errorCode goes inside "message", so a plain-string message is
+  // first turned into an object. No file: torchrun's "<NONE>" placeholder.
   nlohmann::json j;
   if (!f.error_file.empty()) {
     std::ifstream in(f.error_file);

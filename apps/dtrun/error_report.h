@@ -21,10 +21,12 @@ struct WorkerFailure {
 
 // Reads `path` (torchrun's error-file JSON) into `f` when it exists and
 // parses; sets f->error_file. A file that does not parse is reported in
-// f->message rather than dropped.
+// f->message rather than dropped; a missing file leaves `f` unchanged.
+// Reads the file once and never blocks on anything else.
 void ReadErrorFile(const std::string& path, WorkerFailure* f);
 
-// Index of the root cause: the failure with the earliest timestamp.
+// Index of the root cause: the failure with the earliest timestamp (the
+// first one on a tie). REQUIRES: `failures` is not empty.
 size_t RootCause(const std::vector<WorkerFailure>& failures);
 
 // dtrun's exit code for a failed run: the root cause's own exit code, or
@@ -35,7 +37,8 @@ int ExitCodeFor(const WorkerFailure& f);
 std::string SignalName(int signo);
 
 // The summary printed when the last attempt failed (torchrun's layout, with
-// the signal named and the log folder given).
+// the signal named and the log folder given). `attempts` counts the first
+// run; `host` is printed as given. REQUIRES: `failures` is not empty.
 std::string FormatFailureSummary(const std::string& entrypoint, const std::string& host,
                                  const std::vector<WorkerFailure>& failures,
                                  int attempts, const std::string& log_dir);

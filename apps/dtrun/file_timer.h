@@ -34,10 +34,14 @@ struct ExpiredTimer {
 // is a value. Called by the agent's loop thread.
 class FileTimers {
  public:
+  // Sets (or moves) the timer of (pid, scope_id); a negative expiration_time
+  // removes it. Timers of a pid that exited stay until they expire or Clear().
   void Register(const TimerRequest& request);
   // Workers with an expired timer at `now`; their timers are cleared, as
   // torch's server clears the timers of each worker it reaps.
+  // `now` is unix seconds, like the requests' expiration_time.
   std::vector<ExpiredTimer> Reap(double now);
+  // The earliest expiration_time held (unix seconds); none when no timers.
   std::optional<double> next_expiry() const;
   void Clear() { timers_.clear(); }
 

@@ -1,3 +1,6 @@
+// The --hang-timeout decision as a pure core: per-worker deadlines from
+// heartbeats and a clock value, and the root-cause ordering of a collective
+// hang. hang_watch.cc feeds it file mtimes and acts on what it says.
 #include "apps/dtrun/hang_monitor.h"
 
 #include <cstdlib>
@@ -5,14 +8,22 @@
 namespace dtrun::agent {
 
 void HangMonitor::Reset(int nproc, TimePoint now) {
+  // The silence before the first beat counts from the group's start, so a
+  // worker stuck in imports is caught by the first-beat allowance.
   beats_.assign(static_cast<size_t>(nproc), BeatState{false, now, -1});
 }
 
 void HangMonitor::OnBeat(int local_rank, TimePoint when, int64_t step) {
   if (local_rank < 0 || static_cast<size_t>(local_rank) >= beats_.size()) return;
   BeatState& b = beats_[local_rank];
+  // "done" ends the watch like an exit: teardown after the loop (saving,
+  // destroying the process group) may legitimately take longer than a step.
   if (step == kBeatDone) b.exited = true;
   b.beaten = true;
+  // Beat times come from file mtimes mapped onto the steady clock, which can
+  // jitter by a few ms; never move a worker's last beat backwards. A beat
+  // whose text was unreadable (caught mid-rewrite) proves life but keeps the
+  // step already known.
   if (when > b.last) b.last = when;
   if (step >= 0) b.step = step;
 }
@@ -24,6 +35,8 @@ void HangMonitor::OnExit(int local_rank) {
 }
 
 TimePoint HangMonitor::DeadlineOf(const BeatState& b) const {
+  // An exited worker is the exit path's business (a crash is seen at once);
+  // it can never be hung.
   if (b.exited) return TimePoint::max();
   return b.last + (b.beaten ? opts_.timeout : opts_.first_beat);
 }
@@ -61,7 +74,10 @@ std::optional<TimePoint> HangMonitor::deadline() const {
 }
 
 size_t HangRootCause(const std::vector<RankSilence>& ranks) {
-  // Ordered by: never beat, lower step, longer silence.
+  // Ordered by: never beat, lower step, longer silence. In a collective every
+  // rank blocks on the slowest, so the rank that never reached its first step
+  // (or reached the fewest) is the one the others wait for; among equals, the
+  // one silent longest stopped first. Exited ranks go last: they are not hung.
   auto before = [](const RankSilence& a, const RankSilence& b) {
     if (a.exited != b.exited) return !a.exited;
     if (a.beaten != b.beaten) return !a.beaten;
@@ -78,6 +94,9 @@ size_t HangRootCause(const std::vector<RankSilence>& ranks) {
 size_t MarkWaiting(std::vector<RankSilence>* ranks) {
   size_t root = HangRootCause(*ranks);
   const RankSilence& r = (*ranks)[root];
+  // Only ranks that beat carry a step to compare: a rank that never beat keeps
+  // its own verdict, and if the root cause never beat, no step shows anyone
+  // waiting for it.
   for (RankSilence& s : *ranks) {
     if (r.beaten && s.beaten && s.step > r.step) s.hung = false;
   }
@@ -85,6 +104,8 @@ size_t MarkWaiting(std::vector<RankSilence>* ranks) {
 }
 
 int64_t ParseBeatStep(const std::string& text) {
+  // Lenient about leading blanks but strict about the number: a negative or
+  // non-numeric first line is "no step", never a wrong step in the report.
   size_t i = 0;
   while (i < text.size() && (text[i] == ' ' || text[i] == '\t')) ++i;
   if (text.compare(i, 4, "done") == 0) return kBeatDone;

@@ -10,9 +10,12 @@
 
 namespace dtrun::agent {
 
+// How long workers may stay silent. Plain data, copied into HangMonitor.
 struct HangOptions {
   std::chrono::milliseconds timeout{0};       // --hang-timeout; 0: off
-  std::chrono::milliseconds first_beat{0};    // allowance before the first beat
+  // Allowance before the first beat, counted from the group's start; the
+  // caller resolves --hang-first-beat's default (max(60 s, 10 x timeout)).
+  std::chrono::milliseconds first_beat{0};
   bool enabled() const { return timeout.count() > 0; }
 };
 
@@ -28,7 +31,7 @@ struct BeatState {
 struct RankSilence {
   int local_rank = 0;
   bool beaten = false;
-  double silent_s = 0;   // since the last beat (or the start, before any)
+  double silent_s = 0;   // seconds since the last beat (or the start, before any)
   int64_t step = -1;
   bool hung = false;     // past its deadline
   bool exited = false;   // had exited already
@@ -52,7 +55,8 @@ class HangMonitor {
   std::vector<int> Hung(TimePoint now) const;
   // Every worker's silence at `now`, in local-rank order.
   std::vector<RankSilence> Snapshot(TimePoint now) const;
-  // The earliest deadline; none when off or no workers.
+  // The earliest deadline on the caller's clock (TimePoint::max() when every
+  // worker exited); none when off or no workers. Callers poll until then.
   std::optional<TimePoint> deadline() const;
   const std::vector<BeatState>& beats() const { return beats_; }
 

@@ -1,3 +1,6 @@
+// Text of the --hang-timeout report: finding the stack in a worker's stderr,
+// picking its first frames, and laying out the per-rank blocks. Pure: the
+// shell that captures stacks and prints the report is hang_watch.cc.
 #include "apps/dtrun/hang_report.h"
 
 #include <cstdio>
@@ -12,17 +15,23 @@ std::string Trim(const std::string& line) {
   return a == std::string::npos ? "" : line.substr(a, b - a + 1);
 }
 
+// Frame lines of the two stack sources dtrun reads: Python's fault handler
+// ('File "x.py", line 3 in f') and eu-stack or gdb ("#0  0x... in f").
 bool IsFrame(const std::string& trimmed) {
   return trimmed.rfind("File \"", 0) == 0 ||
          (trimmed.size() > 1 && trimmed[0] == '#' && trimmed[1] >= '0' && trimmed[1] <= '9');
 }
 
+// Two decimals: silences are measured by a 50 ms check, so more digits would
+// only be noise in the report.
 std::string Seconds(double s) {
   char buf[32];
   std::snprintf(buf, sizeof(buf), "%.2f s", s);
   return buf;
 }
 
+// "hung" vs "waiting" tells the reader which rank to look at: ranks at a
+// later step are merely blocked in a collective on the root cause.
 std::string State(const RankSilence& s) {
   if (s.exited) return "exited before the hang was declared";
   std::string out = s.hung ? "hung" : "waiting";
@@ -35,11 +44,16 @@ std::string State(const RankSilence& s) {
 }  // namespace
 
 std::string ExtractFaulthandlerDump(const std::string& text) {
+  // The last dump, not the first: stderr.log is the whole attempt's stderr,
+  // and the dump caused by dtrun's SIGABRT is the last thing a worker writes.
   size_t at = text.rfind("Fatal Python error:");
   return at == std::string::npos ? "" : text.substr(at);
 }
 
 std::vector<std::string> FirstFrames(const std::string& stack, size_t n) {
+  // A Python dump lists every thread; the "Current thread" block is the one
+  // that took the signal. Native dumps have no such marker and start with
+  // their first thread.
   size_t from = stack.find("Current thread");
   std::istringstream in(from == std::string::npos ? stack : stack.substr(from));
   std::vector<std::string> out;
@@ -50,6 +64,9 @@ std::vector<std::string> FirstFrames(const std::string& stack, size_t n) {
     if (IsFrame(t)) {
       out.push_back(t);
       seen = true;
+    // Blank lines and the fault handler's "..." (a stack cut at 100 frames)
+    // stay inside a thread; any other line ("Thread 0x...", "TID 7:") starts
+    // the next one.
     } else if (seen && !t.empty() && t[0] != '.') {
       break;  // the first thread ended
     }
@@ -70,6 +87,8 @@ std::string FormatHangReport(const std::vector<RankStack>& ranks, double timeout
   std::vector<RankSilence> silences;
   for (const RankStack& r : ranks) silences.push_back(r.silence);
   size_t root = HangRootCause(silences);
+  // 60-column rules like torchrun's failure summary, which follows this
+  // report when the group is given up.
   const std::string rule(60, '='), thin(60, '-');
   std::ostringstream o;
   o << rule << "\nHANG on attempt " << attempt << ": no heartbeat within --hang-timeout="
@@ -78,9 +97,12 @@ std::string FormatHangReport(const std::vector<RankStack>& ranks, double timeout
     o << label << "rank " << r.rank << " (local_rank: " << r.silence.local_rank
       << ", pid: " << r.pid << ")\n  ";
     std::string text = HangTraceback(r, frames);
+    // Continuation lines are indented so each rank reads as one block.
     for (char c : text) o << c << (c == '\n' ? "  " : "");
     o << "\n";
   };
+  // The root cause goes first: with many ranks, the others mostly repeat
+  // "waiting" and the one that matters would scroll away.
   block(ranks[root], "Root cause (stopped first / lowest step): ");
   for (size_t i = 0; i < ranks.size(); ++i) {
     if (i != root) block(ranks[i], "");

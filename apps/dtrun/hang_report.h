@@ -3,14 +3,16 @@
 #include <string>
 #include <vector>
 
+#include "apps/dtrun/exit_code.h"
 #include "apps/dtrun/hang_monitor.h"
 
 namespace dtrun::agent {
 
-// dtrun's exit code when the last attempt ended in a hang (GNU timeout's).
-constexpr int kHangExitCode = 124;
+// A hung worker's exit code in reports (GNU timeout's).
+constexpr int kHangExitCode = kExitHung;
 
-// Where one worker was when its group was declared hung.
+// Where one worker was when its group was declared hung. Filled by the hang
+// watch on the agent's loop thread; plain data.
 struct RankStack {
   int rank = 0;              // global rank
   int pid = 0;
@@ -31,7 +33,9 @@ std::vector<std::string> FirstFrames(const std::string& stack, size_t n);
 
 // The report printed when a hang stops a group: the root cause first (see
 // HangRootCause), marked hung or waiting, silence, step, first frames and
-// the stack file of each rank. Pure.
+// the stack file of each rank. `timeout_s` is --hang-timeout in seconds,
+// `attempt` the restart count, `frames` the frame lines per rank. Pure.
+// REQUIRES: `ranks` is not empty.
 std::string FormatHangReport(const std::vector<RankStack>& ranks, double timeout_s,
                              int attempt, size_t frames);
 

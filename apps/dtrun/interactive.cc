@@ -1,7 +1,10 @@
+// `dtrun --interactive`: the session folder with the embedded Python package,
+// the launcher in a child of its own process group (so Ctrl-C in the terminal
+// reaches only the console, which forwards it to the ranks as a cell
+// interrupt), and the console exec'd in dtrun's place so it owns the terminal.
 #include "apps/dtrun/interactive.h"
 
 #include <fcntl.h>
-#include <ftw.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
@@ -17,30 +20,21 @@
 #include <string>
 #include <vector>
 
-#include "apps/dtrun/clock.h"
-#include "apps/dtrun/launcher.h"
-#include "apps/dtrun/posix_spawner.h"
+#include "apps/dtrun/exit_code.h"
+#include "apps/dtrun/worker_env.h"
+#include "rendezvous/os_util.h"
 #include "dtrun_python_files.h"
 
 namespace dtrun::agent {
 namespace {
 
-bool WriteFile(const std::string& path, const char* text) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out << text;
-  return static_cast<bool>(out);
-}
-
 // The Python package under <dir>/py; "" on success, else why not.
 std::string WritePackage(const std::string& dir) {
   for (const auto& f : kPythonFiles) {
     std::string path = dir + "/py/" + f.path;
-    for (size_t at = dir.size() + 1; (at = path.find('/', at + 1)) != std::string::npos;) {
-      if (mkdir(path.substr(0, at).c_str(), 0755) != 0 && errno != EEXIST) {
-        return "cannot create " + path.substr(0, at) + ": " + std::strerror(errno);
-      }
-    }
-    if (!WriteFile(path, f.text)) return "cannot write " + path + ": " + std::strerror(errno);
+    Status s = os::MakeDirs(path.substr(0, path.rfind('/')));
+    if (s.ok()) s = os::WriteFile(path, f.text);
+    if (!s.ok()) return s.message();
   }
   return "";
 }
@@ -49,14 +43,6 @@ void PrependPythonPath(const std::string& dir) {
   const char* old = std::getenv("PYTHONPATH");
   std::string value = dir + (old && *old ? std::string(":") + old : "");
   setenv("PYTHONPATH", value.c_str(), 1);
-}
-
-int RunLauncher(const LaunchConfig& config, Launcher::StoreReady ready) {
-  PosixSpawner spawner;
-  SteadyClock clock;
-  Launcher launcher(config, &spawner, &clock);
-  launcher.on_store_ready = std::move(ready);
-  return launcher.Run();
 }
 
 // GPUs the workers can address: CUDA_VISIBLE_DEVICES' entries when set (the
@@ -109,101 +95,88 @@ std::string CheckGpuIds(const std::string& ids, int nproc, int visible) {
 
 namespace {
 
-std::string Tail(const std::string& path) {
-  std::ifstream in(path);
-  std::string line, tail;
-  std::vector<std::string> lines;
-  while (std::getline(in, line)) lines.push_back(line);
-  for (size_t i = lines.size() > 15 ? lines.size() - 15 : 0; i < lines.size(); ++i) {
-    tail += "  " + lines[i] + "\n";
-  }
-  return tail;
-}
+// What every session needs before its launcher starts: the folder, the
+// Python package in it, the console's torch shim, the launch config.
+struct Session {
+  std::string dir;
+  LaunchConfig launch;
+  bool nodes = false;  // several nodes: the console attaches to the rendezvous store
+  int world = 0;
+  std::string rdzv_key;  // several nodes: names the current round's workers' store
+};
 
-}  // namespace
-
-int RunInteractive(const LaunchConfig& config) {
+Result<Session> PrepareSession(const LaunchConfig& config) {
   if (!config.gpu_ids.empty()) {
     std::string err = CheckGpuIds(config.gpu_ids, config.nproc_per_node, VisibleGpus());
-    if (!err.empty()) {
-      std::fprintf(stderr, "dtrun: %s\n", err.c_str());
-      return 2;
-    }
+    if (!err.empty()) return Status::Invalid(err);
     setenv("DTRUN_GPU_IDS", config.gpu_ids.c_str(), 1);  // read by dtrun.worker
   }
-  const char* tmp = std::getenv("TMPDIR");
-  std::string templ = std::string(tmp && *tmp ? tmp : "/tmp") + "/dtrun-interactive-XXXXXX";
-  std::vector<char> buf(templ.begin(), templ.end());
-  buf.push_back('\0');
-  if (!mkdtemp(buf.data())) {
-    std::fprintf(stderr, "dtrun: cannot create a session folder '%s': %s; set TMPDIR\n",
-                 templ.c_str(), std::strerror(errno));
-    return 1;
-  }
-  const std::string dir = buf.data();
-  if (std::string err = WritePackage(dir); !err.empty()) {
-    std::fprintf(stderr, "dtrun: %s\n", err.c_str());
-    return 1;
-  }
-  PrependPythonPath(dir + "/py");
+  auto dir = os::MakeTempDir("dtrun-interactive-");
+  if (!dir.ok()) return dir.status();
+  Session s;
+  s.dir = *dir;
+  if (std::string err = WritePackage(s.dir); !err.empty()) return Status::Io(err);
+  PrependPythonPath(s.dir + "/py");
   // The console talks to the store too: it and the workers share one shim.
-  if (Status s = InstallTorchShimInProcess(dir + "/shim"); !s.ok()) {
-    std::fprintf(stderr, "dtrun: %s\n", s.message().c_str());
-    return 1;
-  }
-  LaunchConfig launch = config;
-  if (launch.log_dir.empty()) launch.log_dir = dir + "/logs";
+  if (Status st = InstallTorchShimInProcess(s.dir + "/shim"); !st.ok()) return st;
+  s.launch = config;
+  if (s.launch.log_dir.empty()) s.launch.log_dir = s.dir + "/logs";
   // With several nodes the address handed on is the rendezvous store's; the
   // workers' store of the current round is named under `rdzv_key` there.
-  const bool nodes = launch.uses_rendezvous();
-  const int world = launch.nproc_per_node * (nodes ? launch.max_nodes : 1);
-  const std::string rdzv_key = nodes ? "dtrun/i/" + launch.rdzv_id + "/current" : "";
-  if (nodes && !launch.local_addr.empty()) setenv("DTRUN_NODE_ADDR", launch.local_addr.c_str(), 1);
-
-  if (config.no_console) {
-    int rc = RunLauncher(launch, [&](const std::string& host, uint16_t port, const std::string&) {
-      std::printf("dtrun-interactive: host %s port %u world %d dir %s%s%s\n", host.c_str(), port,
-                  world, dir.c_str(), nodes ? " key " : "", rdzv_key.c_str());
-      std::fflush(stdout);
-    });
-    if (rc == 0) {  // a clean shutdown; otherwise the logs stay for a look
-      nftw(dir.c_str(), [](const char* p, const struct stat*, int, FTW*) { return ::remove(p); },
-           16, FTW_DEPTH | FTW_PHYS);
-    }
-    return rc;
+  s.nodes = s.launch.uses_rendezvous();
+  s.world = s.launch.nproc_per_node * (s.nodes ? s.launch.max_nodes : 1);
+  if (s.nodes) s.rdzv_key = "dtrun/i/" + s.launch.rdzv_id + "/current";
+  if (s.nodes && !s.launch.local_addr.empty()) {
+    setenv("DTRUN_NODE_ADDR", s.launch.local_addr.c_str(), 1);
   }
+  return s;
+}
 
+// --no-console: the launcher runs here and prints where the session is.
+int RunHeadless(const Session& s, const RunJobFn& run_job) {
+  int rc = run_job(s.launch, [&](const std::string& host, uint16_t port, const std::string&) {
+    std::printf("dtrun-interactive: host %s port %u world %d dir %s%s%s\n", host.c_str(), port,
+                s.world, s.dir.c_str(), s.nodes ? " key " : "", s.rdzv_key.c_str());
+    std::fflush(stdout);
+  });
+  if (rc == kExitSuccess) os::RemoveTree(s.dir);  // otherwise the logs stay for a look
+  return rc;
+}
+
+// The launcher's child: away from the terminal's signals (its own process
+// group, so Ctrl-C reaches only the console) and gone with the console.
+// Writes "host port\n" to `ready_fd` once the store listens.
+[[noreturn]] void RunLauncherChild(const Session& s, const RunJobFn& run_job, pid_t console_pid,
+                                   int ready_fd, const std::string& log) {
+  setpgid(0, 0);
+  prctl(PR_SET_PDEATHSIG, SIGTERM);
+  if (getppid() != console_pid) _exit(1);  // the console died before prctl
+  int null = open("/dev/null", O_RDONLY | O_CLOEXEC);
+  int out = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (null >= 0) dup2(null, 0);
+  if (out >= 0) {
+    dup2(out, 1);
+    dup2(out, 2);
+  }
+  _exit(run_job(s.launch, [ready_fd](const std::string& host, uint16_t port, const std::string&) {
+    std::string line = host + " " + std::to_string(port) + "\n";
+    (void)!write(ready_fd, line.data(), line.size());
+    close(ready_fd);
+  }));
+}
+
+// Forks the launcher; returns its pid and the store's "host port", or why
+// not (and sets `exit_code`).
+Result<std::pair<pid_t, std::string>> ForkLauncher(const Session& s, const RunJobFn& run_job,
+                                                   const std::string& log, int* exit_code) {
   int ready[2];
-  if (pipe2(ready, O_CLOEXEC) != 0) {
-    std::fprintf(stderr, "dtrun: pipe: %s\n", std::strerror(errno));
-    return 1;
-  }
-  const std::string log = dir + "/dtrun.log";
+  if (pipe2(ready, O_CLOEXEC) != 0) return Status::Io(std::string("pipe: ") + std::strerror(errno));
   const pid_t console_pid = getpid();
   const pid_t child = fork();
-  if (child < 0) {
-    std::fprintf(stderr, "dtrun: fork: %s\n", std::strerror(errno));
-    return 1;
-  }
+  if (child < 0) return Status::Io(std::string("fork: ") + std::strerror(errno));
   if (child == 0) {
-    // The launcher: away from the terminal's signals, gone with the console.
-    setpgid(0, 0);
-    prctl(PR_SET_PDEATHSIG, SIGTERM);
-    if (getppid() != console_pid) _exit(1);
     close(ready[0]);
-    int null = open("/dev/null", O_RDONLY | O_CLOEXEC);
-    int out = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (null >= 0) dup2(null, 0);
-    if (out >= 0) {
-      dup2(out, 1);
-      dup2(out, 2);
-    }
-    int fd = ready[1];
-    _exit(RunLauncher(launch, [fd](const std::string& host, uint16_t port, const std::string&) {
-      std::string line = host + " " + std::to_string(port) + "\n";
-      (void)!write(fd, line.data(), line.size());
-      close(fd);
-    }));
+    RunLauncherChild(s, run_job, console_pid, ready[1], log);
   }
   close(ready[1]);
   std::string line;
@@ -211,34 +184,31 @@ int RunInteractive(const LaunchConfig& config) {
   pollfd p{ready[0], POLLIN, 0};
   while (poll(&p, 1, 60000) > 0 && read(ready[0], &c, 1) == 1 && c != '\n') line += c;
   close(ready[0]);
-  size_t space = line.find(' ');
-  if (space == std::string::npos) {
-    int status = 0;
+  if (line.find(' ') == std::string::npos) {
     kill(child, SIGTERM);
+    int status = 0;
     waitpid(child, &status, 0);
-    std::fprintf(stderr, "dtrun: the interactive session did not start; %s says:\n%s", log.c_str(),
-                 Tail(log).c_str());
-    return 1;
+    // The launcher's own code says what failed (2: config, 3: store).
+    *exit_code = WIFEXITED(status) && WEXITSTATUS(status) != 0 ? WEXITSTATUS(status) : kExitSetup;
+    return Status::Unavailable("the interactive session did not start; " + log + " says:\n" +
+                               os::ReadTail(log, 15));
   }
-  std::string python = launch.worker_argv.empty() ? launch.python : launch.worker_argv[0];
-  std::vector<std::string> args = {python,
-                                   "-m",
-                                   "dtrun.console",
-                                   "--host",
-                                   line.substr(0, space),
-                                   "--port",
-                                   line.substr(space + 1),
-                                   "--world-size",
-                                   std::to_string(world),
-                                   "--launcher-pid",
-                                   std::to_string(child),
-                                   "--log",
-                                   log,
-                                   "--session-dir",
-                                   dir};
-  if (nodes) {
+  return std::make_pair(child, line);
+}
+
+// Becomes the Python console (returns only if exec failed).
+int ExecConsole(const Session& s, pid_t launcher, const std::string& address,
+                const std::string& log) {
+  size_t space = address.find(' ');
+  std::string python = s.launch.worker_argv.empty() ? s.launch.python : s.launch.worker_argv[0];
+  std::vector<std::string> args = {
+      python,          "-m",     "dtrun.console",        "--host", address.substr(0, space),
+      "--port",        address.substr(space + 1),        "--world-size", std::to_string(s.world),
+      "--launcher-pid", std::to_string(launcher),        "--log",  log,
+      "--session-dir", s.dir};
+  if (s.nodes) {
     args.push_back("--rdzv-key");
-    args.push_back(rdzv_key);
+    args.push_back(s.rdzv_key);
   }
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
@@ -246,8 +216,27 @@ int RunInteractive(const LaunchConfig& config) {
   execv(python.c_str(), argv.data());
   std::fprintf(stderr, "dtrun: cannot run the console with %s: %s\n", python.c_str(),
                std::strerror(errno));
-  kill(child, SIGTERM);
-  return 1;
+  kill(launcher, SIGTERM);
+  return kExitUsage;
+}
+
+}  // namespace
+
+int RunInteractive(const LaunchConfig& config, const RunJobFn& run_job) {
+  auto session = PrepareSession(config);
+  if (!session.ok()) {
+    std::fprintf(stderr, "dtrun: %s\n", session.status().message().c_str());
+    return session.status().code() == Status::Code::kInvalid ? kExitUsage : kExitSetup;
+  }
+  if (config.no_console) return RunHeadless(*session, run_job);
+  const std::string log = session->dir + "/dtrun.log";
+  int exit_code = kExitSetup;
+  auto launcher = ForkLauncher(*session, run_job, log, &exit_code);
+  if (!launcher.ok()) {
+    std::fprintf(stderr, "dtrun: %s", launcher.status().message().c_str());
+    return exit_code;
+  }
+  return ExecConsole(*session, launcher->first, launcher->second, log);
 }
 
 }  // namespace dtrun::agent

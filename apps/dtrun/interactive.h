@@ -2,6 +2,7 @@
 
 #include <string>
 
+#include "apps/dtrun/job.h"
 #include "apps/dtrun/launch_config.h"
 
 namespace dtrun::agent {
@@ -14,9 +15,11 @@ namespace dtrun::agent {
 //    console once the store listens, and stops the launcher when it leaves;
 //  - with --no-console: runs the launcher here and prints one line
 //    "dtrun-interactive: host H port P world N dir D" once the store listens.
-// `config` has been through Validate(). Returns dtrun's exit code (the
-// console's, in console mode).
-int RunInteractive(const LaunchConfig& config);
+// `config` has been through Validate(); `run_job` runs the session's job
+// (main() picks which). Returns dtrun's exit code (the console's, in
+// console mode).
+using RunJobFn = std::function<int(const LaunchConfig& config, Job::StoreReady ready)>;
+int RunInteractive(const LaunchConfig& config, const RunJobFn& run_job);
 
 // --gpu-ids: "" if `ids` (comma-separated) names `nproc` or more distinct
 // GPUs below `visible`, else what is wrong with it.

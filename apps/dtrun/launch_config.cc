@@ -1,3 +1,7 @@
+// From parsed flags to a runnable LaunchConfig: value parsers for torchrun's
+// flag syntaxes, the checks of flag combinations, and the resolution of the
+// worker's command. Every mistake is caught here, before anything starts,
+// with a message naming the flag. Pure but for $PATH lookups and /dev.
 #include "apps/dtrun/launch_config.h"
 
 #include <dirent.h>
@@ -6,9 +10,13 @@
 #include <cstdlib>
 #include <sstream>
 
+#include "rendezvous/os_util.h"
+
 namespace dtrun::agent {
 namespace {
 
+// strtol with the end and range checks atoi lacks: "2x" or "" as a flag value
+// is a typo to report, not a 2 or a 0 to run with.
 bool ParseInt(const std::string& text, int* out) {
   if (text.empty()) return false;
   char* end = nullptr;
@@ -30,22 +38,22 @@ bool EndsWith(const std::string& s, const std::string& suffix) {
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
-// Finds `program` the way execvp would; empty when not found.
+// Finds `program` the way execvp would; empty when not found. Resolved once
+// here so a typo is one clear error at launch, not an exec failure in every
+// worker of every attempt. As in execvp, a name with a slash is not searched
+// and an empty PATH entry means the current folder.
 std::string LookUp(const std::string& program) {
   if (program.find('/') != std::string::npos) {
     return access(program.c_str(), X_OK) == 0 ? program : "";
   }
-  const char* path = std::getenv("PATH");
-  for (const auto& dir : Split(path ? path : "/usr/bin:/bin", ':')) {
-    std::string candidate = (dir.empty() ? "." : dir) + "/" + program;
-    if (access(candidate.c_str(), X_OK) == 0) return candidate;
-  }
-  return "";
+  return os::FindInPath(program);
 }
 
 }  // namespace
 
 bool ParseStreamSpec(const std::string& text, StreamSpec* spec) {
+  // torchrun's values: 0 none, 1 stdout, 2 stderr, 3 both; either one value
+  // for every local rank or "local_rank:value" pairs.
   *spec = StreamSpec();
   int v = 0;
   if (ParseInt(text, &v)) {
@@ -65,6 +73,7 @@ bool ParseStreamSpec(const std::string& text, StreamSpec* spec) {
 }
 
 bool ParseNnodes(const std::string& text, int* min_nodes, int* max_nodes) {
+  // "N" is "N:N": a fixed size, like torchrun's parse_min_max_nnodes.
   auto parts = Split(text, ':');
   if (parts.size() == 1 && ParseInt(parts[0], min_nodes)) {
     *max_nodes = *min_nodes;
@@ -75,18 +84,9 @@ bool ParseNnodes(const std::string& text, int* min_nodes, int* max_nodes) {
   return *min_nodes > 0 && *min_nodes <= *max_nodes;
 }
 
-bool ParseRdzvConf(const std::string& text, std::map<std::string, std::string>* conf) {
-  conf->clear();
-  if (text.empty()) return true;
-  for (const auto& item : Split(text, ',')) {
-    auto eq = item.find('=');
-    if (eq == std::string::npos || eq == 0) return false;
-    (*conf)[item.substr(0, eq)] = item.substr(eq + 1);
-  }
-  return true;
-}
-
 Result<int> ParseNprocPerNode(const std::string& text, int cpu_count, int gpu_count) {
+  // torchrun's words: "gpu" fails without a GPU (torchrun: "Cuda is not
+  // available"), "auto" falls back to one worker per CPU.
   int n = 0;
   if (text == "cpu") return cpu_count;
   if (text == "gpu") {
@@ -105,6 +105,9 @@ Result<int> ParseNprocPerNode(const std::string& text, int cpu_count, int gpu_co
 }
 
 int CountGpus() {
+  // Counting /dev/nvidiaN nodes needs no CUDA library: dtrun links none and
+  // must start in milliseconds on machines without drivers. The numeric
+  // suffix test skips nvidiactl, nvidia-uvm and nvidia-modeset.
   const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
   int devices = 0;
   if (DIR* dir = opendir("/dev")) {
@@ -116,6 +119,9 @@ int CountGpus() {
     closedir(dir);
   }
   if (!visible) return devices;
+  // CUDA_VISIBLE_DEVICES entries (indices or GPU-UUIDs) are counted, not
+  // matched: it can only narrow what exists. "-1", the usual "hide every
+  // GPU", and an empty value count as none.
   int listed = 0;
   for (const auto& item : Split(visible, ',')) {
     if (!item.empty() && item != "-1") ++listed;
@@ -123,85 +129,141 @@ int CountGpus() {
   return std::min(listed, devices);
 }
 
-Status Validate(LaunchConfig* c) {
-  if (c->no_console && !c->interactive) {
+namespace {
+
+// --interactive runs dtrun's own Python workers: checks what cannot go
+// with it and fills the entrypoint and streams the session needs.
+Status ApplyInteractive(LaunchConfig* c) {
+  if (!c->entrypoint.empty()) {
+    return Status::Invalid(
+        "--interactive starts its own Python workers; drop the program '" +
+        c->entrypoint[0] + "' (or drop --interactive)");
+  }
+  if (c->uses_rendezvous() && c->min_nodes != c->max_nodes) {
+    // The console numbers ranks once; an elastic world would renumber them.
+    return Status::Invalid(
+        "--interactive needs a fixed number of nodes: give --nnodes=N, "
+        "not a range");
+  }
+  if (c->no_python) {
+    return Status::Invalid("--interactive workers are Python: drop --no-python");
+  }
+  // Debian's interpreter (the one with torch) unless told otherwise.
+  if (c->python == "python3" && access("/usr/bin/python3", X_OK) == 0) {
+    c->python = "/usr/bin/python3";
+  }
+  c->module = true;
+  c->entrypoint = {"dtrun.worker"};
+  // Worker output travels to the console as cell results; the streams
+  // themselves go to the log folder. Restarts are the session's business.
+  c->redirects = StreamSpec{3, {}};
+  c->tee = StreamSpec{};
+  c->max_restarts = std::max(c->max_restarts, 1000000);
+  return Status::Ok();
+}
+
+// Flags that only make sense with --interactive.
+Status CheckInteractiveOnly(const LaunchConfig& c) {
+  if (c.no_console && !c.interactive) {
     return Status::Invalid("--no-console goes with --interactive");
   }
-  if (!c->gpu_ids.empty() && !c->interactive) {
-    return Status::Invalid("--gpu-ids goes with --interactive (for a program, set CUDA_VISIBLE_DEVICES)");
+  if (!c.gpu_ids.empty() && !c.interactive) {
+    return Status::Invalid(
+        "--gpu-ids goes with --interactive (for a program, set "
+        "CUDA_VISIBLE_DEVICES)");
   }
-  if (c->interactive) {
-    if (!c->entrypoint.empty()) {
-      return Status::Invalid("--interactive starts its own Python workers; drop the program '" +
-                             c->entrypoint[0] + "' (or drop --interactive)");
-    }
-    if (c->uses_rendezvous() && c->min_nodes != c->max_nodes) {
-      // The console numbers ranks once; an elastic world would renumber them.
-      return Status::Invalid("--interactive needs a fixed number of nodes: give --nnodes=N, "
-                             "not a range");
-    }
-    if (c->no_python) return Status::Invalid("--interactive workers are Python: drop --no-python");
-    // Debian's interpreter (the one with torch) unless told otherwise.
-    if (c->python == "python3" && access("/usr/bin/python3", X_OK) == 0) c->python = "/usr/bin/python3";
-    c->module = true;
-    c->entrypoint = {"dtrun.worker"};
-    // Worker output travels to the console as cell results; the streams
-    // themselves go to the log folder. Restarts are the session's business.
-    c->redirects = StreamSpec{3, {}};
-    c->tee = StreamSpec{};
-    c->max_restarts = std::max(c->max_restarts, 1000000);
+  return Status::Ok();
+}
+
+// Flags that cannot go together, and numbers out of range.
+Status CheckCombinations(const LaunchConfig& c) {
+  if (c.module && c.no_python) {
+    return Status::Invalid(
+        "-m/--module and --no-python cannot be used together");
   }
-  if (c->entrypoint.empty()) {
-    return Status::Invalid("no training program given: dtrun [flags] PROGRAM [ARGS...] "
-                           "(or dtrun --interactive)");
-  }
-  if (c->module && c->no_python) {
-    return Status::Invalid("-m/--module and --no-python cannot be used together");
-  }
-  if (c->max_restarts < 0) return Status::Invalid("--max-restarts must be >= 0");
-  if (c->node_rank < 0 || c->node_rank >= c->max_nodes) {
-    return Status::Invalid("--node-rank " + std::to_string(c->node_rank) +
-                           " is outside 0.." + std::to_string(c->max_nodes - 1) +
+  if (c.max_restarts < 0) return Status::Invalid("--max-restarts must be >= 0");
+  // A node with a rank outside the job would wait in the rendezvous until its
+  // timeout; say so now instead.
+  if (c.node_rank < 0 || c.node_rank >= c.max_nodes) {
+    return Status::Invalid("--node-rank " + std::to_string(c.node_rank) +
+                           " is outside 0.." + std::to_string(c.max_nodes - 1) +
                            " for --nnodes");
   }
-  if (c->term_timeout.count() < 0) return Status::Invalid("--term-timeout must be >= 0");
-  for (int r : c->local_ranks_filter) {
-    if (r < 0 || r >= c->nproc_per_node) {
-      return Status::Invalid("--local-ranks-filter: local rank " + std::to_string(r) +
+  if (c.term_timeout.count() < 0) {
+    return Status::Invalid("--term-timeout must be >= 0");
+  }
+  for (int r : c.local_ranks_filter) {
+    if (r < 0 || r >= c.nproc_per_node) {
+      return Status::Invalid("--local-ranks-filter: local rank " +
+                             std::to_string(r) +
                              " does not exist with --nproc-per-node=" +
-                             std::to_string(c->nproc_per_node));
+                             std::to_string(c.nproc_per_node));
     }
   }
+  return Status::Ok();
+}
+
+// The command each worker runs: the program from $PATH, or the --python
+// interpreter with a script or module.
+Status ResolveWorkerArgv(LaunchConfig* c) {
   const std::string& program = c->entrypoint[0];
+  // The first word that is not a known flag becomes the program, so a
+  // misspelt flag lands here; running it would only fail as "not found".
   if (program.size() > 1 && program[0] == '-') {
     return Status::Invalid("unknown flag '" + program + "' (see dtrun --help)");
   }
-  bool python = c->module || c->run_path || (!c->no_python && EndsWith(program, ".py"));
-  if (python) {
-    std::string interpreter = LookUp(c->python);
-    if (interpreter.empty()) {
-      return Status::Invalid("--python: cannot find '" + c->python +
-                             "' in PATH; install it or pass --python /path/to/python3");
-    }
-    if (!c->module && access(program.c_str(), R_OK) != 0) {
-      return Status::Invalid("training script '" + program + "' not found or not readable");
-    }
-    c->worker_argv = {interpreter, "-u"};
-    c->python_worker = true;
-    if (c->module) c->worker_argv.push_back("-m");
-  } else {
+  // torchrun runs every entrypoint with Python unless --no-python; dtrun runs
+  // an executable directly and only .py files (or -m, --run-path) with
+  // Python, so `dtrun ./train_cfg` and `dtrun train.py` both just work.
+  bool python = c->module || c->run_path ||
+                (!c->no_python && EndsWith(program, ".py"));
+  if (!python) {
     std::string path = LookUp(program);
     if (path.empty()) {
-      return Status::Invalid("training program '" + program +
-                             "' not found or not executable (looked in $PATH); give a path, "
-                             "or a .py script");
+      return Status::Invalid(
+          "training program '" + program +
+          "' not found or not executable (looked in $PATH); give a path, "
+          "or a .py script");
     }
     c->worker_argv = {path};
-    c->worker_argv.insert(c->worker_argv.end(), c->entrypoint.begin() + 1, c->entrypoint.end());
+    c->worker_argv.insert(c->worker_argv.end(), c->entrypoint.begin() + 1,
+                          c->entrypoint.end());
     return Status::Ok();
   }
-  c->worker_argv.insert(c->worker_argv.end(), c->entrypoint.begin(), c->entrypoint.end());
+  std::string interpreter = LookUp(c->python);
+  if (interpreter.empty()) {
+    return Status::Invalid(
+        "--python: cannot find '" + c->python +
+        "' in PATH; install it or pass --python /path/to/python3");
+  }
+  if (!c->module && access(program.c_str(), R_OK) != 0) {
+    return Status::Invalid("training script '" + program +
+                           "' not found or not readable");
+  }
+  // -u as torchrun passes it: unbuffered output reaches the log mux line by
+  // line, and a worker that crashes does not take its last lines with it.
+  c->worker_argv = {interpreter, "-u"};
+  c->python_worker = true;
+  if (c->module) c->worker_argv.push_back("-m");
+  c->worker_argv.insert(c->worker_argv.end(), c->entrypoint.begin(),
+                        c->entrypoint.end());
   return Status::Ok();
+}
+
+}  // namespace
+
+Status Validate(LaunchConfig* c) {
+  // Interactive first: it fills the entrypoint that the later checks need.
+  Status s = CheckInteractiveOnly(*c);
+  if (s.ok() && c->interactive) s = ApplyInteractive(c);
+  if (!s.ok()) return s;
+  if (c->entrypoint.empty()) {
+    return Status::Invalid(
+        "no training program given: dtrun [flags] PROGRAM [ARGS...] "
+        "(or dtrun --interactive)");
+  }
+  s = CheckCombinations(*c);
+  return s.ok() ? ResolveWorkerArgv(c) : s;
 }
 
 }  // namespace dtrun::agent

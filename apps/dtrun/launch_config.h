@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "apps/dtrun/rdzv_config.h"
 #include "rendezvous/status.h"
 
 namespace dtrun::agent {
@@ -46,7 +47,7 @@ struct LaunchConfig {
   std::string rdzv_backend = "static";         // --rdzv-backend
   std::string rdzv_endpoint;                   // --rdzv-endpoint host[:port]
   std::string rdzv_id = "none";                // --rdzv-id
-  std::map<std::string, std::string> rdzv_conf;  // --rdzv-conf k=v,k=v
+  RdzvConfig rdzv_conf;                        // --rdzv-conf k=v,k=v, typed
   std::string local_addr;                      // --local-addr
 
   // Failures and signals.
@@ -79,19 +80,20 @@ struct LaunchConfig {
 
 // Checks the config, resolves the entrypoint into worker_argv (looking the
 // program up in $PATH), and returns Status::Invalid naming the flag at fault.
+// With --interactive, also fills the entrypoint, streams and restarts the
+// session needs. Call once, after parsing; starts nothing.
 Status Validate(LaunchConfig* config);
 
 // "0".."3" or "0:1,2:3" (local rank : bits) -> spec. False on bad syntax.
 bool ParseStreamSpec(const std::string& text, StreamSpec* spec);
 // "N" or "MIN:MAX".
 bool ParseNnodes(const std::string& text, int* min_nodes, int* max_nodes);
-// "k=v,k=v".
-bool ParseRdzvConf(const std::string& text, std::map<std::string, std::string>* conf);
 // int, "cpu", "gpu" or "auto" -> worker count; error names what was wrong.
 Result<int> ParseNprocPerNode(const std::string& text, int cpu_count, int gpu_count);
 
 // Number of usable NVIDIA GPUs on this host (honours CUDA_VISIBLE_DEVICES),
-// without loading any CUDA library.
+// without loading any CUDA library: counts /dev/nvidiaN, so it reads 0 in a
+// container that does not expose the device nodes.
 int CountGpus();
 
 }  // namespace dtrun::agent

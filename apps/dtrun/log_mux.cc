@@ -1,3 +1,6 @@
+// Worker output plumbing: pipe bytes become whole lines, each written to its
+// log file and (prefixed) to the console with one write(2). Shell code driven
+// by the agent's poll loop; LineSplitter is the pure part.
 #include "apps/dtrun/log_mux.h"
 
 #include <poll.h>
@@ -9,6 +12,8 @@
 namespace dtrun::agent {
 
 void LineSplitter::Feed(std::string_view data, const Emit& emit) {
+  // The common case, a read holding whole lines, emits views into `data`
+  // without copying; only a line split across reads goes through partial_.
   size_t start = 0;
   for (size_t nl = data.find('\n'); nl != std::string_view::npos;
        nl = data.find('\n', start)) {
@@ -35,6 +40,9 @@ void WriteAll(int fd, std::string_view data) {
     ssize_t n = write(fd, data.data(), data.size());
     if (n > 0) {
       data.remove_prefix(static_cast<size_t>(n));
+    // The console may be non-blocking: O_NONBLOCK belongs to the open file
+    // description, which dtrun shares with whoever else holds the terminal
+    // or pipe. Wait for room instead of dropping a worker's lines.
     } else if (n < 0 && errno == EAGAIN) {
       pollfd p{fd, POLLOUT, 0};
       poll(&p, 1, 100);
@@ -56,6 +64,8 @@ std::vector<int> LogMux::fds() const {
 
 void LogMux::Write(const StreamRoute& route, std::string_view line) {
   // One write per line and destination: lines never interleave mid-line.
+  // The file is per worker and per stream, so it gets no prefix; the console
+  // mixes every worker and needs one.
   std::string buf;
   buf.reserve(route.prefix.size() + line.size() + 1);
   if (route.file_fd >= 0) {
@@ -73,6 +83,9 @@ bool LogMux::OnReadable(int fd) {
   auto it = streams_.find(fd);
   if (it == streams_.end()) return false;
   Stream& s = it->second;
+  // 64 KiB is a full default pipe, so a burst usually takes one read. Read
+  // until EAGAIN: the loop polls only once per wake-up, and leaving bytes in
+  // the pipe would stall a worker blocked writing to it.
   char buf[64 * 1024];
   for (;;) {
     ssize_t n = read(fd, buf, sizeof(buf));
@@ -91,6 +104,8 @@ bool LogMux::OnReadable(int fd) {
 void LogMux::Close(int fd) {
   auto it = streams_.find(fd);
   if (it == streams_.end()) return;
+  // A worker that died mid-line (a crash, print(end="")) still gets its last
+  // words shown.
   it->second.splitter.Flush([&](std::string_view line) { Write(it->second.route, line); });
   if (it->second.route.file_fd >= 0) close(it->second.route.file_fd);
   close(fd);
@@ -100,7 +115,9 @@ void LogMux::Close(int fd) {
 void LogMux::CloseAll() {
   while (!streams_.empty()) {
     int fd = streams_.begin()->first;
-    OnReadable(fd);  // take what is already in the pipe
+    // Take what is already in the pipe: a worker's last lines (a traceback)
+    // are often still buffered when its exit is noticed.
+    OnReadable(fd);
     Close(fd);
   }
 }

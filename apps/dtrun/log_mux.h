@@ -36,9 +36,11 @@ class LogMux {
   ~LogMux();
   // Takes ownership of `fd` (non-blocking read end) and `route.file_fd`.
   void Add(int fd, const StreamRoute& route);
-  // Reads what `fd` has; returns false at EOF, after flushing and closing it.
+  // Reads what `fd` has, without blocking; returns false at EOF or error,
+  // after flushing its partial line and closing it (and its file).
   bool OnReadable(int fd);
-  // Flushes partial lines and closes every stream.
+  // Drains what is already in each pipe, flushes partial lines and closes
+  // every stream. Does not wait for writers still running.
   void CloseAll();
   std::vector<int> fds() const;
 
@@ -53,7 +55,9 @@ class LogMux {
   std::map<int, Stream> streams_;
 };
 
-// Writes all of `data` to `fd`, retrying on EINTR/partial writes.
+// Writes all of `data` to `fd`, retrying on EINTR/partial writes and polling
+// (100 ms at a time) while a non-blocking `fd` is full. Blocks until written;
+// gives up silently on any other error, since the destination is gone.
 void WriteAll(int fd, std::string_view data);
 
 }  // namespace dtrun::agent

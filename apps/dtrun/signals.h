@@ -17,8 +17,11 @@ class SignalFd {
   SignalFd(const SignalFd&) = delete;
   SignalFd& operator=(const SignalFd&) = delete;
 
+  // Poll it for POLLIN; -1 when signalfd failed (then no signal arrives).
   int fd() const { return fd_; }
-  // Signals pending now (non-blocking); SIGCHLD may stand for many exits.
+  // Signals pending now (non-blocking; empty when none), in arrival order.
+  // Pending standard signals do not queue, so SIGCHLD may stand for many
+  // exits: reap every child that has exited.
   std::vector<int> Read();
 
  private:

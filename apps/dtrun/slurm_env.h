@@ -28,8 +28,9 @@ struct SlurmJob {
 // or an error message for a malformed node list.
 std::optional<SlurmJob> ReadSlurmJob(const EnvMap& env, std::string* error);
 
-// "n[1-3,07-08],gpu1" -> n1 n2 n3 n07 n08 gpu1 (zero padding kept). False on
-// bad syntax.
+// "n[1-3,07-08],gpu1" -> n1 n2 n3 n07 n08 gpu1 (zero padding kept). One
+// bracket group per name. False on bad syntax, an empty list or a range of
+// more than 100000 names. Pure.
 bool ExpandNodelist(const std::string& list, std::vector<std::string>* hosts);
 
 }  // namespace dtrun::agent

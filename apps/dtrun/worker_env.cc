@@ -1,3 +1,6 @@
+// The environment contract torchrun gives each worker (RANK, WORLD_SIZE,
+// TORCHELASTIC_*; torchrun-compat.md section 4) as a pure function, plus the
+// installer of the torch 2.x shim, the one part here that writes files.
 #include "apps/dtrun/worker_env.h"
 
 #include <sys/stat.h>
@@ -9,10 +12,13 @@
 
 #include "dtrun_torch_shim_files.h"
 #include "rendezvous/environment.h"
+#include "rendezvous/os_util.h"
 
 namespace dtrun::agent {
 namespace {
 
+// PYTHONPATH split at colons, for an exact membership test: a substring test
+// would take "/run/python2" for "/run/python".
 std::vector<std::string> PathEntries(const std::string& path) {
   std::vector<std::string> out;
   for (size_t start = 0;;) {
@@ -35,6 +41,9 @@ std::string ErrorFilePath(const AttemptEnv& attempt, int local_rank) {
 }
 
 EnvMap WorkerEnv(const EnvMap& base, const AttemptEnv& a, const WorkerPlace& p) {
+  // Workers inherit the agent's whole environment, as under torchrun; the
+  // variables below then override it, so a RANK or WORLD_SIZE left over from
+  // an outer launcher cannot leak into the job.
   EnvMap env = base;
   auto set = [&env](const char* key, const std::string& value) { env[key] = value; };
   auto num = [&set](const char* key, int value) { set(key, std::to_string(value)); };
@@ -52,9 +61,17 @@ EnvMap WorkerEnv(const EnvMap& base, const AttemptEnv& a, const WorkerPlace& p) 
   num("TORCHELASTIC_RESTART_COUNT", a.restart_count);
   num("TORCHELASTIC_MAX_RESTARTS", a.max_restarts);
   set("TORCHELASTIC_RUN_ID", a.run_id);
+  // Always "True" (Python's spelling of the bool): in every mode the store at
+  // MASTER_ADDR:MASTER_PORT is hosted by a dtrun agent, so an env:// worker
+  // must connect as a client rather than try to bind that port itself.
   set("TORCHELASTIC_USE_AGENT_STORE", "True");
   set("TORCHELASTIC_ERROR_FILE", ErrorFilePath(a, p.local_rank));
+  // torchrun's guard against oversubscription: N workers each starting one
+  // OpenMP thread per core would thrash. A value the user set is kept.
   if (p.local_world_size > 1 && !base.count("OMP_NUM_THREADS")) set("OMP_NUM_THREADS", "1");
+  // Async error handling makes a NCCL collective with a dead peer abort the
+  // worker instead of blocking forever, which is what lets a restart happen.
+  // 1.13 reads the first name, 2.x the second; both are set, as torchrun does.
   for (const char* key : {"NCCL_ASYNC_ERROR_HANDLING", "TORCH_NCCL_ASYNC_ERROR_HANDLING"}) {
     if (!base.count(key)) set(key, "1");
   }
@@ -70,6 +87,9 @@ std::vector<std::string> ToEnvStrings(const EnvMap& env) {
 
 bool WantsTorchShim(const EnvMap& env) {
   if (Get(env, kTorchShimSwitch) == "0") return false;
+  // DTRUN_TORCH_SHIM_DIR alone is not enough: it is inherited, and a user who
+  // then replaced PYTHONPATH has lost the shim. Only the folder actually on
+  // the path means a shim (the console's, or an outer dtrun's) is in place.
   std::string dir = Get(env, kTorchShimDir);
   if (dir.empty()) return true;
   for (const auto& entry : PathEntries(Get(env, "PYTHONPATH"))) {
@@ -81,6 +101,8 @@ bool WantsTorchShim(const EnvMap& env) {
 EnvMap WithTorchShim(const EnvMap& env, const std::string& dir) {
   EnvMap out = env;
   std::string old = Get(env, "PYTHONPATH");
+  // First on the path, because Python imports only the first sitecustomize
+  // it finds; the shim itself then runs the one it shadows.
   out["PYTHONPATH"] = old.empty() ? dir : dir + ":" + old;
   out[kTorchShimDir] = dir;
   return out;
@@ -88,11 +110,17 @@ EnvMap WithTorchShim(const EnvMap& env, const std::string& dir) {
 
 Status InstallTorchShim(const std::string& dir, EnvMap* env) {
   if (!WantsTorchShim(*env)) return Status::Ok();
-  if (mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) {
-    return Status::Io("cannot create the torch shim's folder '" + dir + "': " +
-                      std::strerror(errno) + "; set " + kTorchShimSwitch + "=0 to run without it");
+  // The folder outlives one attempt (it is per run), so EEXIST is normal.
+  // Errors suggest DTRUN_TORCH_SHIM=0: the shim only matters to torch builds
+  // without libuv, and the user may not need it at all.
+  if (Status s = os::MakeDirs(dir); !s.ok()) {
+    return Status::Io("cannot create the torch shim's folder '" + dir + "' (" + s.message() +
+                      "); set " + std::string(kTorchShimSwitch) + "=0 to run without it");
   }
   for (const auto& file : kTorchShimFiles) {
+    // The embedded files carry their source paths; only the base name
+    // matters inside the folder. Rewritten every time (trunc), so a copy
+    // left by another dtrun version is never used.
     std::string name = file.path;
     std::string path = dir + "/" + name.substr(name.rfind('/') + 1);
     std::ofstream out(path, std::ios::binary | std::ios::trunc);
@@ -111,6 +139,8 @@ Status InstallTorchShimInProcess(const std::string& dir) {
   if (!WantsTorchShim(env)) return Status::Ok();
   Status s = InstallTorchShim(dir, &env);
   if (!s.ok()) return s;
+  // Exported into this process so the console dtrun starts gets it, and so
+  // the workers' later WantsTorchShim sees it in place and adds no second copy.
   setenv("PYTHONPATH", env["PYTHONPATH"].c_str(), 1);
   setenv(kTorchShimDir, dir.c_str(), 1);
   return Status::Ok();

@@ -20,7 +20,9 @@ struct WorkerPlace {
   int role_world_size = 1;
 };
 
-// What is the same for every worker of one attempt.
+// What is the same for every worker of one attempt. restart_count is the
+// attempt's number: restarts so far on one node; with a rendezvous, the round,
+// so it is the same on every node (torchrun's per-agent count is not).
 struct AttemptEnv {
   std::string role = "default";
   std::string master_addr;
@@ -40,10 +42,12 @@ using EnvMap = std::map<std::string, std::string>;
 //    base value, else "1".
 EnvMap WorkerEnv(const EnvMap& base, const AttemptEnv& attempt, const WorkerPlace& place);
 
-// The error file of a worker of an attempt.
+// The error file of a worker of an attempt: <attempt dir>/<local_rank>/
+// error.json, where torch's @record writes and error_report.cc reads. Pure.
 std::string ErrorFilePath(const AttemptEnv& attempt, int local_rank);
 
-// map -> "K=V" strings for execve.
+// map -> "K=V" strings for execve, sorted by name (the map's order), so two
+// workers' environments compare line by line. Pure.
 std::vector<std::string> ToEnvStrings(const EnvMap& env);
 
 // The torch compatibility shim: a sitecustomize (apps/dtrun/python/

@@ -2,6 +2,8 @@
 //   dtstore --host H --port P [--log-level L] [--max-value-mb N]
 // Prints "listening on H:P" as its first stdout line; exits 0 on
 // SIGTERM/SIGINT, 2 on a bad flag, 3 when it cannot listen.
+// A thin shell over rendezvous/store_server: flags, fd limit, signals. The
+// server runs on its own thread; main only waits for a stop signal.
 
 #include <signal.h>
 #include <sys/resource.h>
@@ -18,6 +20,9 @@
 namespace {
 
 // 1.13 clients open two connections each; a large job needs many fds.
+// Debian's soft limit is 1024 while the hard one is far higher, and raising
+// the soft limit up to the hard one needs no privilege. Failure is harmless:
+// the server just runs with the limit it has.
 void RaiseFdLimit() {
   rlimit lim{};
   if (getrlimit(RLIMIT_NOFILE, &lim) == 0 && lim.rlim_cur < lim.rlim_max) {
@@ -26,12 +31,16 @@ void RaiseFdLimit() {
   }
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
+// Reads the flags into `opts` and sets the log level. Returns the exit code
+// when dtstore should stop now (0 after --help/--version, 2 on a bad flag),
+// or -1 to go on.
+int ParseFlags(int argc, char** argv, dtrun::rdzv::StoreServerOptions* out) {
   CLI::App app{"dtrun's standalone c10d TCPStore-compatible store server"};
-  dtrun::rdzv::StoreServerOptions opts;
+  dtrun::rdzv::StoreServerOptions& opts = *out;
   std::string log_level;
+  // Bounded because a value's length comes from the client: a port scanner's
+  // bytes once made torch's store allocate gigabytes (pytorch#106294). 64 MiB
+  // is well above torch's own 8 MiB libuv limit.
   uint64_t max_value_mb = 64;
   app.add_option("--host", opts.host, "address to bind ('::' = all, dual-stack)")
       ->capture_default_str();
@@ -47,8 +56,7 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    int rc = app.exit(e);
-    return rc == 0 ? 0 : 2;
+    return app.exit(e) == 0 ? 0 : 2;
   }
   if (!dtrun::SetLogLevel(log_level)) {
     std::fprintf(stderr, "dtstore: unknown --log-level '%s'; use one of "
@@ -56,27 +64,48 @@ int main(int argc, char** argv) {
     return 2;
   }
   opts.limits.max_value_bytes = max_value_mb << 20;
-  RaiseFdLimit();
+  return -1;
+}
 
-  // Block the stop signals before the loop thread starts, so only
-  // sigwait below receives them.
+// Block the stop signals before the loop thread starts, so only sigwait in
+// main receives them. Returns the blocked set.
+sigset_t BlockStopSignals() {
   sigset_t stop;
   sigemptyset(&stop);
   sigaddset(&stop, SIGINT);
   sigaddset(&stop, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &stop, nullptr);
+  // A client that disconnects while its reply is written must cost an EPIPE
+  // on that connection, not the whole server.
   signal(SIGPIPE, SIG_IGN);
+  return stop;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  dtrun::rdzv::StoreServerOptions opts;
+  int rc = ParseFlags(argc, argv, &opts);
+  if (rc >= 0) return rc;
+  RaiseFdLimit();
+  sigset_t stop = BlockStopSignals();
 
   auto server = dtrun::rdzv::StoreServer::Start(opts);
   if (!server.ok()) {
     std::fprintf(stderr, "dtstore: %s\n", server.status().message().c_str());
     return 3;
   }
+  // With --port 0 this line is how a caller learns the port, so it comes only
+  // once the socket listens and is flushed at once (stdout is a pipe there,
+  // fully buffered). IPv6 hosts get brackets so the line splits at the last
+  // colon like any endpoint.
   std::string host = (*server)->host();
   if (host.find(':') != std::string::npos) host = "[" + host + "]";
   std::printf("listening on %s:%u\n", host.c_str(), unsigned((*server)->port()));
   std::fflush(stdout);
   (*server)->RunInBackground();
+  // Stop joins the loop thread and closes every connection, so a supervisor's
+  // SIGTERM ends with exit code 0, not a kill.
   int sig = 0;
   sigwait(&stop, &sig);
   dtrun::Logger("dtrun.store")->info("received signal {}; shutting down", sig);

@@ -73,9 +73,40 @@ TEST(CliTest, StreamSpecsAndRendezvousSettingsParse) {
   EXPECT_EQ(a.config.redirects.For(7), 3);
   EXPECT_EQ(a.config.tee.For(1), 2);
   EXPECT_EQ(a.config.tee.For(2), 0);
-  EXPECT_EQ(a.config.rdzv_conf.at("join_timeout"), "5");
+  EXPECT_EQ(a.config.rdzv_conf.join_timeout, std::chrono::milliseconds(5000));
+  EXPECT_EQ(a.config.rdzv_conf.is_host, std::optional<bool>(true));
   EXPECT_EQ(a.config.min_nodes, 1);
   EXPECT_EQ(a.config.max_nodes, 4);
+}
+
+TEST(CliTest, BadRendezvousSettingsExitTwoNamingTheKey) {
+  ::testing::internal::CaptureStderr();
+  auto bad = Parse({"--rdzv-conf", "join_timeout=abc", "true"});
+  auto typo = Parse({"--rdzv-conf", "join_timout=60", "true"});
+  std::string err = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(bad.exit_code, 2);
+  EXPECT_EQ(typo.exit_code, 2);
+  EXPECT_NE(err.find("join_timeout='abc' is not a number of seconds"), std::string::npos) << err;
+  EXPECT_NE(err.find("unknown key 'join_timout'"), std::string::npos) << err;
+}
+
+TEST(CliTest, AnInteractiveSessionUnderSrunHasItsConsoleOnNodeZeroOnly) {
+  setenv("SLURM_JOB_ID", "77", 1);
+  setenv("SLURM_NNODES", "2", 1);
+  setenv("SLURM_JOB_NODELIST", "n[1-2]", 1);
+  setenv("SLURM_NODEID", "1", 1);
+  auto node1 = Parse({"--interactive", "--nproc-per-node=2"});
+  setenv("SLURM_NODEID", "0", 1);
+  auto node0 = Parse({"--interactive", "--nproc-per-node=2"});
+  for (const char* v : {"SLURM_JOB_ID", "SLURM_NNODES", "SLURM_JOB_NODELIST", "SLURM_NODEID"}) {
+    unsetenv(v);
+  }
+  ASSERT_EQ(node1.exit_code, -1);
+  ASSERT_EQ(node0.exit_code, -1);
+  EXPECT_TRUE(node1.config.no_console);
+  EXPECT_FALSE(node0.config.no_console);
+  EXPECT_EQ(node1.config.node_rank, 1);
+  EXPECT_EQ(node0.config.master_addr, "n1");
 }
 
 TEST(NprocTest, NamedCountsResolve) {

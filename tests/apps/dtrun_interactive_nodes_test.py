@@ -133,10 +133,11 @@ class TwoNodes(unittest.TestCase):
                   "%rank 3 os.kill(os.getpid(), signal.SIGKILL)\n"
                   "print('back', rank, 'mark' in dir())\n")
         # Noticed through the store (the round moved on), not a local pid:
-        # rank 3 runs on the other node.
+        # rank 3 runs on the other node, which published the crash.
         _, line = self.out.expect("fresh state", after=t)
-        self.assertEqual(line, "[rank 3] restarted with fresh state (a worker died: dtrun "
-                         "started a new round on every node)")
+        self.assertEqual(line, f"[rank 3] worker died on {socket.gethostname()} (127.0.0.3) "
+                         "(SIGKILL); dtrun started a new round on every node: every rank has "
+                         "fresh state")
         for r in range(4):
             self.out.expect(f"[rank {r}] back {r} False", after=t)
         self.assertEqual(self.finish(), (0, 0), self.out.text() + "\n--- node 1:\n" + self.out1.text())

@@ -7,6 +7,8 @@ import argparse
 import os
 import queue
 import shutil
+import socket
+import subprocess
 import sys
 import tempfile
 import time
@@ -211,6 +213,47 @@ class Kernel(unittest.TestCase):
         self.assertIn("[rank 0] 0\n[rank 1] 5", self.execute("kept"))
         out = self.execute("y = torch.ones(1)\ndist.all_reduce(y)\ny")
         self.assertIn("[rank 0] tensor([2.])\n[rank 1] tensor([2.])", out)
+
+
+class TwoNodes(Kernel):
+    """%dist_init of a session across two loopback hosts: the kernel's node
+    0 and a node 1 started by hand with --no-console."""
+
+    @classmethod
+    def setUpClass(cls):
+        with socket.socket() as s:
+            s.bind(("127.0.0.2", 0))
+            port = s.getsockname()[1]
+        cls.flags = ["--nnodes=2", "--master-addr=127.0.0.2", f"--master-port={port}"]
+        cls.node1 = subprocess.Popen(
+            [ARGS.dtrun, "--interactive", "--no-console", "--nproc-per-node=2",
+             "--python=/usr/bin/python3", "--node-rank=1", "--local-addr=127.0.0.3"] + cls.flags,
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        super().setUpClass()
+
+    @classmethod
+    def tearDownClass(cls):
+        super().tearDownClass()
+        try:
+            cls.node1.wait(timeout=60)
+        finally:
+            if cls.node1.poll() is None:
+                cls.node1.kill()
+                cls.node1.wait()
+
+    def test_a_session_across_two_nodes(self):
+        self.execute("%load_ext dtrun")
+        out = self.execute("%dist_init --num-processes 2 --node-rank 0 --local-addr 127.0.0.2 " +
+                           " ".join(f.replace("=", " ") for f in self.flags))
+        self.assertIn("4 rank(s) ready", out)
+        out = self.execute("y = torch.ones(1) * rank\ndist.all_reduce(y)\n"
+                           "print(dist.get_world_size(), y.item())")
+        self.assertIn("[rank 0] 4 6.0\n[rank 1] 4 6.0\n[rank 2] 4 6.0\n[rank 3] 4 6.0", out)
+        status = self.execute("%dist_status")
+        self.assertRegex(status, r"rank 3: host \S+ \(127\.0\.0\.3\), pid \d+, alive")
+        self.assertRegex(status, r"rank 0: host \S+ \(127\.0\.0\.2\), pid \d+, alive")
+        self.execute("%dist_shutdown")
+        self.assertEqual(self.node1.wait(timeout=60), 0, self.node1.stderr.read())
 
 
 if __name__ == "__main__":

@@ -9,6 +9,8 @@
 #include <set>
 #include <thread>
 
+#include <nlohmann/json.hpp>
+
 #include "rendezvous/memory_store.h"
 #include "rendezvous/store_client.h"
 #include "rendezvous/store_server.h"
@@ -191,6 +193,144 @@ TEST(RendezvousTest, TwoNodesClaimingOneStaticRankCloseTheJob) {
   EXPECT_NE(rb.status().message().find("two nodes claim --node-rank=0 (a and b)"),
             std::string::npos);
   EXPECT_EQ(fa.get().status().code(), Status::Code::kInvalid);
+}
+
+// Why the job ended is an enum in the state record, so every node (and the
+// launcher's exit code) gets it without reading the message.
+
+TEST(RendezvousEndTest, ReasonNamesRoundTrip) {
+  for (EndReason r : {EndReason::kNone, EndReason::kSucceeded, EndReason::kWorkersFailed,
+                      EndReason::kConfigMismatch, EndReason::kDuplicateNodeRank,
+                      EndReason::kForeignState}) {
+    EndReason parsed = EndReason::kNone;
+    ASSERT_TRUE(ParseEndReason(EndReasonName(r), &parsed)) << EndReasonName(r);
+    EXPECT_EQ(parsed, r);
+  }
+  EndReason untouched = EndReason::kSucceeded;
+  EXPECT_FALSE(ParseEndReason("workers failed", &untouched));
+  EXPECT_EQ(untouched, EndReason::kSucceeded);
+}
+
+TEST(RendezvousEndTest, WorkersFailedPastMaxRestartsReachesEveryNode) {
+  MemoryStore store;
+  Rendezvous a(&store, Options("a", 1, 1));
+  auto r0 = a.Join(nullptr);
+  ASSERT_TRUE(r0.ok());
+  ASSERT_EQ(*a.ReportFailure(*r0, "exit 1"), 1);
+  EXPECT_EQ(a.end_reason(), EndReason::kNone);
+  auto r1 = a.Join(nullptr);
+  ASSERT_TRUE(r1.ok());
+  ASSERT_EQ(*a.ReportFailure(*r1, "exit 1"), 2);
+  EXPECT_EQ(a.end_reason(), EndReason::kWorkersFailed);
+  Rendezvous late(&store, Options("late", 1, 1));
+  EXPECT_EQ(late.Join(nullptr).status().code(), Status::Code::kInvalid);
+  EXPECT_EQ(late.end_reason(), EndReason::kWorkersFailed);
+  EXPECT_EQ(late.closed_reason(), a.closed_reason());
+  auto record = nlohmann::json::parse(*store.Get("rdzv/job/state"));
+  EXPECT_EQ(record.at("end"), "workers_failed");
+}
+
+TEST(RendezvousEndTest, ClosedNodesSeeWorkersFailedInCheck) {
+  MemoryStore store;
+  auto o = Options("a", 2, 2);
+  o.max_restarts = 0;
+  auto ob = o;
+  ob.node_id = "b";
+  Rendezvous a(&store, o), b(&store, ob);
+  auto fb = JoinAsync(&b);
+  auto ra = a.Join(nullptr);
+  auto rb = fb.get();
+  ASSERT_TRUE(ra.ok() && rb.ok());
+  ASSERT_EQ(*a.ReportFailure(*ra, "exit 1"), 1);
+  EXPECT_EQ(*b.Check(*rb), RoundEvent::kClosed);
+  EXPECT_EQ(b.end_reason(), EndReason::kWorkersFailed);
+  EXPECT_EQ(b.closed_reason().rfind("workers failed on node a", 0), 0u) << b.closed_reason();
+}
+
+TEST(RendezvousEndTest, DisagreeingSettingsAreAConfigMismatchForBoth) {
+  MemoryStore store;
+  Rendezvous a(&store, Options("a", 2, 2));
+  auto ob = Options("b", 2, 2);
+  ob.max_restarts = 3;
+  Rendezvous b(&store, ob);
+  auto fa = JoinAsync(&a);
+  std::this_thread::sleep_for(milliseconds(20));
+  EXPECT_EQ(b.Join(nullptr).status().code(), Status::Code::kInvalid);
+  EXPECT_EQ(fa.get().status().code(), Status::Code::kInvalid);
+  EXPECT_EQ(b.end_reason(), EndReason::kConfigMismatch);
+  EXPECT_EQ(a.end_reason(), EndReason::kConfigMismatch);
+}
+
+TEST(RendezvousEndTest, DuplicateStaticRankIsRecordedForBoth) {
+  MemoryStore store;
+  auto oa = Options("a", 2, 2), ob = Options("b", 2, 2);
+  oa.node_rank = 1;
+  ob.node_rank = 1;
+  Rendezvous a(&store, oa), b(&store, ob);
+  auto fa = JoinAsync(&a);
+  std::this_thread::sleep_for(milliseconds(20));
+  EXPECT_EQ(b.Join(nullptr).status().code(), Status::Code::kInvalid);
+  EXPECT_EQ(fa.get().status().code(), Status::Code::kInvalid);
+  EXPECT_EQ(b.end_reason(), EndReason::kDuplicateNodeRank);
+  EXPECT_EQ(a.end_reason(), EndReason::kDuplicateNodeRank);
+}
+
+TEST(RendezvousEndTest, EveryNodeDoneIsSucceeded) {
+  MemoryStore store;
+  Rendezvous a(&store, Options("a", 1, 1));
+  auto ra = a.Join(nullptr);
+  ASSERT_TRUE(ra.ok());
+  EXPECT_EQ(a.end_reason(), EndReason::kNone);
+  ASSERT_TRUE(a.MarkDone(*ra).ok());
+  EXPECT_EQ(*a.Check(*ra), RoundEvent::kAllDone);
+  EXPECT_EQ(a.end_reason(), EndReason::kSucceeded);
+  EXPECT_TRUE(a.closed_reason().empty());
+  Rendezvous late(&store, Options("late", 1, 1));
+  EXPECT_EQ(late.Join(nullptr).status().code(), Status::Code::kUnavailable);
+  EXPECT_EQ(late.end_reason(), EndReason::kSucceeded);
+}
+
+TEST(RendezvousEndTest, ForeignStateKeyIsNotClosedButNamed) {
+  MemoryStore store;
+  ASSERT_TRUE(store.Set("rdzv/job/state", "someone else's").ok());
+  Rendezvous a(&store, Options("a", 1, 1));
+  auto r = a.Join(nullptr);
+  ASSERT_EQ(r.status().code(), Status::Code::kInvalid);
+  EXPECT_NE(r.status().message().find("is not dtrun's"), std::string::npos);
+  EXPECT_EQ(a.end_reason(), EndReason::kForeignState);
+  EXPECT_TRUE(a.closed_reason().empty());
+  EXPECT_EQ(*store.Get("rdzv/job/state"), "someone else's");
+}
+
+// A record written without "end" (older dtrun) still gives the reason.
+TEST(RendezvousEndTest, RecordWithoutEndIsReadFromItsMessage) {
+  const std::pair<std::string, EndReason> cases[] = {
+      {"workers failed on node x (exit 1) after 1 restart(s)", EndReason::kWorkersFailed},
+      {"two nodes claim --node-rank=0 (x and y); give each node its own rank",
+       EndReason::kDuplicateNodeRank},
+      {"node x has --nproc-per-node=4 --max-restarts=1 but ...", EndReason::kConfigMismatch},
+  };
+  for (const auto& [message, reason] : cases) {
+    MemoryStore store;
+    nlohmann::json old = {{"round", 2}, {"failures", 1}, {"closed", message}};
+    ASSERT_TRUE(store.Set("rdzv/job/state", old.dump()).ok());
+    Rendezvous a(&store, Options("a", 1, 1));
+    EXPECT_EQ(a.Join(nullptr).status().code(), Status::Code::kInvalid);
+    EXPECT_EQ(a.end_reason(), reason) << message;
+    EXPECT_EQ(a.closed_reason(), message);
+  }
+}
+
+// The enum, not the wording, decides: a reworded message keeps its reason.
+TEST(RendezvousEndTest, StoredReasonWinsOverTheMessage) {
+  MemoryStore store;
+  nlohmann::json record = {
+      {"round", 0}, {"failures", 3}, {"closed", "the group gave up"}, {"end", "workers_failed"}};
+  ASSERT_TRUE(store.Set("rdzv/job/state", record.dump()).ok());
+  Rendezvous a(&store, Options("a", 1, 1));
+  EXPECT_EQ(a.Join(nullptr).status().code(), Status::Code::kInvalid);
+  EXPECT_EQ(a.end_reason(), EndReason::kWorkersFailed);
+  EXPECT_EQ(a.closed_reason(), "the group gave up");
 }
 
 // Many agents, each with its own connection to a real server (MULTI_GET and

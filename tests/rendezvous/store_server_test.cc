@@ -153,6 +153,19 @@ TEST_F(StoreServerTest, BarrierAndAppendOverTorch2) {
   EXPECT_EQ(*a->Add("after", 1), 1);
 }
 
+// 1.13's protocol has no APPEND or BARRIER: the client refuses them instead
+// of sending a request the server would read as something else.
+TEST_F(StoreServerTest, AppendAndBarrierOverTorch113AreRefusedNotSent) {
+  auto c = Client(Dialect::kTorch113);
+  ASSERT_TRUE(c->Set("log", "x").ok());
+  Status append = c->Append("log", "y");
+  EXPECT_EQ(append.code(), Status::Code::kInvalid);
+  EXPECT_NE(append.message().find("torch>=2.2 dialect"), std::string::npos);
+  EXPECT_EQ(c->Barrier("bar", 1, milliseconds(100)).code(), Status::Code::kInvalid);
+  EXPECT_EQ(*c->Get("log"), "x");  // nothing was sent; the stream is in step
+  EXPECT_EQ(*c->Add("after", 1), 1);
+}
+
 TEST_F(StoreServerTest, BuffersFramesArrivingOneByteAtATime) {
   RawConn conn(server_->port());
   std::string bytes = Encode(Req(Op::kSet, {"/k"}, {"value"}), Dialect::kTorch113) +

@@ -25,6 +25,18 @@ DecodeState Decode(const std::string& bytes, Dialect d, Request* req,
   return DecodeRequest(bytes, d, limits, req, consumed, error ? error : &ignored);
 }
 
+// An op the dialect has no opcode for would go out as opcode 0 (SET in
+// 1.13): encoding it is a bug in the caller, not a request to send.
+TEST(WireDeathTest, EncodingAnOpTheDialectLacksAborts) {
+  Request append;
+  append.op = Op::kAppend;
+  append.keys = {"k"};
+  append.values = {"v"};
+  std::string out;
+  EXPECT_DEATH(EncodeRequest(append, Dialect::kTorch113, &out),
+               "APPEND has no opcode in the torch-1.13 dialect");
+}
+
 // Bytes captured from PyTorch 1.13.1's client (torchrun-compat.md 1.10).
 TEST(WireTest, DecodesCaptured113Set) {
   Request req;

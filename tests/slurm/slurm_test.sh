@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # A real SLURM cluster on this machine (munged, slurmctld, 2 slurmd), and a
 # 2-node x 2-worker dtrun job of Debian Python torch gloo workers through
-# srun and through sbatch. Exit 77 (skip) with the reason when SLURM cannot
-# be installed. Usage: slurm_test.sh DTRUN_BINARY
+# srun and through sbatch, and an interactive session of 4 ranks under srun.
+# Exit 77 (skip) with the reason when SLURM cannot be installed.
+# Usage: slurm_test.sh DTRUN_BINARY
 set -euo pipefail
 dtrun=$(realpath "${1:?usage: slurm_test.sh DTRUN_BINARY}")
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -43,3 +44,21 @@ srun --ntasks-per-node=1 scripts/dtrun-srun --nproc-per-node=2 \\
 JOB
 sbatch --wait -N2 --ntasks-per-node=1 -o "/tmp/$tag/sbatch.out" "/tmp/$tag/job.sh" >/dev/null
 check "/tmp/$tag/sbatch.out" "sbatch"
+
+# An interactive session across the two nodes: srun gives stdin to task 0,
+# whose dtrun runs the console; node 1's dtrun hosts its workers only.
+printf '%s\n' 'x = torch.ones(1) * rank' 'dist.all_reduce(x)' \
+  'print("sum", x.item(), "world", dist.get_world_size())' '%status' |
+  srun -N2 --ntasks-per-node=1 --input=0 scripts/dtrun-srun --interactive \
+    --nproc-per-node=2 >"/tmp/$tag/interactive.out" 2>&1
+ok=1
+for r in 0 1 2 3; do
+  grep -q "\[rank $r\] sum 6.0 world 4" "/tmp/$tag/interactive.out" || ok=0
+done
+grep -qE "^ +3 +$tag-h1 " "/tmp/$tag/interactive.out" || ok=0
+grep -qE "^ +0 +$tag-h0 " "/tmp/$tag/interactive.out" || ok=0
+if (( ok )); then
+  echo "PASS: interactive session under srun: 4 ranks on 2 nodes, %status names both hosts"
+else
+  echo "FAIL: interactive session under srun"; cat "/tmp/$tag/interactive.out"; exit 1
+fi

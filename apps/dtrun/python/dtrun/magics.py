@@ -27,7 +27,12 @@ def _usage(text):
     return UsageError(text)
 
 
-def _start(num_processes, python=None, dtrun=None, gpu_ids=None, timeout=300.0):
+# %dist_init's flags that go to dtrun as they are (a session across nodes).
+NODE_FLAGS = ("nnodes", "node_rank", "master_addr", "master_port", "rdzv_backend",
+              "rdzv_endpoint", "rdzv_id", "local_addr")
+
+
+def _start(num_processes, python=None, dtrun=None, gpu_ids=None, timeout=300.0, nodes=None):
     exe = dtrun or os.environ.get("DTRUN") or shutil.which("dtrun")
     if not exe:
         raise _usage("cannot find the dtrun binary: pass --dtrun PATH or set $DTRUN")
@@ -36,6 +41,9 @@ def _start(num_processes, python=None, dtrun=None, gpu_ids=None, timeout=300.0):
         cmd.append(f"--python={python}")
     if gpu_ids:
         cmd.append(f"--gpu-ids={gpu_ids}")
+    for name, value in (nodes or {}).items():
+        if value is not None:
+            cmd.append(f"--{name.replace('_', '-')}={value}")
     # dtrun's log to a file (a pipe nobody reads would fill and stop it).
     log = tempfile.TemporaryFile("w+")
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True,
@@ -50,7 +58,10 @@ def _start(num_processes, python=None, dtrun=None, gpu_ids=None, timeout=300.0):
         raise _usage(f"dtrun did not start a session (exit code {rc})" +
                      (f": {said}" if said else f"; run {shlex.join(cmd)} in a terminal to see why"))
     host, port, world = fields[2], int(fields[4]), int(fields[6])
-    session = Session(host, port, world, session_dir=fields[8])
+    # Across nodes the line ends "key K": the store named is the rendezvous
+    # store, and K names the current round's workers' store there.
+    rdzv_key = fields[10] if len(fields) >= 11 and fields[9] == "key" else None
+    session = Session(host, port, world, session_dir=fields[8], rdzv_key=rdzv_key)
     session.stream = True
     try:
         session.wait_ready(timeout=timeout)
@@ -185,7 +196,8 @@ def _status_lines(session):
     for r in range(session.world):
         s = st.get(r, {})
         gpu = f", GPU {s['gpu_mb']} MB" if "gpu_mb" in s else ""
-        yield (f"rank {r}: host {s.get('host')}, pid {s.get('pid')}, "
+        host = s.get("host", "") + (f" ({s['addr']})" if s.get("addr") else "")
+        yield (f"rank {r}: host {host}, pid {s.get('pid')}, "
                f"{'dead' if r in dead else 'alive'}, {'busy' if s.get('busy') else 'idle'}, "
                f"last cell {s.get('last_cell')}, {s.get('rss_mb')} MB, {s.get('device')}{gpu}")
 
@@ -197,12 +209,22 @@ class DtrunMagics(Magics):
     @argument("--gpu-ids", default=None, help="GPU per local rank, e.g. 0,2")
     @argument("--python", default=None)
     @argument("--dtrun", default=None)
+    @argument("--nnodes", default=None, help="a session across nodes: N (start the others "
+              "with dtrun --interactive --no-console)")
+    @argument("--node-rank", default=None)
+    @argument("--master-addr", default=None)
+    @argument("--master-port", default=None)
+    @argument("--rdzv-backend", default=None)
+    @argument("--rdzv-endpoint", default=None)
+    @argument("--rdzv-id", default=None)
+    @argument("--local-addr", default=None)
     @line_magic
     def dist_init(self, line):
         args = parse_argstring(self.dist_init, line)
         if _STATE["session"] is not None:
             _shutdown()
-        s = _start(args.num_processes, args.python, args.dtrun, args.gpu_ids)
+        nodes = {name: getattr(args, name) for name in NODE_FLAGS}
+        s = _start(args.num_processes, args.python, args.dtrun, args.gpu_ids, nodes=nodes)
         print(f"dtrun: {s.world} rank(s) ready (torch.distributed initialised); "
               "plain cells now run on every rank, %%rank SPEC on some")
 

@@ -32,7 +32,6 @@ the client is handed the rendezvous store, where dtrun keeps
 moves to the new store when the round changes (a %restart, a dead worker on
 any node).
 """
-import glob
 import importlib.util
 import io
 import json
@@ -315,24 +314,39 @@ class Session:
                 raise
         return False
 
+    def _crash_store(self):
+        """The store and key prefix where dtrun publishes worker crashes: the
+        workers' store on one node, the rendezvous store across nodes."""
+        if self.rdzv is not None:
+            return self.rdzv, self.rdzv_key.rsplit("/", 1)[0] + "/"
+        return self.store, "dtrun/"
+
+    def last_crash(self):
+        """The latest worker crash dtrun published (a dict: attempt, rank,
+        how, host, addr, stderr_file, stderr_tail), or None."""
+        store, prefix = self._crash_store()
+        try:
+            if store is None or store.add(prefix + "crash_count", 0) == 0:
+                return None
+            return json.loads(store.get(prefix + "crash"))
+        except RuntimeError:  # the round's store is gone; the next one tells
+            return None
+
     def _check_start_loop(self, newer_than, limit=3):
         """Workers that die before they serve (an interpreter without torch, a
         broken environment) would be restarted by dtrun forever: after `limit`
-        failed starts, stop and show what the last one said."""
-        if not self.session_dir:
+        failed starts, stop and show what the last one said (dtrun publishes
+        each crash in the store; see apps/dtrun/job.h)."""
+        crash = self.last_crash()
+        if crash is None:
             return
-        attempts = glob.glob(os.path.join(self.session_dir, "logs", "*", "attempt_*"))
-        started = max((int(a.rsplit("_", 1)[1]) for a in attempts), default=-1)
+        started = crash["attempt"] + 1
         if started - (newer_than if newer_than is not None else -1) <= limit:
             return
-        logs = [p for p in glob.glob(os.path.join(self.session_dir, "logs", "*", "attempt_*", "*",
-                                                  "stderr.log")) if os.path.getsize(p) > 0]
         said = ""
-        if logs:
-            newest = max(logs, key=os.path.getmtime)
-            with open(newest, errors="replace") as f:
-                tail = f.read().splitlines()[-8:]
-            said = f"; the last one said ({newest}):\n  " + "\n  ".join(tail)
+        if crash.get("stderr_tail"):
+            tail = crash["stderr_tail"].splitlines()[-8:]
+            said = f"; the last one said ({crash['stderr_file']}):\n  " + "\n  ".join(tail)
         raise SessionError(f"the workers keep failing before they serve cells ({started} "
                            f"restarts){said}")
 
@@ -459,8 +473,16 @@ class Session:
                 raise
             died = [None]
         if died:
-            self.wait_ready(newer_than=self.attempt)
-            return {r: {"died": r in died, "restarted": True, "elsewhere": died == [None]}
+            elsewhere, attempt = died == [None], self.attempt
+            if elsewhere:  # which rank died, and where: dtrun published it
+                crash = self.last_crash()
+                if crash and crash["attempt"] == attempt:
+                    died = [crash["rank"]]
+            self.wait_ready(newer_than=attempt)
+            if elsewhere and died != [None]:
+                return {r: {"died": r in died, "restarted": True, "elsewhere": True,
+                            "crash": crash if r in died else None} for r in ranks}
+            return {r: {"died": r in died, "restarted": True, "elsewhere": elsewhere}
                     for r in ranks}
         if on_stream:
             self._pump(n, ranks, shown, on_stream, final=results)
@@ -538,6 +560,12 @@ def format_results(results, streamed=False, show=None):
         if show is not None and r != show:
             res = {k: v for k, v in res.items() if k not in ("out", "err", "value", "displays")}
         label = f"[rank {r}] "
+        if res.get("died") and res.get("crash"):
+            c = res["crash"]
+            where = c["host"] + (f" ({c['addr']})" if c.get("addr") else "")
+            lines.append(f"{label}worker died on {where} ({c['how']}); dtrun started a new round "
+                         "on every node: every rank has fresh state")
+            continue
         if res.get("died"):
             lines.append(f"{label}worker died; dtrun restarted the group: every rank has fresh state")
             continue

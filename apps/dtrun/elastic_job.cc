@@ -1,0 +1,294 @@
+// A node of a multi-node job. Rounds: join, take this round's workers' store
+// (hosted by group rank 0, announced through the rendezvous store), run the
+// local group, follow the round until RoundPolicy says rejoin or exit. The
+// rendezvous store itself is hosted by node 0 (static) or by the endpoint's
+// host (c10d), which lingers at the end until every node read the result.
+#include "apps/dtrun/elastic_job.h"
+
+#include <cstdlib>
+#include <thread>
+
+#include "apps/dtrun/endpoint.h"
+#include "apps/dtrun/error_report.h"
+#include "apps/dtrun/exit_code.h"
+#include "rendezvous/log.h"
+#include "rendezvous/store_client.h"
+#include "rendezvous/store_server.h"
+
+namespace dtrun::agent {
+namespace {
+
+using std::chrono::milliseconds;
+
+}  // namespace
+
+ElasticJob::ElasticJob(const LaunchConfig& config, WorkerGroup* workers, const Clock* clock)
+    : config_(config), clock_(clock), group_(config, workers, clock, &signals_, /*elastic=*/true) {
+  if (!config_.interactive) return;
+  group_.on_worker_crash = [this](const WorkerCrash& crash) {
+    // Beside the session's round key, on the store the console attaches to.
+    Status s = PublishCrash(rdzv_client_.get(), "dtrun/i/" + config_.rdzv_id + "/", crash,
+                            ++crashes_);
+    if (!s.ok()) Logger("dtrun.agent")->warn("cannot publish the crash for the console: {}", s.message());
+  };
+}
+
+ElasticJob::~ElasticJob() {
+  rdzv_.reset();
+  rdzv_client_.reset();  // before the servers it may talk to
+}
+
+Status ElasticJob::HostRendezvousStore(uint16_t port, bool must) {
+  rdzv::StoreServerOptions opts;
+  opts.port = port;
+  auto server = rdzv::StoreServer::Start(opts);
+  if (!server.ok()) {
+    if (must) return server.status();
+    // Inferred hosting (c10d): another agent of this host got there first.
+    Logger("dtrun.rdzv")->info("rendezvous store port {} is taken here; joining it as a client", port);
+    return Status::Ok();
+  }
+  rdzv_store_ = std::move(*server);
+  rdzv_store_->RunInBackground();
+  Logger("dtrun.rdzv")->info("hosting the rendezvous store on port {}", rdzv_store_->port());
+  return Status::Ok();
+}
+
+Status ElasticJob::ConnectRendezvous() {
+  bool is_static = config_.rdzv_backend == "static";
+  std::string host = config_.master_addr;
+  uint16_t port = is_static ? config_.master_port.value_or(29500) : 29400;
+  if (!is_static && config_.rdzv_endpoint.empty()) {
+    return Status::Invalid("--rdzv-backend=c10d needs --rdzv-endpoint=HOST[:PORT]");
+  }
+  if (!config_.rdzv_endpoint.empty() && !SplitEndpoint(config_.rdzv_endpoint, port, &host, &port)) {
+    return Status::Invalid("--rdzv-endpoint: '" + config_.rdzv_endpoint + "' is not host[:port]");
+  }
+  const RdzvConfig& rc = config_.rdzv_conf;
+  bool explicit_host = !is_static && rc.is_host.has_value();
+  bool hosting = is_static ? config_.node_rank == 0 : rc.is_host.value_or(IsThisHost(host));
+  if (hosting) {
+    Status s = HostRendezvousStore(port, is_static || explicit_host);
+    if (!s.ok()) return s;
+  }
+  rdzv::StoreClientOptions copts;
+  copts.host = host;
+  copts.port = port;
+  // Store operations are bounded by the time a node may stay silent, so a
+  // node cut off from the store notices (and answers signals) as soon as the
+  // others declare it dead; read_timeout overrides.
+  copts.timeout = rc.read_timeout.value_or(std::max(rc.silent_limit(), milliseconds(1000)));
+  copts.connect_timeout = rc.join_timeout;
+  auto client = rdzv::TcpStoreClient::Connect(copts);
+  if (!client.ok()) {
+    return Status::Unavailable("cannot reach the rendezvous endpoint " + host + ":" +
+                               std::to_string(port) + ": " + client.status().message());
+  }
+  rdzv_client_ = std::move(*client);
+  return Status::Ok();
+}
+
+Status ElasticJob::SetUpWorkerStore() {
+  // Each round gets a store of its own, hosted by group rank 0: a fresh key
+  // space for every attempt, whatever prefix the workers' torch uses.
+  std::string key = "rdzv/" + config_.rdzv_id + "/round/" + std::to_string(assignment_.round) +
+                    "/master";
+  std::string addr;
+  worker_store_.reset();
+  if (assignment_.group_rank == 0) {
+    auto server = rdzv::StoreServer::Start(rdzv::StoreServerOptions{});
+    if (!server.ok()) return server.status();
+    worker_store_ = std::move(*server);
+    worker_store_->RunInBackground();
+    std::string host = config_.local_addr.empty() ? rdzv_client_->LocalAddress() : config_.local_addr;
+    addr = host + ":" + std::to_string(worker_store_->port());
+    Status s = rdzv_client_->Set(key, addr);
+    // The interactive console follows the session from round to round here.
+    if (s.ok() && config_.interactive) {
+      s = rdzv_client_->Set("dtrun/i/" + config_.rdzv_id + "/current",
+                            std::to_string(assignment_.round) + " " +
+                                std::to_string(assignment_.world_size) + " " + addr);
+    }
+    if (!s.ok()) return s;
+  } else {
+    auto got = rdzv_client_->Get(key);
+    if (!got.ok()) return got.status();
+    addr = *got;
+  }
+  auto colon = addr.rfind(':');
+  group_.attempt().master_addr = addr.substr(0, colon);
+  group_.attempt().master_port = std::atoi(addr.c_str() + colon + 1);
+  return Status::Ok();
+}
+
+rdzv::RendezvousOptions ElasticJob::RendezvousOptionsOf(const std::string& run_id) const {
+  const RdzvConfig& rc = config_.rdzv_conf;
+  rdzv::RendezvousOptions ro;
+  ro.run_id = run_id;
+  ro.node_id = rdzv::MakeNodeId();
+  ro.node_rank = config_.rdzv_backend == "static" ? config_.node_rank : -1;
+  ro.min_nodes = config_.min_nodes;
+  ro.max_nodes = config_.max_nodes;
+  ro.nproc_per_node = config_.nproc_per_node;
+  ro.max_restarts = config_.max_restarts;
+  ro.join_timeout = rc.join_timeout;
+  ro.last_call_timeout = rc.last_call_timeout;
+  ro.keep_alive_interval = rc.keep_alive_interval;
+  ro.keep_alive_max_attempt = rc.keep_alive_max_attempt;
+  return ro;
+}
+
+void ElasticJob::NotifyStoreReady() {
+  if (!on_store_ready) return;
+  const std::string endpoint = rdzv_client_->address();
+  auto colon = endpoint.rfind(':');
+  std::string host = endpoint.substr(0, colon);
+  if (host.size() > 1 && host.front() == '[') host = host.substr(1, host.size() - 2);
+  on_store_ready(host, static_cast<uint16_t>(std::atoi(endpoint.c_str() + colon + 1)),
+                 group_.run_dir());
+}
+
+int ElasticJob::Run() {
+  auto log = Logger("dtrun.rdzv");
+  for (const std::string& item : config_.rdzv_conf.ignored) {
+    for (const auto& [key, why] : IgnoredRdzvKeys()) {
+      if (item.compare(0, key.size() + 1, key + "=") == 0) {
+        log->warn("--rdzv-conf: dtrun ignores {}: {}", item, why);
+      }
+    }
+  }
+  Status s = ConnectRendezvous();
+  if (!s.ok()) {
+    log->error("{}", s.message());
+    return s.code() == Status::Code::kInvalid ? kExitUsage : kExitRendezvous;
+  }
+  s = group_.Prepare(config_.rdzv_id);
+  if (!s.ok()) {
+    log->error("{}", s.message());
+    return kExitUsage;
+  }
+  NotifyStoreReady();
+  rdzv::RendezvousOptions ro = RendezvousOptionsOf(config_.rdzv_id);
+  rdzv_ = std::make_unique<rdzv::Rendezvous>(rdzv_client_.get(), ro);
+  log->info("node {} joining rendezvous '{}' at {} ({}..{} nodes); logs in {}", ro.node_id,
+            ro.run_id, rdzv_client_->address(), ro.min_nodes, ro.max_nodes, group_.run_dir());
+  int rc = JoinRounds();
+  group_.Finish(rc == kExitSuccess);
+  return rc;
+}
+
+int ElasticJob::JoinRounds() {
+  auto log = Logger("dtrun.rdzv");
+  for (;;) {
+    auto joined = rdzv_->Join([this] { return group_.Interrupted(); });
+    if (!joined.ok()) {
+      if (joined.status().code() == Status::Code::kCanceled) {
+        log->warn("stopped by {} while waiting for the rendezvous", SignalName(group_.stop_signal()));
+      } else {
+        log->error("{}", joined.status().message());
+      }
+      return JoinFailedExitCode(joined.status(), rdzv_->end_reason(), group_.stop_signal());
+    }
+    assignment_ = *joined;
+    group_.set_assignment(assignment_);
+    Status s = SetUpWorkerStore();
+    if (!s.ok()) {
+      log->error("round {}: cannot set up the workers' store: {}", assignment_.round, s.message());
+      return kExitRendezvous;
+    }
+    log->info("round {}: group rank {} of {}, ranks {}..{} of {}; workers' store {}:{}",
+              assignment_.round, assignment_.group_rank, assignment_.group_world_size,
+              assignment_.base_rank, assignment_.base_rank + config_.nproc_per_node - 1,
+              assignment_.world_size, group_.attempt().master_addr, group_.attempt().master_port);
+    int rc = FollowRound();
+    if (rc >= 0) {
+      Linger();
+      return rc;
+    }
+  }
+}
+
+void ElasticJob::Linger() {
+  // Other nodes may not have read the end of the job yet; the node hosting
+  // the rendezvous store keeps it up until they have (at most 10 s).
+  rdzv_->AckEnd(assignment_);
+  if (!rdzv_store_) return;
+  auto until = clock_->Now() + std::chrono::seconds(10);
+  while (!rdzv_->AllEnded(assignment_) && clock_->Now() < until) {
+    std::this_thread::sleep_for(milliseconds(20));
+  }
+}
+
+void ElasticJob::WaitTurn(const RoundPolicy& policy, TimePoint* next_check) {
+  auto wait = std::chrono::duration_cast<milliseconds>(*next_check - clock_->Now());
+  if (policy.done_marked() && group_.outcome() == GroupOutcome::kSucceeded && wait.count() > 0) {
+    // Nothing runs here: wait in the store, which wakes every node the
+    // moment the last one finishes (no polling traffic at thousands of nodes).
+    auto over = rdzv_->AwaitRoundOver(assignment_, wait);
+    if (over.ok() && *over) *next_check = clock_->Now();
+    wait = milliseconds(0);
+  }
+  group_.PollOnce(static_cast<int>(std::max<int64_t>(0, wait.count())));
+}
+
+// Runs the local group of one round. Returns the exit code when the job is
+// over, or -1 to join the next round.
+int ElasticJob::FollowRound() {
+  RoundPolicy policy(config_.rdzv_conf.silent_limit(), clock_->Now());
+  group_.StartRound(assignment_.round);
+  // Check the round at least twice a second (more often with a faster keep-alive).
+  auto tick = std::min(milliseconds(500), config_.rdzv_conf.keep_alive_interval);
+  auto next_check = clock_->Now();
+  for (;;) {
+    WaitTurn(policy, &next_check);
+    RoundStep step = policy.OnLocal(group_.outcome(), group_.stop_signal());
+    if (auto rc = Carry(step, &policy, &next_check)) return *rc;
+    if (clock_->Now() < next_check) continue;
+    next_check = clock_->Now() + tick;
+    step = policy.OnCheck(rdzv_->Check(assignment_), group_.outcome(), clock_->Now());
+    if (auto rc = Carry(step, &policy, &next_check)) return *rc;
+  }
+}
+
+std::optional<int> ElasticJob::Carry(const RoundStep& step, RoundPolicy* policy,
+                                     TimePoint* next_check) {
+  auto log = Logger("dtrun.rdzv");
+  switch (step.kind) {
+    case RoundStep::Kind::kWait:
+      return std::nullopt;
+    case RoundStep::Kind::kMarkDone:
+      policy->OnMarkedDone(rdzv_->MarkDone(assignment_).ok());
+      *next_check = clock_->Now();  // maybe the last node: check the barrier now
+      log->info("round {}: workers here succeeded; waiting for the other nodes", assignment_.round);
+      return std::nullopt;
+    case RoundStep::Kind::kReportFailure: {
+      auto failures = rdzv_->ReportFailure(assignment_, "local group failed");
+      bool goes_on = failures.ok() && rdzv_->end_reason() == rdzv::EndReason::kNone;
+      if (goes_on) {
+        log->warn("round {} failed here; {} of {} restart(s) used", assignment_.round, *failures,
+                  config_.max_restarts);
+      }
+      return Carry(policy->OnFailureReported(goes_on), policy, next_check);
+    }
+    case RoundStep::Kind::kStopWorkers:
+      log->warn("round {}: {}", assignment_.round, step.why);
+      group_.StopForNewRound();
+      return std::nullopt;
+    case RoundStep::Kind::kRejoin:
+      return -1;
+    case RoundStep::Kind::kExitWithSummary:
+      return group_.ReportFailure();
+    case RoundStep::Kind::kExit:
+      break;
+  }
+  if (step.exit_code == kExitSuccess) {
+    log->info("{}", step.why);
+  } else if (!step.why.empty()) {
+    bool closed = step.exit_code == kExitFailedElsewhere;
+    log->error("{}{}", step.why, closed ? ": " + rdzv_->closed_reason() : "");
+  }
+  if (step.stop_workers) group_.StopAndWait();
+  return step.exit_code;
+}
+
+}  // namespace dtrun::agent

@@ -1,0 +1,52 @@
+#pragma once
+
+#include <memory>
+
+#include "apps/dtrun/job.h"
+#include "apps/dtrun/round_policy.h"
+#include "apps/dtrun/signals.h"
+#include "rendezvous/rendezvous.h"
+
+namespace dtrun::rdzv {
+class StoreServer;
+}
+
+namespace dtrun::agent {
+
+// Several nodes (or the c10d backend): joins rendezvous rounds, hosts each
+// round's workers' store when it is group rank 0, runs the local group and
+// follows the round; RoundPolicy makes every decision. The node that hosts
+// the rendezvous store keeps it up until every node read the end. Stores run
+// on threads of their own; everything else on the caller's.
+class ElasticJob : public Job {
+ public:
+  ElasticJob(const LaunchConfig& config, WorkerGroup* workers, const Clock* clock);
+  ~ElasticJob() override;
+  int Run() override;
+
+ private:
+  Status ConnectRendezvous();
+  Status HostRendezvousStore(uint16_t port, bool must);
+  Status SetUpWorkerStore();
+  rdzv::RendezvousOptions RendezvousOptionsOf(const std::string& run_id) const;
+  int JoinRounds();
+  int FollowRound();
+  // Carries out `step`; returns the exit code, -1 to rejoin, or nothing to go on.
+  std::optional<int> Carry(const RoundStep& step, RoundPolicy* policy, TimePoint* next_check);
+  void WaitTurn(const RoundPolicy& policy, TimePoint* next_check);
+  void Linger();
+  void NotifyStoreReady();
+
+  LaunchConfig config_;
+  const Clock* clock_;
+  SignalFd signals_;  // first: blocks the signals before any store thread starts
+  LocalGroup group_;
+  std::unique_ptr<rdzv::StoreServer> rdzv_store_;    // hosted here (static node 0, or c10d host)
+  std::unique_ptr<rdzv::StoreServer> worker_store_;  // group rank 0: this round's workers' store
+  std::unique_ptr<rdzv::TcpStoreClient> rdzv_client_;
+  std::unique_ptr<rdzv::Rendezvous> rdzv_;
+  rdzv::Assignment assignment_;
+  int64_t crashes_ = 0;
+};
+
+}  // namespace dtrun::agent

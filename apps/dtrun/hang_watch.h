@@ -1,0 +1,68 @@
+#pragma once
+
+// The shell of hang detection for one node's group: reads the workers'
+// heartbeat files, captures stacks, prints the hang report. Who is hung and
+// the root cause are HangMonitor's (pure) decisions. Owned by LocalGroup;
+// not thread-safe.
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "apps/dtrun/clock.h"
+#include "apps/dtrun/error_report.h"
+#include "apps/dtrun/hang_monitor.h"
+#include "apps/dtrun/hang_report.h"
+#include "apps/dtrun/launch_config.h"
+#include "apps/dtrun/worker_env.h"
+#include "apps/dtrun/worker_group.h"
+
+namespace dtrun::agent {
+
+class HangWatch {
+ public:
+  HangWatch(const LaunchConfig& config, const Clock* clock, WorkerGroup* workers);
+
+  bool enabled() const { return config_.hang_timeout.count() > 0; }
+  // A worker's heartbeat file (DTRUN_HEARTBEAT_FILE) and Python's fault
+  // handler, so its stack can be had with SIGABRT.
+  void AddEnv(int local_rank, const std::string& attempt_dir, EnvMap* env) const;
+  // A new attempt's group started: every rank silent from now.
+  void Reset(int nproc, const std::string& attempt_dir, int restart_count);
+  void OnExit(int local_rank) { monitor_.OnExit(local_rank); }
+  // Milliseconds until Check() has work; -1 when not watching.
+  int NextCheckMs(bool running) const;
+  // Reads the heartbeat files when due. When a rank is newly hung, records
+  // every rank's silence and stack (native stacks are captured here, which
+  // blocks up to 20 s) and returns the signal to stop the group with:
+  // SIGABRT for Python workers (their fault handler prints the stack), else
+  // SIGTERM. Returns 0 otherwise.
+  int Check(bool running, const std::map<int, int>& pids, int base_rank);
+  // Prints the report of the latest hang, once (after the group stopped:
+  // Python stacks are in the workers' stderr logs by then).
+  void Report();
+  // The latest hang's ranks as failures for the failure summary.
+  std::vector<WorkerFailure> Failures() const;
+
+ private:
+  void ReadBeats(TimePoint now);
+  void Snapshot(TimePoint now, const std::map<int, int>& pids, int base_rank);
+  void CaptureNativeStacks();
+
+  const LaunchConfig& config_;
+  const Clock* clock_;
+  WorkerGroup* workers_;
+  HangMonitor monitor_;
+  std::string attempt_dir_;
+  int restart_count_ = 0;
+  std::map<int, int64_t> beat_mtime_ns_;  // local rank -> heartbeat file's mtime
+  TimePoint next_check_{};
+  std::vector<RankStack> stacks_;  // the latest hang's ranks
+  bool reported_ = true;
+};
+
+// Whether the workers run the Python interpreter (their stacks come from
+// faulthandler, not from a debugger).
+bool PythonWorkers(const LaunchConfig& config);
+
+}  // namespace dtrun::agent

@@ -1,0 +1,366 @@
+// The local group: the Agent (pure) says what to do with this node's workers,
+// the WorkerGroup does it. Everything here runs on the job's thread, woken by
+// poll(2) on the signalfd (SIGCHLD and stop signals), the workers' pipes and
+// torch's timer pipe, with the Agent's next deadline as the timeout.
+#include "apps/dtrun/local_group.h"
+
+#include <poll.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+
+#include "apps/dtrun/exit_code.h"
+#include "rendezvous/check.h"
+#include "rendezvous/environment.h"
+#include "rendezvous/log.h"
+#include "rendezvous/os_util.h"
+
+namespace dtrun::agent {
+namespace {
+
+using std::chrono::milliseconds;
+
+AgentOptions AgentOptionsOf(const LaunchConfig& c, bool elastic) {
+  // With rendezvous, restarts are counted by the rendezvous, the same on
+  // every node; the local agent only reports that its group failed.
+  return AgentOptions{c.nproc_per_node, elastic ? 0 : c.max_restarts, c.term_timeout};
+}
+
+// TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE, with ${role_name}, ${rank} and
+// ${local_rank}; default "[rank${rank}]:".
+std::string LinePrefix(const std::string& role, int rank, int local_rank) {
+  const char* env = std::getenv("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE");
+  std::string out = env ? env : "[rank${rank}]:";
+  auto replace = [&out](const std::string& key, const std::string& value) {
+    for (size_t at = out.find(key); at != std::string::npos;
+         at = out.find(key, at + value.size())) {
+      out.replace(at, key.size(), value);
+    }
+  };
+  replace("${role_name}", role);
+  replace("${rank}", std::to_string(rank));
+  replace("${local_rank}", std::to_string(local_rank));
+  return out;
+}
+
+}  // namespace
+
+LocalGroup::LocalGroup(const LaunchConfig& config, WorkerGroup* workers, const Clock* clock,
+                       SignalFd* signals, bool elastic)
+    : config_(config),
+      workers_(workers),
+      clock_(clock),
+      signals_(signals),
+      elastic_(elastic),
+      agent_(AgentOptionsOf(config, elastic)),
+      hang_(config_, clock, workers),
+      timer_(config_) {
+  assignment_.world_size = config.nproc_per_node;
+}
+
+Status LocalGroup::Prepare(const std::string& run_id) {
+  attempt_.run_id = run_id;
+  attempt_.role = config_.role;
+  attempt_.max_restarts = config_.max_restarts;
+  base_env_ = ProcessEnvironment();
+  // torch's file timer is switched on by the environment, as in torchrun.
+  auto env = [this](const char* key) {
+    auto it = base_env_.find(key);
+    return it == base_env_.end() ? std::string() : it->second;
+  };
+  config_.file_timer = env("TORCHELASTIC_ENABLE_FILE_TIMER") == "1";
+  if (!env("TORCHELASTIC_TIMER_FILE").empty()) config_.timer_file = env("TORCHELASTIC_TIMER_FILE");
+  if (config_.nproc_per_node > 1 && !base_env_.count("OMP_NUM_THREADS")) {
+    Logger("dtrun.agent")->warn("setting OMP_NUM_THREADS=1 for each worker to avoid "
+                                "overloading the host; set it yourself to tune");
+  }
+  std::string name = run_id + "_" + os::RandomHex(8);
+  if (config_.log_dir.empty()) {
+    auto dir = os::MakeTempDir("dtrun-" + name + "-");
+    if (!dir.ok()) return Status::Io(dir.status().message() + " (or give --log-dir)");
+    run_dir_ = *dir;
+    run_dir_is_temp_ = true;
+  } else {
+    run_dir_ = config_.log_dir + "/" + name;
+    Status s = os::MakeDirs(run_dir_);
+    if (!s.ok()) return Status::Io("--log-dir: " + s.message());
+  }
+  // Python workers get the torch compatibility shim (worker_env.h), once per run.
+  if (config_.python_worker) return InstallTorchShim(run_dir_ + "/python", &base_env_);
+  return Status::Ok();
+}
+
+void LocalGroup::Start() { Apply(agent_.Start(clock_->Now())); }
+
+void LocalGroup::StartRound(int round) {
+  outcome_ = Outcome::kRunning;
+  Apply(agent_.StartRound(round, clock_->Now()));
+}
+
+void LocalGroup::StopForNewRound() { Apply(agent_.StopForNewRound(clock_->Now())); }
+
+void LocalGroup::StopAndWait() {
+  if (agent_.alive() == 0) return;
+  Apply(agent_.OnSignal(SIGTERM, clock_->Now()));
+  while (agent_.alive() > 0) PollOnce(100);
+}
+
+int LocalGroup::PollTimeout(int timeout_ms) const {
+  int timeout = timeout_ms;
+  auto sooner = [&timeout](int ms) {
+    if (ms >= 0) timeout = timeout < 0 ? ms : std::min(timeout, ms);
+  };
+  if (auto deadline = agent_.deadline()) {
+    auto left = std::chrono::duration_cast<milliseconds>(*deadline - clock_->Now());
+    // +1: poll rounds down, and waking a hair early would spin.
+    sooner(static_cast<int>(std::max<int64_t>(0, left.count()) + 1));
+  }
+  sooner(hang_.NextCheckMs(agent_.phase() == Phase::kRunning));
+  sooner(timer_.NextMs());
+  return timeout;
+}
+
+void LocalGroup::PollOnce(int timeout_ms) {
+  std::vector<pollfd> fds;
+  if (signals_) fds.push_back({signals_->fd(), POLLIN, 0});
+  if (timer_.fd() >= 0) fds.push_back({timer_.fd(), POLLIN, 0});
+  for (int fd : workers_->output_fds()) fds.push_back({fd, POLLIN, 0});
+  if (poll(fds.data(), fds.size(), PollTimeout(timeout_ms)) < 0) return;  // EINTR: look again
+  bool signalled = false;
+  for (const pollfd& p : fds) {
+    if (!p.revents) continue;
+    if (signals_ && p.fd == signals_->fd()) {
+      signalled = true;
+    } else if (p.fd == timer_.fd()) {
+      timer_.OnReadable();
+    } else {
+      workers_->OnReadable(p.fd);
+    }
+  }
+  // Output first, then exits: a worker's last lines print before its death.
+  if (signalled) {
+    for (int signo : signals_->Read()) {
+      if (signo == SIGCHLD) {
+        OnChildExits();
+      } else {
+        OnStopSignal(signo);
+      }
+    }
+  }
+  OnTick();
+}
+
+void LocalGroup::OnStopSignal(int signo) {
+  Logger("dtrun.agent")->warn("received {}; stopping workers", SignalName(signo));
+  Apply(agent_.OnSignal(signo, clock_->Now()));
+}
+
+void LocalGroup::OnChildExits() {
+  for (const WorkerExit& e : workers_->Reap()) {
+    if (abandoned_.erase(e.pid)) continue;  // counted as gone already
+    exit_time_[e.pid] = os::UnixNow();
+    hang_.OnExit(e.local_rank);
+    if (e.failed() && agent_.phase() == Phase::kRunning) {
+      std::string how =
+          e.signal ? SignalName(e.signal) : "exit code " + std::to_string(e.exit_code);
+      Logger("dtrun.agent")
+          ->warn("worker local_rank {} (pid {}) failed: {}", e.local_rank, e.pid, how);
+      PublishCrash(e, how);
+    }
+    Apply(agent_.OnWorkerExit(e, clock_->Now()));
+  }
+}
+
+void LocalGroup::OnTick() {
+  if (outcome_ != Outcome::kRunning) return;
+  Apply(agent_.OnTick(clock_->Now()));
+  if (outcome_ != Outcome::kRunning) return;
+  int signo = hang_.Check(agent_.phase() == Phase::kRunning, pids_, assignment_.base_rank);
+  if (signo) Apply(agent_.OnHang(signo, clock_->Now()));
+  if (outcome_ == Outcome::kRunning) timer_.Check(pids_, PythonWorkers(config_));
+}
+
+bool LocalGroup::Interrupted() {
+  if (signals_) {
+    for (int signo : signals_->Read()) {
+      if (signo != SIGCHLD) stop_signal_ = signo;
+    }
+  }
+  return stop_signal_ != 0;
+}
+
+void LocalGroup::Apply(const std::vector<Action>& actions) {
+  for (const Action& a : actions) {
+    // A hung group's report waits until its stack dumps are in (the
+    // signal that makes them is the first action).
+    if (a.kind != Action::Kind::kSignalGroup && agent_.hung()) hang_.Report();
+    switch (a.kind) {
+      case Action::Kind::kAbandonGroup:
+        AbandonSurvivors();
+        break;
+      case Action::Kind::kStartGroup:
+        StartWorkers(a.restart_count);
+        break;
+      case Action::Kind::kSignalGroup:
+        for (const auto& [local_rank, pid] : pids_) workers_->Signal(pid, a.signo);
+        break;
+      case Action::Kind::kFinish:
+        OnFinished(a);
+        break;
+      case Action::Kind::kGroupStopped:
+        outcome_ = Outcome::kStopped;
+        break;
+    }
+  }
+}
+
+void LocalGroup::OnFinished(const Action& finish) {
+  stop_signal_ = finish.signo;
+  outcome_ = finish.signo  ? Outcome::kSignaled
+             : finish.failed ? Outcome::kFailed
+                             : Outcome::kSucceeded;
+  if (elastic_) return;  // the rendezvous decides what happens next
+  auto log = Logger("dtrun.agent");
+  if (finish.signo) {
+    log->warn("workers stopped after {}; exit code {}", SignalName(finish.signo),
+              ExitBySignal(finish.signo));
+  } else if (!finish.failed) {
+    log->info("all {} worker(s) succeeded", config_.nproc_per_node);
+  }
+}
+
+OutputRoute LocalGroup::Route(int local_rank, int stream_bit,
+                              const std::string& attempt_dir) const {
+  OutputRoute route;
+  bool redirected = config_.redirects.For(local_rank) & stream_bit;
+  // Watching for hangs or timers, stderr is kept too: a Python worker's
+  // stack lands there.
+  bool keeps_stderr = hang_.enabled() || config_.file_timer;
+  bool teed = (config_.tee.For(local_rank) & stream_bit) || (stream_bit == 2 && keeps_stderr);
+  const auto& filter = config_.local_ranks_filter;
+  bool shown =
+      filter.empty() || std::find(filter.begin(), filter.end(), local_rank) != filter.end();
+  if (!redirected && shown) route.console_fd = stream_bit == 1 ? 1 : 2;
+  route.prefix = LinePrefix(config_.role, local_rank, local_rank);
+  if (redirected || teed) {
+    route.file = attempt_dir + "/" + std::to_string(local_rank) +
+                 (stream_bit == 1 ? "/stdout.log" : "/stderr.log");
+  }
+  return route;
+}
+
+WorkerSpec LocalGroup::SpecFor(int lr, const std::string& attempt_dir) {
+  (void)os::MakeDirs(attempt_dir + "/" + std::to_string(lr));
+  ::unlink(ErrorFilePath(attempt_, lr).c_str());  // a stale one would name the wrong failure
+  const rdzv::Assignment& a = assignment_;
+  int n = config_.nproc_per_node;
+  WorkerPlace place{lr, a.base_rank + lr, a.group_rank, a.base_rank + lr,
+                    n,  a.world_size,     a.group_world_size, a.world_size};
+  EnvMap env = WorkerEnv(base_env_, attempt_, place);
+  hang_.AddEnv(lr, attempt_dir, &env);
+  timer_.AddEnv(&env);
+  WorkerSpec spec;
+  spec.local_rank = lr;
+  spec.argv = config_.worker_argv;
+  spec.env = ToEnvStrings(env);
+  spec.out = Route(lr, 1, attempt_dir);
+  spec.err = Route(lr, 2, attempt_dir);
+  return spec;
+}
+
+void LocalGroup::StartWorkers(int restart_count) {
+  auto log = Logger("dtrun.agent");
+  if (before_start) before_start(restart_count);
+  if (restart_count > 0 && !elastic_) {
+    log->warn("restarting the worker group: attempt {} of {}", restart_count + 1,
+              config_.max_restarts + 1);
+  }
+  attempt_.restart_count = restart_count;
+  attempt_dir_ = run_dir_ + "/attempt_" + std::to_string(restart_count);
+  attempt_.error_file_dir = attempt_dir_;
+  timer_.Open(run_dir_);
+  pids_.clear();
+  spawn_error_.clear();
+  std::string pid_list;
+  for (int lr = 0; lr < config_.nproc_per_node; ++lr) {
+    Result<int> pid = workers_->Spawn(SpecFor(lr, attempt_dir_));
+    if (!pid.ok()) {
+      // Reported as that rank's failure when its exit (127) is reaped.
+      spawn_error_[lr] = pid.status().message();
+      log->error("local_rank {}: {}", lr, pid.status().message());
+      continue;
+    }
+    pids_[lr] = *pid;
+    pid_list += (pid_list.empty() ? "" : ",") + std::to_string(*pid);
+  }
+  agent_.OnGroupStarted();
+  hang_.Reset(config_.nproc_per_node, attempt_dir_, restart_count);
+  log->info("attempt {}: started {} worker(s), pids {}", restart_count, config_.nproc_per_node,
+            pid_list);
+}
+
+void LocalGroup::AbandonSurvivors() {
+  for (const auto& [local_rank, pid] : pids_) {
+    if (exit_time_.count(pid)) continue;
+    abandoned_[pid] = true;
+    Logger("dtrun.agent")
+        ->error("worker local_rank {} (pid {}) is still alive long after SIGKILL "
+                "(uninterruptible sleep?); going on without it",
+                local_rank, pid);
+  }
+}
+
+void LocalGroup::PublishCrash(const WorkerExit& e, const std::string& how) {
+  if (!on_worker_crash) return;
+  WorkerCrash crash;
+  crash.attempt = attempt_.restart_count;
+  crash.rank = assignment_.base_rank + e.local_rank;
+  crash.how = how;
+  crash.host = os::HostName();
+  crash.addr = config_.local_addr;
+  crash.stderr_file = Route(e.local_rank, 2, attempt_dir_).file;
+  if (!crash.stderr_file.empty()) {
+    workers_->ReadPending(milliseconds(200));  // its last words may still be in the pipe
+    crash.stderr_tail = os::ReadTail(crash.stderr_file, 8);
+  }
+  on_worker_crash(crash);
+}
+
+int LocalGroup::ReportFailure() {
+  std::vector<WorkerFailure> failures;
+  if (agent_.hung()) failures = hang_.Failures();
+  for (const WorkerExit& e : agent_.failures()) {
+    WorkerFailure f;
+    f.local_rank = e.local_rank;
+    f.rank = assignment_.base_rank + e.local_rank;
+    f.pid = e.pid;
+    f.exit_code = e.exit_code;
+    f.signal = e.signal;
+    f.timestamp = exit_time_.count(e.pid) ? exit_time_[e.pid] : os::UnixNow();
+    ReadErrorFile(ErrorFilePath(attempt_, e.local_rank), &f);
+    timer_.Describe(attempt_dir_, &f);
+    if (f.message.empty() && spawn_error_.count(e.local_rank)) f.message = spawn_error_[e.local_rank];
+    failures.push_back(f);
+  }
+  DTRUN_CHECK(!failures.empty()) << "a failed attempt with no failed worker";
+  const std::string& program = config_.entrypoint[0];
+  WriteAll(2, FormatFailureSummary(program.substr(program.rfind('/') + 1), os::HostName(),
+                                   failures, agent_.restart_count() + 1, run_dir_));
+  const WorkerFailure& root = failures[RootCause(failures)];
+  if (const char* path = std::getenv("TORCHELASTIC_ERROR_FILE")) {
+    (void)os::WriteFile(path, RootCauseJson(root));
+  }
+  return ExitCodeFor(root);
+}
+
+void LocalGroup::Finish(bool succeeded) {
+  // Workers are gone, but a grandchild holding a pipe open must not keep
+  // dtrun alive: forward what is there for up to a second, then close.
+  workers_->Drain(milliseconds(1000));
+  if (succeeded && run_dir_is_temp_) os::RemoveTree(run_dir_);
+}
+
+}  // namespace dtrun::agent

@@ -1,0 +1,126 @@
+#pragma once
+
+// This node's workers for one job: carries out the Agent's decisions through
+// a WorkerGroup, watches for hangs and torch's file timers, and writes the
+// failure summary. The jobs (SingleNodeJob, ElasticJob) own one and drive
+// it; it knows nothing of stores or rounds. Not thread-safe: the job's
+// thread calls it.
+
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "apps/dtrun/agent.h"
+#include "apps/dtrun/error_report.h"
+#include "apps/dtrun/hang_watch.h"
+#include "apps/dtrun/launch_config.h"
+#include "apps/dtrun/signals.h"
+#include "apps/dtrun/timer_pipe.h"
+#include "apps/dtrun/worker_env.h"
+#include "apps/dtrun/worker_group.h"
+#include "rendezvous/rendezvous.h"
+
+namespace dtrun::agent {
+
+// A worker of the current attempt failed (for an interactive console that
+// stops a crash loop, published through the store by the job).
+struct WorkerCrash {
+  int attempt = 0;  // restart count of the attempt it belonged to
+  int rank = 0;
+  std::string how;   // "exit code 1", "SIGKILL"
+  std::string host;  // this host's name, and the address it advertises (--local-addr) if any
+  std::string addr;
+  std::string stderr_file;
+  std::string stderr_tail;  // its last lines
+};
+
+class LocalGroup {
+ public:
+  using Outcome = GroupOutcome;
+
+  // `signals` may be null (tests): then PollOnce watches no signals. With
+  // `elastic`, restarts are the rendezvous' to count, not the Agent's.
+  LocalGroup(const LaunchConfig& config, WorkerGroup* workers, const Clock* clock,
+             SignalFd* signals, bool elastic);
+
+  // Takes the environment and makes the run folder (under --log-dir, else a
+  // temporary one) named after `run_id`. Status::Io names the folder.
+  Status Prepare(const std::string& run_id);
+  // What workers are told about the store and the attempt; the job fills
+  // the store's address.
+  AttemptEnv& attempt() { return attempt_; }
+  // Where the local ranks sit in the world (elastic: set every round).
+  void set_assignment(const rdzv::Assignment& a) { assignment_ = a; }
+  const std::string& run_dir() const { return run_dir_; }
+
+  // Called before each attempt's workers start, with its restart count.
+  std::function<void(int restart_count)> before_start;
+  // Called when a worker fails while the group runs.
+  std::function<void(const WorkerCrash&)> on_worker_crash;
+
+  // Single node: starts attempt 0; restarts follow failures by themselves.
+  void Start();
+  // Elastic: starts the group of `round` (the restart count workers see).
+  void StartRound(int round);
+  // Elastic: the rendezvous moved on; stop without counting a failure.
+  void StopForNewRound();
+  // Stops every worker (SIGTERM, then SIGKILL after --term-timeout) and
+  // returns once none is alive.
+  void StopAndWait();
+
+  // Waits up to `timeout_ms` (-1: for the next event) for a signal, output,
+  // a timer request or a deadline, and handles what came.
+  void PollOnce(int timeout_ms);
+  // The events PollOnce dispatches (tests call them directly).
+  void OnStopSignal(int signo);
+  void OnChildExits();
+  void OnTick();
+  // Reads pending signals without handling children; true once a stop
+  // signal came (it is then stop_signal()). For waits outside the loop.
+  bool Interrupted();
+
+  Outcome outcome() const { return outcome_; }
+  int stop_signal() const { return stop_signal_; }
+  int alive() const { return agent_.alive(); }
+  const std::map<int, int>& pids() const { return pids_; }
+  // Prints the failure summary of the attempt that ended last and writes
+  // $TORCHELASTIC_ERROR_FILE; returns the root cause's exit code.
+  int ReportFailure();
+  // Forwards the workers' last output and closes their pipes; removes a
+  // temporary run folder when the job `succeeded`.
+  void Finish(bool succeeded);
+
+ private:
+  void Apply(const std::vector<Action>& actions);
+  void StartWorkers(int restart_count);
+  WorkerSpec SpecFor(int local_rank, const std::string& attempt_dir);
+  OutputRoute Route(int local_rank, int stream_bit, const std::string& attempt_dir) const;
+  void OnFinished(const Action& finish);
+  void AbandonSurvivors();
+  void PublishCrash(const WorkerExit& e, const std::string& how);
+  int PollTimeout(int timeout_ms) const;
+
+  LaunchConfig config_;
+  WorkerGroup* workers_;
+  const Clock* clock_;
+  SignalFd* signals_;
+  bool elastic_;
+  Agent agent_;
+  HangWatch hang_;
+  TimerPipe timer_;
+  EnvMap base_env_;
+  AttemptEnv attempt_;
+  rdzv::Assignment assignment_;
+  std::string run_dir_;
+  bool run_dir_is_temp_ = false;
+  std::string attempt_dir_;
+  Outcome outcome_ = Outcome::kRunning;
+  int stop_signal_ = 0;
+  std::map<int, int> pids_;                 // local rank -> pid of this attempt
+  std::map<int, double> exit_time_;         // pid -> unix seconds its exit was seen
+  std::map<int, std::string> spawn_error_;  // local rank -> why exec failed
+  std::map<int, bool> abandoned_;           // pids that outlived SIGKILL
+};
+
+}  // namespace dtrun::agent

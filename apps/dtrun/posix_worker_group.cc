@@ -1,0 +1,214 @@
+// The one place dtrun forks its workers. The order of things around fork is
+// what matters here: everything is allocated before it (only async-signal-safe
+// calls after), the child makes its own process group and arms PDEATHSIG
+// before exec, and exec failures come back through a close-on-exec pipe so a
+// missing program is a message, not a silent exit 127.
+#include "apps/dtrun/posix_worker_group.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+namespace dtrun::agent {
+namespace {
+
+using std::chrono::milliseconds;
+using std::chrono::steady_clock;
+
+StreamRoute ToStreamRoute(const OutputRoute& route) {
+  StreamRoute out;
+  out.console_fd = route.console_fd;
+  out.prefix = route.prefix;
+  if (!route.file.empty()) {
+    out.file_fd = open(route.file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  }
+  return out;
+}
+
+// Polls `fds` for up to `timeout_ms`; calls `readable` for each ready one.
+// Returns false when nothing was ready.
+template <typename F>
+bool PollOutput(const std::vector<int>& fds, int timeout_ms, F readable) {
+  std::vector<pollfd> polled;
+  for (int fd : fds) polled.push_back({fd, POLLIN, 0});
+  if (polled.empty() || poll(polled.data(), polled.size(), timeout_ms) <= 0) return false;
+  for (const auto& p : polled) {
+    if (p.revents) readable(p.fd);
+  }
+  return true;
+}
+
+// Starts a tool with stdout and stderr to `path`; returns its pid or -1.
+int SpawnTool(const ToolRun& tool) {
+  int fd = open(tool.output_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return -1;
+  std::vector<char*> args;
+  for (const std::string& a : tool.argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  pid_t pid = fork();
+  if (pid == 0) {
+    // dtrun blocks its stop signals for the signalfd; the tool must not
+    // inherit that mask, or a kill at the deadline could not stop it.
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, nullptr);
+    dup2(fd, 1);
+    dup2(fd, 2);
+    execv(args[0], args.data());
+    _exit(127);
+  }
+  close(fd);
+  return pid;
+}
+
+}  // namespace
+
+Result<int> PosixWorkerGroup::Spawn(const WorkerSpec& spec) {
+  int out[2], err[2];
+  if (pipe2(out, O_CLOEXEC | O_NONBLOCK) != 0) {
+    return Status::Io(std::string("pipe: ") + std::strerror(errno));
+  }
+  if (pipe2(err, O_CLOEXEC | O_NONBLOCK) != 0) {
+    close(out[0]);
+    close(out[1]);
+    return Status::Io(std::string("pipe: ") + std::strerror(errno));
+  }
+  Result<int> pid = ForkExec(spec, out[1], err[1]);
+  close(out[1]);
+  close(err[1]);
+  // The pipes are read even when exec failed: the mux closes them at EOF.
+  mux_.Add(out[0], ToStreamRoute(spec.out));
+  mux_.Add(err[0], ToStreamRoute(spec.err));
+  return pid;
+}
+
+Result<int> PosixWorkerGroup::ForkExec(const WorkerSpec& spec, int out_fd, int err_fd) {
+  // Everything the child touches is prepared before fork: after it only
+  // async-signal-safe calls are allowed (no allocation, no logging).
+  std::vector<char*> argv, envp;
+  for (const auto& a : spec.argv) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  for (const auto& e : spec.env) envp.push_back(const_cast<char*>(e.c_str()));
+  envp.push_back(nullptr);
+  // exec failures travel back through a close-on-exec pipe: EOF = exec'd.
+  int status_pipe[2];
+  if (pipe2(status_pipe, O_CLOEXEC) != 0) {
+    return Status::Io(std::string("pipe: ") + std::strerror(errno));
+  }
+  pid_t parent = getpid();
+  pid_t pid = fork();
+  if (pid < 0) {
+    int error = errno;
+    close(status_pipe[0]);
+    close(status_pipe[1]);
+    return Status::Io(std::string("fork: ") + std::strerror(error));
+  }
+  if (pid == 0) {
+    setpgid(0, 0);
+    // PDEATHSIG is armed after fork: if dtrun died in between, the parent
+    // is already someone else, and the worker must not run unwatched.
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent) _exit(127);
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, nullptr);
+    signal(SIGPIPE, SIG_DFL);
+    dup2(out_fd, 1);
+    dup2(err_fd, 2);
+    execve(argv[0], argv.data(), envp.data());
+    int error = errno;
+    (void)!write(status_pipe[1], &error, sizeof(error));
+    _exit(127);
+  }
+  setpgid(pid, pid);  // also in the parent, so Signal never races the child
+  close(status_pipe[1]);
+  int error = 0;
+  ssize_t n;
+  do {
+    n = read(status_pipe[0], &error, sizeof(error));
+  } while (n < 0 && errno == EINTR);
+  close(status_pipe[0]);
+  // Even a failed exec leaves a child to reap (it exits 127).
+  local_rank_of_[pid] = spec.local_rank;
+  if (n == sizeof(error)) {
+    return Status::Io("cannot execute '" + spec.argv[0] + "': " + std::strerror(error));
+  }
+  return pid;
+}
+
+void PosixWorkerGroup::Signal(int pid, int signo) {
+  if (local_rank_of_.count(pid) == 0) return;  // already reaped: pid may be reused
+  // The group first (a worker's own children); the pid alone if the worker
+  // has not yet made its group (only possible before setpgid in the child).
+  if (kill(-pid, signo) != 0) kill(pid, signo);
+}
+
+std::vector<WorkerExit> PosixWorkerGroup::Reap() {
+  std::vector<WorkerExit> out;
+  for (;;) {
+    int status = 0;
+    pid_t pid = waitpid(-1, &status, WNOHANG);
+    if (pid <= 0) break;
+    auto it = local_rank_of_.find(pid);
+    if (it == local_rank_of_.end()) continue;  // a tool's, or a worker's orphan we adopted
+    WorkerExit e;
+    e.local_rank = it->second;
+    e.pid = pid;
+    if (WIFEXITED(status)) e.exit_code = WEXITSTATUS(status);
+    if (WIFSIGNALED(status)) e.signal = WTERMSIG(status);
+    local_rank_of_.erase(it);
+    out.push_back(e);
+  }
+  return out;
+}
+
+void PosixWorkerGroup::ReadPending(milliseconds limit) {
+  auto until = steady_clock::now() + limit;
+  while (steady_clock::now() < until &&
+         PollOutput(mux_.fds(), 10, [this](int fd) { mux_.OnReadable(fd); })) {
+  }
+}
+
+void PosixWorkerGroup::Drain(milliseconds limit) {
+  auto until = steady_clock::now() + limit;
+  while (!mux_.fds().empty() && steady_clock::now() < until) {
+    PollOutput(mux_.fds(), 50, [this](int fd) { mux_.OnReadable(fd); });
+  }
+  mux_.CloseAll();
+}
+
+void PosixWorkerGroup::RunTools(const std::vector<ToolRun>& tools, milliseconds limit) {
+  std::vector<int> pids;
+  for (const ToolRun& tool : tools) {
+    int pid = SpawnTool(tool);
+    if (pid > 0) pids.push_back(pid);
+  }
+  // waitpid on each tool's own pid, never -1: workers are reaped by Reap().
+  auto until = steady_clock::now() + limit;
+  while (!pids.empty()) {
+    for (size_t i = 0; i < pids.size();) {
+      if (waitpid(pids[i], nullptr, WNOHANG) != 0) {
+        pids.erase(pids.begin() + i);
+      } else {
+        ++i;
+      }
+    }
+    if (pids.empty() || steady_clock::now() < until) {
+      usleep(10000);
+      continue;
+    }
+    for (int pid : pids) {
+      kill(pid, SIGKILL);
+      waitpid(pid, nullptr, 0);
+    }
+    return;
+  }
+}
+
+}  // namespace dtrun::agent

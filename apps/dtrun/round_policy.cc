@@ -1,0 +1,101 @@
+// The multi-node decision table, pure. Each branch mirrors one case torchrun's
+// agent handles in its monitor loop (a local failure, a new round elsewhere,
+// the job closed, the store lost); the exit codes are dtrun's own
+// (exit_code.h), never derived from a message's wording.
+#include "apps/dtrun/round_policy.h"
+
+#include <cstdio>
+
+#include "apps/dtrun/exit_code.h"
+
+namespace dtrun::agent {
+namespace {
+
+using Kind = RoundStep::Kind;
+
+RoundStep Step(Kind kind, std::string why = "") {
+  RoundStep s;
+  s.kind = kind;
+  s.why = std::move(why);
+  return s;
+}
+
+RoundStep Exit(int code, bool stop_workers, std::string why) {
+  RoundStep s = Step(Kind::kExit, std::move(why));
+  s.exit_code = code;
+  s.stop_workers = stop_workers;
+  return s;
+}
+
+}  // namespace
+
+RoundStep RoundPolicy::OnLocal(GroupOutcome outcome, int stop_signal) {
+  switch (outcome) {
+    case GroupOutcome::kSignaled:
+      return Exit(ExitBySignal(stop_signal), false, "");
+    case GroupOutcome::kStopped:
+      return Step(Kind::kRejoin);
+    case GroupOutcome::kFailed:
+      return Step(Kind::kReportFailure);
+    case GroupOutcome::kSucceeded:
+      return done_marked_ ? Step(Kind::kWait) : Step(Kind::kMarkDone);
+    case GroupOutcome::kRunning:
+      break;
+  }
+  return Step(Kind::kWait);
+}
+
+RoundStep RoundPolicy::OnFailureReported(bool job_goes_on) {
+  // Restarts left: every node meets again in the next round. Otherwise this
+  // node's failure ended the job, and its summary is the one that counts.
+  return job_goes_on ? Step(Kind::kRejoin) : Step(Kind::kExitWithSummary);
+}
+
+RoundStep RoundPolicy::OnCheck(const Result<rdzv::RoundEvent>& event, GroupOutcome outcome,
+                               TimePoint now) {
+  if (!event.ok()) {
+    // The store's host may be gone, or only our link. Give it as long as a
+    // node may stay silent (by then the others have declared this one
+    // dead), then give up.
+    auto silent = now - last_ok_;
+    if (silent <= silent_limit_) return Step(Kind::kWait);
+    char why[160];
+    std::snprintf(why, sizeof(why), "rendezvous store unreachable for %.1f s: ",
+                  std::chrono::duration<double>(silent).count());
+    return Exit(kExitRendezvous, true, why + event.status().message());
+  }
+  last_ok_ = now;
+  bool succeeded = outcome == GroupOutcome::kSucceeded;
+  switch (event.value()) {
+    case rdzv::RoundEvent::kNone:
+      break;
+    case rdzv::RoundEvent::kAllDone:
+      if (succeeded) return Exit(kExitSuccess, false, "all nodes succeeded");
+      break;
+    case rdzv::RoundEvent::kRestart:
+      // Done here already: nothing to stop, the next round takes this node.
+      if (succeeded) return Step(Kind::kRejoin);
+      if (stopping_) break;
+      stopping_ = true;
+      return Step(Kind::kStopWorkers, "the round is over elsewhere; stopping local workers to rejoin");
+    case rdzv::RoundEvent::kClosed:
+      return Exit(kExitFailedElsewhere, true, "the job failed");
+  }
+  return Step(Kind::kWait);
+}
+
+int JoinFailedExitCode(const Status& status, rdzv::EndReason reason, int stop_signal) {
+  switch (status.code()) {
+    case Status::Code::kCanceled:
+      return ExitBySignal(stop_signal);
+    case Status::Code::kInvalid:
+      // The job was closed before this node could join: by failures past
+      // --max-restarts (like any node of a failed job), or by a
+      // configuration the nodes disagree on.
+      return reason == rdzv::EndReason::kWorkersFailed ? kExitFailedElsewhere : kExitUsage;
+    default:
+      return kExitRendezvous;
+  }
+}
+
+}  // namespace dtrun::agent

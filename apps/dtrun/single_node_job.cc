@@ -1,0 +1,96 @@
+// One node with its own store: the simplest job. Restarts are the Agent's
+// (--max-restarts); each attempt gets an empty key space in the same store,
+// so workers keep MASTER_PORT across restarts as torchrun's do.
+#include "apps/dtrun/single_node_job.h"
+
+#include "apps/dtrun/exit_code.h"
+#include "rendezvous/log.h"
+#include "rendezvous/os_util.h"
+#include "rendezvous/store_client.h"
+#include "rendezvous/store_server.h"
+#include "rendezvous/store_state.h"
+
+namespace dtrun::agent {
+
+SingleNodeJob::SingleNodeJob(const LaunchConfig& config, WorkerGroup* workers,
+                             const Clock* clock)
+    : config_(config), group_(config, workers, clock, &signals_, /*elastic=*/false) {
+  group_.before_start = [this](int restart_count) { BeforeAttempt(restart_count); };
+  if (config_.interactive) group_.on_worker_crash = [this](const WorkerCrash& c) { OnCrash(c); };
+}
+
+SingleNodeJob::~SingleNodeJob() {
+  console_link_.reset();  // before the server it talks to
+  if (store_) store_->Stop();
+}
+
+Status SingleNodeJob::StartStore() {
+  rdzv::StoreServerOptions opts;
+  opts.host = config_.master_addr;
+  // --standalone always takes a free port, as torchrun does.
+  opts.port = config_.standalone ? 0 : config_.master_port.value_or(0);
+  auto server = rdzv::StoreServer::Start(opts);
+  if (!server.ok()) return server.status();
+  store_ = std::move(*server);
+  store_->RunInBackground();
+  group_.attempt().master_addr = config_.master_addr;
+  group_.attempt().master_port = store_->port();
+  return Status::Ok();
+}
+
+int SingleNodeJob::Run() {
+  auto log = Logger("dtrun.agent");
+  Status s = StartStore();
+  if (!s.ok()) {
+    log->error("{}", s.message());
+    return kExitRendezvous;
+  }
+  s = group_.Prepare(config_.standalone ? os::RandomHex(12) : config_.rdzv_id);
+  if (!s.ok()) {
+    log->error("{}", s.message());
+    return kExitUsage;
+  }
+  const AttemptEnv& a = group_.attempt();
+  log->info("store at {}:{}; run id {}; {} worker(s) of {}; logs in {}", a.master_addr,
+            a.master_port, a.run_id, config_.nproc_per_node, config_.entrypoint[0],
+            group_.run_dir());
+  if (on_store_ready) on_store_ready(a.master_addr, a.master_port, group_.run_dir());
+  group_.Start();
+  while (group_.outcome() == GroupOutcome::kRunning) group_.PollOnce(-1);
+  int rc = kExitSuccess;
+  if (group_.outcome() == GroupOutcome::kSignaled) rc = ExitBySignal(group_.stop_signal());
+  if (group_.outcome() == GroupOutcome::kFailed) rc = group_.ReportFailure();
+  group_.Finish(rc == kExitSuccess);
+  return rc;
+}
+
+void SingleNodeJob::BeforeAttempt(int restart_count) {
+  if (restart_count == 0) return;
+  // A fresh key space: torch >= 2.x workers use no per-attempt prefix, so
+  // keys of the failed attempt (e.g. a stale NCCL unique id) must not
+  // survive. (With rendezvous, each round has a new store instead.)
+  store_->WithState([](rdzv::StoreState& state) { state.Clear(); });
+  if (last_crash_) PublishLastCrash();  // ... but the console still needs this
+}
+
+void SingleNodeJob::OnCrash(const WorkerCrash& crash) {
+  last_crash_ = crash;
+  ++crashes_;
+  PublishLastCrash();
+}
+
+void SingleNodeJob::PublishLastCrash() {
+  if (!console_link_) {
+    rdzv::StoreClientOptions opts;
+    opts.host = group_.attempt().master_addr;
+    opts.port = static_cast<uint16_t>(group_.attempt().master_port);
+    opts.timeout = std::chrono::seconds(5);
+    auto client = rdzv::TcpStoreClient::Connect(opts);
+    if (!client.ok()) return;
+    console_link_ = std::move(*client);
+  }
+  Status s = PublishCrash(console_link_.get(), "dtrun/", *last_crash_, crashes_);
+  if (!s.ok()) Logger("dtrun.agent")->warn("cannot publish the crash for the console: {}", s.message());
+}
+
+}  // namespace dtrun::agent

@@ -1,0 +1,39 @@
+#pragma once
+
+#include <memory>
+#include <optional>
+
+#include "apps/dtrun/job.h"
+#include "apps/dtrun/signals.h"
+
+namespace dtrun::rdzv {
+class StoreServer;
+}
+
+namespace dtrun::agent {
+
+// One node, no rendezvous: hosts the workers' store, runs the local group
+// and restarts it up to --max-restarts (the Agent counts). The store's
+// event loop runs on a thread of its own; everything else on the caller's.
+class SingleNodeJob : public Job {
+ public:
+  SingleNodeJob(const LaunchConfig& config, WorkerGroup* workers, const Clock* clock);
+  ~SingleNodeJob() override;
+  int Run() override;
+
+ private:
+  Status StartStore();
+  void BeforeAttempt(int restart_count);
+  void OnCrash(const WorkerCrash& crash);
+  void PublishLastCrash();
+
+  LaunchConfig config_;
+  SignalFd signals_;  // first: blocks the signals before the store's thread starts
+  LocalGroup group_;
+  std::unique_ptr<rdzv::StoreServer> store_;
+  std::unique_ptr<rdzv::TcpStoreClient> console_link_;  // interactive: publishes crashes
+  std::optional<WorkerCrash> last_crash_;
+  int64_t crashes_ = 0;
+};
+
+}  // namespace dtrun::agent

@@ -1,0 +1,26 @@
+#include "rendezvous/describe.h"
+
+#include <cstdio>
+
+namespace dtrun::rdzv {
+
+std::string DescribeKeys(const std::vector<std::string>& keys) {
+  std::string out = "[";
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (i == 3 && keys.size() > 4) {
+      out += ", ... " + std::to_string(keys.size() - 3) + " more";
+      break;
+    }
+    out += (i ? ", " : "") + keys[i];
+  }
+  return out + "]";
+}
+
+std::string DescribeSeconds(std::chrono::nanoseconds d) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.2fs",
+                std::chrono::duration<double>(d).count());
+  return buf;
+}
+
+}  // namespace dtrun::rdzv

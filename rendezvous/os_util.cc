@@ -1,0 +1,112 @@
+#include "rendezvous/os_util.h"
+
+#include <ftw.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <random>
+#include <sstream>
+#include <vector>
+
+namespace dtrun::os {
+
+Status MakeDirs(const std::string& path) {
+  // Each prefix in turn; EEXIST is fine (another process may be making the
+  // same folder at the same moment, as ranks of one node do).
+  for (size_t i = 1; i <= path.size(); ++i) {
+    if (i != path.size() && path[i] != '/') continue;
+    std::string partial = path.substr(0, i);
+    if (mkdir(partial.c_str(), 0755) != 0 && errno != EEXIST) {
+      return Status::Io("cannot create the folder '" + partial + "': " + std::strerror(errno));
+    }
+  }
+  return Status::Ok();
+}
+
+Result<std::string> MakeTempDir(const std::string& prefix) {
+  const char* tmp = std::getenv("TMPDIR");
+  std::string templ = std::string(tmp && *tmp ? tmp : "/tmp") + "/" + prefix + "XXXXXX";
+  std::vector<char> buf(templ.begin(), templ.end());
+  buf.push_back('\0');
+  if (!mkdtemp(buf.data())) {
+    return Status::Io("cannot create a temporary folder '" + templ + "': " +
+                      std::strerror(errno) + "; set TMPDIR to a writable folder");
+  }
+  return std::string(buf.data());
+}
+
+void RemoveTree(const std::string& path) {
+  // Depth first, without following links: a link to elsewhere is removed,
+  // never what it points to.
+  nftw(
+      path.c_str(), [](const char* p, const struct stat*, int, FTW*) { return ::remove(p); }, 16,
+      FTW_DEPTH | FTW_PHYS);
+}
+
+Result<std::string> ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return Status::Io("cannot read '" + path + "': " + std::strerror(errno));
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+std::string ReadFileOrEmpty(const std::string& path) {
+  auto text = ReadFile(path);
+  return text.ok() ? *text : std::string();
+}
+
+std::string ReadTail(const std::string& path, size_t lines) {
+  std::vector<std::string> all;
+  std::stringstream in(ReadFileOrEmpty(path));
+  for (std::string line; std::getline(in, line);) all.push_back(line);
+  std::string out;
+  for (size_t i = all.size() > lines ? all.size() - lines : 0; i < all.size(); ++i) {
+    out += all[i] + "\n";
+  }
+  return out;
+}
+
+Status WriteFile(const std::string& path, std::string_view text) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(text.data(), static_cast<std::streamsize>(text.size()));
+  if (!out) return Status::Io("cannot write '" + path + "': " + std::strerror(errno));
+  return Status::Ok();
+}
+
+std::string HostName() {
+  char buf[256] = {};
+  if (gethostname(buf, sizeof(buf) - 1) != 0) return "";
+  return buf;
+}
+
+std::string FindInPath(const std::string& name) {
+  const char* path = std::getenv("PATH");
+  std::stringstream dirs(path ? path : "/usr/bin:/bin");
+  std::string dir;
+  while (std::getline(dirs, dir, ':')) {
+    std::string full = (dir.empty() ? "." : dir) + "/" + name;
+    if (access(full.c_str(), X_OK) == 0) return full;
+  }
+  return "";
+}
+
+std::string RandomHex(int digits) {
+  static const char* kHex = "0123456789abcdef";
+  std::mt19937_64 rng(std::random_device{}());
+  std::string out;
+  for (int i = 0; i < digits; ++i) out += kHex[rng() % 16];
+  return out;
+}
+
+double UnixNow() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+}  // namespace dtrun::os

@@ -1,0 +1,43 @@
+#pragma once
+
+// Small filesystem and host helpers shared by the launcher, the rendezvous
+// and the training library, so each exists once. Thread-safe: no state.
+
+#include <string>
+#include <string_view>
+
+#include "rendezvous/status.h"
+
+namespace dtrun::os {
+
+// Creates `path` and its missing parents (mkdir -p). Status::Io names the
+// folder that could not be made and why.
+Status MakeDirs(const std::string& path);
+
+// Creates a new private folder "<$TMPDIR or /tmp>/<prefix>XXXXXX" and
+// returns its path; Status::Io says to set TMPDIR when it cannot.
+Result<std::string> MakeTempDir(const std::string& prefix);
+
+// Removes `path` and everything under it (rm -rf); symlinks are not followed.
+// A missing path is not an error.
+void RemoveTree(const std::string& path);
+
+// The whole file; Status::Io names the file when it cannot be read.
+Result<std::string> ReadFile(const std::string& path);
+// The whole file, or "" when it is missing or unreadable.
+std::string ReadFileOrEmpty(const std::string& path);
+// The last `lines` lines of the file, each ending in '\n'; "" when unreadable.
+std::string ReadTail(const std::string& path, size_t lines);
+// Replaces the file's content; Status::Io names the file on failure.
+Status WriteFile(const std::string& path, std::string_view text);
+
+// This machine's host name (gethostname), "" if it has none.
+std::string HostName();
+// The first executable `name` in $PATH (or /usr/bin:/bin), "" if none.
+std::string FindInPath(const std::string& name);
+// `digits` random lowercase hex digits (not for secrets).
+std::string RandomHex(int digits);
+// Wall-clock seconds since the epoch (for reports, not for timeouts).
+double UnixNow();
+
+}  // namespace dtrun::os

@@ -1,0 +1,236 @@
+#include "apps/dtrun/local_group.h"
+
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <csignal>
+#include <cstdlib>
+
+#include "rendezvous/os_util.h"
+#include "tests/testing/fake_clock.h"
+#include "tests/testing/fake_worker_group.h"
+
+namespace dtrun::agent {
+namespace {
+
+using std::chrono::milliseconds;
+using testing::FakeWorkerGroup;
+
+std::string EnvOf(const WorkerSpec& spec, const std::string& key) {
+  for (const std::string& kv : spec.env) {
+    if (kv.compare(0, key.size() + 1, key + "=") == 0) return kv.substr(key.size() + 1);
+  }
+  return "<unset>";
+}
+
+// A LocalGroup of 3 workers over the fake, in a run folder of its own.
+class LocalGroupTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = *os::MakeTempDir("local-group-test-");
+    config_.nproc_per_node = 3;
+    config_.max_restarts = 1;
+    config_.term_timeout = milliseconds(500);
+    config_.log_dir = dir_;
+    config_.entrypoint = {"/bin/train"};
+    config_.worker_argv = {"/bin/train", "--lr=1"};
+  }
+  void TearDown() override { os::RemoveTree(dir_); }
+
+  LocalGroup& Make(bool elastic = false) {
+    group_ = std::make_unique<LocalGroup>(config_, &workers_, &clock_, nullptr, elastic);
+    EXPECT_TRUE(group_->Prepare("job7").ok());
+    group_->attempt().master_addr = "127.0.0.1";
+    group_->attempt().master_port = 29511;
+    return *group_;
+  }
+  // Every worker of the latest attempt exits with `code`.
+  void AllExit(int code) {
+    for (int pid : workers_.PidsFrom(workers_.spawned.size() - 3)) workers_.Exit(pid, code);
+    group_->OnChildExits();
+  }
+  int SignalsOf(int signo) const {
+    int n = 0;
+    for (const auto& s : workers_.signals) n += s.signo == signo;
+    return n;
+  }
+
+  std::string dir_;
+  LaunchConfig config_;
+  FakeWorkerGroup workers_;
+  testing::FakeClock clock_;
+  std::unique_ptr<LocalGroup> group_;
+};
+
+TEST_F(LocalGroupTest, StartsOneWorkerPerSlotWithTorchrunsEnvironment) {
+  Make().Start();
+  ASSERT_EQ(workers_.spawned.size(), 3u);
+  const WorkerSpec& w = workers_.spawned[2];
+  EXPECT_EQ(w.argv, config_.worker_argv);
+  EXPECT_EQ(EnvOf(w, "RANK"), "2");
+  EXPECT_EQ(EnvOf(w, "LOCAL_RANK"), "2");
+  EXPECT_EQ(EnvOf(w, "WORLD_SIZE"), "3");
+  EXPECT_EQ(EnvOf(w, "MASTER_PORT"), "29511");
+  EXPECT_EQ(EnvOf(w, "TORCHELASTIC_RESTART_COUNT"), "0");
+  EXPECT_EQ(w.out.prefix, "[rank2]:");
+  EXPECT_EQ(w.out.console_fd, 1);
+  EXPECT_EQ(w.err.console_fd, 2);
+  EXPECT_TRUE(w.out.file.empty());
+  EXPECT_EQ(group_->outcome(), GroupOutcome::kRunning);
+}
+
+TEST_F(LocalGroupTest, SucceedsWhenEveryWorkerExitsZero) {
+  Make().Start();
+  AllExit(0);
+  EXPECT_EQ(group_->outcome(), GroupOutcome::kSucceeded);
+  EXPECT_TRUE(workers_.signals.empty());
+}
+
+TEST_F(LocalGroupTest, AFailureStopsTheOthersAndRestartsTheGroup) {
+  std::vector<int> before_start;
+  Make().before_start = [&](int restart) { before_start.push_back(restart); };
+  group_->Start();
+  workers_.Exit(FakeWorkerGroup::kFirstPid + 1, 7);
+  group_->OnChildExits();
+  EXPECT_EQ(SignalsOf(SIGTERM), 3);
+  workers_.KillAll(SIGTERM);
+  group_->OnChildExits();
+  ASSERT_EQ(workers_.spawned.size(), 6u);
+  EXPECT_EQ(EnvOf(workers_.spawned[3], "TORCHELASTIC_RESTART_COUNT"), "1");
+  EXPECT_EQ(before_start, (std::vector<int>{0, 1}));
+  EXPECT_EQ(group_->outcome(), GroupOutcome::kRunning);
+}
+
+TEST_F(LocalGroupTest, FailsWithTheRootCausesCodeOnceRestartsAreUsedUp) {
+  config_.max_restarts = 0;
+  Make().Start();
+  workers_.Exit(FakeWorkerGroup::kFirstPid, 7);
+  group_->OnChildExits();
+  workers_.KillAll(SIGTERM);
+  group_->OnChildExits();
+  EXPECT_EQ(group_->outcome(), GroupOutcome::kFailed);
+  ::testing::internal::CaptureStderr();
+  EXPECT_EQ(group_->ReportFailure(), 7);
+  std::string summary = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(summary.find("exit code : 7"), std::string::npos) << summary;
+}
+
+TEST_F(LocalGroupTest, AWorkerThatCannotStartIsReportedWithTheReason) {
+  config_.max_restarts = 0;
+  workers_.fail_exec = {1};
+  Make().Start();
+  group_->OnChildExits();  // its 127
+  workers_.KillAll(SIGTERM);
+  group_->OnChildExits();
+  ASSERT_EQ(group_->outcome(), GroupOutcome::kFailed);
+  ::testing::internal::CaptureStderr();
+  EXPECT_EQ(group_->ReportFailure(), 127);
+  std::string summary = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(summary.find("cannot execute '/bin/train'"), std::string::npos) << summary;
+}
+
+TEST_F(LocalGroupTest, AStopSignalEscalatesToSigkillAfterTheGrace) {
+  Make().Start();
+  group_->OnStopSignal(SIGTERM);
+  EXPECT_EQ(SignalsOf(SIGTERM), 3);
+  clock_.Advance(milliseconds(499));
+  group_->OnTick();
+  EXPECT_EQ(SignalsOf(SIGKILL), 0);
+  clock_.Advance(milliseconds(2));
+  group_->OnTick();
+  EXPECT_EQ(SignalsOf(SIGKILL), 3);
+  workers_.KillAll(SIGKILL);
+  group_->OnChildExits();
+  EXPECT_EQ(group_->outcome(), GroupOutcome::kSignaled);
+  EXPECT_EQ(group_->stop_signal(), SIGTERM);
+}
+
+TEST_F(LocalGroupTest, WorkersThatOutliveSigkillAreAbandoned) {
+  Make().Start();
+  group_->OnStopSignal(SIGINT);
+  clock_.Advance(milliseconds(501));
+  group_->OnTick();  // SIGKILL; nobody exits (uninterruptible sleep)
+  EXPECT_EQ(group_->outcome(), GroupOutcome::kRunning);
+  clock_.Advance(milliseconds(10001));
+  group_->OnTick();
+  EXPECT_EQ(group_->outcome(), GroupOutcome::kSignaled);
+  workers_.KillAll(SIGKILL);  // late exits are ignored
+  group_->OnChildExits();
+  EXPECT_EQ(group_->outcome(), GroupOutcome::kSignaled);
+}
+
+TEST_F(LocalGroupTest, ElasticGroupsReportFailuresWithoutRestarting) {
+  config_.max_restarts = 5;
+  Make(/*elastic=*/true).StartRound(4);
+  EXPECT_EQ(EnvOf(workers_.spawned[0], "TORCHELASTIC_RESTART_COUNT"), "4");
+  workers_.Exit(FakeWorkerGroup::kFirstPid + 2, 1);
+  group_->OnChildExits();
+  workers_.KillAll(SIGTERM);
+  group_->OnChildExits();
+  EXPECT_EQ(group_->outcome(), GroupOutcome::kFailed);
+  EXPECT_EQ(workers_.spawned.size(), 3u);
+}
+
+TEST_F(LocalGroupTest, StoppingForANewRoundIsNotAFailure) {
+  Make(/*elastic=*/true).StartRound(0);
+  group_->StopForNewRound();
+  EXPECT_EQ(SignalsOf(SIGTERM), 3);
+  workers_.KillAll(SIGTERM);
+  group_->OnChildExits();
+  EXPECT_EQ(group_->outcome(), GroupOutcome::kStopped);
+  group_->StartRound(1);
+  EXPECT_EQ(group_->outcome(), GroupOutcome::kRunning);
+  EXPECT_EQ(workers_.spawned.size(), 6u);
+}
+
+TEST_F(LocalGroupTest, RedirectedStreamsGoToTheAttemptsFolder) {
+  config_.redirects = StreamSpec{2, {}};
+  Make().Start();
+  const WorkerSpec& w = workers_.spawned[1];
+  EXPECT_EQ(w.err.console_fd, -1);
+  EXPECT_EQ(w.out.console_fd, 1);
+  EXPECT_EQ(w.err.file, group_->run_dir() + "/attempt_0/1/stderr.log");
+  EXPECT_TRUE(w.out.file.empty());
+}
+
+TEST_F(LocalGroupTest, ACrashIsPublishedWithItsLastStderrLines) {
+  config_.redirects = StreamSpec{3, {}};
+  std::vector<WorkerCrash> crashes;
+  Make().on_worker_crash = [&](const WorkerCrash& c) { crashes.push_back(c); };
+  group_->Start();
+  std::string log = group_->run_dir() + "/attempt_0/2/stderr.log";
+  ASSERT_TRUE(os::WriteFile(log, "one\ntwo\nModuleNotFoundError: torch\n").ok());
+  workers_.Exit(FakeWorkerGroup::kFirstPid + 2, 1);
+  group_->OnChildExits();
+  ASSERT_EQ(crashes.size(), 1u);
+  EXPECT_EQ(crashes[0].rank, 2);
+  EXPECT_EQ(crashes[0].attempt, 0);
+  EXPECT_EQ(crashes[0].stderr_file, log);
+  EXPECT_EQ(crashes[0].stderr_tail, "one\ntwo\nModuleNotFoundError: torch\n");
+  EXPECT_EQ(workers_.read_pending_calls, 1);  // its last words were read first
+}
+
+TEST_F(LocalGroupTest, FinishDrainsOutputAndKeepsALogDir) {
+  Make().Start();
+  AllExit(0);
+  group_->Finish(true);
+  EXPECT_EQ(workers_.drain_calls, 1);
+  EXPECT_EQ(access(group_->run_dir().c_str(), F_OK), 0);
+}
+
+TEST_F(LocalGroupTest, ATemporaryRunFolderGoesOnlyWhenTheJobSucceeded) {
+  config_.log_dir.clear();
+  setenv("TMPDIR", dir_.c_str(), 1);
+  Make().Start();
+  std::string run_dir = group_->run_dir();
+  EXPECT_EQ(run_dir.rfind(dir_ + "/dtrun-job7_", 0), 0u) << run_dir;
+  group_->Finish(false);
+  EXPECT_EQ(access(run_dir.c_str(), F_OK), 0);
+  group_->Finish(true);
+  EXPECT_NE(access(run_dir.c_str(), F_OK), 0);
+  unsetenv("TMPDIR");
+}
+
+}  // namespace
+}  // namespace dtrun::agent
