@@ -2,34 +2,37 @@
 
 #include <dirent.h>
 #include <fcntl.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
-#include <sstream>
 
 #include "lib/sha256.h"
+#include "rendezvous/os_util.h"
 
 namespace dtrun::train {
 namespace {
 
 constexpr char kMagic[] = "DTCKPT1\n";
 constexpr size_t kMagicLen = 8, kHeaderLen = kMagicLen + 32 + 8;
+// Written in chunks so that a test can kill the writer halfway (on_chunk).
 constexpr size_t kChunk = 4 << 20;
 
 std::string Errno(const std::string& what) { return what + ": " + std::strerror(errno); }
 
-bool MakeDirs(const std::string& path) {
-  for (size_t i = 1; i <= path.size(); ++i) {
-    if (i == path.size() || path[i] == '/') {
-      if (mkdir(path.substr(0, i).c_str(), 0755) != 0 && errno != EEXIST) return false;
-    }
-  }
-  return true;
+// "DTCKPT1\n" | sha256(payload) | u64 length (LE). The length lets a reader
+// call a cut-off file truncated rather than merely corrupt.
+std::string Header(const std::string& payload) {
+  Sha256 sha;
+  sha.Update(payload);
+  auto digest = sha.Digest();
+  std::string header(kMagic, kMagicLen);
+  header.append(reinterpret_cast<const char*>(digest.data()), digest.size());
+  uint64_t len = payload.size();
+  header.append(reinterpret_cast<const char*>(&len), sizeof(len));
+  return header;
 }
 
 Status WriteAllFd(int fd, const char* p, size_t n, const std::function<void(size_t)>& on_chunk,
@@ -47,6 +50,53 @@ Status WriteAllFd(int fd, const char* p, size_t n, const std::function<void(size
   return Status::Ok();
 }
 
+// Writes header and payload to `tmp` and fsyncs it: the data must be on disk
+// before the rename publishes it, or a crash could leave the final name
+// pointing at a file whose blocks never made it.
+Status WriteSynced(const std::string& tmp, const std::string& payload,
+                   const std::function<void(size_t)>& on_chunk) {
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return Status::Io(Errno("creating " + tmp));
+  const std::string header = Header(payload);
+  size_t written = 0;
+  Status s = WriteAllFd(fd, header.data(), header.size(), on_chunk, &written, tmp);
+  if (s.ok()) s = WriteAllFd(fd, payload.data(), payload.size(), on_chunk, &written, tmp);
+  if (s.ok() && ::fsync(fd) != 0) s = Status::Io(Errno("fsync " + tmp));
+  ::close(fd);
+  return s;
+}
+
+// The rename is durable only once the folder itself is synced. Best effort:
+// the file is complete either way, only its name might not survive a crash.
+void SyncFolder(const std::string& dir) {
+  int dfd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd < 0) return;
+  ::fsync(dfd);
+  ::close(dfd);
+}
+
+// Shards of steps no longer kept, and of older steps that never got a
+// manifest (a crash between shards and manifest). Shards of later steps
+// are left alone: they may belong to a checkpoint being written.
+void DeleteStaleShards(const std::string& dir, int64_t step, const std::vector<int64_t>& kept) {
+  DIR* d = opendir(dir.c_str());
+  if (!d) return;
+  std::vector<std::string> doomed;
+  while (dirent* e = readdir(d)) {
+    long long shard_step = 0;
+    int rank = 0, used = 0;
+    if (std::sscanf(e->d_name, "ckpt_%lld.shard_%d.dtck%n", &shard_step, &rank, &used) == 2 &&
+        e->d_name[used] == '\0' &&
+        std::find(kept.begin(), kept.end(), shard_step) == kept.end() && shard_step <= step) {
+      doomed.push_back(dir + "/" + e->d_name);
+    }
+  }
+  closedir(d);
+  // Unlinked after the walk: POSIX leaves unspecified what readdir returns
+  // for entries removed while it runs.
+  for (const auto& path : doomed) ::unlink(path.c_str());
+}
+
 }  // namespace
 
 CheckpointDir::CheckpointDir(std::string dir, int keep_last)
@@ -54,30 +104,24 @@ CheckpointDir::CheckpointDir(std::string dir, int keep_last)
 
 std::string CheckpointDir::PathFor(int64_t step) const {
   char name[64];
+  // Zero-padded so that names sort as steps do.
   std::snprintf(name, sizeof(name), "/ckpt_%012lld.dtck", static_cast<long long>(step));
   return dir_ + name;
 }
 
+// Temporary file, fsync, rename over the final name, fsync the folder: in
+// that order a reader sees either the old file or the whole new one. The
+// temporary name carries the pid, so ranks writing shards to one folder
+// never share one.
 Status WriteCheckpointFile(const std::string& final_path, const std::string& payload,
                            const std::function<void(size_t)>& on_chunk) {
   const std::string dir = final_path.substr(0, final_path.rfind('/') + 1);
-  if (!dir.empty() && !MakeDirs(dir)) return Status::Io(Errno("creating checkpoint folder " + dir));
-  Sha256 sha;
-  sha.Update(payload);
-  auto digest = sha.Digest();
-  std::string header(kMagic, kMagicLen);
-  header.append(reinterpret_cast<const char*>(digest.data()), digest.size());
-  uint64_t len = payload.size();
-  header.append(reinterpret_cast<const char*>(&len), sizeof(len));
-
-  std::string tmp = final_path + ".tmp." + std::to_string(getpid());
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return Status::Io(Errno("creating " + tmp));
-  size_t written = 0;
-  Status s = WriteAllFd(fd, header.data(), header.size(), on_chunk, &written, tmp);
-  if (s.ok()) s = WriteAllFd(fd, payload.data(), payload.size(), on_chunk, &written, tmp);
-  if (s.ok() && ::fsync(fd) != 0) s = Status::Io(Errno("fsync " + tmp));
-  ::close(fd);
+  if (!dir.empty()) {
+    Status made = os::MakeDirs(dir);
+    if (!made.ok()) return Status::Io("checkpoint: " + made.message());
+  }
+  const std::string tmp = final_path + ".tmp." + std::to_string(getpid());
+  Status s = WriteSynced(tmp, payload, on_chunk);
   if (s.ok() && ::rename(tmp.c_str(), final_path.c_str()) != 0) {
     s = Status::Io(Errno("renaming " + tmp));
   }
@@ -85,21 +129,16 @@ Status WriteCheckpointFile(const std::string& final_path, const std::string& pay
     ::unlink(tmp.c_str());
     return s;
   }
-  // The rename is durable only once the folder itself is synced.
-  int dfd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd >= 0) {
-    ::fsync(dfd);
-    ::close(dfd);
-  }
+  SyncFolder(dir);
   return Status::Ok();
 }
 
+// Every failure is Status::Invalid: to LoadLatest() an unreadable file is
+// one more checkpoint to skip, whatever the reason.
 Result<std::string> ReadCheckpointFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return Status::Invalid("cannot open (" + std::string(std::strerror(errno)) + ")");
-  std::stringstream buf;
-  buf << in.rdbuf();
-  std::string data = buf.str();
+  auto read = os::ReadFile(path);
+  if (!read.ok()) return Status::Invalid(read.status().message());
+  const std::string& data = *read;
   if (data.size() < kHeaderLen || data.compare(0, kMagicLen, kMagic) != 0) {
     return Status::Invalid("not a dtrun checkpoint (bad header)");
   }
@@ -119,29 +158,17 @@ Result<std::string> ReadCheckpointFile(const std::string& path) {
 }
 
 Status CheckpointDir::Write(int64_t step, const std::string& payload) {
-  if (!MakeDirs(dir_)) return Status::Io(Errno("creating checkpoint folder " + dir_));
-  Status s = WriteCheckpointFile(PathFor(step), payload, on_chunk);
+  Status s = os::MakeDirs(dir_);
+  if (!s.ok()) return Status::Io("checkpoint: " + s.message());
+  s = WriteCheckpointFile(PathFor(step), payload, on_chunk);
   if (!s.ok()) return s;
+  // Pruned only after the new file is durable: a crash in between leaves one
+  // checkpoint too many, never one too few.
   auto steps = Steps();
   std::vector<int64_t> kept(steps.begin(),
                             steps.begin() + std::min(steps.size(), static_cast<size_t>(keep_last_)));
   for (size_t i = kept.size(); i < steps.size(); ++i) ::unlink(PathFor(steps[i]).c_str());
-  // Shards of steps no longer kept, and of older steps that never got a
-  // manifest (a crash between shards and manifest).
-  if (DIR* d = opendir(dir_.c_str())) {
-    std::vector<std::string> doomed;
-    while (dirent* e = readdir(d)) {
-      long long shard_step = 0;
-      int rank = 0, used = 0;
-      if (std::sscanf(e->d_name, "ckpt_%lld.shard_%d.dtck%n", &shard_step, &rank, &used) == 2 &&
-          e->d_name[used] == '\0' &&
-          std::find(kept.begin(), kept.end(), shard_step) == kept.end() && shard_step <= step) {
-        doomed.push_back(dir_ + "/" + e->d_name);
-      }
-    }
-    closedir(d);
-    for (const auto& path : doomed) ::unlink(path.c_str());
-  }
+  DeleteStaleShards(dir_, step, kept);
   return Status::Ok();
 }
 
@@ -173,6 +200,9 @@ std::vector<int64_t> CheckpointDir::Steps() const {
   return steps;
 }
 
+// Newest first, past any that fail to verify or to be accepted: a crash
+// mid-write or a lost shard costs the steps since the previous good
+// checkpoint, not the run.
 std::optional<CheckpointDir::Loaded> CheckpointDir::LoadLatest(
     std::vector<std::string>* skipped, const std::function<Status(const Loaded&)>& accept) const {
   for (int64_t step : Steps()) {

@@ -10,6 +10,8 @@
 
 namespace dtrun::train {
 
+// sklearn's digits.csv.gz: 64 pixel values (0..16) and the label per line.
+// Pixels are scaled to [0, 1], as sklearn's examples do.
 Result<Dataset> LoadDigits(const std::string& path) {
   gzFile f = gzopen(path.c_str(), "rb");
   if (!f) {
@@ -40,6 +42,9 @@ Result<Dataset> LoadDigits(const std::string& path) {
   return d;
 }
 
+// Gaussian clusters around class centres spread twice as wide as the noise:
+// separable, but not in a single step. Classes take turns, so any prefix is
+// balanced.
 Dataset MakeSynthetic(int samples, int features, int classes, uint64_t seed) {
   std::mt19937_64 rng(seed);
   std::normal_distribution<float> normal(0.f, 1.f);
@@ -56,6 +61,8 @@ Dataset MakeSynthetic(int samples, int features, int classes, uint64_t seed) {
   return d;
 }
 
+// Every k-th row goes to the test set: no randomness, so every rank and
+// every run agree on the split without talking to each other.
 void SplitTrainTest(const Dataset& all, double test_fraction, Dataset* train, Dataset* test) {
   size_t every = test_fraction > 0 ? static_cast<size_t>(std::lround(1.0 / test_fraction)) : 0;
   for (Dataset* d : {train, test}) {
@@ -71,6 +78,11 @@ void SplitTrainTest(const Dataset& all, double test_fraction, Dataset* train, Da
   }
 }
 
+// A pure function of the step: the sampler keeps no state, so a run resumed
+// at step s draws exactly the batches of an unbroken one. All ranks shuffle
+// with the same seed per epoch and rank r takes its slice of the global
+// batch, so no sample is seen twice in a step. Without drop_last the last
+// batch of an epoch wraps around to its start.
 std::vector<int64_t> StepIndices(size_t rows, int batch, int world, int rank, int64_t step,
                                  uint64_t seed, bool drop_last) {
   int64_t global = static_cast<int64_t>(batch) * world;

@@ -28,6 +28,8 @@ class ShmComm {
  public:
   ShmComm(std::unique_ptr<ShmAllreduce> shm, std::chrono::milliseconds timeout)
       : shm_(std::move(shm)), timeout_(timeout), thread_([this] { Loop(); }) {}
+  // Queued jobs still run before the thread exits (Loop() drains the
+  // queue): each one's promise is kept, so no Wait() hangs on a broken one.
   ~ShmComm() {
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -53,6 +55,8 @@ class ShmComm {
     size_t offset, n;
     std::promise<Status> done;
   };
+  // One job at a time, in queue order: the barriers inside Allreduce() pair
+  // up across ranks only if every rank runs the same ranges in the same order.
   void Loop() {
     for (;;) {
       std::unique_lock<std::mutex> lock(mu_);
@@ -76,6 +80,11 @@ class ShmComm {
 
 }  // namespace
 
+// Rank 0 creates the segment under a name unique to this run (pid and
+// random bits: two jobs on one host never open each other's) and broadcasts
+// it; an empty name means it could not. The MIN all-reduce makes the verdict
+// unanimous: if any rank failed to open it, all use the process group, or
+// some would wait in shared-memory barriers that others never enter.
 std::unique_ptr<ShmAllreduce> OpenSharedMemoryAllreduce(ProcessGroup& pg, size_t floats,
                                                         std::string* why) {
   const int world = pg.getSize(), rank = pg.getRank();
@@ -143,6 +152,9 @@ struct DistributedDataParallel::Impl {
     pg->broadcast(v, o)->wait();
   }
 
+  // Buckets depend only on the parameters' sizes and the cap, so every rank
+  // builds the same ones: collectives pair up across ranks by the order they
+  // are issued in, so every rank must issue the same ones.
   void BuildBuckets() {
     const int64_t cap = static_cast<int64_t>(opts.bucket_cap_mb * 1024 * 1024);
     // The first bucket (the last layers, whose gradients come first) is small,
@@ -151,7 +163,9 @@ struct DistributedDataParallel::Impl {
     bucket_of.assign(params.size(), 0);
     offset_of.assign(params.size(), 0);
     int64_t bytes = 0;
-    for (size_t k = params.size(); k-- > 0;) {  // reverse registration order
+    // Reverse registration order: backward produces the last layers'
+    // gradients first, so buckets fill (and start) one after another.
+    for (size_t k = params.size(); k-- > 0;) {
       const at::Tensor& p = params[k];
       int64_t size = p.numel() * static_cast<int64_t>(p.element_size());
       int64_t limit = buckets.size() <= 1 ? first_cap : cap;
@@ -227,6 +241,9 @@ struct DistributedDataParallel::Impl {
     LaunchReady();
   }
 
+  // Strictly in bucket order, even when a later bucket fills first (autograd
+  // may finish gradients in another order on another rank): a bucket waits
+  // for its predecessors, so the all-reduces match up across ranks.
   void LaunchReady() {
     while (next_launch < buckets.size() && buckets[next_launch].pending == 0) {
       Bucket& b = buckets[next_launch];
@@ -240,6 +257,8 @@ struct DistributedDataParallel::Impl {
     }
   }
 
+  // A failed shared-memory all-reduce (a local rank died or hangs) throws,
+  // as a failed gloo collective does, so the trainer fails the same way.
   void Wait(Bucket& b) {
     if (!shm) {
       b.work->wait();
@@ -250,6 +269,9 @@ struct DistributedDataParallel::Impl {
     if (!s.ok()) throw Error("DDP: rank " + std::to_string(pg->getRank()) + ": " + s.message());
   }
 
+  // Parameters that got no gradient this step (an unused branch) would keep
+  // their bucket from ever launching, and every rank would wait for it.
+  // With find_unused_parameters they contribute what .grad holds (or zeros).
   void FillUnused() {
     for (size_t k = 0; k < params.size(); ++k) {
       if (ready[k]) continue;
@@ -281,6 +303,8 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Modu
   d.pg = pg;
   d.opts = options;
   {
+    // Rank 0's weights everywhere: replicas start identical whatever each
+    // rank's initialisation did.
     at::NoGradGuard no_grad;
     for (auto& p : d.module->parameters()) d.Broadcast(p.data());
     if (options.broadcast_buffers) {
@@ -309,6 +333,9 @@ void DistributedDataParallel::SyncGradients() {
   d.FillUnused();
   d.LaunchReady();
   const double world = d.pg->getSize();
+  // The sum divided by the world size: the mean gradient, as PyTorch's DDP.
+  // Copied out rather than aliased: the bucket (maybe in shared memory that
+  // other ranks read) is refilled next step.
   for (auto& b : d.buckets) {
     d.Wait(b);
     b.flat.div_(world);
@@ -327,6 +354,8 @@ void DistributedDataParallel::SyncGradients() {
   d.next_launch = 0;
 }
 
+// While off, hooks return at once and gradients accumulate in .grad on this
+// rank; the next synced backward's hooks add them into the buckets.
 DistributedDataParallel::NoSync::NoSync(DistributedDataParallel& ddp) : ddp_(ddp) {
   ddp_.impl_->sync = false;
 }

@@ -33,6 +33,7 @@ Status ReadInt(const std::map<std::string, std::string>& env, const char* key, b
 
 Result<DistEnv> ReadDistEnv(const std::map<std::string, std::string>& env) {
   DistEnv d;
+  // WORLD_SIZE first: RANK's range depends on it.
   Status s = ReadInt(env, "WORLD_SIZE", true, 1, 1, 1 << 24, &d.world_size);
   if (s.ok()) s = ReadInt(env, "RANK", true, 0, 0, d.world_size - 1, &d.rank);
   if (s.ok()) s = ReadInt(env, "LOCAL_RANK", false, 0, 0, 1 << 24, &d.local_rank);
@@ -48,7 +49,7 @@ Result<DistEnv> ReadDistEnv(const std::map<std::string, std::string>& env) {
   }
   d.master_addr = addr->second;
   auto id = env.find("TORCHELASTIC_RUN_ID");
-  d.run_id = id == env.end() ? "none" : id->second;
+  d.run_id = id == env.end() ? "none" : id->second;  // torchrun's default
   return d;
 }
 

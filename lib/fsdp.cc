@@ -46,6 +46,8 @@ int64_t Bytes(const at::Tensor& t) {
 }  // namespace
 
 struct FullyShardedDataParallel::Impl {
+  using StateDicts = std::vector<std::map<std::string, at::Tensor>>;
+
   struct Unit {
     size_t first_child = 0, end_child = 0;
     std::vector<at::Tensor> params;  // the module's parameters: views of `full`
@@ -90,7 +92,9 @@ struct FullyShardedDataParallel::Impl {
     return !nccl && t.scalar_type() == at::kBFloat16 ? t.view(at::kHalf) : t;
   }
 
-  // All-gathers `src_` ([S] per rank) into `dst_` ([S * world]).
+  // All-gathers `src_` ([S] per rank) into `dst_` ([S * world]). Gloo's
+  // allgather wants a list of outputs: they are slices of `dst`, so the
+  // result lands in place with no copy afterwards.
   c10::intrusive_ptr<c10d::Work> AllGather(const at::Tensor& dst_, const at::Tensor& src_) {
     at::Tensor dst = Wire(dst_), src = Wire(src_);
     if (nccl) {
@@ -105,6 +109,8 @@ struct FullyShardedDataParallel::Impl {
     return pg->allgather(out, in);
   }
 
+  // Asynchronous, so that a prefetched unit's parameters arrive while the
+  // current unit computes; EnsureGathered() waits.
   void LaunchGather(Unit& u) {
     if (u.gathered || u.gather_work) return;
     AllocStorage(u.full);
@@ -131,18 +137,26 @@ struct FullyShardedDataParallel::Impl {
     u.gathered = true;
   }
 
+  // Frees the storage but keeps the tensor: the parameters stay valid views
+  // for the module and autograd, and the next gather refills them.
   void Free(Unit& u) {
     if (!u.gathered) return;
     FreeStorage(u.full);
     u.gathered = false;
   }
 
+  // Backward visits units in reverse: unit k is gathered again (forward may
+  // have freed it) and unit k - 1, next in backward, is prefetched.
   void PreBackward(size_t k) {
     std::lock_guard<std::mutex> lock(mu);
     EnsureGathered(units[k]);
     if (opts.prefetch && k > 0) LaunchGather(units[k - 1]);
   }
 
+  // Autograd writes a parameter's .grad only after its hook returns, so the
+  // full-size .grad of a unit already reduced is dropped at the next hook
+  // (or in SyncGradients), not in the hook that launched its reduce-scatter.
+  // Kept, those would hold a full copy of every unit's gradients.
   void ClearParamGrads() {
     for (Unit& u : units) {
       if (!u.clear_param_grads) continue;
@@ -167,6 +181,8 @@ struct FullyShardedDataParallel::Impl {
     LaunchReadyReduceScatters();
   }
 
+  // In descending unit order on every rank, however the hooks interleave:
+  // collectives pair up across ranks by the order they are issued in.
   void LaunchReadyReduceScatters() {
     while (next_rs >= 0 && units[static_cast<size_t>(next_rs)].pending == 0) {
       LaunchReduceScatter(units[static_cast<size_t>(next_rs)]);
@@ -185,7 +201,8 @@ struct FullyShardedDataParallel::Impl {
       u.rs_out = at::empty({u.shard_size}, u.grad_full.options());
       u.rs_work = pg->_reduce_scatter_base(u.rs_out, u.grad_full);
     } else {
-      // Chunk j of every rank's gradient goes to rank j; rank j sums them.
+      // Chunk j of every rank's gradient goes to rank j; rank j sums them
+      // (FinishReduceScatter). Gloo in 1.13 has no reduce-scatter.
       u.rs_out = at::empty({u.padded}, u.grad_full.options());
       std::vector<int64_t> equal_splits;
       at::Tensor out = Wire(u.rs_out), in = Wire(u.grad_full);
@@ -197,6 +214,8 @@ struct FullyShardedDataParallel::Impl {
     u.clear_param_grads = true;
   }
 
+  // Averages over ranks and adds into the shard's gradient: with gradient
+  // accumulation each micro-batch's share sums up, as .grad does in DDP.
   void FinishReduceScatter(Unit& u) {
     if (u.rs_work) {
       Wait(u.rs_work);
@@ -216,7 +235,10 @@ struct FullyShardedDataParallel::Impl {
     u.pending = u.params.size();
   }
 
-  // Builds the units of the wrap policy.
+  // Builds the units of the wrap policy: with min_unit_params <= 0 each
+  // child with parameters starts a unit; otherwise consecutive children join
+  // one until it holds min_unit_params. A parameter shared by two children
+  // belongs to the first (`seen`), so it is sharded and reduced once.
   void BuildUnits() {
     const size_t n = model->size();
     std::set<c10::TensorImpl*> seen;
@@ -248,6 +270,11 @@ struct FullyShardedDataParallel::Impl {
     }
   }
 
+  // Each unit's parameters become one flat tensor, padded to a multiple of
+  // the world size so every rank's shard has the same size (collectives
+  // need equal parts), cut from rank 0's values (broadcast) so the shards
+  // fit together. The module's parameters become views of `full`, whose
+  // storage is then freed: between gathers a rank holds only its shard.
   void Shard() {
     at::NoGradGuard no_grad;
     for (Unit& u : units) {
@@ -284,6 +311,7 @@ struct FullyShardedDataParallel::Impl {
   }
 
   // Gathers a float32 tensor of `s` elements per rank into [s * world].
+  // Shards and optimizer state are float32 whatever param_dtype is.
   at::Tensor GatherFloat(const at::Tensor& part) {
     at::Tensor src = part.detach().to(device).contiguous();
     if (world == 1) return src.clone();
@@ -302,6 +330,8 @@ struct FullyShardedDataParallel::Impl {
     return a;
   }
 
+  // The optimizer steps the shards, so its per-parameter state is per shard
+  // too: this rank's slice of the unit's momentum or moments.
   std::map<std::string, at::Tensor> OptimizerState(torch::optim::Optimizer& opt, const Unit& u) {
     std::map<std::string, at::Tensor> out;
     auto it = opt.state().find(OptimizerStateKey(opt, u.shard));
@@ -339,6 +369,59 @@ struct FullyShardedDataParallel::Impl {
     } else {
       throw Error("FSDP checkpoints support SGD, Adam and AdamW optimizer state only");
     }
+  }
+
+  // The names saved for unit k ("param", optimizer state), after checking
+  // that every dict holds a unit of this model's size.
+  std::set<std::string> SavedNames(size_t k, const StateDicts& dicts) const {
+    const Unit& u = units[k];
+    const std::string pre = "u" + std::to_string(k) + ".";
+    std::set<std::string> names;
+    for (const auto& dict : dicts) {
+      auto numel = dict.find(pre + "numel");
+      if (numel == dict.end() || numel->second.item<int64_t>() != u.numel) {
+        throw Error("FSDP checkpoint: unit " + std::to_string(k) + " holds " +
+                    (numel == dict.end() ? std::string("nothing")
+                                         : std::to_string(numel->second.item<int64_t>()) +
+                                               " parameters") +
+                    ", this model's holds " + std::to_string(u.numel) +
+                    ": the model or the wrap policy changed since it was saved");
+      }
+      for (const auto& [key, t] : dict) {
+        if (key.compare(0, pre.size(), pre) == 0) names.insert(key.substr(pre.size()));
+      }
+    }
+    names.erase("begin");
+    names.erase("numel");
+    return names;
+  }
+
+  // This rank's shard of unit k's `name`, copied from the saved pieces that
+  // overlap it.
+  at::Tensor Reassemble(size_t k, const std::string& name, const StateDicts& dicts) const {
+    const Unit& u = units[k];
+    const std::string pre = "u" + std::to_string(k) + ".";
+    // The elements this rank owns now, clipped to the real (unpadded) ones.
+    const int64_t lo = rank * u.shard_size;
+    const int64_t hi = std::min(lo + u.shard_size, u.numel);
+    at::Tensor dest = at::zeros({u.shard_size}, at::kFloat);
+    int64_t covered = 0;
+    for (const auto& dict : dicts) {
+      auto it = dict.find(pre + name);
+      if (it == dict.end()) continue;
+      const int64_t b = dict.at(pre + "begin").item<int64_t>();
+      const int64_t e = std::min(b + it->second.numel(), u.numel);
+      const int64_t from = std::max(lo, b), to = std::min(hi, e);
+      if (from >= to) continue;
+      dest.narrow(0, from - lo, to - from).copy_(it->second.narrow(0, from - b, to - from));
+      covered += to - from;
+    }
+    if (covered != std::max<int64_t>(0, hi - lo)) {
+      throw Error("FSDP checkpoint: elements [" + std::to_string(lo) + ", " + std::to_string(hi) +
+                  ") of unit " + std::to_string(k) + "'s " + name + " are missing (" +
+                  std::to_string(covered) + " found): a shard file of the checkpoint is missing");
+    }
+    return dest.to(u.shard.device());
   }
 };
 
@@ -380,6 +463,8 @@ FullyShardedDataParallel::~FullyShardedDataParallel() = default;
 
 at::Tensor FullyShardedDataParallel::Forward(const at::Tensor& input) {
   Impl& d = *impl_;
+  // The input follows param_dtype, so mixed-precision layers see one dtype;
+  // the output goes back to float32 for the loss.
   const bool grad = at::GradMode::is_enabled();
   at::Tensor h = input.scalar_type() == at::kFloat && d.param_dtype != at::kFloat
                      ? input.to(d.param_dtype)
@@ -393,13 +478,17 @@ at::Tensor FullyShardedDataParallel::Forward(const at::Tensor& input) {
       if (d.opts.prefetch && k + 1 < d.units.size()) d.LaunchGather(d.units[k + 1]);
     }
     for (size_t c = u.first_child; c < u.end_child; ++c) h = (d.model->begin() + c)->forward(h);
+    // Without autograd (evaluation) nothing comes back for the parameters:
+    // free at once. In training the last unit stays gathered, since its
+    // backward comes first.
     const bool last = k + 1 == d.units.size();
     if (!grad) {
       d.Free(u);
     } else {
       if (d.opts.reshard_after_forward && !last) d.Free(u);
-      // Before this unit's backward: gather it again if freed, prefetch the
-      // unit before it.
+      // A hook on the unit's output runs when backward reaches it, just
+      // before this unit's own backward: gather it again if freed, and
+      // prefetch the unit before it.
       if (h.requires_grad()) {
         h.register_hook([raw, k](const at::Tensor& g) {
           raw->PreBackward(k);
@@ -457,6 +546,9 @@ std::map<std::string, at::Tensor> FullyShardedDataParallel::StateDict(torch::opt
     const std::string pre = "u" + std::to_string(k) + ".";
     std::map<std::string, at::Tensor> tensors = d.OptimizerState(opt, u);
     tensors["param"] = u.shard.detach();
+    // "step" is a scalar, the same on every rank. A full state gathers the
+    // shards and drops the padding; a sharded one keeps this rank's slice
+    // and where it begins, from which any world size can reassemble it.
     for (auto& [name, t] : tensors) {
       if (name == "step") {
         out[pre + name] = t.to(at::kCPU);
@@ -472,6 +564,10 @@ std::map<std::string, at::Tensor> FullyShardedDataParallel::StateDict(torch::opt
   return out;
 }
 
+// Resharding N -> M: every dict holds [begin, begin + len) of each unit's
+// flat tensors. This rank copies the overlap of each with its own [lo, hi)
+// and checks that the pieces cover it exactly, so that a missing shard file
+// is an error rather than zeros in the model.
 void FullyShardedDataParallel::LoadStateDicts(
     const std::vector<std::map<std::string, at::Tensor>>& dicts, torch::optim::Optimizer& opt) {
   Impl& d = *impl_;
@@ -480,50 +576,9 @@ void FullyShardedDataParallel::LoadStateDicts(
   for (size_t k = 0; k < d.units.size(); ++k) {
     Impl::Unit& u = d.units[k];
     const std::string pre = "u" + std::to_string(k) + ".";
-    std::set<std::string> names;
-    for (const auto& dict : dicts) {
-      auto numel = dict.find(pre + "numel");
-      if (numel == dict.end() || numel->second.item<int64_t>() != u.numel) {
-        throw Error("FSDP checkpoint: unit " + std::to_string(k) + " holds " +
-                    (numel == dict.end() ? std::string("nothing")
-                                         : std::to_string(numel->second.item<int64_t>()) +
-                                               " parameters") +
-                    ", this model's holds " + std::to_string(u.numel) +
-                    ": the model or the wrap policy changed since it was saved");
-      }
-      for (const auto& [key, t] : dict) {
-        if (key.compare(0, pre.size(), pre) == 0) names.insert(key.substr(pre.size()));
-      }
-    }
-    names.erase("begin");
-    names.erase("numel");
-    // The elements this rank owns now, clipped to the real (unpadded) ones.
-    const int64_t lo = d.rank * u.shard_size;
-    const int64_t hi = std::min(lo + u.shard_size, u.numel);
     std::map<std::string, at::Tensor> state;
-    for (const auto& name : names) {
-      if (name == "step") {
-        state[name] = dicts.front().at(pre + name);
-        continue;
-      }
-      at::Tensor dest = at::zeros({u.shard_size}, at::kFloat);
-      int64_t covered = 0;
-      for (const auto& dict : dicts) {
-        auto it = dict.find(pre + name);
-        if (it == dict.end()) continue;
-        const int64_t b = dict.at(pre + "begin").item<int64_t>();
-        const int64_t e = std::min(b + it->second.numel(), u.numel);
-        const int64_t from = std::max(lo, b), to = std::min(hi, e);
-        if (from >= to) continue;
-        dest.narrow(0, from - lo, to - from).copy_(it->second.narrow(0, from - b, to - from));
-        covered += to - from;
-      }
-      if (covered != std::max<int64_t>(0, hi - lo)) {
-        throw Error("FSDP checkpoint: elements [" + std::to_string(lo) + ", " + std::to_string(hi) +
-                    ") of unit " + std::to_string(k) + "'s " + name + " are missing (" +
-                    std::to_string(covered) + " found): a shard file of the checkpoint is missing");
-      }
-      state[name] = dest.to(u.shard.device());
+    for (const auto& name : d.SavedNames(k, dicts)) {
+      state[name] = name == "step" ? dicts.front().at(pre + name) : d.Reassemble(k, name, dicts);
     }
     if (!state.count("param")) throw Error("FSDP checkpoint: unit " + std::to_string(k) + " has no parameters");
     u.shard.detach().copy_(state["param"]);
@@ -534,6 +589,8 @@ void FullyShardedDataParallel::LoadStateDicts(
 
 size_t FullyShardedDataParallel::num_units() const { return impl_->units.size(); }
 
+// Storage bytes, as the allocator sees them (a view counts its whole
+// storage), so the number is comparable with the process's memory.
 int64_t FullyShardedDataParallel::HeldBytes(torch::optim::Optimizer& opt) const {
   Impl& d = *impl_;
   int64_t total = 0;

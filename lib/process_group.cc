@@ -48,6 +48,8 @@ class DtrunC10dStore : public c10d::Store {
   }
 
  private:
+  // Timeouts keep their own type: callers tell a slow peer from a broken
+  // store by it.
   void Check(const Status& s) {
     if (s.ok()) return;
     std::string msg = "rank " + std::to_string(rank_) + ": " + s.message();
@@ -74,6 +76,8 @@ struct Distributed::Impl {
 
 namespace {
 
+// Without NCCL in the build no GPU is usable by the process group, whatever
+// the machine has.
 int VisibleGpus() {
 #ifdef DTRUN_HAVE_NCCL
   return c10::cuda::device_count();
@@ -120,6 +124,7 @@ std::unique_ptr<Distributed> Distributed::FromEnv(const ProcessGroupOptions& opt
   copts.port = static_cast<uint16_t>(env->master_port);
   copts.timeout = options.timeout;
   copts.connect_timeout = options.connect_timeout;
+  // 1.13's dialect: torchrun's store answers it as well as dtrun's.
   copts.dialect = rdzv::Dialect::kTorch113;
   auto client = rdzv::TcpStoreClient::Connect(copts);
   if (!client.ok()) {
@@ -140,12 +145,15 @@ std::unique_ptr<Distributed> Distributed::FromEnv(const ProcessGroupOptions& opt
     return std::unique_ptr<Distributed>(new Distributed(std::move(impl)));
   }
 #endif
+  // GLOO_SOCKET_IFNAME as in PyTorch: without it gloo binds to the address
+  // the host name resolves to, which on some hosts is not the network the
+  // other nodes can reach.
   auto gloo = c10d::ProcessGroupGloo::Options::create(options.timeout);
   const char* ifname = std::getenv("GLOO_SOCKET_IFNAME");
   gloo->devices.push_back(ifname && *ifname
                               ? c10d::ProcessGroupGloo::createDeviceForInterface(ifname)
                               : c10d::ProcessGroupGloo::createDefaultDevice());
-  gloo->threads = 2;
+  gloo->threads = 2;  // PyTorch's default: DDP's bucket all-reduces overlap
   impl->pg = c10::make_intrusive<c10d::ProcessGroupGloo>(store, env->rank, env->world_size, gloo);
   return std::unique_ptr<Distributed>(new Distributed(std::move(impl)));
 }

@@ -2,6 +2,9 @@
 
 #include <cstring>
 
+// SHA-256 as FIPS 180-4 gives it, self-contained so that checkpoint
+// checksums and parameter hashes need no crypto library.
+
 namespace dtrun::train {
 namespace {
 
@@ -67,6 +70,8 @@ void Sha256::Update(const void* data, size_t size) {
   }
 }
 
+// Padding: 0x80, zeros up to 56 bytes into a block, then the message length
+// in bits, big-endian.
 std::array<uint8_t, 32> Sha256::Digest() {
   uint64_t bits = total_ * 8;
   uint8_t pad = 0x80;

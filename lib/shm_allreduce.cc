@@ -16,12 +16,19 @@ namespace {
 
 constexpr uint64_t kMagic = 0x6474726e73686d31;  // "dtrnshm1"
 constexpr int kMaxRanks = 512;
+// The control block gets a page of its own, so the regions after it start
+// page-aligned.
 constexpr size_t kHeaderBytes = 4096;
 
 std::string Errno(const std::string& what) { return what + ": " + std::strerror(errno); }
 
+// Each region is rounded up to whole cache lines: no line is written by two
+// ranks, which would bounce it between cores on every store.
 size_t RegionBytes(size_t floats) { return (floats * sizeof(float) + 63) / 64 * 64; }
 
+// The kernel sleeps only while *addr still equals `expected`, so a wake-up
+// between the caller's load and this call is not lost. Timed, so that the
+// caller can check its deadline; spurious returns are fine (it reloads).
 void FutexWait(std::atomic<uint32_t>* addr, uint32_t expected, int64_t ns) {
   timespec ts{static_cast<time_t>(ns / 1000000000), static_cast<long>(ns % 1000000000)};
   syscall(SYS_futex, reinterpret_cast<uint32_t*>(addr), FUTEX_WAIT, expected, &ts, nullptr, 0);
@@ -33,6 +40,9 @@ void FutexWakeAll(std::atomic<uint32_t>* addr) {
 
 }  // namespace
 
+// Lives at the start of the segment, shared by every rank. The counters sit
+// on cache lines of their own: arrivals hammer `count` while the waiters
+// poll `generation`.
 struct ShmAllreduce::Control {
   uint64_t magic;
   uint32_t world;
@@ -69,6 +79,8 @@ Result<std::unique_ptr<ShmAllreduce>> ShmAllreduce::Create(const std::string& na
   c->count.store(0);
   c->generation.store(0);
   for (auto& w : c->waiting_in) w.store(0);
+  // The magic goes in last, after a release fence: a rank that opens the
+  // segment early sees no magic rather than half-set counters.
   std::atomic_thread_fence(std::memory_order_release);
   c->magic = kMagic;
   return std::unique_ptr<ShmAllreduce>(new ShmAllreduce(name, 0, world, floats, base, bytes));
@@ -83,7 +95,7 @@ Result<std::unique_ptr<ShmAllreduce>> ShmAllreduce::Open(const std::string& name
   close(fd);
   if (base == MAP_FAILED) return Status::Io(Errno("mmap " + name));
   auto* c = static_cast<Control*>(base);
-  std::atomic_thread_fence(std::memory_order_acquire);
+  std::atomic_thread_fence(std::memory_order_acquire);  // pairs with Create()'s release
   if (c->magic != kMagic || c->world != static_cast<uint32_t>(world) || c->floats != floats) {
     munmap(base, bytes);
     return Status::Invalid(name + " is not this group's all-reduce segment");
@@ -104,6 +116,13 @@ float* ShmAllreduce::Region(int r) {
                                   RegionBytes(floats_) * static_cast<size_t>(r));
 }
 
+// A generation barrier. Each rank notes the generation it arrived in and
+// waits for it to move; the last to arrive resets `count` *before* bumping
+// `generation`, so a fast rank that is released and enters the next
+// barrier at once counts from 0 and is never folded into this one. Waiters
+// compare generations, not counts, so none misses a release even though
+// the count is already back to 0. waiting_in[] only feeds the timeout
+// message (which local ranks never arrived).
 Status ShmAllreduce::Barrier(std::chrono::steady_clock::time_point deadline) {
   auto* c = static_cast<Control*>(base_);
   const uint32_t gen = c->generation.load(std::memory_order_acquire);
@@ -115,6 +134,9 @@ Status ShmAllreduce::Barrier(std::chrono::steady_clock::time_point deadline) {
     return Status::Ok();
   }
   for (int spin = 0; c->generation.load(std::memory_order_acquire) == gen; ++spin) {
+    // Ranks on their own cores usually arrive within microseconds: a short
+    // spin beats a futex sleep and wake. Then sleep, in slices of at most
+    // 100 ms, to notice the deadline.
     if (spin < 200) {
       std::this_thread::yield();
       continue;
@@ -140,6 +162,8 @@ Status ShmAllreduce::Allreduce(size_t offset, size_t n, std::chrono::millisecond
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   Status s = Barrier(deadline);  // every rank's input is in place
   if (!s.ok()) return s;
+  // Reduce-scatter then all-gather through memory: each rank sums 1/N of
+  // the range, so the work and the memory traffic are split evenly.
   const size_t chunk = (n + world_ - 1) / world_;
   auto bounds = [&](int r) {
     size_t lo = std::min(n, chunk * static_cast<size_t>(r));

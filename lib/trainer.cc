@@ -6,7 +6,6 @@
 #include <torch/torch.h>
 
 #include <chrono>
-#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -19,6 +18,8 @@
 #include "lib/fsdp.h"
 #include "lib/process_group.h"
 #include "lib/sha256.h"
+#include "lib/train_plan.h"
+#include "rendezvous/check.h"
 #include "rendezvous/heartbeat.h"
 
 namespace dtrun::train {
@@ -30,6 +31,7 @@ namespace {
   for (;;) pause();
 }
 
+// A Sequential, because FSDP wraps consecutive children into units.
 std::shared_ptr<torch::nn::SequentialImpl> MakeModel(const TrainConfig& c, int features,
                                                      int classes) {
   torch::manual_seed(c.seed);
@@ -71,20 +73,12 @@ std::unique_ptr<torch::optim::Optimizer> MakeOptimizer(const TrainConfig& c,
       params, torch::optim::AdamWOptions(c.lr).weight_decay(c.weight_decay));
 }
 
-double LearningRate(const TrainConfig& c, int64_t step) {
-  double lr = c.lr;
-  if (c.warmup_steps > 0 && step < c.warmup_steps) return lr * (step + 1) / c.warmup_steps;
-  if (c.schedule == "cosine") {
-    double t = double(step - c.warmup_steps) / std::max<int64_t>(1, c.steps - c.warmup_steps);
-    lr *= 0.5 * (1 + std::cos(M_PI * std::min(1.0, t)));
-  }
-  return lr;
-}
-
 void SetLearningRate(torch::optim::Optimizer& opt, double lr) {
   for (auto& group : opt.param_groups()) group.options().set_lr(lr);
 }
 
+// The batch's rows copied into one CPU tensor, then moved to the device in
+// one transfer.
 torch::Tensor Rows(const Dataset& d, const std::vector<int64_t>& idx, torch::Tensor* labels,
                    torch::Device device) {
   auto x = torch::empty({static_cast<int64_t>(idx.size()), d.features});
@@ -99,6 +93,8 @@ torch::Tensor Rows(const Dataset& d, const std::vector<int64_t>& idx, torch::Ten
   return x.to(device);
 }
 
+// Accuracy on the whole test set in one batch. Through the strategy's
+// Forward(), since FSDP must gather its units; eval mode switches dropout off.
 template <typename Forward>
 double Accuracy(torch::nn::SequentialImpl& model, const Dataset& test, torch::Device device,
                 Forward forward) {
@@ -113,6 +109,8 @@ double Accuracy(torch::nn::SequentialImpl& model, const Dataset& test, torch::De
   return pred.eq(y).sum().item<double>() / static_cast<double>(test.rows());
 }
 
+// The hash of the parameters' bytes: runs that should be bitwise equal
+// (resumed, restarted) print the same one.
 std::string Sha256Of(const std::vector<torch::Tensor>& params) {
   Sha256 h;
   for (const auto& p : params) {
@@ -122,6 +120,7 @@ std::string Sha256Of(const std::vector<torch::Tensor>& params) {
   return h.HexDigest();
 }
 
+// Every rank's loss averaged, so rank 0 prints the loss of the global batch.
 double AllMean(ProcessGroup& pg, double v, torch::Device device) {
   std::vector<torch::Tensor> t{torch::tensor({v}, torch::kDouble).to(device)};
   pg.allreduce(t)->wait();
@@ -139,6 +138,8 @@ std::vector<torch::Tensor> GatherRngStates(ProcessGroup& pg, torch::Device devic
   return out[0];
 }
 
+// A checkpoint's payload: named tensors in torch's archive format.
+// Deserialize() loads them onto the CPU, so GPU checkpoints load anywhere.
 std::string Serialize(const std::map<std::string, torch::Tensor>& tensors) {
   torch::serialize::OutputArchive archive;
   for (const auto& [key, t] : tensors) archive.write(key, t);
@@ -159,6 +160,8 @@ std::map<std::string, torch::Tensor> Deserialize(const std::string& payload) {
   return out;
 }
 
+// The step's file is one map of named tensors for both strategies: DDP's
+// model and optimizer archives travel in it as byte tensors.
 torch::Tensor Blob(const std::string& s) {
   auto t = torch::empty({static_cast<int64_t>(s.size())}, torch::kUInt8);
   std::memcpy(t.data_ptr(), s.data(), s.size());
@@ -201,6 +204,8 @@ class DdpStrategy : public Strategy {
       : model_(model), ddp_(model, pg, Options(c)) {}
 
   torch::Tensor Forward(const torch::Tensor& x) override { return model_->forward(x); }
+  // Only the step's last micro-batch all-reduces; the others accumulate in
+  // .grad under NoSync, and the last one's hooks add them into the buckets.
   void Backward(const torch::Tensor& loss, bool last) override {
     if (last) {
       loss.backward();
@@ -276,6 +281,8 @@ class FsdpStrategy : public Strategy {
       state["fsdp_shards"] = torch::tensor(int64_t{0});
       return state;
     }
+    // Sharded: each rank writes its own file, so no rank ever holds the
+    // full state; the step's file only records how many shards there are.
     const std::string path = dir.ShardPath(step, pg_->getRank());
     Status s = WriteCheckpointFile(path, Serialize(fsdp_.StateDict(opt, /*full=*/false)));
     if (!s.ok()) throw Error("rank " + std::to_string(pg_->getRank()) + ": " + s.message());
@@ -305,6 +312,7 @@ class FsdpStrategy : public Strategy {
   }
   void Restore(const std::map<std::string, torch::Tensor>&, const CheckpointDir&, int64_t,
                torch::optim::Optimizer& opt) override {
+    DTRUN_CHECK(!verified_.empty()) << "FSDP Restore() without a Complete() that accepted";
     fsdp_.LoadStateDicts(verified_, opt);
     verified_.clear();
   }
@@ -333,190 +341,243 @@ std::unique_ptr<Strategy> MakeStrategy(std::shared_ptr<torch::nn::SequentialImpl
   return std::make_unique<DdpStrategy>(model, pg, c);  // "ddp" (validated)
 }
 
-// Each rank's own randomness (dropout) is seeded apart from the others'; a
-// resume restores it from the checkpoint, or, when the world size changed,
-// reseeds it from the step.
-uint64_t RankSeed(const TrainConfig& c, int rank, int64_t step) {
-  return c.seed * 1000003ULL + static_cast<uint64_t>(rank + 1) * 7919ULL +
-         static_cast<uint64_t>(step) * 104729ULL;
+torch::Device DeviceOf(const Distributed& dist) {
+  if (!dist.uses_cuda()) return torch::Device(torch::kCPU);
+  return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(dist.env().local_rank));
 }
 
-std::string OneOf(const std::string& key, const std::string& value,
-                  std::initializer_list<const char*> allowed) {
-  std::string list;
-  for (const char* a : allowed) {
-    if (value == a) return "";
-    list += std::string(list.empty() ? "" : " or ") + "\"" + a + "\"";
+Dataset LoadDataset(const TrainConfig& c) {
+  if (c.data == "synthetic") {
+    return MakeSynthetic(c.synthetic_samples, c.synthetic_features, c.synthetic_classes, c.seed);
   }
-  return key + " '" + value + "': use " + list;
+  auto loaded = LoadDigits(c.digits_path);  // "digits" (validated)
+  if (!loaded.ok()) throw Error(loaded.status().message());
+  return std::move(*loaded);
 }
 
-}  // namespace
+// One rank's training run: set up from the config and the launcher's
+// environment, then Run() steps through resume, step, checkpoint, log, eval
+// and fault injection; what differs between DDP and FSDP is the Strategy.
+// Owns the process group and everything built on it. Single-threaded.
+class Trainer {
+ public:
+  Trainer(const TrainConfig& c, std::unique_ptr<Distributed> dist);
+  // The process exit code.
+  int Run();
 
-std::string ValidateConfig(const TrainConfig& c) {
-  for (const std::string& err : {
-           OneOf("model.type", c.model, {"mlp", "cnn"}),
-           OneOf("data.source", c.data, {"digits", "synthetic"}),
-           OneOf("strategy.type", c.strategy, {"ddp", "fsdp"}),
-           OneOf("strategy.backend", c.backend, {"auto", "gloo", "nccl"}),
-           OneOf("strategy.param_dtype", c.param_dtype, {"float32", "bfloat16"}),
-           OneOf("strategy.reduce_dtype", c.reduce_dtype, {"float32", "bfloat16"}),
-           OneOf("optimizer.type", c.optimizer, {"sgd", "adam", "adamw"}),
-           OneOf("schedule.type", c.schedule, {"constant", "cosine"}),
-           OneOf("checkpoint.format", c.checkpoint_format, {"sharded", "full"}),
-       }) {
-    if (!err.empty()) return err;
-  }
-  if (c.batch_size < 1 || c.steps < 1 || c.accumulate < 1) {
-    return "train.batch_size, train.steps and train.accumulate must be >= 1";
-  }
-  if (c.dropout < 0 || c.dropout >= 1) return "model.dropout must be in [0, 1)";
-  if (c.checkpoint_every < 1 || c.keep_checkpoints < 1) {
-    return "checkpoint.every and checkpoint.keep must be >= 1";
-  }
-  if (c.test_fraction <= 0 || c.test_fraction >= 1) return "data.test_fraction must be in (0, 1)";
-  return "";
+ private:
+  int64_t Resume();
+  void RestoreRng(const std::map<std::string, torch::Tensor>& main, int64_t start);
+  double Step(int64_t step);
+  double MicroBatch(int64_t micro, bool last);
+  void Checkpoint(int64_t done);
+  void Log(int64_t done, double lr);
+  void Eval(int64_t done);
+  void InjectFaults(const StepActions& actions, int64_t done);
+  int Finish();
+  double Evaluate();
+  bool Evaluates() const { return rank_ == 0 || strategy_->CollectiveEval(); }
+
+  const TrainConfig& c_;
+  std::unique_ptr<Distributed> dist_;
+  const int rank_, world_;
+  const torch::Device device_;
+  Dataset train_, test_;
+  std::shared_ptr<torch::nn::SequentialImpl> model_;
+  std::unique_ptr<Strategy> strategy_;
+  std::unique_ptr<torch::optim::Optimizer> opt_;
+  std::unique_ptr<CheckpointDir> ckpt_;  // null without checkpoint_dir
+  std::ofstream metrics_;                // rank 0, with metrics_path
+  double loss_ = 0;                      // the last step's, averaged over ranks
+  // Throughput since the last progress line.
+  std::chrono::steady_clock::time_point window_start_;
+  int64_t window_samples_ = 0;
+};
+
+Trainer::Trainer(const TrainConfig& c, std::unique_ptr<Distributed> dist)
+    : c_(c),
+      dist_(std::move(dist)),
+      rank_(dist_->rank()),
+      world_(dist_->world_size()),
+      device_(DeviceOf(*dist_)) {
+  Dataset all = LoadDataset(c_);
+  SplitTrainTest(all, c_.test_fraction, &train_, &test_);
+  // MakeModel seeds the shared generator with c.seed, so every rank starts
+  // from the same weights before the strategy broadcasts or shards them.
+  model_ = MakeModel(c_, all.features, all.classes);
+  model_->to(device_);
+  strategy_ = MakeStrategy(model_, &dist_->pg(), c_);
+  opt_ = MakeOptimizer(c_, strategy_->OptimizerParams());
+  torch::manual_seed(RankSeed(c_, rank_, 0));
 }
 
-int Train(const TrainConfig& c) {
-  if (std::string err = ValidateConfig(c); !err.empty()) throw Error(err);
-  torch::set_num_threads(1);
-  ProcessGroupOptions popts;
-  popts.backend = c.backend;
-  auto dist = Distributed::FromEnv(popts);
-  const int rank = dist->rank(), world = dist->world_size();
-  const torch::Device device = dist->uses_cuda()
-                                   ? torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(dist->env().local_rank))
-                                   : torch::Device(torch::kCPU);
-  Dataset all;
-  if (c.data == "digits") {
-    auto loaded = LoadDigits(c.digits_path);
-    if (!loaded.ok()) throw Error(loaded.status().message());
-    all = std::move(*loaded);
-  } else {  // "synthetic" (validated)
-    all = MakeSynthetic(c.synthetic_samples, c.synthetic_features, c.synthetic_classes, c.seed);
+int Trainer::Run() {
+  if (!c_.checkpoint_dir.empty()) {
+    ckpt_ = std::make_unique<CheckpointDir>(c_.checkpoint_dir, c_.keep_checkpoints);
   }
-  Dataset train, test;
-  SplitTrainTest(all, c.test_fraction, &train, &test);
-
-  auto model = MakeModel(c, all.features, all.classes);
-  model->to(device);
-  auto strategy = MakeStrategy(model, &dist->pg(), c);
-  auto opt = MakeOptimizer(c, strategy->OptimizerParams());
-  torch::manual_seed(RankSeed(c, rank, 0));
-
-  int64_t start = 0;
-  std::unique_ptr<CheckpointDir> ckpt;
-  if (!c.checkpoint_dir.empty()) {
-    ckpt = std::make_unique<CheckpointDir>(c.checkpoint_dir, c.keep_checkpoints);
-    std::vector<std::string> skipped;
-    std::map<std::string, torch::Tensor> main;
-    auto loaded = ckpt->LoadLatest(&skipped, [&](const CheckpointDir::Loaded& l) {
-      main = Deserialize(l.payload);
-      return strategy->Complete(main, *ckpt, l.step);
-    });
-    if (rank == 0) {
-      for (const auto& s : skipped) std::fprintf(stderr, "checkpoint skipped: %s\n", s.c_str());
-    }
-    if (loaded) {
-      strategy->Restore(main, *ckpt, loaded->step, *opt);
-      start = main.at("step").item<int64_t>();
-      const std::string mine = "rng_" + std::to_string(rank);
-      if (main.at("world_size").item<int64_t>() == world && main.count(mine)) {
-        at::Generator gen = at::detail::getDefaultCPUGenerator();
-        gen.set_state(main.at(mine));
-      } else {
-        torch::manual_seed(RankSeed(c, rank, start));
-      }
-      if (rank == 0) {
-        std::printf("resumed from %s at step %lld (saved on %lld ranks)\n", loaded->path.c_str(),
-                    (long long)start, (long long)main.at("world_size").item<int64_t>());
-      }
-    }
-  }
-  std::ofstream metrics;
-  if (rank == 0 && !c.metrics_path.empty()) metrics.open(c.metrics_path, std::ios::app);
-  const char* restart = std::getenv("TORCHELASTIC_RESTART_COUNT");
-  bool first_attempt = !restart || std::string(restart) == "0";
-  auto evaluate = [&] {
-    return Accuracy(*model, test, device, [&](const torch::Tensor& x) { return strategy->Forward(x); });
-  };
-
-  double loss_value = 0;
-  auto window_start = std::chrono::steady_clock::now();
-  int64_t window_samples = 0;
+  const int64_t start = ckpt_ ? Resume() : 0;
+  if (rank_ == 0 && !c_.metrics_path.empty()) metrics_.open(c_.metrics_path, std::ios::app);
+  const bool first_attempt = dist_->env().restart_count == 0;
+  window_start_ = std::chrono::steady_clock::now();
   rdzv::Heartbeat heartbeat;  // dtrun --hang-timeout: one pwrite per step
-  for (int64_t step = start; step < c.steps; ++step) {
-    SetLearningRate(*opt, LearningRate(c, step));
-    opt->zero_grad();
-    double step_loss = 0;
-    for (int m = 0; m < c.accumulate; ++m) {
-      torch::Tensor y;
-      auto idx = StepIndices(train.rows(), c.batch_size, world, rank, step * c.accumulate + m,
-                             c.seed, c.drop_last);
-      auto x = Rows(train, idx, &y, device);
-      auto loss = torch::cross_entropy_loss(strategy->Forward(x), y) / c.accumulate;
-      step_loss += loss.item<double>();
-      strategy->Backward(loss, m + 1 == c.accumulate);
-    }
-    opt->step();
-    loss_value = AllMean(dist->pg(), step_loss, device);
-    window_samples += static_cast<int64_t>(c.batch_size) * c.accumulate * world;
+  for (int64_t step = start; step < c_.steps; ++step) {
+    loss_ = Step(step);
+    window_samples_ += static_cast<int64_t>(c_.batch_size) * c_.accumulate * world_;
     const int64_t done = step + 1;
-    if (ckpt && (done % c.checkpoint_every == 0 || done == c.steps)) {
-      auto main = strategy->Save(*opt, *ckpt, done);
-      auto rng = GatherRngStates(dist->pg(), device);
-      if (rank == 0) {
-        main["step"] = torch::tensor(done);
-        main["world_size"] = torch::tensor(int64_t{world});
-        for (int r = 0; r < world; ++r) main["rng_" + std::to_string(r)] = rng[static_cast<size_t>(r)];
-        Status s = ckpt->Write(done, Serialize(main));
-        if (!s.ok()) throw Error("checkpoint at step " + std::to_string(done) + ": " + s.message());
-      }
-      dist->pg().barrier()->wait();  // nobody runs ahead of a checkpoint in progress
-    }
-    if (rank == 0 && (done % c.log_every == 0 || done == c.steps)) {
-      double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - window_start).count();
-      std::printf("step %lld loss %.6f lr %.5f samples/s %.0f\n", (long long)done, loss_value,
-                  LearningRate(c, step), window_samples / std::max(secs, 1e-9));
-      std::fflush(stdout);
-      if (metrics) {
-        metrics << "{\"step\": " << done << ", \"loss\": " << loss_value
-                << ", \"samples_per_s\": " << window_samples / std::max(secs, 1e-9) << "}\n";
-        metrics.flush();
-      }
-      window_start = std::chrono::steady_clock::now();
-      window_samples = 0;
-    }
-    if (c.eval_every > 0 && done % c.eval_every == 0 && (rank == 0 || strategy->CollectiveEval())) {
-      double acc = evaluate();
-      if (rank == 0) {
-        std::printf("step %lld eval_accuracy %.4f\n", (long long)done, acc);
-        std::fflush(stdout);
-        if (metrics) metrics << "{\"step\": " << done << ", \"eval_accuracy\": " << acc << "}\n";
-      }
-    }
-    if (first_attempt && rank == c.kill_rank && done == c.kill_at_step) {
-      std::fprintf(stderr, "fault injection: rank %d kills itself after step %lld\n", rank,
-                   (long long)done);
-      raise(SIGKILL);
-    }
-    if (first_attempt && rank == c.hang_rank && done == c.hang_at_step) HangForever(rank, done);
+    const StepActions actions = ActionsAfterStep(c_, done, rank_, first_attempt);
+    if (actions.checkpoint) Checkpoint(done);
+    if (actions.log) Log(done, LearningRate(c_, step));
+    if (actions.eval && Evaluates()) Eval(done);
+    InjectFaults(actions, done);
     heartbeat.Beat(done);
-    if (done == c.stop_after_step) {
-      if (rank == 0) std::printf("stopped after step %lld\n", (long long)done);
+    if (actions.stop) {
+      if (rank_ == 0) std::printf("stopped after step %lld\n", (long long)done);
       return 0;
     }
   }
   heartbeat.Done();
-  double acc = rank == 0 || strategy->CollectiveEval() ? evaluate() : 0;
-  auto params = strategy->FullParams();
-  if (rank == 0) {
+  return Finish();
+}
+
+// The newest checkpoint that loads and whose other files verify; the step
+// to start from (0 when there is none).
+int64_t Trainer::Resume() {
+  std::vector<std::string> skipped;
+  std::map<std::string, torch::Tensor> main;
+  auto loaded = ckpt_->LoadLatest(&skipped, [&](const CheckpointDir::Loaded& l) {
+    main = Deserialize(l.payload);
+    return strategy_->Complete(main, *ckpt_, l.step);
+  });
+  if (rank_ == 0) {
+    for (const auto& s : skipped) std::fprintf(stderr, "checkpoint skipped: %s\n", s.c_str());
+  }
+  if (!loaded) return 0;
+  strategy_->Restore(main, *ckpt_, loaded->step, *opt_);
+  const int64_t start = main.at("step").item<int64_t>();
+  RestoreRng(main, start);
+  if (rank_ == 0) {
+    std::printf("resumed from %s at step %lld (saved on %lld ranks)\n", loaded->path.c_str(),
+                (long long)start, (long long)main.at("world_size").item<int64_t>());
+  }
+  return start;
+}
+
+// Bitwise resume needs each rank's generator exactly where it was (dropout
+// draws from it). On another world size rank r's saved stream belongs to a
+// different slice of the batch, so the ranks reseed from the step instead.
+void Trainer::RestoreRng(const std::map<std::string, torch::Tensor>& main, int64_t start) {
+  const std::string mine = "rng_" + std::to_string(rank_);
+  if (main.at("world_size").item<int64_t>() == world_ && main.count(mine)) {
+    at::Generator gen = at::detail::getDefaultCPUGenerator();
+    gen.set_state(main.at(mine));
+  } else {
+    torch::manual_seed(RankSeed(c_, rank_, start));
+  }
+}
+
+// One optimizer step over `accumulate` micro-batches; the loss averaged
+// over the ranks (collective).
+double Trainer::Step(int64_t step) {
+  SetLearningRate(*opt_, LearningRate(c_, step));
+  opt_->zero_grad();
+  double step_loss = 0;
+  for (int m = 0; m < c_.accumulate; ++m) {
+    step_loss += MicroBatch(step * c_.accumulate + m, m + 1 == c_.accumulate);
+  }
+  opt_->step();
+  return AllMean(dist_->pg(), step_loss, device_);
+}
+
+// The sampler is indexed by micro-batch, not by step, so a run with
+// accumulate = k sees the same samples as one with k times the batch.
+double Trainer::MicroBatch(int64_t micro, bool last) {
+  torch::Tensor y;
+  auto idx = StepIndices(train_.rows(), c_.batch_size, world_, rank_, micro, c_.seed, c_.drop_last);
+  auto x = Rows(train_, idx, &y, device_);
+  auto loss = torch::cross_entropy_loss(strategy_->Forward(x), y) / c_.accumulate;
+  const double value = loss.item<double>();
+  strategy_->Backward(loss, last);
+  return value;
+}
+
+// The strategy writes its part first (FSDP: every shard, durable), then the
+// RNG gather, then rank 0 writes the step's file last: a step counts only
+// once that file exists, so a crash anywhere before leaves the previous
+// checkpoint the newest that loads.
+void Trainer::Checkpoint(int64_t done) {
+  auto main = strategy_->Save(*opt_, *ckpt_, done);
+  // The generators as the next step finds them: restored, a resumed run's
+  // dropout masks are those of an unbroken one.
+  auto rng = GatherRngStates(dist_->pg(), device_);
+  if (rank_ == 0) {
+    main["step"] = torch::tensor(done);
+    main["world_size"] = torch::tensor(int64_t{world_});
+    for (int r = 0; r < world_; ++r) main["rng_" + std::to_string(r)] = rng[static_cast<size_t>(r)];
+    Status s = ckpt_->Write(done, Serialize(main));
+    if (!s.ok()) throw Error("checkpoint at step " + std::to_string(done) + ": " + s.message());
+  }
+  dist_->pg().barrier()->wait();  // nobody runs ahead of a checkpoint in progress
+}
+
+void Trainer::Log(int64_t done, double lr) {
+  const double secs =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - window_start_).count();
+  const double rate = window_samples_ / std::max(secs, 1e-9);
+  std::printf("step %lld loss %.6f lr %.5f samples/s %.0f\n", (long long)done, loss_, lr, rate);
+  std::fflush(stdout);
+  if (metrics_) {
+    metrics_ << "{\"step\": " << done << ", \"loss\": " << loss_ << ", \"samples_per_s\": " << rate
+             << "}\n";
+    metrics_.flush();
+  }
+  window_start_ = std::chrono::steady_clock::now();
+  window_samples_ = 0;
+}
+
+void Trainer::Eval(int64_t done) {
+  const double acc = Evaluate();
+  if (rank_ != 0) return;
+  std::printf("step %lld eval_accuracy %.4f\n", (long long)done, acc);
+  std::fflush(stdout);
+  if (metrics_) metrics_ << "{\"step\": " << done << ", \"eval_accuracy\": " << acc << "}\n";
+}
+
+void Trainer::InjectFaults(const StepActions& actions, int64_t done) {
+  if (actions.kill) {
+    std::fprintf(stderr, "fault injection: rank %d kills itself after step %lld\n", rank_,
+                 (long long)done);
+    raise(SIGKILL);
+  }
+  if (actions.hang) HangForever(rank_, done);
+}
+
+// The final evaluation and the hash of the full parameters (collective for
+// FSDP), which tests compare across runs.
+int Trainer::Finish() {
+  const double acc = Evaluates() ? Evaluate() : 0;
+  auto params = strategy_->FullParams();
+  if (rank_ == 0) {
     std::printf("done: steps=%lld loss=%.9g eval_accuracy=%.4f params_sha256=%s\n",
-                (long long)c.steps, loss_value, acc, Sha256Of(params).c_str());
+                (long long)c_.steps, loss_, acc, Sha256Of(params).c_str());
     std::fflush(stdout);
   }
   return 0;
+}
+
+double Trainer::Evaluate() {
+  return Accuracy(*model_, test_, device_,
+                  [&](const torch::Tensor& x) { return strategy_->Forward(x); });
+}
+
+}  // namespace
+
+int Train(const TrainConfig& c) {
+  if (std::string err = ValidateConfig(c); !err.empty()) throw Error(err);
+  torch::set_num_threads(1);  // ranks share the host's cores; one thread each
+  ProcessGroupOptions popts;
+  popts.backend = c.backend;
+  Trainer trainer(c, Distributed::FromEnv(popts));
+  return trainer.Run();
 }
 
 }  // namespace dtrun::train

@@ -32,7 +32,7 @@ if [[ $torch2 == 1 ]]; then
   scripts/torch2.sh >/dev/null
   # Programs that link libtorch 2.6 are built in the root, in a folder of their own.
   scripts/torch2.sh run sh -c "cmake -S . -B $b2 ${configure[*]} >/dev/null &&
-    ninja -C $b2 dtstore store_bench torch_store_host ddp_bench >/dev/null"
+    ninja -C $b2 dtstore store_bench store_load_bench torch_store_host ddp_bench >/dev/null"
   py2=scripts/torch2-python
   shim2=PYTHONPATH=$PWD/apps/dtrun/python/dtrun_torch_shim
   launch2=(--torch2 scripts/torch2.sh --torch2-python "$py2")
@@ -62,6 +62,11 @@ if want store-load; then
   echo "   depth 32), dtstore vs libtorch 1.13's server, 3 paired rounds"
   $b/tests/bench/store_load_bench --dtstore $b/apps/dtstore \
     --torch-host $b/tests/bench/torch_store_host --seconds "${1:-1}" --rounds 3
+  if [[ $torch2 == 1 ]]; then
+    echo "-- the same generator in the 2.x dialect: dtstore vs libtorch 2.6's server (in the root)"
+    scripts/torch2.sh run $b2/tests/bench/store_load_bench --dtstore $b2/apps/dtstore \
+      --torch-host $b2/tests/bench/torch_store_host --seconds "${1:-1}" --rounds 3 --dialect 2
+  fi
 fi
 
 if want launcher; then

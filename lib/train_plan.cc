@@ -1,0 +1,84 @@
+#include "lib/train_plan.h"
+
+#include <algorithm>
+#include <cmath>
+#include <initializer_list>
+#include <string>
+
+namespace dtrun::train {
+namespace {
+
+std::string OneOf(const std::string& key, const std::string& value,
+                  std::initializer_list<const char*> allowed) {
+  std::string list;
+  for (const char* a : allowed) {
+    if (value == a) return "";
+    list += std::string(list.empty() ? "" : " or ") + "\"" + a + "\"";
+  }
+  return key + " '" + value + "': use " + list;
+}
+
+bool Every(int64_t done, int64_t every) { return every > 0 && done % every == 0; }
+
+}  // namespace
+
+// Declared in trainer.h; defined here so that it builds and is tested
+// without libtorch.
+std::string ValidateConfig(const TrainConfig& c) {
+  for (const std::string& err : {
+           OneOf("model.type", c.model, {"mlp", "cnn"}),
+           OneOf("data.source", c.data, {"digits", "synthetic"}),
+           OneOf("strategy.type", c.strategy, {"ddp", "fsdp"}),
+           OneOf("strategy.backend", c.backend, {"auto", "gloo", "nccl"}),
+           OneOf("strategy.param_dtype", c.param_dtype, {"float32", "bfloat16"}),
+           OneOf("strategy.reduce_dtype", c.reduce_dtype, {"float32", "bfloat16"}),
+           OneOf("optimizer.type", c.optimizer, {"sgd", "adam", "adamw"}),
+           OneOf("schedule.type", c.schedule, {"constant", "cosine"}),
+           OneOf("checkpoint.format", c.checkpoint_format, {"sharded", "full"}),
+       }) {
+    if (!err.empty()) return err;
+  }
+  if (c.batch_size < 1 || c.steps < 1 || c.accumulate < 1) {
+    return "train.batch_size, train.steps and train.accumulate must be >= 1";
+  }
+  if (c.dropout < 0 || c.dropout >= 1) return "model.dropout must be in [0, 1)";
+  if (c.checkpoint_every < 1 || c.keep_checkpoints < 1) {
+    return "checkpoint.every and checkpoint.keep must be >= 1";
+  }
+  if (c.test_fraction <= 0 || c.test_fraction >= 1) return "data.test_fraction must be in (0, 1)";
+  return "";
+}
+
+StepActions ActionsAfterStep(const TrainConfig& c, int64_t done, int rank, bool first_attempt) {
+  const bool last = done == c.steps;
+  StepActions a;
+  // The last step always checkpoints and logs: a finished run's folder holds
+  // its final state, and its last loss is printed whatever the cadence.
+  a.checkpoint = !c.checkpoint_dir.empty() && (Every(done, c.checkpoint_every) || last);
+  a.log = rank == 0 && (Every(done, c.log_every) || last);
+  a.eval = Every(done, c.eval_every);
+  a.kill = first_attempt && rank == c.kill_rank && done == c.kill_at_step;
+  a.hang = first_attempt && rank == c.hang_rank && done == c.hang_at_step;
+  a.stop = done == c.stop_after_step;
+  return a;
+}
+
+double LearningRate(const TrainConfig& c, int64_t step) {
+  double lr = c.lr;
+  if (c.warmup_steps > 0 && step < c.warmup_steps) return lr * (step + 1) / c.warmup_steps;
+  if (c.schedule == "cosine") {
+    double t = double(step - c.warmup_steps) / std::max<int64_t>(1, c.steps - c.warmup_steps);
+    lr *= 0.5 * (1 + std::cos(M_PI * std::min(1.0, t)));
+  }
+  return lr;
+}
+
+// Each rank's own randomness (dropout) is seeded apart from the others'; a
+// resume restores it from the checkpoint, or, when the world size changed,
+// reseeds it from the step.
+uint64_t RankSeed(const TrainConfig& c, int rank, int64_t step) {
+  return c.seed * 1000003ULL + static_cast<uint64_t>(rank + 1) * 7919ULL +
+         static_cast<uint64_t>(step) * 104729ULL;
+}
+
+}  // namespace dtrun::train

@@ -1,0 +1,38 @@
+#pragma once
+
+// The training loop's decisions that need no libtorch: the learning rate of
+// a step, each rank's seed, and what happens after each step. Pure
+// functions of the config, so they are unit-tested without a process group.
+
+#include <cstdint>
+
+#include "lib/trainer.h"
+
+namespace dtrun::train {
+
+// What the loop does once a step is complete, in this order.
+struct StepActions {
+  bool checkpoint = false;  // every rank takes part (collective)
+  bool log = false;         // rank 0 prints progress and metrics
+  bool eval = false;        // rank 0 evaluates, or every rank if the strategy's eval is collective
+  bool kill = false;        // fault injection: this rank SIGKILLs itself
+  bool hang = false;        // fault injection: this rank stops beating and waits forever
+  bool stop = false;        // stop as if preempted (after the checkpoint, if any)
+};
+
+// The actions after step `done` (1-based: `done` steps are complete) on
+// `rank`. Checkpoints need checkpoint_dir; log_every or eval_every <= 0
+// turn those off (the last step still logs). Fault injection fires only
+// when `first_attempt` (TORCHELASTIC_RESTART_COUNT 0), so the restarted
+// group runs through.
+StepActions ActionsAfterStep(const TrainConfig& config, int64_t done, int rank, bool first_attempt);
+
+// The learning rate of 0-based `step`: linear warmup over warmup_steps, then
+// constant or cosine to 0 at `steps`.
+double LearningRate(const TrainConfig& config, int64_t step);
+
+// The seed of `rank`'s own generator (dropout) at `step`: distinct per rank
+// and per step, the same on every run.
+uint64_t RankSeed(const TrainConfig& config, int rank, int64_t step);
+
+}  // namespace dtrun::train

@@ -1,0 +1,134 @@
+#include "lib/train_plan.h"
+
+#include <gtest/gtest.h>
+
+#include <set>
+
+namespace dtrun::train {
+namespace {
+
+class TrainPlanTest : public ::testing::Test {
+ protected:
+  TrainPlanTest() {
+    c_.steps = 100;
+    c_.checkpoint_dir = "/ckpt";
+    c_.checkpoint_every = 30;
+    c_.log_every = 20;
+    c_.eval_every = 50;
+  }
+  // The steps (1..steps) after which `pick` is set on `rank`.
+  std::vector<int64_t> StepsWhere(bool StepActions::*pick, int rank = 0, bool first = true) {
+    std::vector<int64_t> out;
+    for (int64_t done = 1; done <= c_.steps; ++done) {
+      if (ActionsAfterStep(c_, done, rank, first).*pick) out.push_back(done);
+    }
+    return out;
+  }
+  TrainConfig c_;
+};
+
+TEST_F(TrainPlanTest, CheckpointsEveryNAndAfterTheLastStep) {
+  EXPECT_EQ(StepsWhere(&StepActions::checkpoint), (std::vector<int64_t>{30, 60, 90, 100}));
+  EXPECT_EQ(StepsWhere(&StepActions::checkpoint, 3), (std::vector<int64_t>{30, 60, 90, 100}));
+}
+
+TEST_F(TrainPlanTest, NoCheckpointsWithoutAFolder) {
+  c_.checkpoint_dir.clear();
+  EXPECT_TRUE(StepsWhere(&StepActions::checkpoint).empty());
+}
+
+TEST_F(TrainPlanTest, LogsOnRankZeroEveryNAndAfterTheLastStep) {
+  c_.log_every = 40;
+  EXPECT_EQ(StepsWhere(&StepActions::log), (std::vector<int64_t>{40, 80, 100}));
+  EXPECT_TRUE(StepsWhere(&StepActions::log, 1).empty());
+}
+
+TEST_F(TrainPlanTest, LogEveryZeroLogsOnlyTheLastStep) {
+  c_.log_every = 0;
+  EXPECT_EQ(StepsWhere(&StepActions::log), std::vector<int64_t>{100});
+}
+
+TEST_F(TrainPlanTest, EvaluatesEveryNOnEveryRankAndNeverWhenZero) {
+  EXPECT_EQ(StepsWhere(&StepActions::eval, 2), (std::vector<int64_t>{50, 100}));
+  c_.eval_every = 0;
+  EXPECT_TRUE(StepsWhere(&StepActions::eval).empty());
+}
+
+TEST_F(TrainPlanTest, FaultsFireOnTheirRankAndStepOnTheFirstAttemptOnly) {
+  c_.kill_rank = 1;
+  c_.kill_at_step = 70;
+  c_.hang_rank = 0;
+  c_.hang_at_step = 17;
+  EXPECT_EQ(StepsWhere(&StepActions::kill, 1), std::vector<int64_t>{70});
+  EXPECT_TRUE(StepsWhere(&StepActions::kill, 0).empty());
+  EXPECT_TRUE(StepsWhere(&StepActions::kill, 1, /*first=*/false).empty());
+  EXPECT_EQ(StepsWhere(&StepActions::hang, 0), std::vector<int64_t>{17});
+  EXPECT_TRUE(StepsWhere(&StepActions::hang, 0, /*first=*/false).empty());
+}
+
+TEST_F(TrainPlanTest, NoFaultsByDefault) {
+  EXPECT_TRUE(StepsWhere(&StepActions::kill).empty());
+  EXPECT_TRUE(StepsWhere(&StepActions::hang).empty());
+}
+
+TEST_F(TrainPlanTest, StopsAfterTheGivenStepOnEveryRankEvenOnARestart) {
+  EXPECT_TRUE(StepsWhere(&StepActions::stop).empty());
+  c_.stop_after_step = 10;
+  EXPECT_EQ(StepsWhere(&StepActions::stop, 1, /*first=*/false), std::vector<int64_t>{10});
+}
+
+TEST_F(TrainPlanTest, WarmupRisesLinearlyThenStaysConstant) {
+  c_.lr = 0.1;
+  c_.warmup_steps = 4;
+  EXPECT_DOUBLE_EQ(LearningRate(c_, 0), 0.025);
+  EXPECT_DOUBLE_EQ(LearningRate(c_, 3), 0.1);
+  EXPECT_DOUBLE_EQ(LearningRate(c_, 50), 0.1);
+}
+
+TEST_F(TrainPlanTest, CosineFallsFromPeakToZeroAfterWarmup) {
+  c_.lr = 0.1;
+  c_.schedule = "cosine";
+  c_.warmup_steps = 10;
+  EXPECT_DOUBLE_EQ(LearningRate(c_, 10), 0.1);
+  EXPECT_NEAR(LearningRate(c_, 55), 0.05, 1e-12);  // halfway through the 90 cosine steps
+  EXPECT_NEAR(LearningRate(c_, 100), 0.0, 1e-12);
+  EXPECT_NEAR(LearningRate(c_, 150), 0.0, 1e-12);  // past the end: stays at 0
+}
+
+TEST_F(TrainPlanTest, RankSeedsDifferAcrossRanksAndStepsAndRepeat) {
+  std::set<uint64_t> seeds;
+  for (int rank = 0; rank < 8; ++rank) {
+    for (int64_t step : {0, 10, 150}) seeds.insert(RankSeed(c_, rank, step));
+  }
+  EXPECT_EQ(seeds.size(), 24u);
+  EXPECT_EQ(RankSeed(c_, 3, 150), RankSeed(c_, 3, 150));
+  TrainConfig other = c_;
+  other.seed = 2;
+  EXPECT_NE(RankSeed(other, 0, 0), RankSeed(c_, 0, 0));
+}
+
+TEST(ValidateConfigTest, DefaultsAreValid) { EXPECT_EQ(ValidateConfig(TrainConfig()), ""); }
+
+TEST(ValidateConfigTest, NamesTheKeyAndTheChoices) {
+  TrainConfig c;
+  c.strategy = "zero";
+  EXPECT_EQ(ValidateConfig(c), "strategy.type 'zero': use \"ddp\" or \"fsdp\"");
+  c = TrainConfig();
+  c.optimizer = "lamb";
+  EXPECT_EQ(ValidateConfig(c), "optimizer.type 'lamb': use \"sgd\" or \"adam\" or \"adamw\"");
+}
+
+TEST(ValidateConfigTest, RefusesOutOfRangeNumbers) {
+  TrainConfig c;
+  c.accumulate = 0;
+  EXPECT_NE(ValidateConfig(c).find("train.accumulate must be >= 1"), std::string::npos);
+  c = TrainConfig();
+  c.checkpoint_every = 0;
+  EXPECT_NE(ValidateConfig(c).find("checkpoint.every"), std::string::npos);
+  c = TrainConfig();
+  c.test_fraction = 1;
+  EXPECT_EQ(ValidateConfig(c), "data.test_fraction must be in (0, 1)");
+}
+
+}  // namespace
+}  // namespace dtrun::train
