@@ -1,7 +1,8 @@
 // train_cfg CONFIG.toml [--set section.key=value ...]
 // A config-driven DDP/FSDP trainer on dtrun's library. Run it under
-// dtrun (or torchrun): dtrun --nproc-per-node=2 train_cfg examples/configs/digits_ddp.toml
-// Exit codes: 0 done, 2 bad config or flag, 1 training error.
+// dtrun (or torchrun): dtrun --nproc-per-node=2 train_cfg
+// examples/configs/digits_ddp.toml Exit codes: 0 done, 2 bad config or flag, 1
+// training error.
 #include <cstdio>
 #include <map>
 #include <set>
@@ -22,13 +23,17 @@ using dtrun::train::TrainConfig;
 // Known keys: section -> keys. Anything else is a typo worth an error.
 const std::map<std::string, std::set<std::string>> kKeys = {
     {"model", {"type", "hidden", "dropout"}},
-    {"data", {"source", "path", "samples", "features", "classes", "test_fraction"}},
-    {"strategy", {"type", "backend", "bucket_cap_mb", "min_unit_params", "reshard_after_forward",
-                  "prefetch", "param_dtype", "reduce_dtype", "cpu_offload"}},
+    {"data",
+     {"source", "path", "samples", "features", "classes", "test_fraction"}},
+    {"strategy",
+     {"type", "backend", "bucket_cap_mb", "min_unit_params",
+      "reshard_after_forward", "prefetch", "param_dtype", "reduce_dtype",
+      "cpu_offload"}},
     {"optimizer", {"type", "lr", "momentum", "weight_decay"}},
     {"schedule", {"type", "warmup_steps"}},
-    {"train", {"batch_size", "steps", "accumulate", "eval_every", "log_every", "seed",
-               "stop_after_step", "drop_last"}},
+    {"train",
+     {"batch_size", "steps", "accumulate", "eval_every", "log_every", "seed",
+      "stop_after_step", "drop_last"}},
     {"checkpoint", {"dir", "every", "keep", "format"}},
     {"fault", {"kill_rank", "kill_at_step", "hang_rank", "hang_at_step"}},
     {"metrics", {"path"}},
@@ -56,7 +61,8 @@ std::string ApplySet(toml::table& t, const std::string& arg) {
   if (eq == std::string::npos || dot == std::string::npos || dot > eq) {
     return "--set '" + arg + "': use section.key=value";
   }
-  std::string section = arg.substr(0, dot), key = arg.substr(dot + 1, eq - dot - 1);
+  std::string section = arg.substr(0, dot),
+              key = arg.substr(dot + 1, eq - dot - 1);
   std::string value = arg.substr(eq + 1);
   if (!t.contains(section)) t.insert(section, toml::table{});
   toml::table* sec = t[section].as_table();
@@ -74,7 +80,8 @@ template <typename T>
 void Read(const toml::table& t, const char* section, const char* key, T* out) {
   auto node = t[section][key];
   if (!node) return;
-  // Booleans and strings exactly; numbers may convert (3 -> 3.0) where lossless.
+  // Booleans and strings exactly; numbers may convert (3 -> 3.0) where
+  // lossless.
   std::optional<T> v;
   if constexpr (std::is_same_v<T, bool> || std::is_same_v<T, std::string>) {
     v = node.template value_exact<T>();
@@ -89,7 +96,8 @@ void Read(const toml::table& t, const char* section, const char* key, T* out) {
                      : std::is_same_v<T, std::string> ? "a quoted string"
                      : std::is_floating_point_v<T>    ? "a number"
                                                       : "an integer";
-  throw std::invalid_argument(std::string(section) + "." + key + " must be " + want);
+  throw std::invalid_argument(std::string(section) + "." + key + " must be " +
+                              want);
 }
 
 TrainConfig ToConfig(const toml::table& t) {
@@ -97,7 +105,8 @@ TrainConfig ToConfig(const toml::table& t) {
   Read(t, "model", "type", &c.model);
   if (auto* arr = t["model"]["hidden"].as_array()) {
     c.hidden.clear();
-    for (const auto& n : *arr) c.hidden.push_back(static_cast<int>(n.value_or<int64_t>(0)));
+    for (const auto& n : *arr)
+      c.hidden.push_back(static_cast<int>(n.value_or<int64_t>(0)));
   }
   Read(t, "model", "dropout", &c.dropout);
   Read(t, "data", "source", &c.data);
@@ -144,7 +153,9 @@ TrainConfig ToConfig(const toml::table& t) {
 }
 
 int Usage(const std::string& why) {
-  std::fprintf(stderr, "train_cfg: %s\nusage: train_cfg CONFIG.toml [--set section.key=value ...]\n",
+  std::fprintf(stderr,
+               "train_cfg: %s\nusage: train_cfg CONFIG.toml [--set "
+               "section.key=value ...]\n",
                why.c_str());
   return 2;
 }
@@ -157,12 +168,16 @@ int main(int argc, char** argv) {
   try {
     table = toml::parse_file(argv[1]);
   } catch (const toml::parse_error& e) {
-    std::string where = e.source().begin ? " line " + std::to_string(e.source().begin.line) : "";
-    return Usage(std::string(argv[1]) + where + ": " + std::string(e.description()));
+    std::string where = e.source().begin
+                            ? " line " + std::to_string(e.source().begin.line)
+                            : "";
+    return Usage(std::string(argv[1]) + where + ": " +
+                 std::string(e.description()));
   }
   for (int i = 2; i < argc; ++i) {
     std::string arg = argv[i];
-    if (arg != "--set" || i + 1 >= argc) return Usage("unexpected argument '" + arg + "'");
+    if (arg != "--set" || i + 1 >= argc)
+      return Usage("unexpected argument '" + arg + "'");
     std::string err = ApplySet(table, argv[++i]);
     if (!err.empty()) return Usage(err);
   }

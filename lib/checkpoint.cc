@@ -20,7 +20,9 @@ constexpr size_t kMagicLen = 8, kHeaderLen = kMagicLen + 32 + 8;
 // Written in chunks so that a test can kill the writer halfway (on_chunk).
 constexpr size_t kChunk = 4 << 20;
 
-std::string Errno(const std::string& what) { return what + ": " + std::strerror(errno); }
+std::string Errno(const std::string& what) {
+  return what + ": " + std::strerror(errno);
+}
 
 // "DTCKPT1\n" | sha256(payload) | u64 length (LE). The length lets a reader
 // call a cut-off file truncated rather than merely corrupt.
@@ -35,8 +37,9 @@ std::string Header(const std::string& payload) {
   return header;
 }
 
-Status WriteAllFd(int fd, const char* p, size_t n, const std::function<void(size_t)>& on_chunk,
-                  size_t* written, const std::string& path) {
+Status WriteAllFd(int fd, const char* p, size_t n,
+                  const std::function<void(size_t)>& on_chunk, size_t* written,
+                  const std::string& path) {
   while (n > 0) {
     size_t take = std::min(n, kChunk);
     ssize_t w = ::write(fd, p, take);
@@ -59,8 +62,10 @@ Status WriteSynced(const std::string& tmp, const std::string& payload,
   if (fd < 0) return Status::Io(Errno("creating " + tmp));
   const std::string header = Header(payload);
   size_t written = 0;
-  Status s = WriteAllFd(fd, header.data(), header.size(), on_chunk, &written, tmp);
-  if (s.ok()) s = WriteAllFd(fd, payload.data(), payload.size(), on_chunk, &written, tmp);
+  Status s =
+      WriteAllFd(fd, header.data(), header.size(), on_chunk, &written, tmp);
+  if (s.ok())
+    s = WriteAllFd(fd, payload.data(), payload.size(), on_chunk, &written, tmp);
   if (s.ok() && ::fsync(fd) != 0) s = Status::Io(Errno("fsync " + tmp));
   ::close(fd);
   return s;
@@ -69,7 +74,8 @@ Status WriteSynced(const std::string& tmp, const std::string& payload,
 // The rename is durable only once the folder itself is synced. Best effort:
 // the file is complete either way, only its name might not survive a crash.
 void SyncFolder(const std::string& dir) {
-  int dfd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  int dfd = ::open(dir.empty() ? "." : dir.c_str(),
+                   O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (dfd < 0) return;
   ::fsync(dfd);
   ::close(dfd);
@@ -78,16 +84,19 @@ void SyncFolder(const std::string& dir) {
 // Shards of steps no longer kept, and of older steps that never got a
 // manifest (a crash between shards and manifest). Shards of later steps
 // are left alone: they may belong to a checkpoint being written.
-void DeleteStaleShards(const std::string& dir, int64_t step, const std::vector<int64_t>& kept) {
+void DeleteStaleShards(const std::string& dir, int64_t step,
+                       const std::vector<int64_t>& kept) {
   DIR* d = opendir(dir.c_str());
   if (!d) return;
   std::vector<std::string> doomed;
   while (dirent* e = readdir(d)) {
     long long shard_step = 0;
     int rank = 0, used = 0;
-    if (std::sscanf(e->d_name, "ckpt_%lld.shard_%d.dtck%n", &shard_step, &rank, &used) == 2 &&
+    if (std::sscanf(e->d_name, "ckpt_%lld.shard_%d.dtck%n", &shard_step, &rank,
+                    &used) == 2 &&
         e->d_name[used] == '\0' &&
-        std::find(kept.begin(), kept.end(), shard_step) == kept.end() && shard_step <= step) {
+        std::find(kept.begin(), kept.end(), shard_step) == kept.end() &&
+        shard_step <= step) {
       doomed.push_back(dir + "/" + e->d_name);
     }
   }
@@ -105,7 +114,8 @@ CheckpointDir::CheckpointDir(std::string dir, int keep_last)
 std::string CheckpointDir::PathFor(int64_t step) const {
   char name[64];
   // Zero-padded so that names sort as steps do.
-  std::snprintf(name, sizeof(name), "/ckpt_%012lld.dtck", static_cast<long long>(step));
+  std::snprintf(name, sizeof(name), "/ckpt_%012lld.dtck",
+                static_cast<long long>(step));
   return dir_ + name;
 }
 
@@ -113,7 +123,8 @@ std::string CheckpointDir::PathFor(int64_t step) const {
 // that order a reader sees either the old file or the whole new one. The
 // temporary name carries the pid, so ranks writing shards to one folder
 // never share one.
-Status WriteCheckpointFile(const std::string& final_path, const std::string& payload,
+Status WriteCheckpointFile(const std::string& final_path,
+                           const std::string& payload,
                            const std::function<void(size_t)>& on_chunk) {
   const std::string dir = final_path.substr(0, final_path.rfind('/') + 1);
   if (!dir.empty()) {
@@ -145,8 +156,9 @@ Result<std::string> ReadCheckpointFile(const std::string& path) {
   uint64_t len = 0;
   std::memcpy(&len, data.data() + kMagicLen + 32, sizeof(len));
   if (len != data.size() - kHeaderLen) {
-    return Status::Invalid("truncated: " + std::to_string(data.size() - kHeaderLen) + " of " +
-                           std::to_string(len) + " payload bytes");
+    return Status::Invalid(
+        "truncated: " + std::to_string(data.size() - kHeaderLen) + " of " +
+        std::to_string(len) + " payload bytes");
   }
   Sha256 sha;
   sha.Update(data.data() + kHeaderLen, len);
@@ -165,17 +177,19 @@ Status CheckpointDir::Write(int64_t step, const std::string& payload) {
   // Pruned only after the new file is durable: a crash in between leaves one
   // checkpoint too many, never one too few.
   auto steps = Steps();
-  std::vector<int64_t> kept(steps.begin(),
-                            steps.begin() + std::min(steps.size(), static_cast<size_t>(keep_last_)));
-  for (size_t i = kept.size(); i < steps.size(); ++i) ::unlink(PathFor(steps[i]).c_str());
+  std::vector<int64_t> kept(
+      steps.begin(),
+      steps.begin() + std::min(steps.size(), static_cast<size_t>(keep_last_)));
+  for (size_t i = kept.size(); i < steps.size(); ++i)
+    ::unlink(PathFor(steps[i]).c_str());
   DeleteStaleShards(dir_, step, kept);
   return Status::Ok();
 }
 
 std::string CheckpointDir::ShardPath(int64_t step, int rank) const {
   char name[80];
-  std::snprintf(name, sizeof(name), "/ckpt_%012lld.shard_%d.dtck", static_cast<long long>(step),
-                rank);
+  std::snprintf(name, sizeof(name), "/ckpt_%012lld.shard_%d.dtck",
+                static_cast<long long>(step), rank);
   return dir_ + name;
 }
 
@@ -184,14 +198,17 @@ std::vector<int64_t> CheckpointDir::Steps() const {
   DIR* d = opendir(dir_.c_str());
   if (!d) return steps;
   while (dirent* e = readdir(d)) {
-    // Exactly "ckpt_<digits>.dtck": temporary files ("....dtck.tmp.<pid>") never count.
+    // Exactly "ckpt_<digits>.dtck": temporary files ("....dtck.tmp.<pid>")
+    // never count.
     std::string name = e->d_name;
     const std::string head = "ckpt_", tail = ".dtck";
-    if (name.size() <= head.size() + tail.size() || name.compare(0, head.size(), head) != 0 ||
+    if (name.size() <= head.size() + tail.size() ||
+        name.compare(0, head.size(), head) != 0 ||
         name.compare(name.size() - tail.size(), tail.size(), tail) != 0) {
       continue;
     }
-    std::string digits = name.substr(head.size(), name.size() - head.size() - tail.size());
+    std::string digits =
+        name.substr(head.size(), name.size() - head.size() - tail.size());
     if (digits.find_first_not_of("0123456789") != std::string::npos) continue;
     steps.push_back(std::stoll(digits));
   }
@@ -204,7 +221,8 @@ std::vector<int64_t> CheckpointDir::Steps() const {
 // mid-write or a lost shard costs the steps since the previous good
 // checkpoint, not the run.
 std::optional<CheckpointDir::Loaded> CheckpointDir::LoadLatest(
-    std::vector<std::string>* skipped, const std::function<Status(const Loaded&)>& accept) const {
+    std::vector<std::string>* skipped,
+    const std::function<Status(const Loaded&)>& accept) const {
   for (int64_t step : Steps()) {
     std::string path = PathFor(step);
     auto payload = ReadCheckpointFile(path);

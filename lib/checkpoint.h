@@ -13,14 +13,16 @@ namespace dtrun::train {
 // One checkpoint file: writes `payload` to `path` crash-safely (temporary
 // file in the same folder, fsync, rename, folder fsync). on_chunk: see
 // CheckpointDir::on_chunk.
-Status WriteCheckpointFile(const std::string& path, const std::string& payload,
-                           const std::function<void(size_t)>& on_chunk = nullptr);
+Status WriteCheckpointFile(
+    const std::string& path, const std::string& payload,
+    const std::function<void(size_t)>& on_chunk = nullptr);
 // Reads and verifies one checkpoint file; the payload, or Status::Invalid
 // saying why it does not load ("truncated: ...", "checksum mismatch").
 Result<std::string> ReadCheckpointFile(const std::string& path);
 
 // A folder of checkpoints, each one file "ckpt_<step>.dtck":
-//   "DTCKPT1\n" | sha256(payload) (32 bytes) | u64 payload length (LE) | payload
+//   "DTCKPT1\n" | sha256(payload) (32 bytes) | u64 payload length (LE) |
+//   payload
 // Writes go to a temporary file in the same folder, are fsynced, renamed over
 // the final name and the folder fsynced, so a crash mid-write never leaves a
 // file that loads. Loading verifies the checksum and falls back to the

@@ -28,10 +28,12 @@ Result<Dataset> LoadDigits(const std::string& path) {
     std::stringstream ss(line);
     std::string cell;
     std::vector<float> row;
-    while (std::getline(ss, cell, ',')) row.push_back(std::strtof(cell.c_str(), nullptr));
+    while (std::getline(ss, cell, ','))
+      row.push_back(std::strtof(cell.c_str(), nullptr));
     if (row.size() != 65) {
       gzclose(f);
-      return Status::Invalid(path + ":" + std::to_string(line_no) + ": expected 65 columns, got " +
+      return Status::Invalid(path + ":" + std::to_string(line_no) +
+                             ": expected 65 columns, got " +
                              std::to_string(row.size()));
     }
     for (int i = 0; i < 64; ++i) d.x.push_back(row[i] / 16.0f);
@@ -55,7 +57,8 @@ Dataset MakeSynthetic(int samples, int features, int classes, uint64_t seed) {
   d.classes = classes;
   for (int i = 0; i < samples; ++i) {
     int c = i % classes;
-    for (int j = 0; j < features; ++j) d.x.push_back(centers[c * features + j] + normal(rng));
+    for (int j = 0; j < features; ++j)
+      d.x.push_back(centers[c * features + j] + normal(rng));
     d.y.push_back(c);
   }
   return d;
@@ -63,8 +66,11 @@ Dataset MakeSynthetic(int samples, int features, int classes, uint64_t seed) {
 
 // Every k-th row goes to the test set: no randomness, so every rank and
 // every run agree on the split without talking to each other.
-void SplitTrainTest(const Dataset& all, double test_fraction, Dataset* train, Dataset* test) {
-  size_t every = test_fraction > 0 ? static_cast<size_t>(std::lround(1.0 / test_fraction)) : 0;
+void SplitTrainTest(const Dataset& all, double test_fraction, Dataset* train,
+                    Dataset* test) {
+  size_t every = test_fraction > 0
+                     ? static_cast<size_t>(std::lround(1.0 / test_fraction))
+                     : 0;
   for (Dataset* d : {train, test}) {
     *d = Dataset();
     d->features = all.features;
@@ -83,11 +89,12 @@ void SplitTrainTest(const Dataset& all, double test_fraction, Dataset* train, Da
 // with the same seed per epoch and rank r takes its slice of the global
 // batch, so no sample is seen twice in a step. Without drop_last the last
 // batch of an epoch wraps around to its start.
-std::vector<int64_t> StepIndices(size_t rows, int batch, int world, int rank, int64_t step,
-                                 uint64_t seed, bool drop_last) {
+std::vector<int64_t> StepIndices(size_t rows, int batch, int world, int rank,
+                                 int64_t step, uint64_t seed, bool drop_last) {
   int64_t global = static_cast<int64_t>(batch) * world;
   int64_t n = static_cast<int64_t>(rows);
-  int64_t per_epoch = std::max<int64_t>(1, drop_last ? n / global : (n + global - 1) / global);
+  int64_t per_epoch =
+      std::max<int64_t>(1, drop_last ? n / global : (n + global - 1) / global);
   int64_t epoch = step / per_epoch, pos = step % per_epoch;
   std::vector<int64_t> perm(rows);
   std::iota(perm.begin(), perm.end(), 0);
@@ -95,7 +102,8 @@ std::vector<int64_t> StepIndices(size_t rows, int batch, int world, int rank, in
   std::shuffle(perm.begin(), perm.end(), rng);
   std::vector<int64_t> out;
   for (int64_t i = 0; i < batch; ++i) {
-    out.push_back(perm[static_cast<size_t>((pos * global + rank * batch + i) % static_cast<int64_t>(rows))]);
+    out.push_back(perm[static_cast<size_t>((pos * global + rank * batch + i) %
+                                           static_cast<int64_t>(rows))]);
   }
   return out;
 }

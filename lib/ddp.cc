@@ -85,14 +85,16 @@ class ShmComm {
 // it; an empty name means it could not. The MIN all-reduce makes the verdict
 // unanimous: if any rank failed to open it, all use the process group, or
 // some would wait in shared-memory barriers that others never enter.
-std::unique_ptr<ShmAllreduce> OpenSharedMemoryAllreduce(ProcessGroup& pg, size_t floats,
+std::unique_ptr<ShmAllreduce> OpenSharedMemoryAllreduce(ProcessGroup& pg,
+                                                        size_t floats,
                                                         std::string* why) {
   const int world = pg.getSize(), rank = pg.getRank();
   std::unique_ptr<ShmAllreduce> seg;
   at::Tensor name = at::zeros({128}, at::kByte);
   if (rank == 0) {
     std::string n = "/dtrun-ddp-" + std::to_string(getpid()) + "-" +
-                    std::to_string(std::random_device{}()) + std::to_string(std::random_device{}());
+                    std::to_string(std::random_device{}()) +
+                    std::to_string(std::random_device{}());
     auto created = ShmAllreduce::Create(n, world, floats);
     if (created.ok()) {
       seg = std::move(*created);
@@ -126,9 +128,9 @@ struct DistributedDataParallel::Impl {
     std::vector<size_t> params;    // indices into Impl::params
     std::vector<int64_t> offsets;  // where each parameter sits in `flat`
     at::Tensor flat;
-    size_t pending = 0;            // gradients not yet copied in this step
+    size_t pending = 0;  // gradients not yet copied in this step
     c10::intrusive_ptr<c10d::Work> work;
-    int64_t shm_offset = 0;        // where `flat` sits in this rank's shared region
+    int64_t shm_offset = 0;  // where `flat` sits in this rank's shared region
     std::future<Status> shm_work;
   };
 
@@ -143,7 +145,7 @@ struct DistributedDataParallel::Impl {
   std::vector<Bucket> buckets;
   size_t next_launch = 0;  // buckets start in index order on every rank
   bool sync = true;
-  std::mutex mu;           // hooks may run on autograd's threads
+  std::mutex mu;  // hooks may run on autograd's threads
 
   void Broadcast(const at::Tensor& t) {
     std::vector<at::Tensor> v{t};
@@ -175,7 +177,9 @@ struct DistributedDataParallel::Impl {
       }
       Bucket& b = buckets.back();
       bucket_of[k] = buckets.size() - 1;
-      offset_of[k] = b.offsets.empty() ? 0 : b.offsets.back() + params[b.params.back()].numel();
+      offset_of[k] = b.offsets.empty()
+                         ? 0
+                         : b.offsets.back() + params[b.params.back()].numel();
       b.params.push_back(k);
       b.offsets.push_back(offset_of[k]);
       bytes += size;
@@ -192,17 +196,21 @@ struct DistributedDataParallel::Impl {
     int64_t total = 0;
     bool shareable = pg->getSize() > 1 && opts.shared_memory;
     for (const auto& p : params) {
-      shareable = shareable && p.device().is_cpu() && p.scalar_type() == at::kFloat;
+      shareable =
+          shareable && p.device().is_cpu() && p.scalar_type() == at::kFloat;
       total += p.numel();
     }
-    if (shareable) {  // the same verdict on every rank: the collective below is entered by all
+    if (shareable) {  // the same verdict on every rank: the collective below is
+                      // entered by all
       std::string why;
-      auto seg = OpenSharedMemoryAllreduce(*pg, static_cast<size_t>(total), &why);
+      auto seg =
+          OpenSharedMemoryAllreduce(*pg, static_cast<size_t>(total), &why);
       if (seg) {
         shm = std::make_unique<ShmComm>(std::move(seg), opts.timeout);
       } else if (!why.empty()) {
-        Logger("dtrun.ddp")->info("rank {}: all-reduce through the process group ({})",
-                                  pg->getRank(), why);
+        Logger("dtrun.ddp")
+            ->info("rank {}: all-reduce through the process group ({})",
+                   pg->getRank(), why);
       }
     }
     int64_t at = 0;
@@ -210,10 +218,12 @@ struct DistributedDataParallel::Impl {
       const int64_t n = BucketNumel(b);
       if (shm) {
         b.shm_offset = at;
-        b.flat = at::from_blob(shm->region() + at, {n}, at::TensorOptions().dtype(at::kFloat));
+        b.flat = at::from_blob(shm->region() + at, {n},
+                               at::TensorOptions().dtype(at::kFloat));
         b.flat.zero_();
       } else {
-        b.flat = at::zeros({n}, params[b.params.front()].options().requires_grad(false));
+        b.flat = at::zeros(
+            {n}, params[b.params.front()].options().requires_grad(false));
       }
       b.pending = b.params.size();
       at += n;
@@ -230,7 +240,8 @@ struct DistributedDataParallel::Impl {
     Bucket& b = buckets[bucket_of[k]];
     at::Tensor slice = b.flat.narrow(0, offset_of[k], p.numel());
     if (p.grad().defined()) {
-      at::add_out(slice, p.grad().reshape({-1}), grad.reshape({-1}));  // one pass, no temporary
+      at::add_out(slice, p.grad().reshape({-1}),
+                  grad.reshape({-1}));  // one pass, no temporary
     } else {
       slice.copy_(grad.reshape({-1}));
     }
@@ -248,7 +259,8 @@ struct DistributedDataParallel::Impl {
     while (next_launch < buckets.size() && buckets[next_launch].pending == 0) {
       Bucket& b = buckets[next_launch];
       if (shm) {
-        b.shm_work = shm->Launch(static_cast<size_t>(b.shm_offset), static_cast<size_t>(b.flat.numel()));
+        b.shm_work = shm->Launch(static_cast<size_t>(b.shm_offset),
+                                 static_cast<size_t>(b.flat.numel()));
       } else {
         std::vector<at::Tensor> v{b.flat};
         b.work = pg->allreduce(v);
@@ -266,7 +278,9 @@ struct DistributedDataParallel::Impl {
       return;
     }
     Status s = b.shm_work.get();
-    if (!s.ok()) throw Error("DDP: rank " + std::to_string(pg->getRank()) + ": " + s.message());
+    if (!s.ok())
+      throw Error("DDP: rank " + std::to_string(pg->getRank()) + ": " +
+                  s.message());
   }
 
   // Parameters that got no gradient this step (an unused branch) would keep
@@ -278,9 +292,10 @@ struct DistributedDataParallel::Impl {
       if (!opts.find_unused_parameters) {
         std::ostringstream shape;
         shape << params[k].sizes();
-        throw Error("DDP: parameter #" + std::to_string(k) + " (shape " + shape.str() +
-                    ") got no gradient in this step; construct DDP with "
-                    "find_unused_parameters=true if some parameters are unused");
+        throw Error(
+            "DDP: parameter #" + std::to_string(k) + " (shape " + shape.str() +
+            ") got no gradient in this step; construct DDP with "
+            "find_unused_parameters=true if some parameters are unused");
       }
       Bucket& b = buckets[bucket_of[k]];
       at::Tensor slice = b.flat.narrow(0, offset_of[k], params[k].numel());
@@ -295,8 +310,9 @@ struct DistributedDataParallel::Impl {
   }
 };
 
-DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Module> module,
-                                                 ProcessGroup* pg, DdpOptions options)
+DistributedDataParallel::DistributedDataParallel(
+    std::shared_ptr<torch::nn::Module> module, ProcessGroup* pg,
+    DdpOptions options)
     : impl_(std::make_unique<Impl>()) {
   Impl& d = *impl_;
   d.module = std::move(module);
@@ -319,7 +335,8 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Modu
   d.AllocateBuckets();
   Impl* raw = impl_.get();
   for (size_t k = 0; k < d.params.size(); ++k) {
-    d.params[k].register_hook([raw, k](const at::Tensor& grad) { raw->OnGrad(k, grad); });
+    d.params[k].register_hook(
+        [raw, k](const at::Tensor& grad) { raw->OnGrad(k, grad); });
   }
 }
 
@@ -341,7 +358,8 @@ void DistributedDataParallel::SyncGradients() {
     b.flat.div_(world);
     for (size_t i = 0; i < b.params.size(); ++i) {
       at::Tensor& p = d.params[b.params[i]];
-      at::Tensor avg = b.flat.narrow(0, b.offsets[i], p.numel()).view(p.sizes());
+      at::Tensor avg =
+          b.flat.narrow(0, b.offsets[i], p.numel()).view(p.sizes());
       if (p.grad().defined()) {
         p.mutable_grad().copy_(avg);
       } else {
@@ -356,12 +374,15 @@ void DistributedDataParallel::SyncGradients() {
 
 // While off, hooks return at once and gradients accumulate in .grad on this
 // rank; the next synced backward's hooks add them into the buckets.
-DistributedDataParallel::NoSync::NoSync(DistributedDataParallel& ddp) : ddp_(ddp) {
+DistributedDataParallel::NoSync::NoSync(DistributedDataParallel& ddp)
+    : ddp_(ddp) {
   ddp_.impl_->sync = false;
 }
 DistributedDataParallel::NoSync::~NoSync() { ddp_.impl_->sync = true; }
 
-size_t DistributedDataParallel::num_buckets() const { return impl_->buckets.size(); }
+size_t DistributedDataParallel::num_buckets() const {
+  return impl_->buckets.size();
+}
 std::string DistributedDataParallel::transport() const {
   return impl_->shm ? "shared memory" : "process group";
 }

@@ -19,21 +19,24 @@ class ShmAllreduce;
 // broadcasts, rank 0 unlinks the name), or nullptr on every rank when any
 // rank could not (another host, a small /dev/shm); *why then says why, on
 // the rank that failed.
-std::unique_ptr<ShmAllreduce> OpenSharedMemoryAllreduce(ProcessGroup& pg, size_t floats,
+std::unique_ptr<ShmAllreduce> OpenSharedMemoryAllreduce(ProcessGroup& pg,
+                                                        size_t floats,
                                                         std::string* why);
 
 struct DdpOptions {
-  double bucket_cap_mb = 25;            // gradient bucket cap, MiB; default 25
-                                        // (the first bucket: at most 1 MiB)
-  bool find_unused_parameters = false;  // a parameter with no gradient in a step
-                                        // contributes zeros (else SyncGradients throws)
-  bool broadcast_buffers = true;        // buffers too come from rank 0 at start
+  double bucket_cap_mb = 25;  // gradient bucket cap, MiB; default 25
+                              // (the first bucket: at most 1 MiB)
+  bool find_unused_parameters =
+      false;  // a parameter with no gradient in a step
+              // contributes zeros (else SyncGradients throws)
+  bool broadcast_buffers = true;  // buffers too come from rank 0 at start
   // When every rank runs on this host (they can all open one POSIX
   // shared-memory segment) and the gradients are float32 on the CPU, sum
   // them through /dev/shm (see ShmAllreduce) instead of the process group;
   // otherwise, or when /dev/shm is too small, the process group.
   bool shared_memory = true;
-  std::chrono::milliseconds timeout{30 * 60 * 1000};  // of a shared-memory all-reduce
+  std::chrono::milliseconds timeout{30 * 60 *
+                                    1000};  // of a shared-memory all-reduce
 };
 
 // Data parallelism for any torch::nn::Module. At construction, parameters
@@ -46,8 +49,8 @@ struct DdpOptions {
 // Not thread-safe: one training thread; the hooks run inside backward.
 class DistributedDataParallel {
  public:
-  DistributedDataParallel(std::shared_ptr<torch::nn::Module> module, ProcessGroup* pg,
-                          DdpOptions options = {});
+  DistributedDataParallel(std::shared_ptr<torch::nn::Module> module,
+                          ProcessGroup* pg, DdpOptions options = {});
   ~DistributedDataParallel();
 
   // Call after backward() and before the optimizer step: waits for every

@@ -17,7 +17,8 @@ using Clock = std::chrono::steady_clock;
 at::ScalarType DtypeNamed(const std::string& name, const char* option) {
   if (name == "float32") return at::kFloat;
   if (name == "bfloat16") return at::kBFloat16;
-  throw Error(std::string("FSDP ") + option + " '" + name + "': use \"float32\" or \"bfloat16\"");
+  throw Error(std::string("FSDP ") + option + " '" + name +
+              "': use \"float32\" or \"bfloat16\"");
 }
 
 // A unit's gathered buffer lives in one storage that FSDP frees and refills;
@@ -74,9 +75,11 @@ struct FullyShardedDataParallel::Impl {
   at::ScalarType param_dtype = at::kFloat, reduce_dtype = at::kFloat;
   at::Device device = at::kCPU;
   std::vector<Unit> units;
-  std::vector<std::pair<size_t, size_t>> param_slot;  // model->parameters() index -> (unit, i)
-  int next_rs = -1;  // reduce-scatters start in this (descending) order on every rank
-  std::mutex mu;     // hooks may run on autograd's threads
+  std::vector<std::pair<size_t, size_t>>
+      param_slot;  // model->parameters() index -> (unit, i)
+  int next_rs =
+      -1;  // reduce-scatters start in this (descending) order on every rank
+  std::mutex mu;  // hooks may run on autograd's threads
   CommStats stats;
 
   void Wait(const c10::intrusive_ptr<c10d::Work>& work) {
@@ -95,7 +98,8 @@ struct FullyShardedDataParallel::Impl {
   // All-gathers `src_` ([S] per rank) into `dst_` ([S * world]). Gloo's
   // allgather wants a list of outputs: they are slices of `dst`, so the
   // result lands in place with no copy afterwards.
-  c10::intrusive_ptr<c10d::Work> AllGather(const at::Tensor& dst_, const at::Tensor& src_) {
+  c10::intrusive_ptr<c10d::Work> AllGather(const at::Tensor& dst_,
+                                           const at::Tensor& src_) {
     at::Tensor dst = Wire(dst_), src = Wire(src_);
     if (nccl) {
       at::Tensor out = dst;
@@ -171,9 +175,11 @@ struct FullyShardedDataParallel::Impl {
     ClearParamGrads();
     Unit& u = units[k];
     if (!u.grad_full.defined()) {
-      u.grad_full = at::zeros({u.padded}, at::TensorOptions().dtype(reduce_dtype).device(device));
+      u.grad_full = at::zeros(
+          {u.padded}, at::TensorOptions().dtype(reduce_dtype).device(device));
     }
-    u.grad_full.narrow(0, u.offsets[i], u.params[i].numel()).copy_(grad.reshape({-1}));
+    u.grad_full.narrow(0, u.offsets[i], u.params[i].numel())
+        .copy_(grad.reshape({-1}));
     if (!u.ready[i]) {
       u.ready[i] = true;
       --u.pending;
@@ -192,7 +198,8 @@ struct FullyShardedDataParallel::Impl {
 
   void LaunchReduceScatter(Unit& u) {
     if (!u.grad_full.defined()) {
-      u.grad_full = at::zeros({u.padded}, at::TensorOptions().dtype(reduce_dtype).device(device));
+      u.grad_full = at::zeros(
+          {u.padded}, at::TensorOptions().dtype(reduce_dtype).device(device));
     }
     ++stats.reduce_scatters;
     if (world == 1) {
@@ -221,7 +228,9 @@ struct FullyShardedDataParallel::Impl {
       Wait(u.rs_work);
       u.rs_work.reset();
     }
-    at::Tensor g = nccl || world == 1 ? u.rs_out : u.rs_out.view({world, u.shard_size}).sum(0);
+    at::Tensor g = nccl || world == 1
+                       ? u.rs_out
+                       : u.rs_out.view({world, u.shard_size}).sum(0);
     g = g.to(at::kFloat).div_(world);
     if (g.device() != u.shard.device()) g = g.to(u.shard.device());
     if (u.shard.grad().defined()) {
@@ -258,10 +267,12 @@ struct FullyShardedDataParallel::Impl {
       }
       int64_t count = 0;
       for (const auto& p : own) count += p.numel();
-      if (opts.min_unit_params <= 0 && !own.empty() && !current.params.empty()) close(c);
+      if (opts.min_unit_params <= 0 && !own.empty() && !current.params.empty())
+        close(c);
       for (auto& p : own) current.params.push_back(p);
       current_params += count;
-      if (opts.min_unit_params > 0 && current_params >= opts.min_unit_params) close(c + 1);
+      if (opts.min_unit_params > 0 && current_params >= opts.min_unit_params)
+        close(c + 1);
     }
     if (current.params.empty() && !units.empty()) {
       units.back().end_child = n;  // trailing parameter-free children
@@ -288,7 +299,8 @@ struct FullyShardedDataParallel::Impl {
       auto fopts = at::TensorOptions().dtype(at::kFloat).device(device);
       at::Tensor flat = at::zeros({u.padded}, fopts);
       for (size_t i = 0; i < u.params.size(); ++i) {
-        flat.narrow(0, u.offsets[i], u.params[i].numel()).copy_(u.params[i].reshape({-1}));
+        flat.narrow(0, u.offsets[i], u.params[i].numel())
+            .copy_(u.params[i].reshape({-1}));
       }
       if (world > 1) {
         std::vector<at::Tensor> v{flat};
@@ -296,7 +308,8 @@ struct FullyShardedDataParallel::Impl {
         o.rootRank = 0;
         pg->broadcast(v, o)->wait();
       }
-      at::Tensor shard = flat.narrow(0, rank * u.shard_size, u.shard_size).clone();
+      at::Tensor shard =
+          flat.narrow(0, rank * u.shard_size, u.shard_size).clone();
       if (opts.cpu_offload) shard = shard.to(at::kCPU);
       u.shard = shard.set_requires_grad(true);
       u.full = at::empty({u.padded}, fopts.dtype(param_dtype));
@@ -321,35 +334,45 @@ struct FullyShardedDataParallel::Impl {
   }
 
   template <typename S>
-  static std::unique_ptr<S> AdamState(std::map<std::string, at::Tensor>& state) {
+  static std::unique_ptr<S> AdamState(
+      std::map<std::string, at::Tensor>& state) {
     auto a = std::make_unique<S>();
     a->exp_avg(state.at("exp_avg"));
     a->exp_avg_sq(state.at("exp_avg_sq"));
-    if (state.count("max_exp_avg_sq")) a->max_exp_avg_sq(state.at("max_exp_avg_sq"));
+    if (state.count("max_exp_avg_sq"))
+      a->max_exp_avg_sq(state.at("max_exp_avg_sq"));
     a->step(state.at("step").item<int64_t>());
     return a;
   }
 
   // The optimizer steps the shards, so its per-parameter state is per shard
   // too: this rank's slice of the unit's momentum or moments.
-  std::map<std::string, at::Tensor> OptimizerState(torch::optim::Optimizer& opt, const Unit& u) {
+  std::map<std::string, at::Tensor> OptimizerState(torch::optim::Optimizer& opt,
+                                                   const Unit& u) {
     std::map<std::string, at::Tensor> out;
     auto it = opt.state().find(OptimizerStateKey(opt, u.shard));
     if (it == opt.state().end()) return out;
-    if (auto* s = dynamic_cast<torch::optim::SGDParamState*>(it->second.get())) {
-      if (s->momentum_buffer().defined()) out["momentum_buffer"] = s->momentum_buffer();
-    } else if (auto* a = dynamic_cast<torch::optim::AdamWParamState*>(it->second.get())) {
+    if (auto* s =
+            dynamic_cast<torch::optim::SGDParamState*>(it->second.get())) {
+      if (s->momentum_buffer().defined())
+        out["momentum_buffer"] = s->momentum_buffer();
+    } else if (auto* a = dynamic_cast<torch::optim::AdamWParamState*>(
+                   it->second.get())) {
       out["exp_avg"] = a->exp_avg();
       out["exp_avg_sq"] = a->exp_avg_sq();
-      if (a->max_exp_avg_sq().defined()) out["max_exp_avg_sq"] = a->max_exp_avg_sq();
+      if (a->max_exp_avg_sq().defined())
+        out["max_exp_avg_sq"] = a->max_exp_avg_sq();
       out["step"] = torch::tensor(a->step(), torch::kLong);
-    } else if (auto* a = dynamic_cast<torch::optim::AdamParamState*>(it->second.get())) {
+    } else if (auto* a = dynamic_cast<torch::optim::AdamParamState*>(
+                   it->second.get())) {
       out["exp_avg"] = a->exp_avg();
       out["exp_avg_sq"] = a->exp_avg_sq();
-      if (a->max_exp_avg_sq().defined()) out["max_exp_avg_sq"] = a->max_exp_avg_sq();
+      if (a->max_exp_avg_sq().defined())
+        out["max_exp_avg_sq"] = a->max_exp_avg_sq();
       out["step"] = torch::tensor(a->step(), torch::kLong);
     } else {
-      throw Error("FSDP checkpoints support SGD, Adam and AdamW optimizer state only");
+      throw Error(
+          "FSDP checkpoints support SGD, Adam and AdamW optimizer state only");
     }
     return out;
   }
@@ -367,7 +390,8 @@ struct FullyShardedDataParallel::Impl {
     } else if (dynamic_cast<torch::optim::Adam*>(&opt)) {
       opt.state()[key] = AdamState<torch::optim::AdamParamState>(state);
     } else {
-      throw Error("FSDP checkpoints support SGD, Adam and AdamW optimizer state only");
+      throw Error(
+          "FSDP checkpoints support SGD, Adam and AdamW optimizer state only");
     }
   }
 
@@ -380,15 +404,18 @@ struct FullyShardedDataParallel::Impl {
     for (const auto& dict : dicts) {
       auto numel = dict.find(pre + "numel");
       if (numel == dict.end() || numel->second.item<int64_t>() != u.numel) {
-        throw Error("FSDP checkpoint: unit " + std::to_string(k) + " holds " +
-                    (numel == dict.end() ? std::string("nothing")
-                                         : std::to_string(numel->second.item<int64_t>()) +
-                                               " parameters") +
-                    ", this model's holds " + std::to_string(u.numel) +
-                    ": the model or the wrap policy changed since it was saved");
+        throw Error(
+            "FSDP checkpoint: unit " + std::to_string(k) + " holds " +
+            (numel == dict.end()
+                 ? std::string("nothing")
+                 : std::to_string(numel->second.item<int64_t>()) +
+                       " parameters") +
+            ", this model's holds " + std::to_string(u.numel) +
+            ": the model or the wrap policy changed since it was saved");
       }
       for (const auto& [key, t] : dict) {
-        if (key.compare(0, pre.size(), pre) == 0) names.insert(key.substr(pre.size()));
+        if (key.compare(0, pre.size(), pre) == 0)
+          names.insert(key.substr(pre.size()));
       }
     }
     names.erase("begin");
@@ -398,7 +425,8 @@ struct FullyShardedDataParallel::Impl {
 
   // This rank's shard of unit k's `name`, copied from the saved pieces that
   // overlap it.
-  at::Tensor Reassemble(size_t k, const std::string& name, const StateDicts& dicts) const {
+  at::Tensor Reassemble(size_t k, const std::string& name,
+                        const StateDicts& dicts) const {
     const Unit& u = units[k];
     const std::string pre = "u" + std::to_string(k) + ".";
     // The elements this rank owns now, clipped to the real (unpadded) ones.
@@ -413,20 +441,23 @@ struct FullyShardedDataParallel::Impl {
       const int64_t e = std::min(b + it->second.numel(), u.numel);
       const int64_t from = std::max(lo, b), to = std::min(hi, e);
       if (from >= to) continue;
-      dest.narrow(0, from - lo, to - from).copy_(it->second.narrow(0, from - b, to - from));
+      dest.narrow(0, from - lo, to - from)
+          .copy_(it->second.narrow(0, from - b, to - from));
       covered += to - from;
     }
     if (covered != std::max<int64_t>(0, hi - lo)) {
-      throw Error("FSDP checkpoint: elements [" + std::to_string(lo) + ", " + std::to_string(hi) +
-                  ") of unit " + std::to_string(k) + "'s " + name + " are missing (" +
-                  std::to_string(covered) + " found): a shard file of the checkpoint is missing");
+      throw Error("FSDP checkpoint: elements [" + std::to_string(lo) + ", " +
+                  std::to_string(hi) + ") of unit " + std::to_string(k) +
+                  "'s " + name + " are missing (" + std::to_string(covered) +
+                  " found): a shard file of the checkpoint is missing");
     }
     return dest.to(u.shard.device());
   }
 };
 
-FullyShardedDataParallel::FullyShardedDataParallel(std::shared_ptr<torch::nn::SequentialImpl> model,
-                                                   ProcessGroup* pg, FsdpOptions options)
+FullyShardedDataParallel::FullyShardedDataParallel(
+    std::shared_ptr<torch::nn::SequentialImpl> model, ProcessGroup* pg,
+    FsdpOptions options)
     : impl_(std::make_unique<Impl>()) {
   Impl& d = *impl_;
   d.model = std::move(model);
@@ -441,8 +472,10 @@ FullyShardedDataParallel::FullyShardedDataParallel(std::shared_ptr<torch::nn::Se
   if (params.empty()) throw Error("FSDP: the model has no parameters");
   d.device = params.front().device();
   if (options.cpu_offload && d.device.is_cpu()) {
-    throw Error("FSDP cpu_offload keeps GPU parameter shards in CPU memory; this model is on the "
-                "CPU already: leave cpu_offload off");
+    throw Error(
+        "FSDP cpu_offload keeps GPU parameter shards in CPU memory; this model "
+        "is on the "
+        "CPU already: leave cpu_offload off");
   }
   d.BuildUnits();
   d.Shard();
@@ -453,10 +486,12 @@ FullyShardedDataParallel::FullyShardedDataParallel(std::shared_ptr<torch::nn::Se
     for (size_t i = 0; i < d.units[k].params.size(); ++i) {
       at::Tensor& p = d.units[k].params[i];
       where[p.unsafeGetTensorImpl()] = {k, i};
-      p.register_hook([raw, k, i](const at::Tensor& grad) { raw->OnGrad(k, i, grad); });
+      p.register_hook(
+          [raw, k, i](const at::Tensor& grad) { raw->OnGrad(k, i, grad); });
     }
   }
-  for (const auto& p : d.model->parameters()) d.param_slot.push_back(where.at(p.unsafeGetTensorImpl()));
+  for (const auto& p : d.model->parameters())
+    d.param_slot.push_back(where.at(p.unsafeGetTensorImpl()));
 }
 
 FullyShardedDataParallel::~FullyShardedDataParallel() = default;
@@ -466,18 +501,21 @@ at::Tensor FullyShardedDataParallel::Forward(const at::Tensor& input) {
   // The input follows param_dtype, so mixed-precision layers see one dtype;
   // the output goes back to float32 for the loss.
   const bool grad = at::GradMode::is_enabled();
-  at::Tensor h = input.scalar_type() == at::kFloat && d.param_dtype != at::kFloat
-                     ? input.to(d.param_dtype)
-                     : input;
+  at::Tensor h =
+      input.scalar_type() == at::kFloat && d.param_dtype != at::kFloat
+          ? input.to(d.param_dtype)
+          : input;
   Impl* raw = impl_.get();
   for (size_t k = 0; k < d.units.size(); ++k) {
     Impl::Unit& u = d.units[k];
     {
       std::lock_guard<std::mutex> lock(d.mu);
       d.EnsureGathered(u);
-      if (d.opts.prefetch && k + 1 < d.units.size()) d.LaunchGather(d.units[k + 1]);
+      if (d.opts.prefetch && k + 1 < d.units.size())
+        d.LaunchGather(d.units[k + 1]);
     }
-    for (size_t c = u.first_child; c < u.end_child; ++c) h = (d.model->begin() + c)->forward(h);
+    for (size_t c = u.first_child; c < u.end_child; ++c)
+      h = (d.model->begin() + c)->forward(h);
     // Without autograd (evaluation) nothing comes back for the parameters:
     // free at once. In training the last unit stays gathered, since its
     // backward comes first.
@@ -531,13 +569,16 @@ std::vector<at::Tensor> FullyShardedDataParallel::FullParameters() {
   std::vector<at::Tensor> out;
   for (const auto& [k, i] : d.param_slot) {
     const auto& p = d.units[k].params[i];
-    out.push_back(flats[k].narrow(0, d.units[k].offsets[i], p.numel()).view(p.sizes()).clone());
+    out.push_back(flats[k]
+                      .narrow(0, d.units[k].offsets[i], p.numel())
+                      .view(p.sizes())
+                      .clone());
   }
   return out;
 }
 
-std::map<std::string, at::Tensor> FullyShardedDataParallel::StateDict(torch::optim::Optimizer& opt,
-                                                                      bool full) {
+std::map<std::string, at::Tensor> FullyShardedDataParallel::StateDict(
+    torch::optim::Optimizer& opt, bool full) {
   Impl& d = *impl_;
   at::NoGradGuard no_grad;
   std::map<std::string, at::Tensor> out;
@@ -558,7 +599,8 @@ std::map<std::string, at::Tensor> FullyShardedDataParallel::StateDict(torch::opt
         out[pre + name] = t.detach().to(at::kCPU).clone();
       }
     }
-    out[pre + "begin"] = torch::tensor(full ? int64_t{0} : d.rank * u.shard_size, torch::kLong);
+    out[pre + "begin"] =
+        torch::tensor(full ? int64_t{0} : d.rank * u.shard_size, torch::kLong);
     out[pre + "numel"] = torch::tensor(u.numel, torch::kLong);
   }
   return out;
@@ -569,7 +611,8 @@ std::map<std::string, at::Tensor> FullyShardedDataParallel::StateDict(torch::opt
 // and checks that the pieces cover it exactly, so that a missing shard file
 // is an error rather than zeros in the model.
 void FullyShardedDataParallel::LoadStateDicts(
-    const std::vector<std::map<std::string, at::Tensor>>& dicts, torch::optim::Optimizer& opt) {
+    const std::vector<std::map<std::string, at::Tensor>>& dicts,
+    torch::optim::Optimizer& opt) {
   Impl& d = *impl_;
   at::NoGradGuard no_grad;
   if (dicts.empty()) throw Error("FSDP: no state to load");
@@ -578,25 +621,32 @@ void FullyShardedDataParallel::LoadStateDicts(
     const std::string pre = "u" + std::to_string(k) + ".";
     std::map<std::string, at::Tensor> state;
     for (const auto& name : d.SavedNames(k, dicts)) {
-      state[name] = name == "step" ? dicts.front().at(pre + name) : d.Reassemble(k, name, dicts);
+      state[name] = name == "step" ? dicts.front().at(pre + name)
+                                   : d.Reassemble(k, name, dicts);
     }
-    if (!state.count("param")) throw Error("FSDP checkpoint: unit " + std::to_string(k) + " has no parameters");
+    if (!state.count("param"))
+      throw Error("FSDP checkpoint: unit " + std::to_string(k) +
+                  " has no parameters");
     u.shard.detach().copy_(state["param"]);
     state.erase("param");
     d.SetOptimizerState(opt, u, std::move(state));
   }
 }
 
-size_t FullyShardedDataParallel::num_units() const { return impl_->units.size(); }
+size_t FullyShardedDataParallel::num_units() const {
+  return impl_->units.size();
+}
 
 // Storage bytes, as the allocator sees them (a view counts its whole
 // storage), so the number is comparable with the process's memory.
-int64_t FullyShardedDataParallel::HeldBytes(torch::optim::Optimizer& opt) const {
+int64_t FullyShardedDataParallel::HeldBytes(
+    torch::optim::Optimizer& opt) const {
   Impl& d = *impl_;
   int64_t total = 0;
   for (const auto& u : d.units) {
-    total += Bytes(u.shard) + Bytes(u.shard.grad()) + Bytes(u.grad_full) + Bytes(u.rs_out) +
-             Bytes(u.gather_input) + (u.gathered || u.gather_work ? Bytes(u.full) : 0);
+    total += Bytes(u.shard) + Bytes(u.shard.grad()) + Bytes(u.grad_full) +
+             Bytes(u.rs_out) + Bytes(u.gather_input) +
+             (u.gathered || u.gather_work ? Bytes(u.full) : 0);
     for (const auto& p : u.params) total += Bytes(p.grad());
     for (const auto& [name, t] : d.OptimizerState(opt, u)) {
       if (name != "step") total += Bytes(t);

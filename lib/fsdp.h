@@ -59,8 +59,8 @@ struct FsdpOptions {
 // Not thread-safe: one training thread; the hooks run inside backward.
 class FullyShardedDataParallel {
  public:
-  FullyShardedDataParallel(std::shared_ptr<torch::nn::SequentialImpl> model, ProcessGroup* pg,
-                           FsdpOptions options = {});
+  FullyShardedDataParallel(std::shared_ptr<torch::nn::SequentialImpl> model,
+                           ProcessGroup* pg, FsdpOptions options = {});
   ~FullyShardedDataParallel();
 
   // The model's forward, unit by unit. Under torch::NoGradGuard (evaluation)
@@ -84,13 +84,15 @@ class FullyShardedDataParallel {
   // every range complete (gathered: collective; every rank gets it).
   // Optimizers: SGD (momentum buffer), Adam and AdamW (step, exp_avg,
   // exp_avg_sq, max_exp_avg_sq with amsgrad).
-  std::map<std::string, at::Tensor> StateDict(torch::optim::Optimizer& opt, bool full);
+  std::map<std::string, at::Tensor> StateDict(torch::optim::Optimizer& opt,
+                                              bool full);
   // Restores this rank's shards and optimizer state from one or more state
   // dicts of either kind, saved on any number of ranks: each element is
   // taken from whichever dict holds its range. Throws Error when a range is
   // missing or the units differ from this model's.
-  void LoadStateDicts(const std::vector<std::map<std::string, at::Tensor>>& dicts,
-                      torch::optim::Optimizer& opt);
+  void LoadStateDicts(
+      const std::vector<std::map<std::string, at::Tensor>>& dicts,
+      torch::optim::Optimizer& opt);
 
   size_t num_units() const;
   // Bytes of every tensor FSDP holds now: shards, their gradients, the

@@ -16,7 +16,9 @@
 namespace dtrun::train {
 namespace {
 
-std::vector<uint8_t> Bytes(const std::string& s) { return {s.begin(), s.end()}; }
+std::vector<uint8_t> Bytes(const std::string& s) {
+  return {s.begin(), s.end()};
+}
 std::string Text(const std::vector<uint8_t>& v) { return {v.begin(), v.end()}; }
 
 // c10d::Store over dtrun's client, so gloo rendezvous goes through the same
@@ -24,14 +26,18 @@ std::string Text(const std::vector<uint8_t>& v) { return {v.begin(), v.end()}; }
 class DtrunC10dStore : public c10d::Store {
  public:
   DtrunC10dStore(std::unique_ptr<rdzv::TcpStoreClient> client, int rank)
-      : c10d::Store(client->timeout()), client_(std::move(client)), rank_(rank) {}
+      : c10d::Store(client->timeout()),
+        client_(std::move(client)),
+        rank_(rank) {}
 
   void set(const std::string& key, const std::vector<uint8_t>& value) override {
     Check(client_->Set(key, Text(value)));
   }
-  std::vector<uint8_t> compareSet(const std::string& key, const std::vector<uint8_t>& expected,
-                                  const std::vector<uint8_t>& desired) override {
-    return Bytes(Value(client_->CompareSet(key, Text(expected), Text(desired))));
+  std::vector<uint8_t> compareSet(
+      const std::string& key, const std::vector<uint8_t>& expected,
+      const std::vector<uint8_t>& desired) override {
+    return Bytes(
+        Value(client_->CompareSet(key, Text(expected), Text(desired))));
   }
   std::vector<uint8_t> get(const std::string& key) override {
     return Bytes(Value(client_->Get(key)));
@@ -39,11 +45,18 @@ class DtrunC10dStore : public c10d::Store {
   int64_t add(const std::string& key, int64_t value) override {
     return Value(client_->Add(key, value));
   }
-  bool deleteKey(const std::string& key) override { return Value(client_->DeleteKey(key)); }
-  bool check(const std::vector<std::string>& keys) override { return Value(client_->Check(keys)); }
+  bool deleteKey(const std::string& key) override {
+    return Value(client_->DeleteKey(key));
+  }
+  bool check(const std::vector<std::string>& keys) override {
+    return Value(client_->Check(keys));
+  }
   int64_t getNumKeys() override { return Value(client_->NumKeys()); }
-  void wait(const std::vector<std::string>& keys) override { wait(keys, timeout_); }
-  void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& t) override {
+  void wait(const std::vector<std::string>& keys) override {
+    wait(keys, timeout_);
+  }
+  void wait(const std::vector<std::string>& keys,
+            const std::chrono::milliseconds& t) override {
     Check(client_->Wait(keys, t));
   }
 
@@ -91,22 +104,27 @@ std::string ChooseBackend(const std::string& wanted, const DistEnv& env) {
   const std::string who = "rank " + std::to_string(env.rank) + ": ";
   if (wanted == "gloo") return wanted;
   if (wanted != "nccl" && wanted != "auto") {
-    throw Error(who + "unknown backend '" + wanted + "': use \"gloo\", \"nccl\" or \"auto\"");
+    throw Error(who + "unknown backend '" + wanted +
+                "': use \"gloo\", \"nccl\" or \"auto\"");
   }
   const int gpus = VisibleGpus();
 #ifndef DTRUN_HAVE_NCCL
   if (wanted == "nccl") {
-    throw Error(who + "backend \"nccl\" asked for, but this build has no NCCL (its Torch is "
-                "CPU-only); rebuild against a CUDA-enabled libtorch or use \"gloo\"");
+    throw Error(
+        who +
+        "backend \"nccl\" asked for, but this build has no NCCL (its Torch is "
+        "CPU-only); rebuild against a CUDA-enabled libtorch or use \"gloo\"");
   }
 #endif
   if (gpus == 0) {
-    if (wanted == "nccl") throw Error(who + "backend \"nccl\" asked for, but no GPU is visible");
+    if (wanted == "nccl")
+      throw Error(who + "backend \"nccl\" asked for, but no GPU is visible");
     return "gloo";
   }
   if (env.local_rank >= gpus) {
-    throw Error(who + "LOCAL_RANK " + std::to_string(env.local_rank) + " but only " +
-                std::to_string(gpus) + " GPU(s) visible; start at most " + std::to_string(gpus) +
+    throw Error(who + "LOCAL_RANK " + std::to_string(env.local_rank) +
+                " but only " + std::to_string(gpus) +
+                " GPU(s) visible; start at most " + std::to_string(gpus) +
                 " workers per node (--nproc-per-node) or use backend \"gloo\"");
   }
   return "nccl";
@@ -114,7 +132,8 @@ std::string ChooseBackend(const std::string& wanted, const DistEnv& env) {
 
 }  // namespace
 
-std::unique_ptr<Distributed> Distributed::FromEnv(const ProcessGroupOptions& options) {
+std::unique_ptr<Distributed> Distributed::FromEnv(
+    const ProcessGroupOptions& options) {
   auto env = ReadDistEnv(ProcessEnvironment());
   if (!env.ok()) throw Error(env.status().message());
   auto impl = std::make_unique<Impl>();
@@ -128,20 +147,24 @@ std::unique_ptr<Distributed> Distributed::FromEnv(const ProcessGroupOptions& opt
   copts.dialect = rdzv::Dialect::kTorch113;
   auto client = rdzv::TcpStoreClient::Connect(copts);
   if (!client.ok()) {
-    throw StoreError("rank " + std::to_string(env->rank) + ": " + client.status().message());
+    throw StoreError("rank " + std::to_string(env->rank) + ": " +
+                     client.status().message());
   }
-  auto base = c10::make_intrusive<DtrunC10dStore>(std::move(*client), env->rank);
+  auto base =
+      c10::make_intrusive<DtrunC10dStore>(std::move(*client), env->rank);
   // torchrun 1.13 keeps one store across restarts; the attempt prefix keeps
   // attempts apart there (dtrun gives each attempt a fresh store anyway).
   auto store = c10::make_intrusive<c10d::PrefixStore>(
-      "/worker/attempt_" + std::to_string(env->restart_count) + "/dtrun_pg", base);
+      "/worker/attempt_" + std::to_string(env->restart_count) + "/dtrun_pg",
+      base);
   impl->backend = ChooseBackend(options.backend, *env);
 #ifdef DTRUN_HAVE_NCCL
   if (impl->backend == "nccl") {
     c10::cuda::set_device(static_cast<c10::DeviceIndex>(env->local_rank));
     auto nccl = c10d::ProcessGroupNCCL::Options::create();
     nccl->timeout = options.timeout;
-    impl->pg = c10::make_intrusive<c10d::ProcessGroupNCCL>(store, env->rank, env->world_size, nccl);
+    impl->pg = c10::make_intrusive<c10d::ProcessGroupNCCL>(
+        store, env->rank, env->world_size, nccl);
     return std::unique_ptr<Distributed>(new Distributed(std::move(impl)));
   }
 #endif
@@ -150,11 +173,13 @@ std::unique_ptr<Distributed> Distributed::FromEnv(const ProcessGroupOptions& opt
   // other nodes can reach.
   auto gloo = c10d::ProcessGroupGloo::Options::create(options.timeout);
   const char* ifname = std::getenv("GLOO_SOCKET_IFNAME");
-  gloo->devices.push_back(ifname && *ifname
-                              ? c10d::ProcessGroupGloo::createDeviceForInterface(ifname)
-                              : c10d::ProcessGroupGloo::createDefaultDevice());
+  gloo->devices.push_back(
+      ifname && *ifname
+          ? c10d::ProcessGroupGloo::createDeviceForInterface(ifname)
+          : c10d::ProcessGroupGloo::createDefaultDevice());
   gloo->threads = 2;  // PyTorch's default: DDP's bucket all-reduces overlap
-  impl->pg = c10::make_intrusive<c10d::ProcessGroupGloo>(store, env->rank, env->world_size, gloo);
+  impl->pg = c10::make_intrusive<c10d::ProcessGroupGloo>(store, env->rank,
+                                                         env->world_size, gloo);
   return std::unique_ptr<Distributed>(new Distributed(std::move(impl)));
 }
 

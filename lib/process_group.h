@@ -8,7 +8,6 @@
 #include "lib/dist_env.h"
 #include "lib/torch_compat.h"
 
-
 namespace dtrun::train {
 
 // Errors at the libtorch boundary (lib/ lives in libtorch's world, where
@@ -44,7 +43,8 @@ struct ProcessGroupOptions {
 class Distributed {
  public:
   // Throws Error naming the rank, the store address and the time waited.
-  static std::unique_ptr<Distributed> FromEnv(const ProcessGroupOptions& options = {});
+  static std::unique_ptr<Distributed> FromEnv(
+      const ProcessGroupOptions& options = {});
   ~Distributed();
 
   const DistEnv& env() const;

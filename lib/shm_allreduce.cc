@@ -20,22 +20,29 @@ constexpr int kMaxRanks = 512;
 // page-aligned.
 constexpr size_t kHeaderBytes = 4096;
 
-std::string Errno(const std::string& what) { return what + ": " + std::strerror(errno); }
+std::string Errno(const std::string& what) {
+  return what + ": " + std::strerror(errno);
+}
 
 // Each region is rounded up to whole cache lines: no line is written by two
 // ranks, which would bounce it between cores on every store.
-size_t RegionBytes(size_t floats) { return (floats * sizeof(float) + 63) / 64 * 64; }
+size_t RegionBytes(size_t floats) {
+  return (floats * sizeof(float) + 63) / 64 * 64;
+}
 
 // The kernel sleeps only while *addr still equals `expected`, so a wake-up
 // between the caller's load and this call is not lost. Timed, so that the
 // caller can check its deadline; spurious returns are fine (it reloads).
 void FutexWait(std::atomic<uint32_t>* addr, uint32_t expected, int64_t ns) {
-  timespec ts{static_cast<time_t>(ns / 1000000000), static_cast<long>(ns % 1000000000)};
-  syscall(SYS_futex, reinterpret_cast<uint32_t*>(addr), FUTEX_WAIT, expected, &ts, nullptr, 0);
+  timespec ts{static_cast<time_t>(ns / 1000000000),
+              static_cast<long>(ns % 1000000000)};
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(addr), FUTEX_WAIT, expected,
+          &ts, nullptr, 0);
 }
 
 void FutexWakeAll(std::atomic<uint32_t>* addr) {
-  syscall(SYS_futex, reinterpret_cast<uint32_t*>(addr), FUTEX_WAKE, INT32_MAX, nullptr, nullptr, 0);
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(addr), FUTEX_WAKE, INT32_MAX,
+          nullptr, nullptr, 0);
 }
 
 }  // namespace
@@ -47,25 +54,33 @@ struct ShmAllreduce::Control {
   uint64_t magic;
   uint32_t world;
   uint64_t floats;
-  alignas(64) std::atomic<uint32_t> count;       // ranks arrived at the current barrier
-  alignas(64) std::atomic<uint32_t> generation;  // barriers completed (futex word)
-  alignas(64) std::atomic<uint32_t> waiting_in[kMaxRanks];  // rank -> barrier it is in, + 1
+  alignas(
+      64) std::atomic<uint32_t> count;  // ranks arrived at the current barrier
+  alignas(
+      64) std::atomic<uint32_t> generation;  // barriers completed (futex word)
+  alignas(64) std::atomic<uint32_t> waiting_in[kMaxRanks];  // rank -> barrier
+                                                            // it is in, + 1
 };
-static_assert(sizeof(ShmAllreduce::Control) <= kHeaderBytes, "control block too large");
+static_assert(sizeof(ShmAllreduce::Control) <= kHeaderBytes,
+              "control block too large");
 
-Result<std::unique_ptr<ShmAllreduce>> ShmAllreduce::Create(const std::string& name, int world,
-                                                           size_t floats) {
-  if (world < 1 || world > kMaxRanks) return Status::Invalid("shared-memory all-reduce: bad world size");
-  const size_t bytes = kHeaderBytes + RegionBytes(floats) * static_cast<size_t>(world);
+Result<std::unique_ptr<ShmAllreduce>> ShmAllreduce::Create(
+    const std::string& name, int world, size_t floats) {
+  if (world < 1 || world > kMaxRanks)
+    return Status::Invalid("shared-memory all-reduce: bad world size");
+  const size_t bytes =
+      kHeaderBytes + RegionBytes(floats) * static_cast<size_t>(world);
   int fd = shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
   if (fd < 0) return Status::Io(Errno("shm_open " + name));
-  // Reserve the pages now: a /dev/shm too small fails here, not with SIGBUS later.
+  // Reserve the pages now: a /dev/shm too small fails here, not with SIGBUS
+  // later.
   int err = posix_fallocate(fd, 0, static_cast<off_t>(bytes));
   if (err != 0) {
     close(fd);
     shm_unlink(name.c_str());
     errno = err;
-    return Status::Io(Errno("reserving " + std::to_string(bytes >> 20) + " MiB in /dev/shm for " + name));
+    return Status::Io(Errno("reserving " + std::to_string(bytes >> 20) +
+                            " MiB in /dev/shm for " + name));
   }
   void* base = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   close(fd);
@@ -83,29 +98,39 @@ Result<std::unique_ptr<ShmAllreduce>> ShmAllreduce::Create(const std::string& na
   // segment early sees no magic rather than half-set counters.
   std::atomic_thread_fence(std::memory_order_release);
   c->magic = kMagic;
-  return std::unique_ptr<ShmAllreduce>(new ShmAllreduce(name, 0, world, floats, base, bytes));
+  return std::unique_ptr<ShmAllreduce>(
+      new ShmAllreduce(name, 0, world, floats, base, bytes));
 }
 
-Result<std::unique_ptr<ShmAllreduce>> ShmAllreduce::Open(const std::string& name, int rank,
-                                                         int world, size_t floats) {
-  const size_t bytes = kHeaderBytes + RegionBytes(floats) * static_cast<size_t>(world);
+Result<std::unique_ptr<ShmAllreduce>> ShmAllreduce::Open(
+    const std::string& name, int rank, int world, size_t floats) {
+  const size_t bytes =
+      kHeaderBytes + RegionBytes(floats) * static_cast<size_t>(world);
   int fd = shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0600);
   if (fd < 0) return Status::Io(Errno("shm_open " + name));
   void* base = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   close(fd);
   if (base == MAP_FAILED) return Status::Io(Errno("mmap " + name));
   auto* c = static_cast<Control*>(base);
-  std::atomic_thread_fence(std::memory_order_acquire);  // pairs with Create()'s release
-  if (c->magic != kMagic || c->world != static_cast<uint32_t>(world) || c->floats != floats) {
+  std::atomic_thread_fence(
+      std::memory_order_acquire);  // pairs with Create()'s release
+  if (c->magic != kMagic || c->world != static_cast<uint32_t>(world) ||
+      c->floats != floats) {
     munmap(base, bytes);
     return Status::Invalid(name + " is not this group's all-reduce segment");
   }
-  return std::unique_ptr<ShmAllreduce>(new ShmAllreduce(name, rank, world, floats, base, bytes));
+  return std::unique_ptr<ShmAllreduce>(
+      new ShmAllreduce(name, rank, world, floats, base, bytes));
 }
 
-ShmAllreduce::ShmAllreduce(std::string name, int rank, int world, size_t floats, void* base,
-                           size_t bytes)
-    : name_(std::move(name)), rank_(rank), world_(world), floats_(floats), base_(base), bytes_(bytes) {}
+ShmAllreduce::ShmAllreduce(std::string name, int rank, int world, size_t floats,
+                           void* base, size_t bytes)
+    : name_(std::move(name)),
+      rank_(rank),
+      world_(world),
+      floats_(floats),
+      base_(base),
+      bytes_(bytes) {}
 
 ShmAllreduce::~ShmAllreduce() { munmap(base_, bytes_); }
 
@@ -113,7 +138,8 @@ void ShmAllreduce::Unlink() { shm_unlink(name_.c_str()); }
 
 float* ShmAllreduce::Region(int r) {
   return reinterpret_cast<float*>(static_cast<char*>(base_) + kHeaderBytes +
-                                  RegionBytes(floats_) * static_cast<size_t>(r));
+                                  RegionBytes(floats_) *
+                                      static_cast<size_t>(r));
 }
 
 // A generation barrier. Each rank notes the generation it arrived in and
@@ -127,13 +153,15 @@ Status ShmAllreduce::Barrier(std::chrono::steady_clock::time_point deadline) {
   auto* c = static_cast<Control*>(base_);
   const uint32_t gen = c->generation.load(std::memory_order_acquire);
   c->waiting_in[rank_].store(gen + 1, std::memory_order_relaxed);
-  if (c->count.fetch_add(1, std::memory_order_acq_rel) + 1 == static_cast<uint32_t>(world_)) {
+  if (c->count.fetch_add(1, std::memory_order_acq_rel) + 1 ==
+      static_cast<uint32_t>(world_)) {
     c->count.store(0, std::memory_order_relaxed);
     c->generation.fetch_add(1, std::memory_order_acq_rel);
     FutexWakeAll(&c->generation);
     return Status::Ok();
   }
-  for (int spin = 0; c->generation.load(std::memory_order_acquire) == gen; ++spin) {
+  for (int spin = 0; c->generation.load(std::memory_order_acquire) == gen;
+       ++spin) {
     // Ranks on their own cores usually arrive within microseconds: a short
     // spin beats a futex sleep and wake. Then sleep, in slices of at most
     // 100 ms, to notice the deadline.
@@ -145,20 +173,26 @@ Status ShmAllreduce::Barrier(std::chrono::steady_clock::time_point deadline) {
     if (now >= deadline) {
       std::string missing;
       for (int r = 0; r < world_; ++r) {
-        if (c->waiting_in[r].load() != gen + 1) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+        if (c->waiting_in[r].load() != gen + 1)
+          missing += (missing.empty() ? "" : ", ") + std::to_string(r);
       }
-      return Status::Timeout("shared-memory all-reduce: rank " + std::to_string(rank_) +
+      return Status::Timeout("shared-memory all-reduce: rank " +
+                             std::to_string(rank_) +
                              " timed out waiting for local rank(s) " + missing);
     }
     int64_t ns = std::min<int64_t>(
-        100000000, std::chrono::duration_cast<std::chrono::nanoseconds>(deadline - now).count());
+        100000000,
+        std::chrono::duration_cast<std::chrono::nanoseconds>(deadline - now)
+            .count());
     FutexWait(&c->generation, gen, ns);
   }
   return Status::Ok();
 }
 
-Status ShmAllreduce::Allreduce(size_t offset, size_t n, std::chrono::milliseconds timeout) {
-  if (offset + n > floats_) return Status::Invalid("shared-memory all-reduce: range out of bounds");
+Status ShmAllreduce::Allreduce(size_t offset, size_t n,
+                               std::chrono::milliseconds timeout) {
+  if (offset + n > floats_)
+    return Status::Invalid("shared-memory all-reduce: range out of bounds");
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   Status s = Barrier(deadline);  // every rank's input is in place
   if (!s.ok()) return s;
@@ -188,9 +222,11 @@ Status ShmAllreduce::Allreduce(size_t offset, size_t n, std::chrono::millisecond
   for (int r = 0; r < world_; ++r) {
     if (r == rank_) continue;
     auto [rlo, rhi] = bounds(r);
-    std::memcpy(Region(rank_) + rlo, Region(r) + rlo, (rhi - rlo) * sizeof(float));
+    std::memcpy(Region(rank_) + rlo, Region(r) + rlo,
+                (rhi - rlo) * sizeof(float));
   }
-  return Barrier(deadline);  // nobody overwrites a region another rank still copies from
+  return Barrier(
+      deadline);  // nobody overwrites a region another rank still copies from
 }
 
 }  // namespace dtrun::train

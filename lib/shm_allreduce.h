@@ -27,9 +27,10 @@ namespace dtrun::train {
 // written by another thread between calls for the parts not being reduced.
 class ShmAllreduce {
  public:
-  static Result<std::unique_ptr<ShmAllreduce>> Create(const std::string& name, int world,
-                                                      size_t floats);
-  static Result<std::unique_ptr<ShmAllreduce>> Open(const std::string& name, int rank, int world,
+  static Result<std::unique_ptr<ShmAllreduce>> Create(const std::string& name,
+                                                      int world, size_t floats);
+  static Result<std::unique_ptr<ShmAllreduce>> Open(const std::string& name,
+                                                    int rank, int world,
                                                     size_t floats);
   ~ShmAllreduce();
   ShmAllreduce(const ShmAllreduce&) = delete;
@@ -49,7 +50,8 @@ class ShmAllreduce {
   struct Control;
 
  private:
-  ShmAllreduce(std::string name, int rank, int world, size_t floats, void* base, size_t bytes);
+  ShmAllreduce(std::string name, int rank, int world, size_t floats, void* base,
+               size_t bytes);
   float* Region(int r);
   Status Barrier(std::chrono::steady_clock::time_point deadline);
 

@@ -18,7 +18,9 @@ std::string OneOf(const std::string& key, const std::string& value,
   return key + " '" + value + "': use " + list;
 }
 
-bool Every(int64_t done, int64_t every) { return every > 0 && done % every == 0; }
+bool Every(int64_t done, int64_t every) {
+  return every > 0 && done % every == 0;
+}
 
 }  // namespace
 
@@ -30,8 +32,10 @@ std::string ValidateConfig(const TrainConfig& c) {
            OneOf("data.source", c.data, {"digits", "synthetic"}),
            OneOf("strategy.type", c.strategy, {"ddp", "fsdp"}),
            OneOf("strategy.backend", c.backend, {"auto", "gloo", "nccl"}),
-           OneOf("strategy.param_dtype", c.param_dtype, {"float32", "bfloat16"}),
-           OneOf("strategy.reduce_dtype", c.reduce_dtype, {"float32", "bfloat16"}),
+           OneOf("strategy.param_dtype", c.param_dtype,
+                 {"float32", "bfloat16"}),
+           OneOf("strategy.reduce_dtype", c.reduce_dtype,
+                 {"float32", "bfloat16"}),
            OneOf("optimizer.type", c.optimizer, {"sgd", "adam", "adamw"}),
            OneOf("schedule.type", c.schedule, {"constant", "cosine"}),
            OneOf("checkpoint.format", c.checkpoint_format, {"sharded", "full"}),
@@ -45,16 +49,19 @@ std::string ValidateConfig(const TrainConfig& c) {
   if (c.checkpoint_every < 1 || c.keep_checkpoints < 1) {
     return "checkpoint.every and checkpoint.keep must be >= 1";
   }
-  if (c.test_fraction <= 0 || c.test_fraction >= 1) return "data.test_fraction must be in (0, 1)";
+  if (c.test_fraction <= 0 || c.test_fraction >= 1)
+    return "data.test_fraction must be in (0, 1)";
   return "";
 }
 
-StepActions ActionsAfterStep(const TrainConfig& c, int64_t done, int rank, bool first_attempt) {
+StepActions ActionsAfterStep(const TrainConfig& c, int64_t done, int rank,
+                             bool first_attempt) {
   const bool last = done == c.steps;
   StepActions a;
   // The last step always checkpoints and logs: a finished run's folder holds
   // its final state, and its last loss is printed whatever the cadence.
-  a.checkpoint = !c.checkpoint_dir.empty() && (Every(done, c.checkpoint_every) || last);
+  a.checkpoint =
+      !c.checkpoint_dir.empty() && (Every(done, c.checkpoint_every) || last);
   a.log = rank == 0 && (Every(done, c.log_every) || last);
   a.eval = Every(done, c.eval_every);
   a.kill = first_attempt && rank == c.kill_rank && done == c.kill_at_step;
@@ -65,9 +72,11 @@ StepActions ActionsAfterStep(const TrainConfig& c, int64_t done, int rank, bool 
 
 double LearningRate(const TrainConfig& c, int64_t step) {
   double lr = c.lr;
-  if (c.warmup_steps > 0 && step < c.warmup_steps) return lr * (step + 1) / c.warmup_steps;
+  if (c.warmup_steps > 0 && step < c.warmup_steps)
+    return lr * (step + 1) / c.warmup_steps;
   if (c.schedule == "cosine") {
-    double t = double(step - c.warmup_steps) / std::max<int64_t>(1, c.steps - c.warmup_steps);
+    double t = double(step - c.warmup_steps) /
+               std::max<int64_t>(1, c.steps - c.warmup_steps);
     lr *= 0.5 * (1 + std::cos(M_PI * std::min(1.0, t)));
   }
   return lr;

@@ -14,10 +14,12 @@ namespace dtrun::train {
 struct StepActions {
   bool checkpoint = false;  // every rank takes part (collective)
   bool log = false;         // rank 0 prints progress and metrics
-  bool eval = false;        // rank 0 evaluates, or every rank if the strategy's eval is collective
-  bool kill = false;        // fault injection: this rank SIGKILLs itself
-  bool hang = false;        // fault injection: this rank stops beating and waits forever
-  bool stop = false;        // stop as if preempted (after the checkpoint, if any)
+  bool eval = false;  // rank 0 evaluates, or every rank if the strategy's eval
+                      // is collective
+  bool kill = false;  // fault injection: this rank SIGKILLs itself
+  bool hang =
+      false;  // fault injection: this rank stops beating and waits forever
+  bool stop = false;  // stop as if preempted (after the checkpoint, if any)
 };
 
 // The actions after step `done` (1-based: `done` steps are complete) on
@@ -25,7 +27,8 @@ struct StepActions {
 // turn those off (the last step still logs). Fault injection fires only
 // when `first_attempt` (TORCHELASTIC_RESTART_COUNT 0), so the restarted
 // group runs through.
-StepActions ActionsAfterStep(const TrainConfig& config, int64_t done, int rank, bool first_attempt);
+StepActions ActionsAfterStep(const TrainConfig& config, int64_t done, int rank,
+                             bool first_attempt);
 
 // The learning rate of 0-based `step`: linear warmup over warmup_steps, then
 // constant or cosine to 0 at `steps`.

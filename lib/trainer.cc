@@ -27,22 +27,28 @@ namespace {
 
 // Fault injection: stop beating and wait forever, as a wedged rank does.
 [[gnu::noinline]] void HangForever(int rank, int64_t step) {
-  std::fprintf(stderr, "fault injection: rank %d hangs after step %lld\n", rank, (long long)step);
+  std::fprintf(stderr, "fault injection: rank %d hangs after step %lld\n", rank,
+               (long long)step);
   for (;;) pause();
 }
 
 // A Sequential, because FSDP wraps consecutive children into units.
-std::shared_ptr<torch::nn::SequentialImpl> MakeModel(const TrainConfig& c, int features,
+std::shared_ptr<torch::nn::SequentialImpl> MakeModel(const TrainConfig& c,
+                                                     int features,
                                                      int classes) {
   torch::manual_seed(c.seed);
   auto seq = std::make_shared<torch::nn::SequentialImpl>();
   if (c.model == "cnn") {
-    if (features != 64) throw Error("model 'cnn' needs 8x8 inputs (data = \"digits\")");
-    seq->push_back(torch::nn::Unflatten(torch::nn::UnflattenOptions(1, {1, 8, 8})));
-    seq->push_back(torch::nn::Conv2d(torch::nn::Conv2dOptions(1, 16, 3).padding(1)));
+    if (features != 64)
+      throw Error("model 'cnn' needs 8x8 inputs (data = \"digits\")");
+    seq->push_back(
+        torch::nn::Unflatten(torch::nn::UnflattenOptions(1, {1, 8, 8})));
+    seq->push_back(
+        torch::nn::Conv2d(torch::nn::Conv2dOptions(1, 16, 3).padding(1)));
     seq->push_back(torch::nn::ReLU());
     seq->push_back(torch::nn::MaxPool2d(2));
-    seq->push_back(torch::nn::Conv2d(torch::nn::Conv2dOptions(16, 32, 3).padding(1)));
+    seq->push_back(
+        torch::nn::Conv2d(torch::nn::Conv2dOptions(16, 32, 3).padding(1)));
     seq->push_back(torch::nn::ReLU());
     seq->push_back(torch::nn::Flatten());
     seq->push_back(torch::nn::Linear(32 * 4 * 4, classes));
@@ -59,11 +65,13 @@ std::shared_ptr<torch::nn::SequentialImpl> MakeModel(const TrainConfig& c, int f
   return seq;
 }
 
-std::unique_ptr<torch::optim::Optimizer> MakeOptimizer(const TrainConfig& c,
-                                                       std::vector<torch::Tensor> params) {
+std::unique_ptr<torch::optim::Optimizer> MakeOptimizer(
+    const TrainConfig& c, std::vector<torch::Tensor> params) {
   if (c.optimizer == "sgd") {
     return std::make_unique<torch::optim::SGD>(
-        params, torch::optim::SGDOptions(c.lr).momentum(c.momentum).weight_decay(c.weight_decay));
+        params, torch::optim::SGDOptions(c.lr)
+                    .momentum(c.momentum)
+                    .weight_decay(c.weight_decay));
   }
   if (c.optimizer == "adam") {
     return std::make_unique<torch::optim::Adam>(
@@ -79,14 +87,15 @@ void SetLearningRate(torch::optim::Optimizer& opt, double lr) {
 
 // The batch's rows copied into one CPU tensor, then moved to the device in
 // one transfer.
-torch::Tensor Rows(const Dataset& d, const std::vector<int64_t>& idx, torch::Tensor* labels,
-                   torch::Device device) {
+torch::Tensor Rows(const Dataset& d, const std::vector<int64_t>& idx,
+                   torch::Tensor* labels, torch::Device device) {
   auto x = torch::empty({static_cast<int64_t>(idx.size()), d.features});
   auto y = torch::empty({static_cast<int64_t>(idx.size())}, torch::kLong);
   float* xp = x.data_ptr<float>();
   int64_t* yp = y.data_ptr<int64_t>();
   for (size_t i = 0; i < idx.size(); ++i) {
-    std::copy_n(d.x.begin() + idx[i] * d.features, d.features, xp + i * d.features);
+    std::copy_n(d.x.begin() + idx[i] * d.features, d.features,
+                xp + i * d.features);
     yp[i] = d.y[static_cast<size_t>(idx[i])];
   }
   *labels = y.to(device);
@@ -96,8 +105,8 @@ torch::Tensor Rows(const Dataset& d, const std::vector<int64_t>& idx, torch::Ten
 // Accuracy on the whole test set in one batch. Through the strategy's
 // Forward(), since FSDP must gather its units; eval mode switches dropout off.
 template <typename Forward>
-double Accuracy(torch::nn::SequentialImpl& model, const Dataset& test, torch::Device device,
-                Forward forward) {
+double Accuracy(torch::nn::SequentialImpl& model, const Dataset& test,
+                torch::Device device, Forward forward) {
   torch::NoGradGuard no_grad;
   model.eval();
   std::vector<int64_t> all(test.rows());
@@ -128,10 +137,13 @@ double AllMean(ProcessGroup& pg, double v, torch::Device device) {
 }
 
 // Every rank's CPU generator state, gathered (collective).
-std::vector<torch::Tensor> GatherRngStates(ProcessGroup& pg, torch::Device device) {
-  torch::Tensor mine = at::detail::getDefaultCPUGenerator().get_state().to(device);
+std::vector<torch::Tensor> GatherRngStates(ProcessGroup& pg,
+                                           torch::Device device) {
+  torch::Tensor mine =
+      at::detail::getDefaultCPUGenerator().get_state().to(device);
   std::vector<std::vector<torch::Tensor>> out(1);
-  for (int r = 0; r < pg.getSize(); ++r) out[0].push_back(torch::empty_like(mine));
+  for (int r = 0; r < pg.getSize(); ++r)
+    out[0].push_back(torch::empty_like(mine));
   std::vector<torch::Tensor> in{mine};
   pg.allgather(out, in)->wait();
   for (auto& t : out[0]) t = t.to(torch::kCPU);
@@ -169,7 +181,8 @@ torch::Tensor Blob(const std::string& s) {
 }
 
 std::string Text(const torch::Tensor& t) {
-  return std::string(static_cast<const char*>(t.data_ptr()), static_cast<size_t>(t.numel()));
+  return std::string(static_cast<const char*>(t.data_ptr()),
+                     static_cast<size_t>(t.numel()));
 }
 
 // What differs between DDP and FSDP in the loop and in checkpoints.
@@ -186,24 +199,27 @@ class Strategy {
   virtual bool CollectiveEval() const = 0;
   // Checkpoint (collective): writes any per-rank files, then returns the
   // tensors of the step's file, which rank 0 writes last.
-  virtual std::map<std::string, torch::Tensor> Save(torch::optim::Optimizer& opt,
-                                                    const CheckpointDir& dir, int64_t step) = 0;
+  virtual std::map<std::string, torch::Tensor> Save(
+      torch::optim::Optimizer& opt, const CheckpointDir& dir, int64_t step) = 0;
   // Whether a checkpoint's other files are there and verify (every rank
   // reaches the same verdict: they read the same files). Restore() follows
   // the Complete() that accepted, for the same step.
   virtual Status Complete(const std::map<std::string, torch::Tensor>& main,
                           const CheckpointDir& dir, int64_t step) = 0;
-  virtual void Restore(const std::map<std::string, torch::Tensor>& main, const CheckpointDir& dir,
-                       int64_t step, torch::optim::Optimizer& opt) = 0;
+  virtual void Restore(const std::map<std::string, torch::Tensor>& main,
+                       const CheckpointDir& dir, int64_t step,
+                       torch::optim::Optimizer& opt) = 0;
 };
 
 class DdpStrategy : public Strategy {
  public:
-  DdpStrategy(std::shared_ptr<torch::nn::SequentialImpl> model, ProcessGroup* pg,
-              const TrainConfig& c)
+  DdpStrategy(std::shared_ptr<torch::nn::SequentialImpl> model,
+              ProcessGroup* pg, const TrainConfig& c)
       : model_(model), ddp_(model, pg, Options(c)) {}
 
-  torch::Tensor Forward(const torch::Tensor& x) override { return model_->forward(x); }
+  torch::Tensor Forward(const torch::Tensor& x) override {
+    return model_->forward(x);
+  }
   // Only the step's last micro-batch all-reduces; the others accumulate in
   // .grad under NoSync, and the last one's hooks add them into the buckets.
   void Backward(const torch::Tensor& loss, bool last) override {
@@ -215,11 +231,16 @@ class DdpStrategy : public Strategy {
       loss.backward();
     }
   }
-  std::vector<torch::Tensor> OptimizerParams() override { return model_->parameters(); }
-  std::vector<torch::Tensor> FullParams() override { return model_->parameters(); }
+  std::vector<torch::Tensor> OptimizerParams() override {
+    return model_->parameters();
+  }
+  std::vector<torch::Tensor> FullParams() override {
+    return model_->parameters();
+  }
   bool CollectiveEval() const override { return false; }
 
-  std::map<std::string, torch::Tensor> Save(torch::optim::Optimizer& opt, const CheckpointDir&,
+  std::map<std::string, torch::Tensor> Save(torch::optim::Optimizer& opt,
+                                            const CheckpointDir&,
                                             int64_t) override {
     torch::serialize::OutputArchive m, o;
     model_->save(m);
@@ -229,19 +250,24 @@ class DdpStrategy : public Strategy {
     o.save_to(os);
     return {{"model", Blob(ms.str())}, {"optimizer", Blob(os.str())}};
   }
-  Status Complete(const std::map<std::string, torch::Tensor>& main, const CheckpointDir& dir,
-                  int64_t) override {
+  Status Complete(const std::map<std::string, torch::Tensor>& main,
+                  const CheckpointDir& dir, int64_t) override {
     if (!main.count("model") || !main.count("optimizer")) {
-      throw Error(dir.dir() + " holds checkpoints of an FSDP run (strategy = \"fsdp\"); resume "
-                  "it with strategy.type=\"fsdp\" or give this DDP run another checkpoint.dir");
+      throw Error(
+          dir.dir() +
+          " holds checkpoints of an FSDP run (strategy = \"fsdp\"); resume "
+          "it with strategy.type=\"fsdp\" or give this DDP run another "
+          "checkpoint.dir");
     }
     return Status::Ok();
   }
-  void Restore(const std::map<std::string, torch::Tensor>& main, const CheckpointDir&, int64_t,
+  void Restore(const std::map<std::string, torch::Tensor>& main,
+               const CheckpointDir&, int64_t,
                torch::optim::Optimizer& opt) override {
     torch::Device device = model_->parameters().front().device();
     torch::serialize::InputArchive m, o;
-    std::istringstream ms(Text(main.at("model"))), os(Text(main.at("optimizer")));
+    std::istringstream ms(Text(main.at("model"))),
+        os(Text(main.at("optimizer")));
     m.load_from(ms, device);
     o.load_from(os, device);
     model_->load(m);
@@ -261,20 +287,30 @@ class DdpStrategy : public Strategy {
 
 class FsdpStrategy : public Strategy {
  public:
-  FsdpStrategy(std::shared_ptr<torch::nn::SequentialImpl> model, ProcessGroup* pg,
-               const TrainConfig& c)
-      : pg_(pg), full_format_(c.checkpoint_format == "full"), fsdp_(model, pg, Options(c)) {}
+  FsdpStrategy(std::shared_ptr<torch::nn::SequentialImpl> model,
+               ProcessGroup* pg, const TrainConfig& c)
+      : pg_(pg),
+        full_format_(c.checkpoint_format == "full"),
+        fsdp_(model, pg, Options(c)) {}
 
-  torch::Tensor Forward(const torch::Tensor& x) override { return fsdp_.Forward(x); }
+  torch::Tensor Forward(const torch::Tensor& x) override {
+    return fsdp_.Forward(x);
+  }
   void Backward(const torch::Tensor& loss, bool) override {
     loss.backward();
-    fsdp_.SyncGradients();  // every micro-batch's gradients accumulate in the shards
+    fsdp_.SyncGradients();  // every micro-batch's gradients accumulate in the
+                            // shards
   }
-  std::vector<torch::Tensor> OptimizerParams() override { return fsdp_.ShardParameters(); }
-  std::vector<torch::Tensor> FullParams() override { return fsdp_.FullParameters(); }
+  std::vector<torch::Tensor> OptimizerParams() override {
+    return fsdp_.ShardParameters();
+  }
+  std::vector<torch::Tensor> FullParams() override {
+    return fsdp_.FullParameters();
+  }
   bool CollectiveEval() const override { return true; }
 
-  std::map<std::string, torch::Tensor> Save(torch::optim::Optimizer& opt, const CheckpointDir& dir,
+  std::map<std::string, torch::Tensor> Save(torch::optim::Optimizer& opt,
+                                            const CheckpointDir& dir,
                                             int64_t step) override {
     if (full_format_) {
       auto state = fsdp_.StateDict(opt, /*full=*/true);
@@ -284,35 +320,46 @@ class FsdpStrategy : public Strategy {
     // Sharded: each rank writes its own file, so no rank ever holds the
     // full state; the step's file only records how many shards there are.
     const std::string path = dir.ShardPath(step, pg_->getRank());
-    Status s = WriteCheckpointFile(path, Serialize(fsdp_.StateDict(opt, /*full=*/false)));
-    if (!s.ok()) throw Error("rank " + std::to_string(pg_->getRank()) + ": " + s.message());
-    pg_->barrier()->wait();  // every shard is durable before the step's file names them
+    Status s = WriteCheckpointFile(
+        path, Serialize(fsdp_.StateDict(opt, /*full=*/false)));
+    if (!s.ok())
+      throw Error("rank " + std::to_string(pg_->getRank()) + ": " +
+                  s.message());
+    pg_->barrier()
+        ->wait();  // every shard is durable before the step's file names them
     return {{"fsdp_shards", torch::tensor(int64_t{pg_->getSize()})}};
   }
-  Status Complete(const std::map<std::string, torch::Tensor>& main, const CheckpointDir& dir,
-                  int64_t step) override {
+  Status Complete(const std::map<std::string, torch::Tensor>& main,
+                  const CheckpointDir& dir, int64_t step) override {
     if (!main.count("fsdp_shards")) {
-      throw Error(dir.dir() + " holds checkpoints of a DDP run (strategy = \"ddp\"); resume it "
-                  "with strategy.type=\"ddp\" or give this FSDP run another checkpoint.dir");
+      throw Error(
+          dir.dir() +
+          " holds checkpoints of a DDP run (strategy = \"ddp\"); resume it "
+          "with strategy.type=\"ddp\" or give this FSDP run another "
+          "checkpoint.dir");
     }
     // Read and verified once; Restore() loads what this kept.
     verified_.clear();
     const int64_t shards = main.at("fsdp_shards").item<int64_t>();
-    if (shards == 0) verified_.push_back(main);  // full format: the step's file holds it all
+    if (shards == 0)
+      verified_.push_back(main);  // full format: the step's file holds it all
     for (int64_t j = 0; j < shards; ++j) {
       const std::string path = dir.ShardPath(step, static_cast<int>(j));
       auto shard = ReadCheckpointFile(path);
       if (!shard.ok()) {
         verified_.clear();
-        return Status::Invalid("its shard " + path + " does not load: " + shard.status().message());
+        return Status::Invalid("its shard " + path +
+                               " does not load: " + shard.status().message());
       }
       verified_.push_back(Deserialize(*shard));
     }
     return Status::Ok();
   }
-  void Restore(const std::map<std::string, torch::Tensor>&, const CheckpointDir&, int64_t,
+  void Restore(const std::map<std::string, torch::Tensor>&,
+               const CheckpointDir&, int64_t,
                torch::optim::Optimizer& opt) override {
-    DTRUN_CHECK(!verified_.empty()) << "FSDP Restore() without a Complete() that accepted";
+    DTRUN_CHECK(!verified_.empty())
+        << "FSDP Restore() without a Complete() that accepted";
     fsdp_.LoadStateDicts(verified_, opt);
     verified_.clear();
   }
@@ -332,23 +379,27 @@ class FsdpStrategy : public Strategy {
   ProcessGroup* pg_;
   bool full_format_;
   FullyShardedDataParallel fsdp_;
-  std::vector<std::map<std::string, torch::Tensor>> verified_;  // by Complete(), for Restore()
+  std::vector<std::map<std::string, torch::Tensor>>
+      verified_;  // by Complete(), for Restore()
 };
 
-std::unique_ptr<Strategy> MakeStrategy(std::shared_ptr<torch::nn::SequentialImpl> model,
-                                       ProcessGroup* pg, const TrainConfig& c) {
+std::unique_ptr<Strategy> MakeStrategy(
+    std::shared_ptr<torch::nn::SequentialImpl> model, ProcessGroup* pg,
+    const TrainConfig& c) {
   if (c.strategy == "fsdp") return std::make_unique<FsdpStrategy>(model, pg, c);
   return std::make_unique<DdpStrategy>(model, pg, c);  // "ddp" (validated)
 }
 
 torch::Device DeviceOf(const Distributed& dist) {
   if (!dist.uses_cuda()) return torch::Device(torch::kCPU);
-  return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(dist.env().local_rank));
+  return torch::Device(torch::kCUDA,
+                       static_cast<c10::DeviceIndex>(dist.env().local_rank));
 }
 
 Dataset LoadDataset(const TrainConfig& c) {
   if (c.data == "synthetic") {
-    return MakeSynthetic(c.synthetic_samples, c.synthetic_features, c.synthetic_classes, c.seed);
+    return MakeSynthetic(c.synthetic_samples, c.synthetic_features,
+                         c.synthetic_classes, c.seed);
   }
   auto loaded = LoadDigits(c.digits_path);  // "digits" (validated)
   if (!loaded.ok()) throw Error(loaded.status().message());
@@ -367,7 +418,8 @@ class Trainer {
 
  private:
   int64_t Resume();
-  void RestoreRng(const std::map<std::string, torch::Tensor>& main, int64_t start);
+  void RestoreRng(const std::map<std::string, torch::Tensor>& main,
+                  int64_t start);
   double Step(int64_t step);
   double MicroBatch(int64_t micro, bool last);
   void Checkpoint(int64_t done);
@@ -413,18 +465,22 @@ Trainer::Trainer(const TrainConfig& c, std::unique_ptr<Distributed> dist)
 
 int Trainer::Run() {
   if (!c_.checkpoint_dir.empty()) {
-    ckpt_ = std::make_unique<CheckpointDir>(c_.checkpoint_dir, c_.keep_checkpoints);
+    ckpt_ =
+        std::make_unique<CheckpointDir>(c_.checkpoint_dir, c_.keep_checkpoints);
   }
   const int64_t start = ckpt_ ? Resume() : 0;
-  if (rank_ == 0 && !c_.metrics_path.empty()) metrics_.open(c_.metrics_path, std::ios::app);
+  if (rank_ == 0 && !c_.metrics_path.empty())
+    metrics_.open(c_.metrics_path, std::ios::app);
   const bool first_attempt = dist_->env().restart_count == 0;
   window_start_ = std::chrono::steady_clock::now();
   rdzv::Heartbeat heartbeat;  // dtrun --hang-timeout: one pwrite per step
   for (int64_t step = start; step < c_.steps; ++step) {
     loss_ = Step(step);
-    window_samples_ += static_cast<int64_t>(c_.batch_size) * c_.accumulate * world_;
+    window_samples_ +=
+        static_cast<int64_t>(c_.batch_size) * c_.accumulate * world_;
     const int64_t done = step + 1;
-    const StepActions actions = ActionsAfterStep(c_, done, rank_, first_attempt);
+    const StepActions actions =
+        ActionsAfterStep(c_, done, rank_, first_attempt);
     if (actions.checkpoint) Checkpoint(done);
     if (actions.log) Log(done, LearningRate(c_, step));
     if (actions.eval && Evaluates()) Eval(done);
@@ -444,20 +500,23 @@ int Trainer::Run() {
 int64_t Trainer::Resume() {
   std::vector<std::string> skipped;
   std::map<std::string, torch::Tensor> main;
-  auto loaded = ckpt_->LoadLatest(&skipped, [&](const CheckpointDir::Loaded& l) {
-    main = Deserialize(l.payload);
-    return strategy_->Complete(main, *ckpt_, l.step);
-  });
+  auto loaded =
+      ckpt_->LoadLatest(&skipped, [&](const CheckpointDir::Loaded& l) {
+        main = Deserialize(l.payload);
+        return strategy_->Complete(main, *ckpt_, l.step);
+      });
   if (rank_ == 0) {
-    for (const auto& s : skipped) std::fprintf(stderr, "checkpoint skipped: %s\n", s.c_str());
+    for (const auto& s : skipped)
+      std::fprintf(stderr, "checkpoint skipped: %s\n", s.c_str());
   }
   if (!loaded) return 0;
   strategy_->Restore(main, *ckpt_, loaded->step, *opt_);
   const int64_t start = main.at("step").item<int64_t>();
   RestoreRng(main, start);
   if (rank_ == 0) {
-    std::printf("resumed from %s at step %lld (saved on %lld ranks)\n", loaded->path.c_str(),
-                (long long)start, (long long)main.at("world_size").item<int64_t>());
+    std::printf("resumed from %s at step %lld (saved on %lld ranks)\n",
+                loaded->path.c_str(), (long long)start,
+                (long long)main.at("world_size").item<int64_t>());
   }
   return start;
 }
@@ -465,7 +524,8 @@ int64_t Trainer::Resume() {
 // Bitwise resume needs each rank's generator exactly where it was (dropout
 // draws from it). On another world size rank r's saved stream belongs to a
 // different slice of the batch, so the ranks reseed from the step instead.
-void Trainer::RestoreRng(const std::map<std::string, torch::Tensor>& main, int64_t start) {
+void Trainer::RestoreRng(const std::map<std::string, torch::Tensor>& main,
+                         int64_t start) {
   const std::string mine = "rng_" + std::to_string(rank_);
   if (main.at("world_size").item<int64_t>() == world_ && main.count(mine)) {
     at::Generator gen = at::detail::getDefaultCPUGenerator();
@@ -492,9 +552,11 @@ double Trainer::Step(int64_t step) {
 // accumulate = k sees the same samples as one with k times the batch.
 double Trainer::MicroBatch(int64_t micro, bool last) {
   torch::Tensor y;
-  auto idx = StepIndices(train_.rows(), c_.batch_size, world_, rank_, micro, c_.seed, c_.drop_last);
+  auto idx = StepIndices(train_.rows(), c_.batch_size, world_, rank_, micro,
+                         c_.seed, c_.drop_last);
   auto x = Rows(train_, idx, &y, device_);
-  auto loss = torch::cross_entropy_loss(strategy_->Forward(x), y) / c_.accumulate;
+  auto loss =
+      torch::cross_entropy_loss(strategy_->Forward(x), y) / c_.accumulate;
   const double value = loss.item<double>();
   strategy_->Backward(loss, last);
   return value;
@@ -512,22 +574,29 @@ void Trainer::Checkpoint(int64_t done) {
   if (rank_ == 0) {
     main["step"] = torch::tensor(done);
     main["world_size"] = torch::tensor(int64_t{world_});
-    for (int r = 0; r < world_; ++r) main["rng_" + std::to_string(r)] = rng[static_cast<size_t>(r)];
+    for (int r = 0; r < world_; ++r)
+      main["rng_" + std::to_string(r)] = rng[static_cast<size_t>(r)];
     Status s = ckpt_->Write(done, Serialize(main));
-    if (!s.ok()) throw Error("checkpoint at step " + std::to_string(done) + ": " + s.message());
+    if (!s.ok())
+      throw Error("checkpoint at step " + std::to_string(done) + ": " +
+                  s.message());
   }
-  dist_->pg().barrier()->wait();  // nobody runs ahead of a checkpoint in progress
+  dist_->pg()
+      .barrier()
+      ->wait();  // nobody runs ahead of a checkpoint in progress
 }
 
 void Trainer::Log(int64_t done, double lr) {
-  const double secs =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - window_start_).count();
+  const double secs = std::chrono::duration<double>(
+                          std::chrono::steady_clock::now() - window_start_)
+                          .count();
   const double rate = window_samples_ / std::max(secs, 1e-9);
-  std::printf("step %lld loss %.6f lr %.5f samples/s %.0f\n", (long long)done, loss_, lr, rate);
+  std::printf("step %lld loss %.6f lr %.5f samples/s %.0f\n", (long long)done,
+              loss_, lr, rate);
   std::fflush(stdout);
   if (metrics_) {
-    metrics_ << "{\"step\": " << done << ", \"loss\": " << loss_ << ", \"samples_per_s\": " << rate
-             << "}\n";
+    metrics_ << "{\"step\": " << done << ", \"loss\": " << loss_
+             << ", \"samples_per_s\": " << rate << "}\n";
     metrics_.flush();
   }
   window_start_ = std::chrono::steady_clock::now();
@@ -539,13 +608,16 @@ void Trainer::Eval(int64_t done) {
   if (rank_ != 0) return;
   std::printf("step %lld eval_accuracy %.4f\n", (long long)done, acc);
   std::fflush(stdout);
-  if (metrics_) metrics_ << "{\"step\": " << done << ", \"eval_accuracy\": " << acc << "}\n";
+  if (metrics_)
+    metrics_ << "{\"step\": " << done << ", \"eval_accuracy\": " << acc
+             << "}\n";
 }
 
 void Trainer::InjectFaults(const StepActions& actions, int64_t done) {
   if (actions.kill) {
-    std::fprintf(stderr, "fault injection: rank %d kills itself after step %lld\n", rank_,
-                 (long long)done);
+    std::fprintf(stderr,
+                 "fault injection: rank %d kills itself after step %lld\n",
+                 rank_, (long long)done);
     raise(SIGKILL);
   }
   if (actions.hang) HangForever(rank_, done);
@@ -557,16 +629,18 @@ int Trainer::Finish() {
   const double acc = Evaluates() ? Evaluate() : 0;
   auto params = strategy_->FullParams();
   if (rank_ == 0) {
-    std::printf("done: steps=%lld loss=%.9g eval_accuracy=%.4f params_sha256=%s\n",
-                (long long)c_.steps, loss_, acc, Sha256Of(params).c_str());
+    std::printf(
+        "done: steps=%lld loss=%.9g eval_accuracy=%.4f params_sha256=%s\n",
+        (long long)c_.steps, loss_, acc, Sha256Of(params).c_str());
     std::fflush(stdout);
   }
   return 0;
 }
 
 double Trainer::Evaluate() {
-  return Accuracy(*model_, test_, device_,
-                  [&](const torch::Tensor& x) { return strategy_->Forward(x); });
+  return Accuracy(*model_, test_, device_, [&](const torch::Tensor& x) {
+    return strategy_->Forward(x);
+  });
 }
 
 }  // namespace

@@ -10,40 +10,45 @@ namespace dtrun::train {
 // brackets.
 struct TrainConfig {
   // model
-  std::string model = "mlp";          // mlp [mlp] | cnn (for 8x8 images)
-  std::vector<int> hidden = {64, 64}; // MLP hidden layer widths
-  double dropout = 0.0;               // MLP: dropout after each hidden layer [0]
+  std::string model = "mlp";           // mlp [mlp] | cnn (for 8x8 images)
+  std::vector<int> hidden = {64, 64};  // MLP hidden layer widths
+  double dropout = 0.0;  // MLP: dropout after each hidden layer [0]
   // data
-  std::string data = "digits";        // digits (sklearn's 8x8 digits) | synthetic
-  std::string digits_path = "/usr/lib/python3/dist-packages/sklearn/datasets/data/digits.csv.gz";
+  std::string data = "digits";  // digits (sklearn's 8x8 digits) | synthetic
+  std::string digits_path =
+      "/usr/lib/python3/dist-packages/sklearn/datasets/data/digits.csv.gz";
   int synthetic_samples = 2048, synthetic_features = 32, synthetic_classes = 4;
-  double test_fraction = 0.2;         // held out for evaluation [0.2]
+  double test_fraction = 0.2;  // held out for evaluation [0.2]
   // strategy
-  std::string strategy = "ddp";       // ddp | fsdp
-  std::string backend = "auto";       // gloo | nccl | auto (nccl if built and a GPU is visible)
+  std::string strategy = "ddp";  // ddp | fsdp
+  std::string backend =
+      "auto";  // gloo | nccl | auto (nccl if built and a GPU is visible)
   double bucket_cap_mb = 25;          // ddp
   int64_t min_unit_params = 0;        // fsdp wrap policy (see FsdpOptions)
   bool reshard_after_forward = true;  // fsdp
   bool prefetch = true;               // fsdp
-  std::string param_dtype = "float32", reduce_dtype = "float32";  // fsdp mixed precision
-  bool cpu_offload = false;           // fsdp, GPU builds
+  std::string param_dtype = "float32",
+              reduce_dtype = "float32";  // fsdp mixed precision
+  bool cpu_offload = false;              // fsdp, GPU builds
   // optimizer and schedule
-  std::string optimizer = "sgd";      // sgd | adam | adamw
+  std::string optimizer = "sgd";  // sgd | adam | adamw
   double lr = 0.05, momentum = 0.9, weight_decay = 0.0;
   std::string schedule = "constant";  // constant | cosine
   int warmup_steps = 0;
   // loop
-  int batch_size = 32;                // per rank
+  int batch_size = 32;  // per rank
   int64_t steps = 200;
-  int accumulate = 1;                 // micro-batches per step (no_sync between)
-  bool drop_last = true;              // drop each epoch's remainder [true], or pad it
+  int accumulate = 1;     // micro-batches per step (no_sync between)
+  bool drop_last = true;  // drop each epoch's remainder [true], or pad it
   int eval_every = 50, log_every = 20;
   uint64_t seed = 1;
   // checkpoints
-  std::string checkpoint_dir;         // empty: no checkpoints
+  std::string checkpoint_dir;  // empty: no checkpoints
   int checkpoint_every = 50, keep_checkpoints = 2;
-  std::string checkpoint_format = "sharded";  // fsdp: sharded (each rank its shard) | full
-  int64_t stop_after_step = -1;       // stop (as if preempted) after this step; -1 never
+  std::string checkpoint_format =
+      "sharded";  // fsdp: sharded (each rank its shard) | full
+  int64_t stop_after_step =
+      -1;  // stop (as if preempted) after this step; -1 never
   // fault injection for demos and tests: rank `kill_rank` SIGKILLs itself
   // after step `kill_at_step` on the first attempt only.
   int kill_rank = -1;
@@ -52,7 +57,7 @@ struct TrainConfig {
   // `hang_at_step`, on the first attempt only.
   int hang_rank = -1;
   int64_t hang_at_step = -1;
-  std::string metrics_path;           // JSON lines; empty: none
+  std::string metrics_path;  // JSON lines; empty: none
 };
 
 // The first thing wrong with a config's choices ("strategy.type 'x': use

@@ -32,7 +32,8 @@ class Heartbeat {
   void Beat(int64_t step) {
     if (fd_ < 0) return;
     char buf[24];
-    int n = std::snprintf(buf, sizeof(buf), "%lld\n", static_cast<long long>(step));
+    int n =
+        std::snprintf(buf, sizeof(buf), "%lld\n", static_cast<long long>(step));
     (void)!::pwrite(fd_, buf, static_cast<size_t>(n), 0);
   }
   // The loop is over: dtrun stops watching (teardown may take a while).

@@ -25,7 +25,8 @@ std::shared_ptr<spdlog::logger> Logger(const std::string& name) {
     if (env && *env) {
       // from_str answers "off" for names it does not know: keep info then.
       auto level = spdlog::level::from_str(env);
-      if (level != spdlog::level::off || std::string(env) == "off") g_level = level;
+      if (level != spdlog::level::off || std::string(env) == "off")
+        g_level = level;
     }
     g_level_set = true;
   }
@@ -51,7 +52,8 @@ bool SetLogLevel(const std::string& level) {
   std::lock_guard<std::mutex> lock(g_mu);
   g_level = parsed;
   g_level_set = true;
-  spdlog::apply_all([parsed](std::shared_ptr<spdlog::logger> l) { l->set_level(parsed); });
+  spdlog::apply_all(
+      [parsed](std::shared_ptr<spdlog::logger> l) { l->set_level(parsed); });
   return true;
 }
 

@@ -13,13 +13,15 @@ namespace dtrun::rdzv {
 // Thread-safe; Wait blocks the calling thread on a condition variable.
 class MemoryStore : public Store {
  public:
-  explicit MemoryStore(std::chrono::milliseconds timeout = std::chrono::seconds(300))
+  explicit MemoryStore(
+      std::chrono::milliseconds timeout = std::chrono::seconds(300))
       : timeout_(timeout) {}
 
   Status Set(const std::string& key, std::string_view value) override;
   Result<std::string> Get(const std::string& key) override;
   Result<int64_t> Add(const std::string& key, int64_t delta) override;
-  Result<std::string> CompareSet(const std::string& key, std::string_view expected,
+  Result<std::string> CompareSet(const std::string& key,
+                                 std::string_view expected,
                                  std::string_view desired) override;
   Result<bool> Check(const std::vector<std::string>& keys) override;
   Status Wait(const std::vector<std::string>& keys,

@@ -22,7 +22,8 @@ Status MakeDirs(const std::string& path) {
     if (i != path.size() && path[i] != '/') continue;
     std::string partial = path.substr(0, i);
     if (mkdir(partial.c_str(), 0755) != 0 && errno != EEXIST) {
-      return Status::Io("cannot create the folder '" + partial + "': " + std::strerror(errno));
+      return Status::Io("cannot create the folder '" + partial +
+                        "': " + std::strerror(errno));
     }
   }
   return Status::Ok();
@@ -30,12 +31,14 @@ Status MakeDirs(const std::string& path) {
 
 Result<std::string> MakeTempDir(const std::string& prefix) {
   const char* tmp = std::getenv("TMPDIR");
-  std::string templ = std::string(tmp && *tmp ? tmp : "/tmp") + "/" + prefix + "XXXXXX";
+  std::string templ =
+      std::string(tmp && *tmp ? tmp : "/tmp") + "/" + prefix + "XXXXXX";
   std::vector<char> buf(templ.begin(), templ.end());
   buf.push_back('\0');
   if (!mkdtemp(buf.data())) {
-    return Status::Io("cannot create a temporary folder '" + templ + "': " +
-                      std::strerror(errno) + "; set TMPDIR to a writable folder");
+    return Status::Io("cannot create a temporary folder '" + templ +
+                      "': " + std::strerror(errno) +
+                      "; set TMPDIR to a writable folder");
   }
   return std::string(buf.data());
 }
@@ -44,13 +47,15 @@ void RemoveTree(const std::string& path) {
   // Depth first, without following links: a link to elsewhere is removed,
   // never what it points to.
   nftw(
-      path.c_str(), [](const char* p, const struct stat*, int, FTW*) { return ::remove(p); }, 16,
-      FTW_DEPTH | FTW_PHYS);
+      path.c_str(),
+      [](const char* p, const struct stat*, int, FTW*) { return ::remove(p); },
+      16, FTW_DEPTH | FTW_PHYS);
 }
 
 Result<std::string> ReadFile(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
-  if (!in) return Status::Io("cannot read '" + path + "': " + std::strerror(errno));
+  if (!in)
+    return Status::Io("cannot read '" + path + "': " + std::strerror(errno));
   std::stringstream text;
   text << in.rdbuf();
   return text.str();
@@ -66,7 +71,8 @@ std::string ReadTail(const std::string& path, size_t lines) {
   std::stringstream in(ReadFileOrEmpty(path));
   for (std::string line; std::getline(in, line);) all.push_back(line);
   std::string out;
-  for (size_t i = all.size() > lines ? all.size() - lines : 0; i < all.size(); ++i) {
+  for (size_t i = all.size() > lines ? all.size() - lines : 0; i < all.size();
+       ++i) {
     out += all[i] + "\n";
   }
   return out;
@@ -75,7 +81,8 @@ std::string ReadTail(const std::string& path, size_t lines) {
 Status WriteFile(const std::string& path, std::string_view text) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   out.write(text.data(), static_cast<std::streamsize>(text.size()));
-  if (!out) return Status::Io("cannot write '" + path + "': " + std::strerror(errno));
+  if (!out)
+    return Status::Io("cannot write '" + path + "': " + std::strerror(errno));
   return Status::Ok();
 }
 
@@ -105,7 +112,8 @@ std::string RandomHex(int digits) {
 }
 
 double UnixNow() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
+  return std::chrono::duration<double>(
+             std::chrono::system_clock::now().time_since_epoch())
       .count();
 }
 

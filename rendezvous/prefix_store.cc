@@ -2,7 +2,8 @@
 
 namespace dtrun::rdzv {
 
-std::vector<std::string> PrefixStore::Keys(const std::vector<std::string>& keys) const {
+std::vector<std::string> PrefixStore::Keys(
+    const std::vector<std::string>& keys) const {
   std::vector<std::string> out;
   out.reserve(keys.size());
   for (const auto& k : keys) out.push_back(Key(k));

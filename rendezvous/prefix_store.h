@@ -16,7 +16,8 @@ class PrefixStore : public Store {
   Status Set(const std::string& key, std::string_view value) override;
   Result<std::string> Get(const std::string& key) override;
   Result<int64_t> Add(const std::string& key, int64_t delta) override;
-  Result<std::string> CompareSet(const std::string& key, std::string_view expected,
+  Result<std::string> CompareSet(const std::string& key,
+                                 std::string_view expected,
                                  std::string_view desired) override;
   Result<bool> Check(const std::vector<std::string>& keys) override;
   Status Wait(const std::vector<std::string>& keys,
@@ -24,7 +25,9 @@ class PrefixStore : public Store {
   Result<bool> DeleteKey(const std::string& key) override;
   // All keys of the inner store, as c10d does.
   Result<int64_t> NumKeys() override { return inner_->NumKeys(); }
-  std::chrono::milliseconds timeout() const override { return inner_->timeout(); }
+  std::chrono::milliseconds timeout() const override {
+    return inner_->timeout();
+  }
 
   using Store::Wait;
 

@@ -98,7 +98,8 @@ EndReason EndReasonOfMessage(const std::string& closed) {
   if (closed.empty()) return EndReason::kNone;
   if (closed == "ok") return EndReason::kSucceeded;
   if (closed.rfind("workers failed", 0) == 0) return EndReason::kWorkersFailed;
-  if (closed.rfind("two nodes claim", 0) == 0) return EndReason::kDuplicateNodeRank;
+  if (closed.rfind("two nodes claim", 0) == 0)
+    return EndReason::kDuplicateNodeRank;
   return EndReason::kConfigMismatch;
 }
 
@@ -108,7 +109,8 @@ const char* EndReasonName(EndReason reason) {
   for (const auto& entry : kEndReasonNames) {
     if (entry.reason == reason) return entry.name;
   }
-  DTRUN_CHECK(false) << "EndReason " << static_cast<int>(reason) << " has no name";
+  DTRUN_CHECK(false) << "EndReason " << static_cast<int>(reason)
+                     << " has no name";
   return "";
 }
 
@@ -127,13 +129,14 @@ bool ParseEndReason(const std::string& name, EndReason* reason) {
 struct Rendezvous::Doc {
   int round = 0;
   int failures = 0;
-  std::string closed;  // "" open, "ok", or why the job failed
+  std::string closed;                // "" open, "ok", or why the job failed
   EndReason end = EndReason::kNone;  // kNone exactly while `closed` is ""
   std::string raw;
 
   // Ends the job; the message and the reason always change together.
   void Close(EndReason reason, std::string why) {
-    DTRUN_CHECK(reason != EndReason::kNone && !why.empty()) << "closing with no reason";
+    DTRUN_CHECK(reason != EndReason::kNone && !why.empty())
+        << "closing with no reason";
     end = reason;
     closed = std::move(why);
   }
@@ -157,7 +160,8 @@ struct Rendezvous::Doc {
     // "end" is missing in records of older versions and may name a reason
     // this version does not know: the message then decides.
     auto end = j.find("end");
-    bool named = end != j.end() && end->is_string() && ParseEndReason(*end, &d->end);
+    bool named =
+        end != j.end() && end->is_string() && ParseEndReason(*end, &d->end);
     if (d->closed.empty()) {
       d->end = EndReason::kNone;
     } else if (!named || d->end == EndReason::kNone) {
@@ -171,7 +175,8 @@ struct Rendezvous::Doc {
 std::string MakeNodeId() {
   // The pid tells agents on one host apart; the random part tells apart a
   // restarted agent that got a recycled pid (or the same pid in a container).
-  return os::HostName() + "_" + std::to_string(getpid()) + "_" + os::RandomHex(5);
+  return os::HostName() + "_" + std::to_string(getpid()) + "_" +
+         os::RandomHex(5);
 }
 
 Rendezvous::Rendezvous(Store* store, RendezvousOptions options)
@@ -194,15 +199,16 @@ Result<Rendezvous::Doc> Rendezvous::ReadDoc() {
   Doc d;
   if (!Doc::Parse(*got, &d)) {
     end_reason_ = EndReason::kForeignState;
-    return Status::Invalid("rendezvous state at key '" + Key("state") +
-                           "' is not dtrun's; is another program using --rdzv-id " +
-                           opts_.run_id + "?");
+    return Status::Invalid(
+        "rendezvous state at key '" + Key("state") +
+        "' is not dtrun's; is another program using --rdzv-id " + opts_.run_id +
+        "?");
   }
   return d;
 }
 
-Result<Rendezvous::Doc> Rendezvous::ChangeDoc(int round,
-                                              const std::function<void(Doc&)>& mutate) {
+Result<Rendezvous::Doc> Rendezvous::ChangeDoc(
+    int round, const std::function<void(Doc&)>& mutate) {
   auto current = ReadDoc();
   if (!current.ok()) return current;
   Doc cur = *current;
@@ -217,8 +223,9 @@ Result<Rendezvous::Doc> Rendezvous::ChangeDoc(int round,
       // Wake the nodes waiting on the round: those that could not get in,
       // and (when the job closed before the round did) its joiners.
       Status s = store_->Set(RoundKey(round, "over"), "1");
-      auto abandoned = s.ok() ? store_->CompareSet(RoundKey(round, "final"), "", "-")
-                              : Result<std::string>(s);
+      auto abandoned =
+          s.ok() ? store_->CompareSet(RoundKey(round, "final"), "", "-")
+                 : Result<std::string>(s);
       if (!abandoned.ok()) return abandoned.status();
       return next;
     }
@@ -232,7 +239,8 @@ Status Rendezvous::CorruptState() {
   return Status::Invalid("rendezvous state is corrupt");
 }
 
-Status Rendezvous::CloseJob(int round, EndReason reason, const std::string& why) {
+Status Rendezvous::CloseJob(int round, EndReason reason,
+                            const std::string& why) {
   for (;;) {  // whatever round the job is in by now
     auto doc = ChangeDoc(round, [&](Doc& d) { d.Close(reason, why); });
     if (!doc.ok()) return doc.status();
@@ -245,8 +253,9 @@ Status Rendezvous::ClosedStatus(const Doc& doc) {
   closed_reason_ = doc.closed;
   end_reason_ = doc.end;
   if (doc.closed == "ok") {
-    return Status::Unavailable("rendezvous '" + opts_.run_id +
-                               "' belongs to a job that already finished; use a new --rdzv-id");
+    return Status::Unavailable(
+        "rendezvous '" + opts_.run_id +
+        "' belongs to a job that already finished; use a new --rdzv-id");
   }
   return Status::Invalid(doc.closed);
 }
@@ -255,8 +264,8 @@ Status Rendezvous::ClosedStatus(const Doc& doc) {
 // disagrees closes the whole job, since workers with different world sizes
 // or restart budgets would hang or diverge rather than fail cleanly.
 Status Rendezvous::CheckConfig(const Doc& doc) {
-  std::string mine =
-      std::to_string(opts_.nproc_per_node) + " " + std::to_string(opts_.max_restarts);
+  std::string mine = std::to_string(opts_.nproc_per_node) + " " +
+                     std::to_string(opts_.max_restarts);
   auto job = store_->CompareSet(Key("config"), "", mine);
   if (!job.ok()) return job.status();
   config_checked_ = true;
@@ -264,12 +273,14 @@ Status Rendezvous::CheckConfig(const Doc& doc) {
   int64_t nproc = 0;
   std::string restarts;
   SplitFirst(*job, &nproc, &restarts);
-  return CloseJob(doc.round, EndReason::kConfigMismatch,
-                  "node " + opts_.node_id + " has --nproc-per-node=" +
-                      std::to_string(opts_.nproc_per_node) + " --max-restarts=" +
-                      std::to_string(opts_.max_restarts) +
-                      " but the job runs with --nproc-per-node=" + std::to_string(nproc) +
-                      " --max-restarts=" + restarts + "; every node must pass the same values");
+  return CloseJob(
+      doc.round, EndReason::kConfigMismatch,
+      "node " + opts_.node_id +
+          " has --nproc-per-node=" + std::to_string(opts_.nproc_per_node) +
+          " --max-restarts=" + std::to_string(opts_.max_restarts) +
+          " but the job runs with --nproc-per-node=" + std::to_string(nproc) +
+          " --max-restarts=" + restarts +
+          "; every node must pass the same values");
 }
 
 // Takes a slot in the doc's round (or, past max_nodes, a place in the queue
@@ -278,13 +289,14 @@ Status Rendezvous::Register(const Doc& doc) {
   const int r = doc.round;
   const std::string& me = opts_.node_id;
   if (opts_.node_rank >= 0) {
-    auto owner = store_->CompareSet(RoundKey(r, "static/" + std::to_string(opts_.node_rank)),
-                                    "", me);
+    auto owner = store_->CompareSet(
+        RoundKey(r, "static/" + std::to_string(opts_.node_rank)), "", me);
     if (!owner.ok()) return owner.status();
     if (*owner != me) {
-      return CloseJob(r, EndReason::kDuplicateNodeRank,
-                      "two nodes claim --node-rank=" + std::to_string(opts_.node_rank) + " (" +
-                          *owner + " and " + me + "); give each node its own rank");
+      return CloseJob(
+          r, EndReason::kDuplicateNodeRank,
+          "two nodes claim --node-rank=" + std::to_string(opts_.node_rank) +
+              " (" + *owner + " and " + me + "); give each node its own rank");
     }
   }
   // The ADD is the join: slots are dense and unique, so the round's size is
@@ -300,10 +312,12 @@ Status Rendezvous::Register(const Doc& doc) {
     return store_->Add(RoundKey(r, "waiting"), 1).status();
   }
   // Static ranks, else the previous round's order: newcomers sort after.
-  int hint = opts_.node_rank >= 0 ? opts_.node_rank : (last_round_ == r - 1 ? last_rank_ : -1);
+  int hint = opts_.node_rank >= 0 ? opts_.node_rank
+                                  : (last_round_ == r - 1 ? last_rank_ : -1);
   Status s = store_->Set(RoundKey(r, "node/" + std::to_string(slot_)),
                          std::to_string(hint) + " " + me);
-  if (!s.ok() || slot_ < opts_.min_nodes || opts_.min_nodes == opts_.max_nodes) return s;
+  if (!s.ok() || slot_ < opts_.min_nodes || opts_.min_nodes == opts_.max_nodes)
+    return s;
   if (slot_ > opts_.min_nodes) {  // the node at slot min_nodes sets it now
     auto at = store_->Get(RoundKey(r, "last_call"));
     if (!at.ok()) return at.status();
@@ -329,7 +343,8 @@ Status Rendezvous::TryClose(int round) {
   if (*closer != claim) return Status::Ok();  // another node closes it
   Status s = WriteRanks(round, count);
   if (!s.ok()) return s;
-  return store_->CompareSet(RoundKey(round, "final"), "", std::to_string(count)).status();
+  return store_->CompareSet(RoundKey(round, "final"), "", std::to_string(count))
+      .status();
 }
 
 // Ranks: --node-rank (static), else nodes of the previous round keep their
@@ -357,7 +372,8 @@ Status Rendezvous::WriteRanks(int round, int count) {
   std::vector<std::string> keys, values;
   for (int g = 0; g < count; ++g) {
     const auto& next = std::get<2>(order[(g + 1) % count]);
-    keys.push_back(RoundKey(round, "rank/" + std::to_string(std::get<1>(order[g]))));
+    keys.push_back(
+        RoundKey(round, "rank/" + std::to_string(std::get<1>(order[g]))));
     values.push_back(std::to_string(g) + " " + (count > 1 ? next : ""));
     keys.push_back(RoundKey(round, "hb/" + std::to_string(g)));
     values.push_back("0");
@@ -369,10 +385,12 @@ Result<std::optional<Assignment>> Rendezvous::Outcome(const Doc& doc) {
   const int r = doc.round;
   // One request for both: the closer writes rank/ before final, so a set
   // final means this node's rank is there too.
-  auto got = store_->MultiGet({RoundKey(r, "final"), RoundKey(r, "rank/" + std::to_string(slot_))});
+  auto got = store_->MultiGet(
+      {RoundKey(r, "final"), RoundKey(r, "rank/" + std::to_string(slot_))});
   if (!got.ok()) return got.status();
   const std::string& closed_with = (*got)[0];
-  if (closed_with.empty() || closed_with == "-") return std::optional<Assignment>();
+  if (closed_with.empty() || closed_with == "-")
+    return std::optional<Assignment>();
   int64_t count = ToInt(closed_with, 0);
   if (slot_ > count) {  // the round closed without us: wait for the next
     waiting_round_ = r;
@@ -408,21 +426,25 @@ Status Rendezvous::Timeout(int round, Clock::time_point started) {
     if (!id.empty()) last_participants_.push_back(id);
   }
   return Status::Timeout(
-      "rendezvous '" + opts_.run_id + "' round " + std::to_string(round) + " timed out after " +
-      DescribeSeconds(Clock::now() - started) + ": " + std::to_string(n) + " of min " +
-      std::to_string(opts_.min_nodes) + " nodes joined (" + JoinIds(last_participants_) +
-      "); check --nnodes, that every node uses the same --rdzv-id, and that all reach the "
+      "rendezvous '" + opts_.run_id + "' round " + std::to_string(round) +
+      " timed out after " + DescribeSeconds(Clock::now() - started) + ": " +
+      std::to_string(n) + " of min " + std::to_string(opts_.min_nodes) +
+      " nodes joined (" + JoinIds(last_participants_) +
+      "); check --nnodes, that every node uses the same --rdzv-id, and that "
+      "all reach the "
       "endpoint");
 }
 
 // How long one WAIT in Join may block: a poll interval, shortened to the
 // end of the last call when this node may have to close the round then
 // (nothing in the store changes at that moment, so nothing would wake us).
-Rendezvous::Clock::duration Rendezvous::WaitStep(Clock::time_point deadline) const {
+Rendezvous::Clock::duration Rendezvous::WaitStep(
+    Clock::time_point deadline) const {
   Clock::duration step = opts_.poll_interval;
   if (last_call_ms_ > 0 && waiting_round_ != joined_round_ && !close_tried_) {
     step = std::min<Clock::duration>(
-        step, std::chrono::milliseconds(std::max<int64_t>(1, last_call_ms_ - UnixMillis())));
+        step, std::chrono::milliseconds(
+                  std::max<int64_t>(1, last_call_ms_ - UnixMillis())));
   }
   return std::max<Clock::duration>(std::min(step, deadline - Clock::now()),
                                    std::chrono::milliseconds(1));
@@ -430,7 +452,8 @@ Rendezvous::Clock::duration Rendezvous::WaitStep(Clock::time_point deadline) con
 
 Status Rendezvous::MaybeClose() {
   if (close_tried_) return Status::Ok();
-  if (slot_ == opts_.max_nodes || (last_call_ms_ > 0 && UnixMillis() >= last_call_ms_)) {
+  if (slot_ == opts_.max_nodes ||
+      (last_call_ms_ > 0 && UnixMillis() >= last_call_ms_)) {
     return TryClose(joined_round_);
   }
   return Status::Ok();
@@ -461,7 +484,8 @@ Result<Assignment> Rendezvous::Join(const std::function<bool()>& interrupted) {
   int r = -1;
   bool look = true;
   for (int step = 1;; ++step) {
-    if (interrupted && interrupted()) return Status::Canceled("rendezvous interrupted");
+    if (interrupted && interrupted())
+      return Status::Canceled("rendezvous interrupted");
     if (look) {
       auto outcome = Look(&r);
       if (!outcome.ok()) return outcome.status();
@@ -478,8 +502,10 @@ Result<Assignment> Rendezvous::Join(const std::function<bool()>& interrupted) {
     }
     if (Clock::now() >= deadline) return Timeout(r, started);
     bool in_round = waiting_round_ != r;
-    Status s = store_->Wait({RoundKey(r, in_round ? "final" : "over")},
-                           std::chrono::duration_cast<std::chrono::milliseconds>(WaitStep(deadline)));
+    Status s =
+        store_->Wait({RoundKey(r, in_round ? "final" : "over")},
+                     std::chrono::duration_cast<std::chrono::milliseconds>(
+                         WaitStep(deadline)));
     if (!s.ok() && s.code() != Status::Code::kTimeout) return s;
     // Woken, something changed; timed out, nothing did (the wakes cover every
     // change), so the state is read again only now and then.
@@ -487,19 +513,25 @@ Result<Assignment> Rendezvous::Join(const std::function<bool()>& interrupted) {
   }
 }
 
-std::string Rendezvous::DescribeParticipants() const { return JoinIds(last_participants_); }
+std::string Rendezvous::DescribeParticipants() const {
+  return JoinIds(last_participants_);
+}
 
 // An ADD rather than a timestamp: the watcher only needs to see the value
 // change, so no clock has to agree with another machine's.
 Status Rendezvous::Heartbeat(const Assignment& current, bool force) {
   auto now = Clock::now();
-  if (!force && now - last_beat_ < opts_.keep_alive_interval) return Status::Ok();
+  if (!force && now - last_beat_ < opts_.keep_alive_interval)
+    return Status::Ok();
   last_beat_ = now;
-  return store_->Add(RoundKey(current.round, "hb/" + std::to_string(current.group_rank)), 1)
+  return store_
+      ->Add(RoundKey(current.round, "hb/" + std::to_string(current.group_rank)),
+            1)
       .status();
 }
 
-Result<RoundEvent> Rendezvous::StartNextRound(const Assignment& current, const std::string& why) {
+Result<RoundEvent> Rendezvous::StartNextRound(const Assignment& current,
+                                              const std::string& why) {
   auto doc = ChangeDoc(current.round, [](Doc& d) { ++d.round; });
   if (!doc.ok()) return doc.status();
   Logger("dtrun.rdzv")->warn("starting round {}: {}", current.round + 1, why);
@@ -512,11 +544,14 @@ Result<RoundEvent> Rendezvous::Check(const Assignment& current) {
   const int r = current.round;
   const int n = current.group_world_size;
   std::vector<std::string> keys = {Key("state")};
-  if (n > 1) keys.push_back(RoundKey(r, "hb/" + std::to_string((current.group_rank + 1) % n)));
+  if (n > 1)
+    keys.push_back(
+        RoundKey(r, "hb/" + std::to_string((current.group_rank + 1) % n)));
   auto got = store_->MultiGet(keys);
   if (!got.ok()) return got.status();
-  DTRUN_CHECK(got->size() == keys.size()) << "MULTI_GET of " << keys.size() << " keys gave "
-                                           << got->size() << " values";
+  DTRUN_CHECK(got->size() == keys.size())
+      << "MULTI_GET of " << keys.size() << " keys gave " << got->size()
+      << " values";
   Doc s;
   if (!Doc::Parse((*got)[0], &s)) return CorruptState();
   if (!s.closed.empty()) return Ended(s);
@@ -544,7 +579,8 @@ Result<RoundEvent> Rendezvous::WatchCounters(const Assignment& current) {
   auto waiting = store_->Add(RoundKey(r, "waiting"), 0);
   if (!waiting.ok()) return waiting.status();
   if (*waiting > 0 && n < opts_.max_nodes) {
-    return StartNextRound(current, std::to_string(*waiting) + " node(s) waiting to join");
+    return StartNextRound(
+        current, std::to_string(*waiting) + " node(s) waiting to join");
   }
   auto done = store_->Add(RoundKey(r, "done"), 0);
   if (!done.ok()) return done.status();
@@ -558,28 +594,33 @@ Result<RoundEvent> Rendezvous::WatchCounters(const Assignment& current) {
 
 // Failure detection: the next node's heartbeat counter, timed by this
 // node's own steady clock from when the value was last seen to change.
-Result<RoundEvent> Rendezvous::WatchNext(const Assignment& current, const std::string& count) {
+Result<RoundEvent> Rendezvous::WatchNext(const Assignment& current,
+                                         const std::string& count) {
   auto now = Clock::now();
   if (watch_round_ != current.round || watch_count_ != count) {
     watch_round_ = current.round;
     watch_count_ = count;
     watch_since_ = now;
-  } else if (now - watch_since_ > opts_.keep_alive_interval * opts_.keep_alive_max_attempt) {
-    return StartNextRound(current, "node " + current.next_node + " sent no heartbeat for " +
-                                       DescribeSeconds(now - watch_since_) + "; declared dead");
+  } else if (now - watch_since_ >
+             opts_.keep_alive_interval * opts_.keep_alive_max_attempt) {
+    return StartNextRound(
+        current, "node " + current.next_node + " sent no heartbeat for " +
+                     DescribeSeconds(now - watch_since_) + "; declared dead");
   }
   return RoundEvent::kNone;
 }
 
 // ChangeDoc applies the change only while the state is still at this round,
 // so when every node of a failed round reports, the failure counts once.
-Result<int> Rendezvous::ReportFailure(const Assignment& current, const std::string& why) {
+Result<int> Rendezvous::ReportFailure(const Assignment& current,
+                                      const std::string& why) {
   auto doc = ChangeDoc(current.round, [&](Doc& d) {
     ++d.failures;
     if (d.failures > opts_.max_restarts) {
-      d.Close(EndReason::kWorkersFailed, "workers failed on node " + opts_.node_id + " (" +
-                                             why + ") after " +
-                                             std::to_string(opts_.max_restarts) + " restart(s)");
+      d.Close(EndReason::kWorkersFailed,
+              "workers failed on node " + opts_.node_id + " (" + why +
+                  ") after " + std::to_string(opts_.max_restarts) +
+                  " restart(s)");
     } else {
       ++d.round;
     }
@@ -606,7 +647,8 @@ Status Rendezvous::MarkDone(const Assignment& current) {
   if (!done.ok()) return done.status();
   // The last node to finish ends the job at once.
   if (*done < current.group_world_size) return Status::Ok();
-  return ChangeDoc(current.round, [](Doc& d) { d.Close(EndReason::kSucceeded, "ok"); })
+  return ChangeDoc(current.round,
+                   [](Doc& d) { d.Close(EndReason::kSucceeded, "ok"); })
       .status();
 }
 

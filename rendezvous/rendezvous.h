@@ -13,12 +13,12 @@ namespace dtrun::rdzv {
 
 struct RendezvousOptions {
   std::string run_id = "none";
-  std::string node_id;          // unique per agent process (host_pid_random)
-  int node_rank = -1;           // static backend: this node's fixed rank; -1 = dynamic
+  std::string node_id;  // unique per agent process (host_pid_random)
+  int node_rank = -1;   // static backend: this node's fixed rank; -1 = dynamic
   int min_nodes = 1, max_nodes = 1;
-  int nproc_per_node = 1;       // must agree on every node
-  int max_restarts = 0;         // must agree on every node
-  std::chrono::milliseconds join_timeout{600000};       // default 600 s
+  int nproc_per_node = 1;                          // must agree on every node
+  int max_restarts = 0;                            // must agree on every node
+  std::chrono::milliseconds join_timeout{600000};  // default 600 s
   std::chrono::milliseconds last_call_timeout{30000};   // default 30 s
   std::chrono::milliseconds keep_alive_interval{5000};  // default 5 s
   int keep_alive_max_attempt = 3;                       // misses before "dead"
@@ -29,31 +29,33 @@ struct RendezvousOptions {
 
 // Where this node landed in a completed round.
 struct Assignment {
-  int round = 0;             // same on every node; workers' TORCHELASTIC_RESTART_COUNT
-  int failures = 0;          // rounds started because of failures so far
+  int round = 0;     // same on every node; workers' TORCHELASTIC_RESTART_COUNT
+  int failures = 0;  // rounds started because of failures so far
   int group_rank = 0;
   int group_world_size = 1;
-  int base_rank = 0;         // global rank of this node's local rank 0
+  int base_rank = 0;  // global rank of this node's local rank 0
   int world_size = 1;
-  std::string next_node;     // the node whose heartbeat this one watches ("" alone)
+  std::string
+      next_node;  // the node whose heartbeat this one watches ("" alone)
 };
 
 // What a running node learns from Check().
 enum class RoundEvent {
   kNone,
-  kRestart,     // a new round started (failure, dead node, or a node waiting to join)
-  kClosed,      // the job ended elsewhere (final failure or config error)
-  kAllDone,     // every node of the round finished successfully
+  kRestart,  // a new round started (failure, dead node, or a node waiting to
+             // join)
+  kClosed,   // the job ended elsewhere (final failure or config error)
+  kAllDone,  // every node of the round finished successfully
 };
 
 // Why the job ended, as recorded in the state document so every node reads
 // the same value (the message alone is for people: rewording it changes
 // nothing here). The launcher maps it to an exit code.
 enum class EndReason {
-  kNone,               // the job is still open
-  kSucceeded,          // every node of the last round finished ("ok")
-  kWorkersFailed,      // failures went past --max-restarts: exit 1
-  kConfigMismatch,     // a node's --nproc-per-node/--max-restarts differ: exit 2
+  kNone,            // the job is still open
+  kSucceeded,       // every node of the last round finished ("ok")
+  kWorkersFailed,   // failures went past --max-restarts: exit 1
+  kConfigMismatch,  // a node's --nproc-per-node/--max-restarts differ: exit 2
   kDuplicateNodeRank,  // two nodes claim one --node-rank: exit 2
   // The state key holds something that is not dtrun's (another program on
   // the same --rdzv-id). Seen by this node only; nothing is closed. Exit 2.
@@ -116,7 +118,8 @@ class Rendezvous {
   // Blocks up to `timeout` (in the store, without polling) until `current`'s
   // round is over: a new round started or the job ended. True when it is, so
   // a node at the exit barrier learns of the job's end at once.
-  Result<bool> AwaitRoundOver(const Assignment& current, std::chrono::milliseconds timeout);
+  Result<bool> AwaitRoundOver(const Assignment& current,
+                              std::chrono::milliseconds timeout);
 
   // This node has seen the job end (kAllDone or kClosed).
   Status AckEnd(const Assignment& current);
@@ -150,7 +153,8 @@ class Rendezvous {
   RoundEvent Ended(const Doc& doc);
   Result<RoundEvent> WatchCounters(const Assignment& current);
   // `count` is the watched node's heartbeat counter as just read.
-  Result<RoundEvent> WatchNext(const Assignment& current, const std::string& count);
+  Result<RoundEvent> WatchNext(const Assignment& current,
+                               const std::string& count);
   Status CheckConfig(const Doc& doc);
   Status Register(const Doc& doc);
   // Closes round `round` when it may close and no other node is closing it.
@@ -167,7 +171,8 @@ class Rendezvous {
   Result<std::optional<Assignment>> Outcome(const Doc& doc);
   Status Timeout(int round, Clock::time_point started);
   Clock::duration WaitStep(Clock::time_point deadline) const;
-  Result<RoundEvent> StartNextRound(const Assignment& current, const std::string& why);
+  Result<RoundEvent> StartNextRound(const Assignment& current,
+                                    const std::string& why);
   Status Heartbeat(const Assignment& current, bool force);
   std::string Key(const std::string& suffix) const;
   std::string RoundKey(int round, const std::string& suffix) const;
@@ -178,9 +183,9 @@ class Rendezvous {
   EndReason end_reason_ = EndReason::kNone;
   std::vector<std::string> last_participants_;
   bool config_checked_ = false;
-  int joined_round_ = -1;   // round this node holds a slot in
+  int joined_round_ = -1;  // round this node holds a slot in
   int64_t slot_ = 0;
-  int waiting_round_ = -1;  // round this node could not get into
+  int waiting_round_ = -1;    // round this node could not get into
   int64_t last_call_ms_ = 0;  // 0 = not known yet
   bool close_tried_ = false;  // this node tried to close joined_round_
   int last_round_ = -1, last_rank_ = -1;  // this node's last completed round

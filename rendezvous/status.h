@@ -14,15 +14,21 @@ class Status {
 
   Status() = default;
   static Status Ok() { return Status(); }
-  static Status Timeout(std::string msg) { return {Code::kTimeout, std::move(msg)}; }
+  static Status Timeout(std::string msg) {
+    return {Code::kTimeout, std::move(msg)};
+  }
   // The peer could not be reached or went away.
   static Status Unavailable(std::string msg) {
     return {Code::kUnavailable, std::move(msg)};
   }
   // Malformed input from a user or the network.
-  static Status Invalid(std::string msg) { return {Code::kInvalid, std::move(msg)}; }
+  static Status Invalid(std::string msg) {
+    return {Code::kInvalid, std::move(msg)};
+  }
   static Status Io(std::string msg) { return {Code::kIo, std::move(msg)}; }
-  static Status Canceled(std::string msg) { return {Code::kCanceled, std::move(msg)}; }
+  static Status Canceled(std::string msg) {
+    return {Code::kCanceled, std::move(msg)};
+  }
 
   bool ok() const { return code_ == Code::kOk; }
   Code code() const { return code_; }

@@ -2,7 +2,8 @@
 
 namespace dtrun::rdzv {
 
-Result<std::vector<std::string>> Store::MultiGet(const std::vector<std::string>& keys) {
+Result<std::vector<std::string>> Store::MultiGet(
+    const std::vector<std::string>& keys) {
   std::vector<std::string> values;
   values.reserve(keys.size());
   for (const auto& key : keys) {
@@ -23,8 +24,9 @@ Result<std::vector<std::string>> Store::MultiGet(const std::vector<std::string>&
 Status Store::MultiSet(const std::vector<std::string>& keys,
                        const std::vector<std::string>& values) {
   if (keys.size() != values.size()) {
-    return Status::Invalid("multi_set of " + std::to_string(keys.size()) + " keys with " +
-                           std::to_string(values.size()) + " values; pass one value per key");
+    return Status::Invalid("multi_set of " + std::to_string(keys.size()) +
+                           " keys with " + std::to_string(values.size()) +
+                           " values; pass one value per key");
   }
   for (size_t i = 0; i < keys.size(); ++i) {
     Status s = Set(keys[i], values[i]);

@@ -39,14 +39,17 @@ class Store {
   // Values of several keys in one round trip where the store can; a key that
   // does not exist reads as empty bytes (it is not waited for). The default
   // asks key by key (Check, then Get).
-  virtual Result<std::vector<std::string>> MultiGet(const std::vector<std::string>& keys);
+  virtual Result<std::vector<std::string>> MultiGet(
+      const std::vector<std::string>& keys);
   // Sets several keys in one round trip where the store can.
   virtual Status MultiSet(const std::vector<std::string>& keys,
                           const std::vector<std::string>& values);
   // Default timeout of Get and of Wait(keys).
   virtual std::chrono::milliseconds timeout() const = 0;
 
-  Status Wait(const std::vector<std::string>& keys) { return Wait(keys, timeout()); }
+  Status Wait(const std::vector<std::string>& keys) {
+    return Wait(keys, timeout());
+  }
 };
 
 }  // namespace dtrun::rdzv

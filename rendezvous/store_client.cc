@@ -42,7 +42,8 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 int MillisUntil(Clock::time_point deadline) {
-  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+      deadline - Clock::now());
   if (left.count() <= 0) return 0;
   return left.count() > 1000000 ? 1000000 : static_cast<int>(left.count()) + 1;
 }
@@ -63,9 +64,11 @@ bool PollFor(int fd, short events, Clock::time_point deadline) {
 // One non-blocking connect attempt to one resolved address: a blocking
 // connect() to a black-holed address would ignore our deadline for the
 // kernel's SYN retries (about two minutes).
-int TryConnect(const addrinfo* ai, Clock::time_point deadline, std::string* error) {
-  int fd = ::socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC,
-                    ai->ai_protocol);
+int TryConnect(const addrinfo* ai, Clock::time_point deadline,
+               std::string* error) {
+  int fd =
+      ::socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC,
+               ai->ai_protocol);
   if (fd < 0) {
     *error = std::strerror(errno);
     return -1;
@@ -113,7 +116,8 @@ TcpStoreClient::~TcpStoreClient() {
 
 std::string TcpStoreClient::address() const {
   bool v6 = opts_.host.find(':') != std::string::npos;
-  return (v6 ? "[" + opts_.host + "]" : opts_.host) + ":" + std::to_string(opts_.port);
+  return (v6 ? "[" + opts_.host + "]" : opts_.host) + ":" +
+         std::to_string(opts_.port);
 }
 
 std::string TcpStoreClient::LocalAddress() {
@@ -121,10 +125,11 @@ std::string TcpStoreClient::LocalAddress() {
   if (fd_ < 0) return "";
   sockaddr_storage addr{};
   socklen_t len = sizeof(addr);
-  if (getsockname(fd_, reinterpret_cast<sockaddr*>(&addr), &len) != 0) return "";
+  if (getsockname(fd_, reinterpret_cast<sockaddr*>(&addr), &len) != 0)
+    return "";
   char host[NI_MAXHOST];
-  if (getnameinfo(reinterpret_cast<sockaddr*>(&addr), len, host, sizeof(host), nullptr, 0,
-                  NI_NUMERICHOST) != 0) {
+  if (getnameinfo(reinterpret_cast<sockaddr*>(&addr), len, host, sizeof(host),
+                  nullptr, 0, NI_NUMERICHOST) != 0) {
     return "";
   }
   std::string out = host;
@@ -140,7 +145,8 @@ Status TcpStoreClient::Open() {
   auto started = Clock::now();
   // The first connection may wait for the store to come up; a reconnect
   // (after a timeout or a lost connection) is one operation's worth.
-  auto deadline = started + (connected_once_ ? opts_.timeout : opts_.connect_timeout);
+  auto deadline =
+      started + (connected_once_ ? opts_.timeout : opts_.connect_timeout);
   std::mt19937 rng(std::random_device{}());
   std::uniform_real_distribution<double> jitter(0.75, 1.25);
   auto backoff = std::chrono::milliseconds(50);
@@ -150,8 +156,8 @@ Status TcpStoreClient::Open() {
     hints.ai_family = AF_UNSPEC;
     hints.ai_socktype = SOCK_STREAM;
     addrinfo* res = nullptr;
-    int gai = ::getaddrinfo(opts_.host.c_str(), std::to_string(opts_.port).c_str(),
-                            &hints, &res);
+    int gai = ::getaddrinfo(opts_.host.c_str(),
+                            std::to_string(opts_.port).c_str(), &hints, &res);
     if (gai != 0) {
       last_error = std::string("cannot resolve host: ") + ::gai_strerror(gai);
     }
@@ -175,11 +181,14 @@ Status TcpStoreClient::Open() {
           "store " + address() + ": cannot connect after " +
           DescribeSeconds(now - started) + " and " + std::to_string(attempt) +
           " attempts (last error: " + last_error +
-          "); check that the store (dtrun or dtstore) is running there and that "
+          "); check that the store (dtrun or dtstore) is running there and "
+          "that "
           "MASTER_ADDR/MASTER_PORT or --rdzv-endpoint point at it");
     }
-    auto sleep = std::chrono::duration_cast<std::chrono::milliseconds>(backoff * jitter(rng));
-    std::this_thread::sleep_for(std::min<Clock::duration>(sleep, deadline - now));
+    auto sleep = std::chrono::duration_cast<std::chrono::milliseconds>(
+        backoff * jitter(rng));
+    std::this_thread::sleep_for(
+        std::min<Clock::duration>(sleep, deadline - now));
     backoff = std::min(backoff * 2, std::chrono::milliseconds(1000));
   }
 }
@@ -231,34 +240,39 @@ Status TcpStoreClient::SendRequest(const Request& req, const std::string& what,
   return SendBytes(bytes, what, deadline);
 }
 
-Status TcpStoreClient::SendBytes(const std::string& bytes, const std::string& what,
-                                 Deadline deadline) {
+Status TcpStoreClient::SendBytes(const std::string& bytes,
+                                 const std::string& what, Deadline deadline) {
   size_t sent = 0;
   while (sent < bytes.size()) {
-    ssize_t n = ::send(fd_, bytes.data() + sent, bytes.size() - sent, MSG_NOSIGNAL);
+    ssize_t n =
+        ::send(fd_, bytes.data() + sent, bytes.size() - sent, MSG_NOSIGNAL);
     if (n > 0) {
       sent += static_cast<size_t>(n);
-    } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
+    } else if (n < 0 &&
+               (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
       if (!PollFor(fd_, POLLOUT, deadline)) {
         return Fail(Status::Timeout("store " + address() + ": " + what +
                                     ": send timed out"));
       }
     } else {
-      return Fail(Status::Unavailable("store " + address() + ": " + what +
-                                      ": send failed: " + std::strerror(errno)));
+      return Fail(
+          Status::Unavailable("store " + address() + ": " + what +
+                              ": send failed: " + std::strerror(errno)));
     }
   }
   return Status::Ok();
 }
 
-Status TcpStoreClient::ReadExact(size_t n, std::string* out, const std::string& what,
-                                 Deadline deadline, Deadline started) {
+Status TcpStoreClient::ReadExact(size_t n, std::string* out,
+                                 const std::string& what, Deadline deadline,
+                                 Deadline started) {
   // Whatever arrives past `n` stays in rbuf_ for the next read: MULTI_GET
   // replies arrive back to back and are taken one value at a time.
   char chunk[64 * 1024];
   while (rbuf_.size() < n) {
     if (!PollFor(fd_, POLLIN, deadline)) {
-      return Status::Timeout("store " + address() + ": " + what + ": no reply after " +
+      return Status::Timeout("store " + address() + ": " + what +
+                             ": no reply after " +
                              DescribeSeconds(Clock::now() - started));
     }
     ssize_t got = ::recv(fd_, chunk, sizeof(chunk), 0);
@@ -268,8 +282,9 @@ Status TcpStoreClient::ReadExact(size_t n, std::string* out, const std::string& 
       return Fail(Status::Unavailable("store " + address() + ": " + what +
                                       ": connection closed by the store"));
     } else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
-      return Fail(Status::Unavailable("store " + address() + ": " + what +
-                                      ": receive failed: " + std::strerror(errno)));
+      return Fail(
+          Status::Unavailable("store " + address() + ": " + what +
+                              ": receive failed: " + std::strerror(errno)));
     }
   }
   out->assign(rbuf_, 0, n);
@@ -289,13 +304,15 @@ Status TcpStoreClient::ReadBytes(std::string* out, const std::string& what,
 }
 
 Status TcpStoreClient::WaitLocked(const std::vector<std::string>& keys, Op op,
-                                  int64_t number, std::chrono::milliseconds timeout) {
+                                  int64_t number,
+                                  std::chrono::milliseconds timeout) {
   Request req;
   req.op = op;
   req.number = number;
   for (const auto& k : keys) req.keys.push_back(K(k));
-  std::string what = std::string(op == Op::kWait ? "wait for keys " : "barrier on ") +
-                     DescribeKeys(keys);
+  std::string what =
+      std::string(op == Op::kWait ? "wait for keys " : "barrier on ") +
+      DescribeKeys(keys);
   auto started = Clock::now();
   // The caller's timeout bounds the wait itself; the cancel that may follow
   // gets an ordinary operation's deadline of its own.
@@ -304,20 +321,23 @@ Status TcpStoreClient::WaitLocked(const std::vector<std::string>& keys, Op op,
   std::string reply;
   s = ReadExact(1, &reply, what, started + timeout, started);
   if (s.ok() || s.code() != Status::Code::kTimeout) return s;
-  Status timed_out = Status::Timeout(
-      "store " + address() + ": " + what + " timed out after " +
-      DescribeSeconds(Clock::now() - started) +
-      "; the process that should set them may have failed, or use a longer timeout");
+  Status timed_out =
+      Status::Timeout("store " + address() + ": " + what + " timed out after " +
+                      DescribeSeconds(Clock::now() - started) +
+                      "; the process that should set them may have failed, or "
+                      "use a longer timeout");
   if (opts_.dialect != Dialect::kTorch2) return Fail(timed_out);
   Request cancel;
   cancel.op = Op::kCancelWait;
   s = SendRequest(cancel, "cancel wait", OpDeadline());
-  if (s.ok()) s = ReadExact(1, &reply, "cancel wait", OpDeadline(), Clock::now());
+  if (s.ok())
+    s = ReadExact(1, &reply, "cancel wait", OpDeadline(), Clock::now());
   if (s.ok() && reply[0] == static_cast<char>(kStopWaiting)) {
     // The keys arrived just as we gave up: the late reply comes first.
     s = ReadExact(1, &reply, "cancel wait", OpDeadline(), Clock::now());
   }
-  if (!s.ok() || reply[0] != static_cast<char>(kWaitCanceled)) Fail(Status::Ok());
+  if (!s.ok() || reply[0] != static_cast<char>(kWaitCanceled))
+    Fail(Status::Ok());
   return timed_out;
 }
 
@@ -327,7 +347,8 @@ Status TcpStoreClient::Call(const Request& req, const std::string& what,
   auto deadline = started + opts_.timeout;
   Status s = SendRequest(req, what, deadline);
   if (s.ok() && reply_size > 0) {
-    s = ReadExact(static_cast<size_t>(reply_size), reply, what, deadline, started);
+    s = ReadExact(static_cast<size_t>(reply_size), reply, what, deadline,
+                  started);
   } else if (s.ok() && reply_size == kLengthPrefixed) {
     s = ReadBytes(reply, what, deadline, started);
   }
@@ -350,8 +371,10 @@ Request MakeRequest(Op op, std::vector<std::string> keys,
 
 // APPEND and BARRIER have no opcode in 1.13's protocol.
 Status NeedsTorch2(const std::string& what) {
-  return Status::Invalid(what + ": the store client speaks the torch-1.13 protocol, which has "
-                         "no such request; connect with the torch>=2.2 dialect");
+  return Status::Invalid(
+      what +
+      ": the store client speaks the torch-1.13 protocol, which has "
+      "no such request; connect with the torch>=2.2 dialect");
 }
 
 int64_t I64(const std::string& bytes) {
@@ -370,7 +393,8 @@ Status TcpStoreClient::Set(const std::string& key, std::string_view value) {
 }
 
 Status TcpStoreClient::Append(const std::string& key, std::string_view value) {
-  if (opts_.dialect != Dialect::kTorch2) return NeedsTorch2("append to key '" + key + "'");
+  if (opts_.dialect != Dialect::kTorch2)
+    return NeedsTorch2("append to key '" + key + "'");
   std::lock_guard<std::mutex> lock(mu_);
   return Call(MakeRequest(Op::kAppend, {K(key)}, {std::string(value)}),
               "append to key '" + key + "'", 0, nullptr);
@@ -393,8 +417,9 @@ Result<int64_t> TcpStoreClient::Add(const std::string& key, int64_t delta) {
   std::lock_guard<std::mutex> lock(mu_);
   std::string reply;
   // c10d sends its worker counter "init/" without the "/" prefix.
-  Status s = Call(MakeRequest(Op::kAdd, {key == "init/" ? key : K(key)}, {}, delta),
-                  "add to key '" + key + "'", 8, &reply);
+  Status s =
+      Call(MakeRequest(Op::kAdd, {key == "init/" ? key : K(key)}, {}, delta),
+           "add to key '" + key + "'", 8, &reply);
   if (!s.ok()) return s;
   return I64(reply);
 }
@@ -430,7 +455,8 @@ Status TcpStoreClient::Wait(const std::vector<std::string>& keys,
 
 Status TcpStoreClient::Barrier(const std::string& key, int64_t world_size,
                                std::chrono::milliseconds timeout) {
-  if (opts_.dialect != Dialect::kTorch2) return NeedsTorch2("barrier on key '" + key + "'");
+  if (opts_.dialect != Dialect::kTorch2)
+    return NeedsTorch2("barrier on key '" + key + "'");
   std::lock_guard<std::mutex> lock(mu_);
   return WaitLocked({key}, Op::kBarrier, world_size, timeout);
 }
@@ -438,8 +464,8 @@ Status TcpStoreClient::Barrier(const std::string& key, int64_t world_size,
 Result<bool> TcpStoreClient::DeleteKey(const std::string& key) {
   std::lock_guard<std::mutex> lock(mu_);
   std::string reply;
-  Status s = Call(MakeRequest(Op::kDeleteKey, {K(key)}), "delete key '" + key + "'",
-                  8, &reply);
+  Status s = Call(MakeRequest(Op::kDeleteKey, {K(key)}),
+                  "delete key '" + key + "'", 8, &reply);
   if (!s.ok()) return s;
   return I64(reply) == 1;
 }
@@ -456,7 +482,8 @@ Result<int64_t> TcpStoreClient::NumKeys() {
 
 namespace dtrun::rdzv {
 
-Result<std::vector<std::string>> TcpStoreClient::MultiGet(const std::vector<std::string>& keys) {
+Result<std::vector<std::string>> TcpStoreClient::MultiGet(
+    const std::vector<std::string>& keys) {
   if (opts_.dialect != Dialect::kTorch2) return Store::MultiGet(keys);
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<std::string> wire_keys;

@@ -36,13 +36,15 @@ struct StoreClientOptions {
 class TcpStoreClient : public Store {
  public:
   // Connects (retrying until connect_timeout) and, for kTorch2, validates.
-  static Result<std::unique_ptr<TcpStoreClient>> Connect(const StoreClientOptions& opts);
+  static Result<std::unique_ptr<TcpStoreClient>> Connect(
+      const StoreClientOptions& opts);
   ~TcpStoreClient() override;
 
   Status Set(const std::string& key, std::string_view value) override;
   Result<std::string> Get(const std::string& key) override;
   Result<int64_t> Add(const std::string& key, int64_t delta) override;
-  Result<std::string> CompareSet(const std::string& key, std::string_view expected,
+  Result<std::string> CompareSet(const std::string& key,
+                                 std::string_view expected,
                                  std::string_view desired) override;
   Result<bool> Check(const std::vector<std::string>& keys) override;
   // On timeout the server-side registration is canceled (kTorch2) or the
@@ -55,7 +57,8 @@ class TcpStoreClient : public Store {
   std::chrono::milliseconds timeout() const override { return opts_.timeout; }
   // kTorch2: one MULTI_GET / MULTI_SET request (a missing key reads as
   // empty: unlike c10d's client, MultiGet does not wait for the keys).
-  Result<std::vector<std::string>> MultiGet(const std::vector<std::string>& keys) override;
+  Result<std::vector<std::string>> MultiGet(
+      const std::vector<std::string>& keys) override;
   Status MultiSet(const std::vector<std::string>& keys,
                   const std::vector<std::string>& values) override;
 
@@ -79,8 +82,10 @@ class TcpStoreClient : public Store {
   Status Open();  // REQUIRES: mu_
   Status Handshake(Deadline deadline);
   std::string K(const std::string& key) const;
-  Status SendRequest(const Request& req, const std::string& what, Deadline deadline);
-  Status SendBytes(const std::string& bytes, const std::string& what, Deadline deadline);
+  Status SendRequest(const Request& req, const std::string& what,
+                     Deadline deadline);
+  Status SendBytes(const std::string& bytes, const std::string& what,
+                   Deadline deadline);
   Status ReadExact(size_t n, std::string* out, const std::string& what,
                    Deadline deadline, Deadline started);
   Status ReadBytes(std::string* out, const std::string& what, Deadline deadline,
@@ -92,7 +97,9 @@ class TcpStoreClient : public Store {
               std::string* reply);
   Status WaitLocked(const std::vector<std::string>& keys, Op op, int64_t number,
                     std::chrono::milliseconds timeout);
-  Deadline OpDeadline() const { return std::chrono::steady_clock::now() + opts_.timeout; }
+  Deadline OpDeadline() const {
+    return std::chrono::steady_clock::now() + opts_.timeout;
+  }
   Status Fail(Status s);  // closes the socket: the stream is out of sync
 
   StoreClientOptions opts_;

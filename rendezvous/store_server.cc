@@ -62,7 +62,9 @@ std::string FormatEndpoint(const tcp::endpoint& ep) {
 struct Segment {
   std::string bytes;
   std::shared_ptr<const std::string> shared;
-  std::string_view view() const { return shared ? std::string_view(*shared) : bytes; }
+  std::string_view view() const {
+    return shared ? std::string_view(*shared) : bytes;
+  }
 };
 
 }  // namespace
@@ -76,15 +78,15 @@ struct Session : std::enable_shared_from_this<Session> {
   ConnId id;
   std::string peer;
   Dialect dialect = Dialect::kUnknown;
-  uint64_t requests = 0;    // requests decoded so far
-  std::string in;           // received bytes; in[in_off..] not yet decoded
+  uint64_t requests = 0;  // requests decoded so far
+  std::string in;         // received bytes; in[in_off..] not yet decoded
   size_t in_off = 0;
   size_t need = 1;          // decode again once this many bytes are buffered
   std::deque<Segment> out;  // replies not yet handed to the kernel
   size_t out_off = 0;       // bytes of out.front() already sent
   bool write_busy = false;  // waiting for the socket to take more
   bool read_busy = false;
-  bool dirty = false;       // listed in Impl::dirty_
+  bool dirty = false;  // listed in Impl::dirty_
   bool closed = false;
   std::unique_ptr<char[]> buf{new char[kReadChunk]};
 };
@@ -95,7 +97,8 @@ namespace {
 // torch>=2.2 VALIDATE with another magic (another protocol version): the
 // message says so, with the magic received.
 std::string WrongMagicHint(const Session& s, std::string_view avail) {
-  if (s.requests != 0 || avail.empty() || avail[0] != 0 || s.dialect != Dialect::kTorch113) {
+  if (s.requests != 0 || avail.empty() || avail[0] != 0 ||
+      s.dialect != Dialect::kTorch113) {
     return "";
   }
   uint32_t magic = 0;
@@ -103,7 +106,8 @@ std::string WrongMagicHint(const Session& s, std::string_view avail) {
   GetU32(avail, &pos, &magic);
   char hex[16];
   std::snprintf(hex, sizeof(hex), "0x%08X", magic);
-  return std::string(" (or a VALIDATE with wrong magic ") + hex + ", expected 0x3C85F7CE)";
+  return std::string(" (or a VALIDATE with wrong magic ") + hex +
+         ", expected 0x3C85F7CE)";
 }
 
 }  // namespace
@@ -116,7 +120,8 @@ class StoreServer::Impl : public ReplySink {
   Status Listen();
   void Accept();
   void StartRead(const std::shared_ptr<Session>& s);
-  void OnRead(const std::shared_ptr<Session>& s, const asio::error_code& ec, size_t n);
+  void OnRead(const std::shared_ptr<Session>& s, const asio::error_code& ec,
+              size_t n);
   bool Process(Session* s);
   static void CompactInput(Session* s);
   void StartWrite(const std::shared_ptr<Session>& s);
@@ -126,7 +131,8 @@ class StoreServer::Impl : public ReplySink {
   void Close(Session* s, const std::string& reason);
   Session* Dirty(ConnId conn);
   std::string* Out(ConnId conn) override;
-  void OutShared(ConnId conn, std::shared_ptr<const std::string> bytes) override;
+  void OutShared(ConnId conn,
+                 std::shared_ptr<const std::string> bytes) override;
   void CloseAll();
   template <typename Fn>
   auto OnLoop(Fn fn) -> decltype(fn());
@@ -167,7 +173,8 @@ Status StoreServer::Impl::Listen() {
       tcp::endpoint ep = r.endpoint();
       acceptor_.close(ec);
       acceptor_.open(ep.protocol(), ec);
-      if (!ec && ep.address().is_v6()) acceptor_.set_option(asio::ip::v6_only(false), ec);
+      if (!ec && ep.address().is_v6())
+        acceptor_.set_option(asio::ip::v6_only(false), ec);
       if (!ec) acceptor_.set_option(tcp::acceptor::reuse_address(true), ec);
       if (!ec) acceptor_.bind(ep, ec);
       if (!ec) acceptor_.listen(opts_.backlog, ec);
@@ -176,44 +183,48 @@ Status StoreServer::Impl::Listen() {
         host_ = host;
         return Status::Ok();
       }
-      last_error = "cannot listen on " + FormatEndpoint(ep) + ": " + ec.message();
+      last_error =
+          "cannot listen on " + FormatEndpoint(ep) + ": " + ec.message();
     }
   }
   acceptor_.close();
-  return Status::Unavailable("store: " + last_error +
-                             "; choose another --port (0 picks a free one) or --host");
+  return Status::Unavailable(
+      "store: " + last_error +
+      "; choose another --port (0 picks a free one) or --host");
 }
 
 void StoreServer::Impl::Accept() {
-  acceptor_.async_accept([this](const asio::error_code& ec, tcp::socket socket) {
-    if (ec == asio::error::operation_aborted || stopped_) return;
-    if (ec) {
-      // Out of descriptors (EMFILE) and the like: accepting again at once
-      // would spin, so back off briefly and keep serving who we have.
-      log_->warn("accept failed: {}; retrying in 50 ms", ec.message());
-      accept_retry_.expires_after(std::chrono::milliseconds(50));
-      accept_retry_.async_wait([this](const asio::error_code& e) {
-        if (!e) Accept();
+  acceptor_.async_accept(
+      [this](const asio::error_code& ec, tcp::socket socket) {
+        if (ec == asio::error::operation_aborted || stopped_) return;
+        if (ec) {
+          // Out of descriptors (EMFILE) and the like: accepting again at once
+          // would spin, so back off briefly and keep serving who we have.
+          log_->warn("accept failed: {}; retrying in 50 ms", ec.message());
+          accept_retry_.expires_after(std::chrono::milliseconds(50));
+          accept_retry_.async_wait([this](const asio::error_code& e) {
+            if (!e) Accept();
+          });
+          return;
+        }
+        asio::error_code ignored;
+        socket.set_option(tcp::no_delay(true), ignored);
+        // Loopback's send buffer starts small and grows slowly; a 1 MiB reply
+        // would go out in ~17 writes, each a trip through epoll. The kernel
+        // caps this at net.core.wmem_max.
+        socket.set_option(asio::socket_base::send_buffer_size(kSendBufferBytes),
+                          ignored);
+        // Replies are written at once from the handler that made them (one
+        // wake-up of the loop per request); only a full socket waits.
+        socket.non_blocking(true, ignored);
+        auto s = std::make_shared<Session>(std::move(socket), next_id_++);
+        auto remote = s->socket.remote_endpoint(ignored);
+        s->peer = ignored ? "unknown peer" : FormatEndpoint(remote);
+        sessions_.emplace(s->id, s);
+        log_->debug("connection {} from {}", s->id, s->peer);
+        StartRead(s);
+        Accept();
       });
-      return;
-    }
-    asio::error_code ignored;
-    socket.set_option(tcp::no_delay(true), ignored);
-    // Loopback's send buffer starts small and grows slowly; a 1 MiB reply
-    // would go out in ~17 writes, each a trip through epoll. The kernel caps
-    // this at net.core.wmem_max.
-    socket.set_option(asio::socket_base::send_buffer_size(kSendBufferBytes), ignored);
-    // Replies are written at once from the handler that made them (one
-    // wake-up of the loop per request); only a full socket waits.
-    socket.non_blocking(true, ignored);
-    auto s = std::make_shared<Session>(std::move(socket), next_id_++);
-    auto remote = s->socket.remote_endpoint(ignored);
-    s->peer = ignored ? "unknown peer" : FormatEndpoint(remote);
-    sessions_.emplace(s->id, s);
-    log_->debug("connection {} from {}", s->id, s->peer);
-    StartRead(s);
-    Accept();
-  });
 }
 
 void StoreServer::Impl::StartRead(const std::shared_ptr<Session>& s) {
@@ -262,7 +273,8 @@ bool StoreServer::Impl::Process(Session* s) {
     Request req;
     size_t consumed = 0;
     std::string error;
-    DecodeState st = DecodeRequest(avail, s->dialect, opts_.limits, &req, &consumed, &error);
+    DecodeState st =
+        DecodeRequest(avail, s->dialect, opts_.limits, &req, &consumed, &error);
     if (st == DecodeState::kNeedMore) {
       s->need = consumed;
       break;
@@ -273,8 +285,10 @@ bool StoreServer::Impl::Process(Session* s) {
     }
     s->in_off += consumed;
     s->need = 1;
-    if (s->dialect == Dialect::kTorch2 && s->requests == 0 && req.op != Op::kValidate) {
-      Close(s, std::string("first request is ") + OpName(req.op) + ", not VALIDATE");
+    if (s->dialect == Dialect::kTorch2 && s->requests == 0 &&
+        req.op != Op::kValidate) {
+      Close(s, std::string("first request is ") + OpName(req.op) +
+                   ", not VALIDATE");
       return false;
     }
     ++s->requests;
@@ -321,7 +335,8 @@ std::string* StoreServer::Impl::Out(ConnId conn) {
   return &s->out.back().bytes;
 }
 
-void StoreServer::Impl::OutShared(ConnId conn, std::shared_ptr<const std::string> bytes) {
+void StoreServer::Impl::OutShared(ConnId conn,
+                                  std::shared_ptr<const std::string> bytes) {
   Session* s = Dirty(conn);
   if (s) s->out.push_back(Segment{std::string(), std::move(bytes)});
 }
@@ -358,14 +373,15 @@ bool StoreServer::Impl::WriteNow(Session* s) {
     }
     asio::error_code ec;
     size_t wrote = s->socket.write_some(bufs, ec);
-    if (ec == asio::error::would_block || ec == asio::error::try_again) return true;
+    if (ec == asio::error::would_block || ec == asio::error::try_again)
+      return true;
     if (ec) {
       Close(s, "");
       return false;
     }
     while (wrote > 0) {
-      DTRUN_CHECK(!s->out.empty()) << "the kernel took " << wrote
-                                   << " bytes more than were queued";
+      DTRUN_CHECK(!s->out.empty())
+          << "the kernel took " << wrote << " bytes more than were queued";
       size_t left = s->out.front().view().size() - s->out_off;
       if (wrote < left) {
         s->out_off += wrote;
@@ -394,16 +410,18 @@ void StoreServer::Impl::StartWrite(const std::shared_ptr<Session>& s) {
   }
   // The socket is full: wait until it takes more.
   s->write_busy = true;
-  s->socket.async_wait(tcp::socket::wait_write, [this, s](const asio::error_code& ec) {
-    s->write_busy = false;
-    if (s->closed) return;
-    if (ec) {
-      Close(s.get(), "");
-      return;
-    }
-    StartWrite(s);
-    if (!s->closed && Pending(*s) <= opts_.max_pending_reply_bytes) StartRead(s);
-  });
+  s->socket.async_wait(
+      tcp::socket::wait_write, [this, s](const asio::error_code& ec) {
+        s->write_busy = false;
+        if (s->closed) return;
+        if (ec) {
+          Close(s.get(), "");
+          return;
+        }
+        StartWrite(s);
+        if (!s->closed && Pending(*s) <= opts_.max_pending_reply_bytes)
+          StartRead(s);
+      });
 }
 
 void StoreServer::Impl::Close(Session* s, const std::string& reason) {
@@ -440,7 +458,8 @@ auto StoreServer::Impl::OnLoop(Fn fn) -> decltype(fn()) {
   return result.get();
 }
 
-Result<std::unique_ptr<StoreServer>> StoreServer::Start(const StoreServerOptions& options) {
+Result<std::unique_ptr<StoreServer>> StoreServer::Start(
+    const StoreServerOptions& options) {
   auto impl = std::make_unique<Impl>(options);
   Status s = impl->Listen();
   if (!s.ok()) return s;
@@ -470,7 +489,8 @@ void StoreServer::Stop() {
       impl_->io_.stop();
     });
   }
-  if (impl_->thread_.joinable() && impl_->thread_.get_id() != std::this_thread::get_id()) {
+  if (impl_->thread_.joinable() &&
+      impl_->thread_.get_id() != std::this_thread::get_id()) {
     impl_->thread_.join();
   }
 }

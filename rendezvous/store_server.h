@@ -16,9 +16,9 @@ struct StoreServerOptions {
   // Address to bind. Default "::" (IPv6 dual-stack), falling back to 0.0.0.0
   // where IPv6 is unavailable, as c10d's server does.
   std::string host = "::";
-  uint16_t port = 0;         // 0 = let the kernel pick one; default 0
-  WireLimits limits;         // caps on lengths read from the wire
-  int backlog = 16384;       // listen backlog (the kernel caps it at somaxconn)
+  uint16_t port = 0;    // 0 = let the kernel pick one; default 0
+  WireLimits limits;    // caps on lengths read from the wire
+  int backlog = 16384;  // listen backlog (the kernel caps it at somaxconn)
   // A connection whose unsent replies exceed this is not read from until
   // they drain. Default 256 MiB.
   size_t max_pending_reply_bytes = 256u << 20;
@@ -35,7 +35,8 @@ struct StoreServerOptions {
 // are thread-safe.
 class StoreServer {
  public:
-  static Result<std::unique_ptr<StoreServer>> Start(const StoreServerOptions& options);
+  static Result<std::unique_ptr<StoreServer>> Start(
+      const StoreServerOptions& options);
   ~StoreServer();
 
   // The bound address and port (the real port when options.port was 0).

@@ -95,7 +95,8 @@ Status StoreState::Apply(ConnId conn, const Request& req, ReplySink* sink) {
     case Op::kAppend: {
       auto it = data_.find(req.keys[0]);
       Set(req.keys[0],
-          std::string(it == data_.end() ? std::string_view() : std::string_view(it->second)) +
+          std::string(it == data_.end() ? std::string_view()
+                                        : std::string_view(it->second)) +
               req.values[0],
           sink);
       return Status::Ok();
@@ -143,8 +144,9 @@ Status StoreState::Apply(ConnId conn, const Request& req, ReplySink* sink) {
       break;
     }
     case Op::kCheck: {
-      bool all = std::all_of(req.keys.begin(), req.keys.end(),
-                             [this](const std::string& k) { return Exists(k); });
+      bool all =
+          std::all_of(req.keys.begin(), req.keys.end(),
+                      [this](const std::string& k) { return Exists(k); });
       PutU8(&out, all ? kCheckReady : kCheckNotReady);
       break;
     }
@@ -182,7 +184,8 @@ Status StoreState::Apply(ConnId conn, const Request& req, ReplySink* sink) {
       return Status::Ok();
     case Op::kQueueLen: {
       auto it = queues_.find(req.keys[0]);
-      PutI64(&out, it == queues_.end() ? 0 : static_cast<int64_t>(it->second.size()));
+      PutI64(&out,
+             it == queues_.end() ? 0 : static_cast<int64_t>(it->second.size()));
       break;
     }
     case Op::kListKeys:
@@ -204,7 +207,8 @@ Status StoreState::Apply(ConnId conn, const Request& req, ReplySink* sink) {
   return Status::Ok();
 }
 
-void StoreState::Set(const std::string& key, std::string value, ReplySink* sink) {
+void StoreState::Set(const std::string& key, std::string value,
+                     ReplySink* sink) {
   auto [it, created] = data_.try_emplace(key);
   // The old value is copied only for a watched key (WATCH_KEY sends it).
   bool watched = !watchers_.empty() && watchers_.count(key);
@@ -227,8 +231,8 @@ Status StoreState::Add(const std::string& key, int64_t delta, int64_t* result,
                            "digits, or beyond 64 bits)");
   }
   if (__builtin_add_overflow(current, delta, result)) {
-    return Status::Invalid("ADD of " + std::to_string(delta) + " to key '" + key +
-                           "' overflows a 64-bit counter");
+    return Status::Invalid("ADD of " + std::to_string(delta) + " to key '" +
+                           key + "' overflows a 64-bit counter");
   }
   Set(key, std::to_string(*result), sink);
   ReleaseBarriers(key, sink);
@@ -269,8 +273,8 @@ void StoreState::Wake(const std::string& key, bool only_one, ReplySink* sink) {
   size_t used = 0;
   for (bool woke = false; used < ids.size() && !(only_one && woke); ++used) {
     auto w = waiters_.find(ids[used]);
-    DTRUN_CHECK(w != waiters_.end()) << "waiter " << ids[used] << " on key '" << key
-                                     << "' is not registered";
+    DTRUN_CHECK(w != waiters_.end()) << "waiter " << ids[used] << " on key '"
+                                     << key << "' is not registered";
     woke = true;
     if (--w->second.missing > 0) continue;
     ConnId conn = w->second.conn;
@@ -324,8 +328,9 @@ void StoreState::CancelWaits(ConnId conn) {
   }
   for (auto b = barriers_.begin(); b != barriers_.end();) {
     auto& list = b->second;
-    list.erase(std::remove_if(list.begin(), list.end(),
-                              [conn](const BarrierWaiter& w) { return w.conn == conn; }),
+    list.erase(std::remove_if(
+                   list.begin(), list.end(),
+                   [conn](const BarrierWaiter& w) { return w.conn == conn; }),
                list.end());
     b = list.empty() ? barriers_.erase(b) : std::next(b);
   }
@@ -363,13 +368,15 @@ void StoreState::Notify(const std::string& key, uint8_t type,
   }
 }
 
-void StoreState::QueuePop(ConnId conn, const std::string& key, ReplySink* sink) {
+void StoreState::QueuePop(ConnId conn, const std::string& key,
+                          ReplySink* sink) {
   std::string* reply = sink->Out(conn);
   if (!reply) return;
   std::string& out = *reply;
   auto it = queues_.find(key);
   // The protocol's reply carries the length before the pop, not after.
-  int64_t len = it == queues_.end() ? 0 : static_cast<int64_t>(it->second.size());
+  int64_t len =
+      it == queues_.end() ? 0 : static_cast<int64_t>(it->second.size());
   PutI64(&out, len);
   if (len > 0) {
     PutBytes(&out, it->second.front());

@@ -28,7 +28,8 @@ class ReplySink {
   // may keep the reference instead of copying (a large GET reply goes out
   // from the stored value itself); the default copies. Out(conn) must be
   // asked again afterwards to append more.
-  virtual void OutShared(ConnId conn, std::shared_ptr<const std::string> bytes) {
+  virtual void OutShared(ConnId conn,
+                         std::shared_ptr<const std::string> bytes) {
     if (std::string* out = Out(conn)) out->append(*bytes);
   }
 };
@@ -42,7 +43,9 @@ class StoredValue {
     bytes_ = std::make_shared<const std::string>(std::move(bytes));
     return *this;
   }
-  operator std::string_view() const { return *bytes_; }  // NOLINT: reads as bytes
+  operator std::string_view() const {
+    return *bytes_;
+  }  // NOLINT: reads as bytes
   bool operator==(std::string_view other) const { return *bytes_ == other; }
   size_t size() const { return bytes_->size(); }
   const std::shared_ptr<const std::string>& shared() const { return bytes_; }

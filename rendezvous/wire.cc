@@ -88,9 +88,9 @@ class Reader {
 // torch 2.2 inserted VALIDATE at 0 and renumbered everything after it,
 // which is why one byte means different things per dialect.
 bool OpFrom113(uint8_t v, Op* op) {
-  static constexpr Op kMap[] = {Op::kSet,   Op::kCompareSet, Op::kGet,
-                                Op::kAdd,   Op::kCheck,      Op::kWait,
-                                Op::kGetNumKeys, Op::kWatchKey, Op::kDeleteKey};
+  static constexpr Op kMap[] = {
+      Op::kSet,  Op::kCompareSet, Op::kGet,      Op::kAdd,      Op::kCheck,
+      Op::kWait, Op::kGetNumKeys, Op::kWatchKey, Op::kDeleteKey};
   if (v >= sizeof(kMap) / sizeof(kMap[0])) return false;
   *op = kMap[v];
   return true;
@@ -98,11 +98,11 @@ bool OpFrom113(uint8_t v, Op* op) {
 
 bool OpFrom2(uint8_t v, Op* op) {
   static constexpr Op kMap[] = {
-      Op::kValidate,  Op::kSet,       Op::kCompareSet, Op::kGet,
-      Op::kAdd,       Op::kCheck,     Op::kWait,       Op::kGetNumKeys,
-      Op::kDeleteKey, Op::kAppend,    Op::kMultiGet,   Op::kMultiSet,
+      Op::kValidate,   Op::kSet,      Op::kCompareSet, Op::kGet,
+      Op::kAdd,        Op::kCheck,    Op::kWait,       Op::kGetNumKeys,
+      Op::kDeleteKey,  Op::kAppend,   Op::kMultiGet,   Op::kMultiSet,
       Op::kCancelWait, Op::kPing,     Op::kQueuePush,  Op::kQueuePop,
-      Op::kQueueLen,  Op::kListKeys,  Op::kBarrier};
+      Op::kQueueLen,   Op::kListKeys, Op::kBarrier};
   if (v >= sizeof(kMap) / sizeof(kMap[0])) return false;
   *op = kMap[v];
   return true;
@@ -191,12 +191,13 @@ bool GetFixed(std::string_view in, size_t* pos, T* v) {
 
 const char* OpName(Op op) {
   static const char* kNames[] = {
-      "VALIDATE",   "SET",        "COMPARE_SET", "GET",       "ADD",
-      "CHECK",      "WAIT",       "GETNUMKEYS",  "WATCH_KEY", "DELETE_KEY",
-      "APPEND",     "MULTI_GET",  "MULTI_SET",   "CANCEL_WAIT", "PING",
-      "QUEUE_PUSH", "QUEUE_POP",  "QUEUE_LEN",   "LIST_KEYS", "BARRIER"};
+      "VALIDATE",   "SET",       "COMPARE_SET", "GET",         "ADD",
+      "CHECK",      "WAIT",      "GETNUMKEYS",  "WATCH_KEY",   "DELETE_KEY",
+      "APPEND",     "MULTI_GET", "MULTI_SET",   "CANCEL_WAIT", "PING",
+      "QUEUE_PUSH", "QUEUE_POP", "QUEUE_LEN",   "LIST_KEYS",   "BARRIER"};
   size_t i = static_cast<size_t>(op);
-  DTRUN_CHECK(i < sizeof(kNames) / sizeof(kNames[0])) << "Op " << i << " has no name";
+  DTRUN_CHECK(i < sizeof(kNames) / sizeof(kNames[0]))
+      << "Op " << i << " has no name";
   return kNames[i];
 }
 
@@ -254,7 +255,8 @@ void EncodeRequest(const Request& req, Dialect dialect, std::string* out) {
   // desynchronize the stream; callers check the dialect first.
   DTRUN_CHECK(OpTo(req.op, dialect, &code))
       << OpName(req.op) << " has no opcode in the "
-      << (dialect == Dialect::kTorch2 ? "torch>=2.2" : "torch-1.13") << " dialect";
+      << (dialect == Dialect::kTorch2 ? "torch>=2.2" : "torch-1.13")
+      << " dialect";
   PutU8(out, code);
   switch (req.op) {
     case Op::kValidate:
@@ -304,7 +306,9 @@ void EncodeRequest(const Request& req, Dialect dialect, std::string* out) {
   }
 }
 
-void PutU8(std::string* out, uint8_t v) { out->push_back(static_cast<char>(v)); }
+void PutU8(std::string* out, uint8_t v) {
+  out->push_back(static_cast<char>(v));
+}
 void PutU32(std::string* out, uint32_t v) { PutRaw(out, &v, sizeof(v)); }
 void PutI64(std::string* out, int64_t v) { PutRaw(out, &v, sizeof(v)); }
 void PutU64(std::string* out, uint64_t v) { PutRaw(out, &v, sizeof(v)); }

@@ -12,11 +12,12 @@
 //   body(COMPARE_SET) := str key, str expected, str desired -> str
 //   body(GET)         := str key                            -> str
 //   body(ADD)         := str key, delta:i64                 -> i64
-//   body(CHECK)       := keys                               -> u8 (0 ready, 1 not)
-//   body(WAIT)        := keys                   -> u8 0, deferred until all exist
-//   body(GETNUMKEYS)  := -                                  -> i64
+//   body(CHECK)       := keys                               -> u8 (0 ready, 1
+//   not) body(WAIT)        := keys                   -> u8 0, deferred until
+//   all exist body(GETNUMKEYS)  := -                                  -> i64
 //   body(WATCH_KEY)   := str key   (1.13 only)  -> u8 3; then per change:
-//                        u8 type(0 updated,1 created,2 deleted) str key str old str new
+//                        u8 type(0 updated,1 created,2 deleted) str key str old
+//                        str new
 //   body(DELETE_KEY)  := str key                            -> i64 (0 or 1)
 //   body(APPEND)      := str key, str data                  -> no reply
 //   body(MULTI_GET)   := keys                               -> str{n}
@@ -25,10 +26,11 @@
 //   body(VALIDATE)    := magic:u32 (0x3C85F7CE)             -> no reply
 //   body(PING)        := nonce:u32                          -> u32 nonce
 //   body(QUEUE_PUSH)  := str key, str item                  -> no reply
-//   body(QUEUE_POP)   := str key                -> i64 len_before [str item if > 0]
-//   body(QUEUE_LEN)   := str key                            -> i64
+//   body(QUEUE_POP)   := str key                -> i64 len_before [str item if
+//   > 0] body(QUEUE_LEN)   := str key                            -> i64
 //   body(LIST_KEYS)   := -                                  -> i64 n, str{n}
-//   body(BARRIER)     := str key, world:i64     -> u8 0 once counter(key) >= world
+//   body(BARRIER)     := str key, world:i64     -> u8 0 once counter(key) >=
+//   world
 //
 // Opcode values differ by dialect: kTorch113 is PyTorch 1.13 (and 2.0);
 // kTorch2 is PyTorch >= 2.2, whose connections start with VALIDATE. A
@@ -46,24 +48,63 @@ enum class Dialect : uint8_t { kUnknown, kTorch113, kTorch2 };
 
 // Wire values of PyTorch 1.13.1's QueryType (TCPStore.cpp).
 enum class Query113 : uint8_t {
-  kSet = 0, kCompareSet = 1, kGet = 2, kAdd = 3, kCheck = 4, kWait = 5,
-  kGetNumKeys = 6, kWatchKey = 7, kDeleteKey = 8,
+  kSet = 0,
+  kCompareSet = 1,
+  kGet = 2,
+  kAdd = 3,
+  kCheck = 4,
+  kWait = 5,
+  kGetNumKeys = 6,
+  kWatchKey = 7,
+  kDeleteKey = 8,
 };
 
 // Wire values of PyTorch >= 2.2's QueryType (TCPStoreBackend.hpp, up to the
 // BARRIER of recent main).
 enum class Query2 : uint8_t {
-  kValidate = 0, kSet = 1, kCompareSet = 2, kGet = 3, kAdd = 4, kCheck = 5,
-  kWait = 6, kGetNumKeys = 7, kDeleteKey = 8, kAppend = 9, kMultiGet = 10,
-  kMultiSet = 11, kCancelWait = 12, kPing = 13, kQueuePush = 14,
-  kQueuePop = 15, kQueueLen = 16, kListKeys = 17, kBarrier = 18,
+  kValidate = 0,
+  kSet = 1,
+  kCompareSet = 2,
+  kGet = 3,
+  kAdd = 4,
+  kCheck = 5,
+  kWait = 6,
+  kGetNumKeys = 7,
+  kDeleteKey = 8,
+  kAppend = 9,
+  kMultiGet = 10,
+  kMultiSet = 11,
+  kCancelWait = 12,
+  kPing = 13,
+  kQueuePush = 14,
+  kQueuePop = 15,
+  kQueueLen = 16,
+  kListKeys = 17,
+  kBarrier = 18,
 };
 
 // Dialect-independent operation.
 enum class Op : uint8_t {
-  kValidate, kSet, kCompareSet, kGet, kAdd, kCheck, kWait, kGetNumKeys,
-  kWatchKey, kDeleteKey, kAppend, kMultiGet, kMultiSet, kCancelWait, kPing,
-  kQueuePush, kQueuePop, kQueueLen, kListKeys, kBarrier,
+  kValidate,
+  kSet,
+  kCompareSet,
+  kGet,
+  kAdd,
+  kCheck,
+  kWait,
+  kGetNumKeys,
+  kWatchKey,
+  kDeleteKey,
+  kAppend,
+  kMultiGet,
+  kMultiSet,
+  kCancelWait,
+  kPing,
+  kQueuePush,
+  kQueuePop,
+  kQueueLen,
+  kListKeys,
+  kBarrier,
 };
 
 const char* OpName(Op op);

@@ -89,7 +89,8 @@ std::vector<Action> Agent::Kill(TimePoint now) {
 }
 
 std::vector<Action> Agent::OnTick(TimePoint now) {
-  bool stopping = phase_ == Phase::kStopping || phase_ == Phase::kShuttingDown ||
+  bool stopping = phase_ == Phase::kStopping ||
+                  phase_ == Phase::kShuttingDown ||
                   phase_ == Phase::kRestarting;
   if (!stopping) return {};
   if (!killed_) return now < kill_at_ ? std::vector<Action>{} : Kill(now);
@@ -105,7 +106,8 @@ std::vector<Action> Agent::OnTick(TimePoint now) {
 std::optional<TimePoint> Agent::deadline() const {
   // Only a stop has a deadline: a running group is event-driven (exits,
   // signals, beats), so the loop can sleep in poll() without waking.
-  bool stopping = phase_ == Phase::kStopping || phase_ == Phase::kShuttingDown ||
+  bool stopping = phase_ == Phase::kStopping ||
+                  phase_ == Phase::kShuttingDown ||
                   phase_ == Phase::kRestarting;
   if (!stopping) return std::nullopt;
   return killed_ ? abandon_at_ : kill_at_;

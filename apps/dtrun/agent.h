@@ -9,9 +9,9 @@
 namespace dtrun::agent {
 
 struct AgentOptions {
-  int nproc = 1;                                   // workers in the local group
-  int max_restarts = 0;                            // group restarts allowed
-  std::chrono::milliseconds term_timeout{30000};   // SIGTERM -> SIGKILL grace
+  int nproc = 1;                                  // workers in the local group
+  int max_restarts = 0;                           // group restarts allowed
+  std::chrono::milliseconds term_timeout{30000};  // SIGTERM -> SIGKILL grace
   // After SIGKILL, how long to wait for workers before going on without
   // them (a worker in uninterruptible sleep survives SIGKILL).
   std::chrono::milliseconds kill_wait{10000};
@@ -30,9 +30,11 @@ struct Action {
   enum class Kind {
     kStartGroup,   // spawn every local worker for attempt `restart_count`
     kSignalGroup,  // send `signo` to every live worker's process group
-    kFinish,       // exit: `failed` after the last attempt, or `signo` if stopped
-    kGroupStopped, // the group stopped for a new rendezvous round (StopForNewRound)
-    kAbandonGroup, // workers outlived SIGKILL by kill_wait: report them, stop waiting
+    kFinish,  // exit: `failed` after the last attempt, or `signo` if stopped
+    kGroupStopped,  // the group stopped for a new rendezvous round
+                    // (StopForNewRound)
+    kAbandonGroup,  // workers outlived SIGKILL by kill_wait: report them, stop
+                    // waiting
   };
   Kind kind;
   int restart_count = 0;

@@ -8,8 +8,8 @@ namespace dtrun::agent {
 
 // Outcome of parsing the command line.
 struct CliResult {
-  int exit_code = -1;  // >= 0: exit now with it (help printed, or usage error)
-  LaunchConfig config; // valid when exit_code < 0
+  int exit_code = -1;   // >= 0: exit now with it (help printed, or usage error)
+  LaunchConfig config;  // valid when exit_code < 0
 };
 
 // Parses torchrun's flags (dash and underscore spellings, PET_* environment

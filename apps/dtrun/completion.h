@@ -21,6 +21,7 @@ std::string BashCompletion(const std::vector<FlagSpec>& flags);
 std::string ZshCompletion(const std::vector<FlagSpec>& flags);
 
 // The script for `shell` ("bash" or "zsh"); empty for any other shell.
-std::string CompletionScript(const std::string& shell, const std::vector<FlagSpec>& flags);
+std::string CompletionScript(const std::string& shell,
+                             const std::vector<FlagSpec>& flags);
 
 }  // namespace dtrun::agent

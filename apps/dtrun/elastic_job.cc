@@ -22,14 +22,20 @@ using std::chrono::milliseconds;
 
 }  // namespace
 
-ElasticJob::ElasticJob(const LaunchConfig& config, WorkerGroup* workers, const Clock* clock)
-    : config_(config), clock_(clock), group_(config, workers, clock, &signals_, /*elastic=*/true) {
+ElasticJob::ElasticJob(const LaunchConfig& config, WorkerGroup* workers,
+                       const Clock* clock)
+    : config_(config),
+      clock_(clock),
+      group_(config, workers, clock, &signals_, /*elastic=*/true) {
   if (!config_.interactive) return;
   group_.on_worker_crash = [this](const WorkerCrash& crash) {
     // Beside the session's round key, on the store the console attaches to.
-    Status s = PublishCrash(rdzv_client_.get(), "dtrun/i/" + config_.rdzv_id + "/", crash,
-                            ++crashes_);
-    if (!s.ok()) Logger("dtrun.agent")->warn("cannot publish the crash for the console: {}", s.message());
+    Status s =
+        PublishCrash(rdzv_client_.get(), "dtrun/i/" + config_.rdzv_id + "/",
+                     crash, ++crashes_);
+    if (!s.ok())
+      Logger("dtrun.agent")
+          ->warn("cannot publish the crash for the console: {}", s.message());
   };
 }
 
@@ -45,12 +51,15 @@ Status ElasticJob::HostRendezvousStore(uint16_t port, bool must) {
   if (!server.ok()) {
     if (must) return server.status();
     // Inferred hosting (c10d): another agent of this host got there first.
-    Logger("dtrun.rdzv")->info("rendezvous store port {} is taken here; joining it as a client", port);
+    Logger("dtrun.rdzv")
+        ->info("rendezvous store port {} is taken here; joining it as a client",
+               port);
     return Status::Ok();
   }
   rdzv_store_ = std::move(*server);
   rdzv_store_->RunInBackground();
-  Logger("dtrun.rdzv")->info("hosting the rendezvous store on port {}", rdzv_store_->port());
+  Logger("dtrun.rdzv")
+      ->info("hosting the rendezvous store on port {}", rdzv_store_->port());
   return Status::Ok();
 }
 
@@ -59,14 +68,18 @@ Status ElasticJob::ConnectRendezvous() {
   std::string host = config_.master_addr;
   uint16_t port = is_static ? config_.master_port.value_or(29500) : 29400;
   if (!is_static && config_.rdzv_endpoint.empty()) {
-    return Status::Invalid("--rdzv-backend=c10d needs --rdzv-endpoint=HOST[:PORT]");
+    return Status::Invalid(
+        "--rdzv-backend=c10d needs --rdzv-endpoint=HOST[:PORT]");
   }
-  if (!config_.rdzv_endpoint.empty() && !SplitEndpoint(config_.rdzv_endpoint, port, &host, &port)) {
-    return Status::Invalid("--rdzv-endpoint: '" + config_.rdzv_endpoint + "' is not host[:port]");
+  if (!config_.rdzv_endpoint.empty() &&
+      !SplitEndpoint(config_.rdzv_endpoint, port, &host, &port)) {
+    return Status::Invalid("--rdzv-endpoint: '" + config_.rdzv_endpoint +
+                           "' is not host[:port]");
   }
   const RdzvConfig& rc = config_.rdzv_conf;
   bool explicit_host = !is_static && rc.is_host.has_value();
-  bool hosting = is_static ? config_.node_rank == 0 : rc.is_host.value_or(IsThisHost(host));
+  bool hosting = is_static ? config_.node_rank == 0
+                           : rc.is_host.value_or(IsThisHost(host));
   if (hosting) {
     Status s = HostRendezvousStore(port, is_static || explicit_host);
     if (!s.ok()) return s;
@@ -77,12 +90,14 @@ Status ElasticJob::ConnectRendezvous() {
   // Store operations are bounded by the time a node may stay silent, so a
   // node cut off from the store notices (and answers signals) as soon as the
   // others declare it dead; read_timeout overrides.
-  copts.timeout = rc.read_timeout.value_or(std::max(rc.silent_limit(), milliseconds(1000)));
+  copts.timeout =
+      rc.read_timeout.value_or(std::max(rc.silent_limit(), milliseconds(1000)));
   copts.connect_timeout = rc.join_timeout;
   auto client = rdzv::TcpStoreClient::Connect(copts);
   if (!client.ok()) {
-    return Status::Unavailable("cannot reach the rendezvous endpoint " + host + ":" +
-                               std::to_string(port) + ": " + client.status().message());
+    return Status::Unavailable("cannot reach the rendezvous endpoint " + host +
+                               ":" + std::to_string(port) + ": " +
+                               client.status().message());
   }
   rdzv_client_ = std::move(*client);
   return Status::Ok();
@@ -91,8 +106,8 @@ Status ElasticJob::ConnectRendezvous() {
 Status ElasticJob::SetUpWorkerStore() {
   // Each round gets a store of its own, hosted by group rank 0: a fresh key
   // space for every attempt, whatever prefix the workers' torch uses.
-  std::string key = "rdzv/" + config_.rdzv_id + "/round/" + std::to_string(assignment_.round) +
-                    "/master";
+  std::string key = "rdzv/" + config_.rdzv_id + "/round/" +
+                    std::to_string(assignment_.round) + "/master";
   std::string addr;
   worker_store_.reset();
   if (assignment_.group_rank == 0) {
@@ -100,14 +115,16 @@ Status ElasticJob::SetUpWorkerStore() {
     if (!server.ok()) return server.status();
     worker_store_ = std::move(*server);
     worker_store_->RunInBackground();
-    std::string host = config_.local_addr.empty() ? rdzv_client_->LocalAddress() : config_.local_addr;
+    std::string host = config_.local_addr.empty() ? rdzv_client_->LocalAddress()
+                                                  : config_.local_addr;
     addr = host + ":" + std::to_string(worker_store_->port());
     Status s = rdzv_client_->Set(key, addr);
     // The interactive console follows the session from round to round here.
     if (s.ok() && config_.interactive) {
       s = rdzv_client_->Set("dtrun/i/" + config_.rdzv_id + "/current",
                             std::to_string(assignment_.round) + " " +
-                                std::to_string(assignment_.world_size) + " " + addr);
+                                std::to_string(assignment_.world_size) + " " +
+                                addr);
     }
     if (!s.ok()) return s;
   } else {
@@ -121,7 +138,8 @@ Status ElasticJob::SetUpWorkerStore() {
   return Status::Ok();
 }
 
-rdzv::RendezvousOptions ElasticJob::RendezvousOptionsOf(const std::string& run_id) const {
+rdzv::RendezvousOptions ElasticJob::RendezvousOptionsOf(
+    const std::string& run_id) const {
   const RdzvConfig& rc = config_.rdzv_conf;
   rdzv::RendezvousOptions ro;
   ro.run_id = run_id;
@@ -143,8 +161,10 @@ void ElasticJob::NotifyStoreReady() {
   const std::string endpoint = rdzv_client_->address();
   auto colon = endpoint.rfind(':');
   std::string host = endpoint.substr(0, colon);
-  if (host.size() > 1 && host.front() == '[') host = host.substr(1, host.size() - 2);
-  on_store_ready(host, static_cast<uint16_t>(std::atoi(endpoint.c_str() + colon + 1)),
+  if (host.size() > 1 && host.front() == '[')
+    host = host.substr(1, host.size() - 2);
+  on_store_ready(host,
+                 static_cast<uint16_t>(std::atoi(endpoint.c_str() + colon + 1)),
                  group_.run_dir());
 }
 
@@ -170,8 +190,9 @@ int ElasticJob::Run() {
   NotifyStoreReady();
   rdzv::RendezvousOptions ro = RendezvousOptionsOf(config_.rdzv_id);
   rdzv_ = std::make_unique<rdzv::Rendezvous>(rdzv_client_.get(), ro);
-  log->info("node {} joining rendezvous '{}' at {} ({}..{} nodes); logs in {}", ro.node_id,
-            ro.run_id, rdzv_client_->address(), ro.min_nodes, ro.max_nodes, group_.run_dir());
+  log->info("node {} joining rendezvous '{}' at {} ({}..{} nodes); logs in {}",
+            ro.node_id, ro.run_id, rdzv_client_->address(), ro.min_nodes,
+            ro.max_nodes, group_.run_dir());
   int rc = JoinRounds();
   group_.Finish(rc == kExitSuccess);
   return rc;
@@ -183,23 +204,30 @@ int ElasticJob::JoinRounds() {
     auto joined = rdzv_->Join([this] { return group_.Interrupted(); });
     if (!joined.ok()) {
       if (joined.status().code() == Status::Code::kCanceled) {
-        log->warn("stopped by {} while waiting for the rendezvous", SignalName(group_.stop_signal()));
+        log->warn("stopped by {} while waiting for the rendezvous",
+                  SignalName(group_.stop_signal()));
       } else {
         log->error("{}", joined.status().message());
       }
-      return JoinFailedExitCode(joined.status(), rdzv_->end_reason(), group_.stop_signal());
+      return JoinFailedExitCode(joined.status(), rdzv_->end_reason(),
+                                group_.stop_signal());
     }
     assignment_ = *joined;
     group_.set_assignment(assignment_);
     Status s = SetUpWorkerStore();
     if (!s.ok()) {
-      log->error("round {}: cannot set up the workers' store: {}", assignment_.round, s.message());
+      log->error("round {}: cannot set up the workers' store: {}",
+                 assignment_.round, s.message());
       return kExitRendezvous;
     }
-    log->info("round {}: group rank {} of {}, ranks {}..{} of {}; workers' store {}:{}",
-              assignment_.round, assignment_.group_rank, assignment_.group_world_size,
-              assignment_.base_rank, assignment_.base_rank + config_.nproc_per_node - 1,
-              assignment_.world_size, group_.attempt().master_addr, group_.attempt().master_port);
+    log->info(
+        "round {}: group rank {} of {}, ranks {}..{} of {}; workers' store "
+        "{}:{}",
+        assignment_.round, assignment_.group_rank, assignment_.group_world_size,
+        assignment_.base_rank,
+        assignment_.base_rank + config_.nproc_per_node - 1,
+        assignment_.world_size, group_.attempt().master_addr,
+        group_.attempt().master_port);
     int rc = FollowRound();
     if (rc >= 0) {
       Linger();
@@ -220,8 +248,10 @@ void ElasticJob::Linger() {
 }
 
 void ElasticJob::WaitTurn(const RoundPolicy& policy, TimePoint* next_check) {
-  auto wait = std::chrono::duration_cast<milliseconds>(*next_check - clock_->Now());
-  if (policy.done_marked() && group_.outcome() == GroupOutcome::kSucceeded && wait.count() > 0) {
+  auto wait =
+      std::chrono::duration_cast<milliseconds>(*next_check - clock_->Now());
+  if (policy.done_marked() && group_.outcome() == GroupOutcome::kSucceeded &&
+      wait.count() > 0) {
     // Nothing runs here: wait in the store, which wakes every node the
     // moment the last one finishes (no polling traffic at thousands of nodes).
     auto over = rdzv_->AwaitRoundOver(assignment_, wait);
@@ -236,8 +266,10 @@ void ElasticJob::WaitTurn(const RoundPolicy& policy, TimePoint* next_check) {
 int ElasticJob::FollowRound() {
   RoundPolicy policy(config_.rdzv_conf.silent_limit(), clock_->Now());
   group_.StartRound(assignment_.round);
-  // Check the round at least twice a second (more often with a faster keep-alive).
-  auto tick = std::min(milliseconds(500), config_.rdzv_conf.keep_alive_interval);
+  // Check the round at least twice a second (more often with a faster
+  // keep-alive).
+  auto tick =
+      std::min(milliseconds(500), config_.rdzv_conf.keep_alive_interval);
   auto next_check = clock_->Now();
   for (;;) {
     WaitTurn(policy, &next_check);
@@ -245,7 +277,8 @@ int ElasticJob::FollowRound() {
     if (auto rc = Carry(step, &policy, &next_check)) return *rc;
     if (clock_->Now() < next_check) continue;
     next_check = clock_->Now() + tick;
-    step = policy.OnCheck(rdzv_->Check(assignment_), group_.outcome(), clock_->Now());
+    step = policy.OnCheck(rdzv_->Check(assignment_), group_.outcome(),
+                          clock_->Now());
     if (auto rc = Carry(step, &policy, &next_check)) return *rc;
   }
 }
@@ -258,15 +291,18 @@ std::optional<int> ElasticJob::Carry(const RoundStep& step, RoundPolicy* policy,
       return std::nullopt;
     case RoundStep::Kind::kMarkDone:
       policy->OnMarkedDone(rdzv_->MarkDone(assignment_).ok());
-      *next_check = clock_->Now();  // maybe the last node: check the barrier now
-      log->info("round {}: workers here succeeded; waiting for the other nodes", assignment_.round);
+      *next_check =
+          clock_->Now();  // maybe the last node: check the barrier now
+      log->info("round {}: workers here succeeded; waiting for the other nodes",
+                assignment_.round);
       return std::nullopt;
     case RoundStep::Kind::kReportFailure: {
       auto failures = rdzv_->ReportFailure(assignment_, "local group failed");
-      bool goes_on = failures.ok() && rdzv_->end_reason() == rdzv::EndReason::kNone;
+      bool goes_on =
+          failures.ok() && rdzv_->end_reason() == rdzv::EndReason::kNone;
       if (goes_on) {
-        log->warn("round {} failed here; {} of {} restart(s) used", assignment_.round, *failures,
-                  config_.max_restarts);
+        log->warn("round {} failed here; {} of {} restart(s) used",
+                  assignment_.round, *failures, config_.max_restarts);
       }
       return Carry(policy->OnFailureReported(goes_on), policy, next_check);
     }

@@ -20,7 +20,8 @@ namespace dtrun::agent {
 // on threads of their own; everything else on the caller's.
 class ElasticJob : public Job {
  public:
-  ElasticJob(const LaunchConfig& config, WorkerGroup* workers, const Clock* clock);
+  ElasticJob(const LaunchConfig& config, WorkerGroup* workers,
+             const Clock* clock);
   ~ElasticJob() override;
   int Run() override;
 
@@ -31,18 +32,23 @@ class ElasticJob : public Job {
   rdzv::RendezvousOptions RendezvousOptionsOf(const std::string& run_id) const;
   int JoinRounds();
   int FollowRound();
-  // Carries out `step`; returns the exit code, -1 to rejoin, or nothing to go on.
-  std::optional<int> Carry(const RoundStep& step, RoundPolicy* policy, TimePoint* next_check);
+  // Carries out `step`; returns the exit code, -1 to rejoin, or nothing to go
+  // on.
+  std::optional<int> Carry(const RoundStep& step, RoundPolicy* policy,
+                           TimePoint* next_check);
   void WaitTurn(const RoundPolicy& policy, TimePoint* next_check);
   void Linger();
   void NotifyStoreReady();
 
   LaunchConfig config_;
   const Clock* clock_;
-  SignalFd signals_;  // first: blocks the signals before any store thread starts
+  SignalFd
+      signals_;  // first: blocks the signals before any store thread starts
   LocalGroup group_;
-  std::unique_ptr<rdzv::StoreServer> rdzv_store_;    // hosted here (static node 0, or c10d host)
-  std::unique_ptr<rdzv::StoreServer> worker_store_;  // group rank 0: this round's workers' store
+  std::unique_ptr<rdzv::StoreServer>
+      rdzv_store_;  // hosted here (static node 0, or c10d host)
+  std::unique_ptr<rdzv::StoreServer>
+      worker_store_;  // group rank 0: this round's workers' store
   std::unique_ptr<rdzv::TcpStoreClient> rdzv_client_;
   std::unique_ptr<rdzv::Rendezvous> rdzv_;
   rdzv::Assignment assignment_;

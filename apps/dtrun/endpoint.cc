@@ -12,8 +12,8 @@
 
 namespace dtrun::agent {
 
-bool SplitEndpoint(const std::string& text, uint16_t default_port, std::string* host,
-                   uint16_t* port) {
+bool SplitEndpoint(const std::string& text, uint16_t default_port,
+                   std::string* host, uint16_t* port) {
   // Brackets are the only way to give an IPv6 address with a port, since the
   // address itself holds colons; "[::1]" alone keeps the default port.
   std::string rest = text;
@@ -64,14 +64,20 @@ bool IsThisHost(const std::string& host) {
   bool local = false;
   for (addrinfo* ai = res; ai && !local; ai = ai->ai_next) {
     char a[NI_MAXHOST];
-    getnameinfo(ai->ai_addr, ai->ai_addrlen, a, sizeof(a), nullptr, 0, NI_NUMERICHOST);
+    getnameinfo(ai->ai_addr, ai->ai_addrlen, a, sizeof(a), nullptr, 0,
+                NI_NUMERICHOST);
     std::string addr = a;
     if (addr == "::1" || addr.rfind("127.", 0) == 0) local = true;
     for (ifaddrs* i = ifs; i && !local; i = i->ifa_next) {
-      if (!i->ifa_addr || (i->ifa_addr->sa_family != AF_INET && i->ifa_addr->sa_family != AF_INET6)) continue;
+      if (!i->ifa_addr || (i->ifa_addr->sa_family != AF_INET &&
+                           i->ifa_addr->sa_family != AF_INET6))
+        continue;
       char b[NI_MAXHOST];
-      socklen_t len = i->ifa_addr->sa_family == AF_INET ? sizeof(sockaddr_in) : sizeof(sockaddr_in6);
-      if (getnameinfo(i->ifa_addr, len, b, sizeof(b), nullptr, 0, NI_NUMERICHOST) == 0 && addr == b) {
+      socklen_t len = i->ifa_addr->sa_family == AF_INET ? sizeof(sockaddr_in)
+                                                        : sizeof(sockaddr_in6);
+      if (getnameinfo(i->ifa_addr, len, b, sizeof(b), nullptr, 0,
+                      NI_NUMERICHOST) == 0 &&
+          addr == b) {
         local = true;
       }
     }

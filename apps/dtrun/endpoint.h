@@ -9,8 +9,8 @@ namespace dtrun::agent {
 
 // "host[:port]" or "[v6]:port" -> host, port (`default_port` when none).
 // False on bad syntax or a port outside 0-65535. Pure.
-bool SplitEndpoint(const std::string& text, uint16_t default_port, std::string* host,
-                   uint16_t* port);
+bool SplitEndpoint(const std::string& text, uint16_t default_port,
+                   std::string* host, uint16_t* port);
 
 // Whether `host` names this machine: loopback, one of its interface
 // addresses, or its host name (torchrun's is_host inference). Resolves names:

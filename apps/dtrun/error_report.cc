@@ -44,7 +44,8 @@ std::string Indent(const std::string& text, const std::string& pad) {
   return out;
 }
 
-std::string Block(const WorkerFailure& f, size_t index, const std::string& host) {
+std::string Block(const WorkerFailure& f, size_t index,
+                  const std::string& host) {
   std::ostringstream o;
   o << "[" << index << "]:\n"
     << "  time      : " << LocalTime(f.timestamp) << "\n"
@@ -53,16 +54,19 @@ std::string Block(const WorkerFailure& f, size_t index, const std::string& host)
   // "-N" as torchrun prints it (Popen's negative return code), with the
   // signal's name added: "-9" alone sends users to a table.
   if (f.signal) {
-    o << "  exitcode  : -" << f.signal << " (" << SignalName(f.signal) << ", pid: " << f.pid << ")\n";
+    o << "  exitcode  : -" << f.signal << " (" << SignalName(f.signal)
+      << ", pid: " << f.pid << ")\n";
   } else {
     o << "  exitcode  : " << f.exit_code << " (pid: " << f.pid << ")\n";
   }
-  o << "  error_file: " << (f.error_file.empty() ? "<N/A>" : f.error_file) << "\n";
+  o << "  error_file: " << (f.error_file.empty() ? "<N/A>" : f.error_file)
+    << "\n";
   std::string trace;
   if (!f.traceback.empty()) {
     // Python's formatted traceback already ends with "Type: text"; append the
     // message only when it is not in there, so it is never shown twice.
-    bool has_message = f.message.empty() || f.traceback.find(f.message) != std::string::npos;
+    bool has_message =
+        f.message.empty() || f.traceback.find(f.message) != std::string::npos;
     trace = has_message ? f.traceback : f.traceback + "\n" + f.message;
     while (!trace.empty() && trace.back() == '\n') trace.pop_back();
   } else if (!f.message.empty()) {
@@ -70,11 +74,12 @@ std::string Block(const WorkerFailure& f, size_t index, const std::string& host)
   } else if (f.signal) {
     trace = "Signal " + std::to_string(f.signal) + " (" + SignalName(f.signal) +
             ") received by PID " + std::to_string(f.pid);
-  // torchrun says "To enable traceback see: <url>" here; without an error
-  // file the useful pointer is the worker's stderr, which dtrun has kept.
+    // torchrun says "To enable traceback see: <url>" here; without an error
+    // file the useful pointer is the worker's stderr, which dtrun has kept.
   } else {
-    trace = "no error file was written; the worker's stderr (see above, or the log "
-            "folder) says why it exited";
+    trace =
+        "no error file was written; the worker's stderr (see above, or the log "
+        "folder) says why it exited";
   }
   o << "  traceback : " << Indent(trace, "              ") << "\n";
   return o.str();
@@ -88,11 +93,13 @@ void ReadErrorFile(const std::string& path, WorkerFailure* f) {
   auto text = os::ReadFile(path);
   if (!text.ok()) return;
   f->error_file = path;
-  nlohmann::json j = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
+  nlohmann::json j =
+      nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
   // A worker killed while writing leaves half a file; show its start rather
   // than pretend there was none.
   if (j.is_discarded() || !j.is_object() || !j.contains("message")) {
-    f->message = "error file is not torchrun's JSON format: " + text->substr(0, 200);
+    f->message =
+        "error file is not torchrun's JSON format: " + text->substr(0, 200);
     return;
   }
   // Two layouts exist: {"message": {"message", "extraInfo": {py_callstack,
@@ -100,11 +107,13 @@ void ReadErrorFile(const std::string& path, WorkerFailure* f) {
   // torch's readers also accept. The timestamp is a decimal string in
   // torch's files; a number is accepted too.
   const auto& m = j["message"];
-  const nlohmann::json* ts = j.contains("timestamp") ? &j["timestamp"] : nullptr;
+  const nlohmann::json* ts =
+      j.contains("timestamp") ? &j["timestamp"] : nullptr;
   if (m.is_string()) {
     f->message = m.get<std::string>();
   } else if (m.is_object()) {
-    if (m.contains("message") && m["message"].is_string()) f->message = m["message"];
+    if (m.contains("message") && m["message"].is_string())
+      f->message = m["message"];
     if (m.contains("extraInfo") && m["extraInfo"].is_object()) {
       const auto& extra = m["extraInfo"];
       if (extra.contains("py_callstack") && extra["py_callstack"].is_string()) {
@@ -143,12 +152,14 @@ std::string SignalName(int signo) {
   // sigabbrev_np (glibc 2.32) is thread-safe and gives the short name, where
   // strsignal gives a translated description; real-time signals have none.
   const char* abbrev = sigabbrev_np(signo);
-  return abbrev ? std::string("SIG") + abbrev : "signal " + std::to_string(signo);
+  return abbrev ? std::string("SIG") + abbrev
+                : "signal " + std::to_string(signo);
 }
 
-std::string FormatFailureSummary(const std::string& entrypoint, const std::string& host,
-                                 const std::vector<WorkerFailure>& failures, int attempts,
-                                 const std::string& log_dir) {
+std::string FormatFailureSummary(const std::string& entrypoint,
+                                 const std::string& host,
+                                 const std::vector<WorkerFailure>& failures,
+                                 int attempts, const std::string& log_dir) {
   const std::string rule(60, '='), thin(60, '-');
   size_t root = RootCause(failures);
   std::ostringstream o;
@@ -160,10 +171,13 @@ std::string FormatFailureSummary(const std::string& entrypoint, const std::strin
     if (i != root) o << Block(failures[i], index++, host);
   }
   if (failures.size() == 1) o << "  <NO_OTHER_FAILURES>\n";
-  o << thin << "\nRoot Cause (first observed failure):\n" << Block(failures[root], 0, host);
-  o << thin << "\nattempts  : " << attempts << " (--max-restarts=" << attempts - 1 << ")\n";
+  o << thin << "\nRoot Cause (first observed failure):\n"
+    << Block(failures[root], 0, host);
+  o << thin << "\nattempts  : " << attempts
+    << " (--max-restarts=" << attempts - 1 << ")\n";
   if (!log_dir.empty()) o << "logs      : " << log_dir << "\n";
-  o << "exit code : " << ExitCodeFor(failures[root]) << " (the root cause's)\n" << rule << "\n";
+  o << "exit code : " << ExitCodeFor(failures[root]) << " (the root cause's)\n"
+    << rule << "\n";
   return o.str();
 }
 
@@ -177,8 +191,11 @@ std::string RootCauseJson(const WorkerFailure& f) {
     j = nlohmann::json::parse(in, nullptr, false);
   }
   if (j.is_discarded() || !j.is_object()) {
-    j = {{"message", {{"message", f.message.empty() ? "<NONE>" : f.message},
-                      {"extraInfo", {{"timestamp", std::to_string(static_cast<int64_t>(f.timestamp))}}}}}};
+    j = {{"message",
+          {{"message", f.message.empty() ? "<NONE>" : f.message},
+           {"extraInfo",
+            {{"timestamp",
+              std::to_string(static_cast<int64_t>(f.timestamp))}}}}}};
   }
   if (j["message"].is_string()) {
     j["message"] = {{"message", j["message"]}};

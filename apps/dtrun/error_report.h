@@ -11,12 +11,12 @@ struct WorkerFailure {
   int local_rank = 0;
   int rank = 0;
   int pid = 0;
-  int exit_code = 0;        // exit status, when it exited
-  int signal = 0;           // signal that killed it, else 0
-  double timestamp = 0;     // unix seconds: from the error file, else detection
-  std::string error_file;   // path, or empty when none was written
-  std::string message;      // "<ExceptionType>: <text>" from the file
-  std::string traceback;    // py_callstack from the file
+  int exit_code = 0;       // exit status, when it exited
+  int signal = 0;          // signal that killed it, else 0
+  double timestamp = 0;    // unix seconds: from the error file, else detection
+  std::string error_file;  // path, or empty when none was written
+  std::string message;     // "<ExceptionType>: <text>" from the file
+  std::string traceback;   // py_callstack from the file
 };
 
 // Reads `path` (torchrun's error-file JSON) into `f` when it exists and
@@ -39,7 +39,8 @@ std::string SignalName(int signo);
 // The summary printed when the last attempt failed (torchrun's layout, with
 // the signal named and the log folder given). `attempts` counts the first
 // run; `host` is printed as given. REQUIRES: `failures` is not empty.
-std::string FormatFailureSummary(const std::string& entrypoint, const std::string& host,
+std::string FormatFailureSummary(const std::string& entrypoint,
+                                 const std::string& host,
                                  const std::vector<WorkerFailure>& failures,
                                  int attempts, const std::string& log_dir);
 

@@ -7,12 +7,16 @@
 namespace dtrun::agent {
 
 enum ExitCode : int {
-  kExitSuccess = 0,        // every worker succeeded
+  kExitSuccess = 0,          // every worker succeeded
   kExitFailedElsewhere = 1,  // several nodes: the job failed on another node
-  kExitUsage = 2,          // bad flag, config value or environment: the message names it
-  kExitRendezvous = 3,     // the store could not start or was lost; the join failed
-  kExitSetup = 4,          // interactive: the session's folder, console or launcher could not be set up
-  kExitHung = 124,         // the last attempt hung (no heartbeat within --hang-timeout)
+  kExitUsage =
+      2,  // bad flag, config value or environment: the message names it
+  kExitRendezvous =
+      3,           // the store could not start or was lost; the join failed
+  kExitSetup = 4,  // interactive: the session's folder, console or launcher
+                   // could not be set up
+  kExitHung =
+      124,  // the last attempt hung (no heartbeat within --hang-timeout)
 };
 
 // Stopped by signal `signo` (dtrun itself, or the root-cause worker).

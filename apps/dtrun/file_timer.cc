@@ -9,19 +9,24 @@
 
 namespace dtrun::agent {
 
-std::optional<TimerRequest> ParseTimerRequest(const std::string& line, std::string* error) {
+std::optional<TimerRequest> ParseTimerRequest(const std::string& line,
+                                              std::string* error) {
   // Any process that can open the pipe can write to it, so a malformed line
   // is an error to log, never an exception that would stop the agent. Only
   // the four fields the server acts on are required ("version" is not).
-  nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
-  bool ok = j.is_object() && j.contains("pid") && j["pid"].is_number_integer() &&
-            j.contains("scope_id") && j["scope_id"].is_string() &&
-            j.contains("expiration_time") && j["expiration_time"].is_number() &&
-            j.contains("signal") && j["signal"].is_number_integer();
+  nlohmann::json j =
+      nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+  bool ok = j.is_object() && j.contains("pid") &&
+            j["pid"].is_number_integer() && j.contains("scope_id") &&
+            j["scope_id"].is_string() && j.contains("expiration_time") &&
+            j["expiration_time"].is_number() && j.contains("signal") &&
+            j["signal"].is_number_integer();
   // The echo is cut at 200 bytes: the line is worker-controlled and may be
   // long binary noise that would flood the agent's log.
   if (!ok) {
-    *error = "not a FileTimerRequest (pid, scope_id, expiration_time, signal): " + line.substr(0, 200);
+    *error =
+        "not a FileTimerRequest (pid, scope_id, expiration_time, signal): " +
+        line.substr(0, 200);
     return std::nullopt;
   }
   TimerRequest r;
@@ -55,9 +60,10 @@ std::vector<ExpiredTimer> FileTimers::Reap(double now) {
   // expiry.
   std::vector<ExpiredTimer> out;
   for (auto& [pid, list] : expired) {
-    std::sort(list.begin(), list.end(), [](const TimerRequest* a, const TimerRequest* b) {
-      return a->expiration_time < b->expiration_time;
-    });
+    std::sort(list.begin(), list.end(),
+              [](const TimerRequest* a, const TimerRequest* b) {
+                return a->expiration_time < b->expiration_time;
+              });
     ExpiredTimer e{pid, list[0]->scope_id, 0, list[0]->expiration_time};
     for (const TimerRequest* t : list) {
       if (t->signal > 0) {

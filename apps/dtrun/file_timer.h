@@ -20,7 +20,8 @@ struct TimerRequest {
 };
 
 // Parses one request line; none (with *error set) when it is not one.
-std::optional<TimerRequest> ParseTimerRequest(const std::string& line, std::string* error);
+std::optional<TimerRequest> ParseTimerRequest(const std::string& line,
+                                              std::string* error);
 
 // A worker whose timer expired, and the signal torch's server would send.
 struct ExpiredTimer {

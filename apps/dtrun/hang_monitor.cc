@@ -14,7 +14,8 @@ void HangMonitor::Reset(int nproc, TimePoint now) {
 }
 
 void HangMonitor::OnBeat(int local_rank, TimePoint when, int64_t step) {
-  if (local_rank < 0 || static_cast<size_t>(local_rank) >= beats_.size()) return;
+  if (local_rank < 0 || static_cast<size_t>(local_rank) >= beats_.size())
+    return;
   BeatState& b = beats_[local_rank];
   // "done" ends the watch like an exit: teardown after the loop (saving,
   // destroying the process group) may legitimately take longer than a step.

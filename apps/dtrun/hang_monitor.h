@@ -12,7 +12,7 @@ namespace dtrun::agent {
 
 // How long workers may stay silent. Plain data, copied into HangMonitor.
 struct HangOptions {
-  std::chrono::milliseconds timeout{0};       // --hang-timeout; 0: off
+  std::chrono::milliseconds timeout{0};  // --hang-timeout; 0: off
   // Allowance before the first beat, counted from the group's start; the
   // caller resolves --hang-first-beat's default (max(60 s, 10 x timeout)).
   std::chrono::milliseconds first_beat{0};
@@ -21,20 +21,21 @@ struct HangOptions {
 
 // What the monitor knows of one worker's heartbeats.
 struct BeatState {
-  bool beaten = false;   // at least one beat this attempt
-  TimePoint last{};      // the last beat, or the group's start before any
-  int64_t step = -1;     // the step the last beat carried; -1: none
-  bool exited = false;   // gone: never hung
+  bool beaten = false;  // at least one beat this attempt
+  TimePoint last{};     // the last beat, or the group's start before any
+  int64_t step = -1;    // the step the last beat carried; -1: none
+  bool exited = false;  // gone: never hung
 };
 
 // One worker at the moment a hang was declared.
 struct RankSilence {
   int local_rank = 0;
   bool beaten = false;
-  double silent_s = 0;   // seconds since the last beat (or the start, before any)
+  double silent_s =
+      0;  // seconds since the last beat (or the start, before any)
   int64_t step = -1;
-  bool hung = false;     // past its deadline
-  bool exited = false;   // had exited already
+  bool hung = false;    // past its deadline
+  bool exited = false;  // had exited already
 };
 
 // Decides which workers are hung from their heartbeats. Pure: beats and

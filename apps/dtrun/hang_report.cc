@@ -19,7 +19,8 @@ std::string Trim(const std::string& line) {
 // ('File "x.py", line 3 in f') and eu-stack or gdb ("#0  0x... in f").
 bool IsFrame(const std::string& trimmed) {
   return trimmed.rfind("File \"", 0) == 0 ||
-         (trimmed.size() > 1 && trimmed[0] == '#' && trimmed[1] >= '0' && trimmed[1] <= '9');
+         (trimmed.size() > 1 && trimmed[0] == '#' && trimmed[1] >= '0' &&
+          trimmed[1] <= '9');
 }
 
 // Two decimals: silences are measured by a 50 ms check, so more digits would
@@ -64,9 +65,9 @@ std::vector<std::string> FirstFrames(const std::string& stack, size_t n) {
     if (IsFrame(t)) {
       out.push_back(t);
       seen = true;
-    // Blank lines and the fault handler's "..." (a stack cut at 100 frames)
-    // stay inside a thread; any other line ("Thread 0x...", "TID 7:") starts
-    // the next one.
+      // Blank lines and the fault handler's "..." (a stack cut at 100 frames)
+      // stay inside a thread; any other line ("Thread 0x...", "TID 7:") starts
+      // the next one.
     } else if (seen && !t.empty() && t[0] != '.') {
       break;  // the first thread ended
     }
@@ -82,8 +83,8 @@ std::string HangTraceback(const RankStack& r, size_t frames) {
   return out;
 }
 
-std::string FormatHangReport(const std::vector<RankStack>& ranks, double timeout_s, int attempt,
-                             size_t frames) {
+std::string FormatHangReport(const std::vector<RankStack>& ranks,
+                             double timeout_s, int attempt, size_t frames) {
   std::vector<RankSilence> silences;
   for (const RankStack& r : ranks) silences.push_back(r.silence);
   size_t root = HangRootCause(silences);
@@ -91,8 +92,9 @@ std::string FormatHangReport(const std::vector<RankStack>& ranks, double timeout
   // report when the group is given up.
   const std::string rule(60, '='), thin(60, '-');
   std::ostringstream o;
-  o << rule << "\nHANG on attempt " << attempt << ": no heartbeat within --hang-timeout="
-    << Seconds(timeout_s) << "\n" << thin << "\n";
+  o << rule << "\nHANG on attempt " << attempt
+    << ": no heartbeat within --hang-timeout=" << Seconds(timeout_s) << "\n"
+    << thin << "\n";
   auto block = [&](const RankStack& r, const char* label) {
     o << label << "rank " << r.rank << " (local_rank: " << r.silence.local_rank
       << ", pid: " << r.pid << ")\n  ";

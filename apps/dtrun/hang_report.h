@@ -14,7 +14,7 @@ constexpr int kHangExitCode = kExitHung;
 // Where one worker was when its group was declared hung. Filled by the hang
 // watch on the agent's loop thread; plain data.
 struct RankStack {
-  int rank = 0;              // global rank
+  int rank = 0;  // global rank
   int pid = 0;
   RankSilence silence;
   std::string stack;         // the whole captured stack; empty when none
@@ -36,8 +36,8 @@ std::vector<std::string> FirstFrames(const std::string& stack, size_t n);
 // the stack file of each rank. `timeout_s` is --hang-timeout in seconds,
 // `attempt` the restart count, `frames` the frame lines per rank. Pure.
 // REQUIRES: `ranks` is not empty.
-std::string FormatHangReport(const std::vector<RankStack>& ranks, double timeout_s,
-                             int attempt, size_t frames);
+std::string FormatHangReport(const std::vector<RankStack>& ranks,
+                             double timeout_s, int attempt, size_t frames);
 
 // One line for a failure summary: "hung: no heartbeat for 3.1 s, last step 170"
 // (or "waiting: ..."), then the first frames and the stack file.

@@ -29,7 +29,8 @@ HangOptions HangOptionsOf(const LaunchConfig& c) {
   // Start-up (imports, the first collective) gets longer than a step: by
   // default 10 timeouts, at least a minute.
   milliseconds first = c.hang_first_beat;
-  if (first.count() == 0) first = std::max(milliseconds(60000), 10 * c.hang_timeout);
+  if (first.count() == 0)
+    first = std::max(milliseconds(60000), 10 * c.hang_timeout);
   return HangOptions{c.hang_timeout, first};
 }
 
@@ -43,7 +44,8 @@ std::vector<std::string> StackTool(int pid) {
   static const std::string gdb = eu_stack.empty() ? os::FindInPath("gdb") : "";
   if (!eu_stack.empty()) return {eu_stack, "-p", std::to_string(pid)};
   if (!gdb.empty()) {
-    return {gdb, "-p", std::to_string(pid), "-batch", "-nx", "-ex", "thread apply all bt"};
+    return {gdb,   "-p",  std::to_string(pid),  "-batch",
+            "-nx", "-ex", "thread apply all bt"};
   }
   return {};
 }
@@ -51,14 +53,21 @@ std::vector<std::string> StackTool(int pid) {
 }  // namespace
 
 bool PythonWorkers(const LaunchConfig& config) {
-  const std::string& program = config.worker_argv.empty() ? "" : config.worker_argv[0];
-  return program.substr(program.rfind('/') + 1).find("python") != std::string::npos;
+  const std::string& program =
+      config.worker_argv.empty() ? "" : config.worker_argv[0];
+  return program.substr(program.rfind('/') + 1).find("python") !=
+         std::string::npos;
 }
 
-HangWatch::HangWatch(const LaunchConfig& config, const Clock* clock, WorkerGroup* workers)
-    : config_(config), clock_(clock), workers_(workers), monitor_(HangOptionsOf(config)) {}
+HangWatch::HangWatch(const LaunchConfig& config, const Clock* clock,
+                     WorkerGroup* workers)
+    : config_(config),
+      clock_(clock),
+      workers_(workers),
+      monitor_(HangOptionsOf(config)) {}
 
-void HangWatch::AddEnv(int local_rank, const std::string& attempt_dir, EnvMap* env) const {
+void HangWatch::AddEnv(int local_rank, const std::string& attempt_dir,
+                       EnvMap* env) const {
   if (!enabled()) return;
   std::string path = RankDir(attempt_dir, local_rank) + "/heartbeat";
   ::unlink(path.c_str());  // a beat of the last attempt must not count
@@ -66,7 +75,8 @@ void HangWatch::AddEnv(int local_rank, const std::string& attempt_dir, EnvMap* e
   if (!env->count("PYTHONFAULTHANDLER")) (*env)["PYTHONFAULTHANDLER"] = "1";
 }
 
-void HangWatch::Reset(int nproc, const std::string& attempt_dir, int restart_count) {
+void HangWatch::Reset(int nproc, const std::string& attempt_dir,
+                      int restart_count) {
   attempt_dir_ = attempt_dir;
   restart_count_ = restart_count;
   monitor_.Reset(nproc, clock_->Now());
@@ -76,7 +86,8 @@ void HangWatch::Reset(int nproc, const std::string& attempt_dir, int restart_cou
 
 int HangWatch::NextCheckMs(bool running) const {
   if (!enabled() || !running) return -1;
-  auto left = std::chrono::duration_cast<milliseconds>(next_check_ - clock_->Now());
+  auto left =
+      std::chrono::duration_cast<milliseconds>(next_check_ - clock_->Now());
   return static_cast<int>(std::max<int64_t>(0, left.count()));
 }
 
@@ -85,21 +96,26 @@ void HangWatch::ReadBeats(TimePoint now) {
   // wall clock, mapped to the steady clock here), its content the step.
   auto wall_now = std::chrono::system_clock::now().time_since_epoch();
   for (size_t lr = 0; lr < monitor_.beats().size(); ++lr) {
-    std::string path = RankDir(attempt_dir_, static_cast<int>(lr)) + "/heartbeat";
+    std::string path =
+        RankDir(attempt_dir_, static_cast<int>(lr)) + "/heartbeat";
     struct stat st {};
     // An empty file was only opened (or is being rewritten): not a beat yet.
     if (stat(path.c_str(), &st) != 0 || st.st_size == 0) continue;
-    int64_t mtime_ns = int64_t(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
+    int64_t mtime_ns =
+        int64_t(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
     auto it = beat_mtime_ns_.find(static_cast<int>(lr));
     if (it != beat_mtime_ns_.end() && it->second == mtime_ns) continue;
     beat_mtime_ns_[static_cast<int>(lr)] = mtime_ns;
-    auto age = std::max<nanoseconds::rep>(0, (wall_now - nanoseconds(mtime_ns)).count());
+    auto age = std::max<nanoseconds::rep>(
+        0, (wall_now - nanoseconds(mtime_ns)).count());
     TimePoint when = std::min(now - nanoseconds(age), now);
-    monitor_.OnBeat(static_cast<int>(lr), when, ParseBeatStep(os::ReadFileOrEmpty(path)));
+    monitor_.OnBeat(static_cast<int>(lr), when,
+                    ParseBeatStep(os::ReadFileOrEmpty(path)));
   }
 }
 
-int HangWatch::Check(bool running, const std::map<int, int>& pids, int base_rank) {
+int HangWatch::Check(bool running, const std::map<int, int>& pids,
+                     int base_rank) {
   TimePoint now = clock_->Now();
   if (NextCheckMs(running) != 0) return 0;
   next_check_ = now + milliseconds(kCheckEveryMs);
@@ -108,15 +124,18 @@ int HangWatch::Check(bool running, const std::map<int, int>& pids, int base_rank
   Snapshot(now, pids, base_rank);
   reported_ = false;
   if (PythonWorkers(config_)) {
-    Logger("dtrun.agent")->warn("capturing every worker's Python stack (SIGABRT to the fault "
-                                "handler), then stopping the group");
+    Logger("dtrun.agent")
+        ->warn(
+            "capturing every worker's Python stack (SIGABRT to the fault "
+            "handler), then stopping the group");
     return SIGABRT;
   }
   CaptureNativeStacks();
   return SIGTERM;
 }
 
-void HangWatch::Snapshot(TimePoint now, const std::map<int, int>& pids, int base_rank) {
+void HangWatch::Snapshot(TimePoint now, const std::map<int, int>& pids,
+                         int base_rank) {
   auto log = Logger("dtrun.agent");
   stacks_.clear();
   std::vector<RankSilence> silences = monitor_.Snapshot(now);
@@ -128,9 +147,10 @@ void HangWatch::Snapshot(TimePoint now, const std::map<int, int>& pids, int base
     auto pid = pids.find(s.local_rank);
     r.pid = pid == pids.end() ? 0 : pid->second;
     if (s.hung) {
-      log->error("worker local_rank {} (pid {}) is hung: no heartbeat for {:.2f} s{}",
-                 s.local_rank, r.pid, s.silent_s,
-                 s.step >= 0 ? ", last step " + std::to_string(s.step) : "");
+      log->error(
+          "worker local_rank {} (pid {}) is hung: no heartbeat for {:.2f} s{}",
+          s.local_rank, r.pid, s.silent_s,
+          s.step >= 0 ? ", last step " + std::to_string(s.step) : "");
     }
     stacks_.push_back(r);
   }
@@ -142,7 +162,8 @@ void HangWatch::CaptureNativeStacks() {
     if (!r.pid || r.silence.exited) continue;
     std::vector<std::string> argv = StackTool(r.pid);
     if (argv.empty()) {
-      r.why_no_stack = "neither eu-stack (Debian: elfutils) nor gdb is installed";
+      r.why_no_stack =
+          "neither eu-stack (Debian: elfutils) nor gdb is installed";
       continue;
     }
     r.stack_file = RankDir(attempt_dir_, r.silence.local_rank) + "/stack.txt";
@@ -164,15 +185,18 @@ void HangWatch::Report() {
     if (!PythonWorkers(config_) || r.silence.exited) continue;
     r.stack = ExtractFaulthandlerDump(os::ReadFileOrEmpty(dir + "/stderr.log"));
     if (r.stack.empty()) {
-      r.why_no_stack = "the worker printed no Python fault-handler dump (not Python, or it "
-                       "replaced the SIGABRT handler)";
+      r.why_no_stack =
+          "the worker printed no Python fault-handler dump (not Python, or it "
+          "replaced the SIGABRT handler)";
       continue;
     }
     r.stack_file = dir + "/stack.txt";
     (void)os::WriteFile(r.stack_file, r.stack);
   }
-  double timeout_s = std::chrono::duration<double>(config_.hang_timeout).count();
-  WriteAll(2, FormatHangReport(stacks_, timeout_s, restart_count_, kReportFrames));
+  double timeout_s =
+      std::chrono::duration<double>(config_.hang_timeout).count();
+  WriteAll(2,
+           FormatHangReport(stacks_, timeout_s, restart_count_, kReportFrames));
 }
 
 std::vector<WorkerFailure> HangWatch::Failures() const {

@@ -21,12 +21,14 @@ namespace dtrun::agent {
 
 class HangWatch {
  public:
-  HangWatch(const LaunchConfig& config, const Clock* clock, WorkerGroup* workers);
+  HangWatch(const LaunchConfig& config, const Clock* clock,
+            WorkerGroup* workers);
 
   bool enabled() const { return config_.hang_timeout.count() > 0; }
   // A worker's heartbeat file (DTRUN_HEARTBEAT_FILE) and Python's fault
   // handler, so its stack can be had with SIGABRT.
-  void AddEnv(int local_rank, const std::string& attempt_dir, EnvMap* env) const;
+  void AddEnv(int local_rank, const std::string& attempt_dir,
+              EnvMap* env) const;
   // A new attempt's group started: every rank silent from now.
   void Reset(int nproc, const std::string& attempt_dir, int restart_count);
   void OnExit(int local_rank) { monitor_.OnExit(local_rank); }
@@ -55,7 +57,8 @@ class HangWatch {
   HangMonitor monitor_;
   std::string attempt_dir_;
   int restart_count_ = 0;
-  std::map<int, int64_t> beat_mtime_ns_;  // local rank -> heartbeat file's mtime
+  std::map<int, int64_t>
+      beat_mtime_ns_;  // local rank -> heartbeat file's mtime
   TimePoint next_check_{};
   std::vector<RankStack> stacks_;  // the latest hang's ranks
   bool reported_ = true;

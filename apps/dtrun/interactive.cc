@@ -68,27 +68,33 @@ std::string CheckGpuIds(const std::string& ids, int nproc, int visible) {
   size_t start = 0;
   while (start <= ids.size()) {
     size_t comma = ids.find(',', start);
-    std::string item = ids.substr(start, comma == std::string::npos ? comma : comma - start);
+    std::string item =
+        ids.substr(start, comma == std::string::npos ? comma : comma - start);
     char* end = nullptr;
     long id = std::strtol(item.c_str(), &end, 10);
     if (item.empty() || *end != '\0' || id < 0) {
       return "--gpu-ids: '" + item + "' is not a GPU id; give ids like 0,2";
     }
     if (id >= visible) {
-      return "--gpu-ids: unknown GPU " + item + ": this host shows " + std::to_string(visible) +
-             " GPU(s)" + (visible ? " (ids 0-" + std::to_string(visible - 1) + ")" : "") +
-             (std::getenv("CUDA_VISIBLE_DEVICES") ? " through CUDA_VISIBLE_DEVICES" : "");
+      return "--gpu-ids: unknown GPU " + item + ": this host shows " +
+             std::to_string(visible) + " GPU(s)" +
+             (visible ? " (ids 0-" + std::to_string(visible - 1) + ")" : "") +
+             (std::getenv("CUDA_VISIBLE_DEVICES")
+                  ? " through CUDA_VISIBLE_DEVICES"
+                  : "");
     }
     for (int s : seen) {
-      if (s == id) return "--gpu-ids: GPU " + item + " is listed twice; give each rank its own";
+      if (s == id)
+        return "--gpu-ids: GPU " + item +
+               " is listed twice; give each rank its own";
     }
     seen.push_back(static_cast<int>(id));
     if (comma == std::string::npos) break;
     start = comma + 1;
   }
   if (static_cast<int>(seen.size()) < nproc) {
-    return "--gpu-ids: " + std::to_string(seen.size()) + " id(s) for " + std::to_string(nproc) +
-           " ranks; give one GPU per rank";
+    return "--gpu-ids: " + std::to_string(seen.size()) + " id(s) for " +
+           std::to_string(nproc) + " ranks; give one GPU per rank";
   }
   return "";
 }
@@ -100,14 +106,17 @@ namespace {
 struct Session {
   std::string dir;
   LaunchConfig launch;
-  bool nodes = false;  // several nodes: the console attaches to the rendezvous store
+  bool nodes =
+      false;  // several nodes: the console attaches to the rendezvous store
   int world = 0;
-  std::string rdzv_key;  // several nodes: names the current round's workers' store
+  std::string
+      rdzv_key;  // several nodes: names the current round's workers' store
 };
 
 Result<Session> PrepareSession(const LaunchConfig& config) {
   if (!config.gpu_ids.empty()) {
-    std::string err = CheckGpuIds(config.gpu_ids, config.nproc_per_node, VisibleGpus());
+    std::string err =
+        CheckGpuIds(config.gpu_ids, config.nproc_per_node, VisibleGpus());
     if (!err.empty()) return Status::Invalid(err);
     setenv("DTRUN_GPU_IDS", config.gpu_ids.c_str(), 1);  // read by dtrun.worker
   }
@@ -115,10 +124,12 @@ Result<Session> PrepareSession(const LaunchConfig& config) {
   if (!dir.ok()) return dir.status();
   Session s;
   s.dir = *dir;
-  if (std::string err = WritePackage(s.dir); !err.empty()) return Status::Io(err);
+  if (std::string err = WritePackage(s.dir); !err.empty())
+    return Status::Io(err);
   PrependPythonPath(s.dir + "/py");
   // The console talks to the store too: it and the workers share one shim.
-  if (Status st = InstallTorchShimInProcess(s.dir + "/shim"); !st.ok()) return st;
+  if (Status st = InstallTorchShimInProcess(s.dir + "/shim"); !st.ok())
+    return st;
   s.launch = config;
   if (s.launch.log_dir.empty()) s.launch.log_dir = s.dir + "/logs";
   // With several nodes the address handed on is the rendezvous store's; the
@@ -134,20 +145,24 @@ Result<Session> PrepareSession(const LaunchConfig& config) {
 
 // --no-console: the launcher runs here and prints where the session is.
 int RunHeadless(const Session& s, const RunJobFn& run_job) {
-  int rc = run_job(s.launch, [&](const std::string& host, uint16_t port, const std::string&) {
-    std::printf("dtrun-interactive: host %s port %u world %d dir %s%s%s\n", host.c_str(), port,
-                s.world, s.dir.c_str(), s.nodes ? " key " : "", s.rdzv_key.c_str());
+  int rc = run_job(s.launch, [&](const std::string& host, uint16_t port,
+                                 const std::string&) {
+    std::printf("dtrun-interactive: host %s port %u world %d dir %s%s%s\n",
+                host.c_str(), port, s.world, s.dir.c_str(),
+                s.nodes ? " key " : "", s.rdzv_key.c_str());
     std::fflush(stdout);
   });
-  if (rc == kExitSuccess) os::RemoveTree(s.dir);  // otherwise the logs stay for a look
+  if (rc == kExitSuccess)
+    os::RemoveTree(s.dir);  // otherwise the logs stay for a look
   return rc;
 }
 
 // The launcher's child: away from the terminal's signals (its own process
 // group, so Ctrl-C reaches only the console) and gone with the console.
 // Writes "host port\n" to `ready_fd` once the store listens.
-[[noreturn]] void RunLauncherChild(const Session& s, const RunJobFn& run_job, pid_t console_pid,
-                                   int ready_fd, const std::string& log) {
+[[noreturn]] void RunLauncherChild(const Session& s, const RunJobFn& run_job,
+                                   pid_t console_pid, int ready_fd,
+                                   const std::string& log) {
   setpgid(0, 0);
   prctl(PR_SET_PDEATHSIG, SIGTERM);
   if (getppid() != console_pid) _exit(1);  // the console died before prctl
@@ -158,7 +173,8 @@ int RunHeadless(const Session& s, const RunJobFn& run_job) {
     dup2(out, 1);
     dup2(out, 2);
   }
-  _exit(run_job(s.launch, [ready_fd](const std::string& host, uint16_t port, const std::string&) {
+  _exit(run_job(s.launch, [ready_fd](const std::string& host, uint16_t port,
+                                     const std::string&) {
     std::string line = host + " " + std::to_string(port) + "\n";
     (void)!write(ready_fd, line.data(), line.size());
     close(ready_fd);
@@ -167,13 +183,17 @@ int RunHeadless(const Session& s, const RunJobFn& run_job) {
 
 // Forks the launcher; returns its pid and the store's "host port", or why
 // not (and sets `exit_code`).
-Result<std::pair<pid_t, std::string>> ForkLauncher(const Session& s, const RunJobFn& run_job,
-                                                   const std::string& log, int* exit_code) {
+Result<std::pair<pid_t, std::string>> ForkLauncher(const Session& s,
+                                                   const RunJobFn& run_job,
+                                                   const std::string& log,
+                                                   int* exit_code) {
   int ready[2];
-  if (pipe2(ready, O_CLOEXEC) != 0) return Status::Io(std::string("pipe: ") + std::strerror(errno));
+  if (pipe2(ready, O_CLOEXEC) != 0)
+    return Status::Io(std::string("pipe: ") + std::strerror(errno));
   const pid_t console_pid = getpid();
   const pid_t child = fork();
-  if (child < 0) return Status::Io(std::string("fork: ") + std::strerror(errno));
+  if (child < 0)
+    return Status::Io(std::string("fork: ") + std::strerror(errno));
   if (child == 0) {
     close(ready[0]);
     RunLauncherChild(s, run_job, console_pid, ready[1], log);
@@ -182,16 +202,19 @@ Result<std::pair<pid_t, std::string>> ForkLauncher(const Session& s, const RunJo
   std::string line;
   char c;
   pollfd p{ready[0], POLLIN, 0};
-  while (poll(&p, 1, 60000) > 0 && read(ready[0], &c, 1) == 1 && c != '\n') line += c;
+  while (poll(&p, 1, 60000) > 0 && read(ready[0], &c, 1) == 1 && c != '\n')
+    line += c;
   close(ready[0]);
   if (line.find(' ') == std::string::npos) {
     kill(child, SIGTERM);
     int status = 0;
     waitpid(child, &status, 0);
     // The launcher's own code says what failed (2: config, 3: store).
-    *exit_code = WIFEXITED(status) && WEXITSTATUS(status) != 0 ? WEXITSTATUS(status) : kExitSetup;
-    return Status::Unavailable("the interactive session did not start; " + log + " says:\n" +
-                               os::ReadTail(log, 15));
+    *exit_code = WIFEXITED(status) && WEXITSTATUS(status) != 0
+                     ? WEXITSTATUS(status)
+                     : kExitSetup;
+    return Status::Unavailable("the interactive session did not start; " + log +
+                               " says:\n" + os::ReadTail(log, 15));
   }
   return std::make_pair(child, line);
 }
@@ -200,12 +223,23 @@ Result<std::pair<pid_t, std::string>> ForkLauncher(const Session& s, const RunJo
 int ExecConsole(const Session& s, pid_t launcher, const std::string& address,
                 const std::string& log) {
   size_t space = address.find(' ');
-  std::string python = s.launch.worker_argv.empty() ? s.launch.python : s.launch.worker_argv[0];
-  std::vector<std::string> args = {
-      python,          "-m",     "dtrun.console",        "--host", address.substr(0, space),
-      "--port",        address.substr(space + 1),        "--world-size", std::to_string(s.world),
-      "--launcher-pid", std::to_string(launcher),        "--log",  log,
-      "--session-dir", s.dir};
+  std::string python =
+      s.launch.worker_argv.empty() ? s.launch.python : s.launch.worker_argv[0];
+  std::vector<std::string> args = {python,
+                                   "-m",
+                                   "dtrun.console",
+                                   "--host",
+                                   address.substr(0, space),
+                                   "--port",
+                                   address.substr(space + 1),
+                                   "--world-size",
+                                   std::to_string(s.world),
+                                   "--launcher-pid",
+                                   std::to_string(launcher),
+                                   "--log",
+                                   log,
+                                   "--session-dir",
+                                   s.dir};
   if (s.nodes) {
     args.push_back("--rdzv-key");
     args.push_back(s.rdzv_key);
@@ -214,8 +248,8 @@ int ExecConsole(const Session& s, pid_t launcher, const std::string& address,
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
   execv(python.c_str(), argv.data());
-  std::fprintf(stderr, "dtrun: cannot run the console with %s: %s\n", python.c_str(),
-               std::strerror(errno));
+  std::fprintf(stderr, "dtrun: cannot run the console with %s: %s\n",
+               python.c_str(), std::strerror(errno));
   kill(launcher, SIGTERM);
   return kExitUsage;
 }
@@ -226,7 +260,8 @@ int RunInteractive(const LaunchConfig& config, const RunJobFn& run_job) {
   auto session = PrepareSession(config);
   if (!session.ok()) {
     std::fprintf(stderr, "dtrun: %s\n", session.status().message().c_str());
-    return session.status().code() == Status::Code::kInvalid ? kExitUsage : kExitSetup;
+    return session.status().code() == Status::Code::kInvalid ? kExitUsage
+                                                             : kExitSetup;
   }
   if (config.no_console) return RunHeadless(*session, run_job);
   const std::string log = session->dir + "/dtrun.log";

@@ -18,7 +18,8 @@ namespace dtrun::agent {
 // `config` has been through Validate(); `run_job` runs the session's job
 // (main() picks which). Returns dtrun's exit code (the console's, in
 // console mode).
-using RunJobFn = std::function<int(const LaunchConfig& config, Job::StoreReady ready)>;
+using RunJobFn =
+    std::function<int(const LaunchConfig& config, Job::StoreReady ready)>;
 int RunInteractive(const LaunchConfig& config, const RunJobFn& run_job);
 
 // --gpu-ids: "" if `ids` (comma-separated) names `nproc` or more distinct

@@ -27,15 +27,16 @@ class Job {
   // Called once the store the session's console attaches to is reachable
   // (single node: the workers' store; several nodes: the rendezvous store)
   // and the run folder exists, before any worker starts.
-  using StoreReady =
-      std::function<void(const std::string& host, uint16_t port, const std::string& run_dir)>;
+  using StoreReady = std::function<void(const std::string& host, uint16_t port,
+                                        const std::string& run_dir)>;
   StoreReady on_store_ready;
 };
 
 // Where an interactive console finds the latest worker crash: JSON
-// {"attempt", "rank", "how", "host", "addr", "stderr_file", "stderr_tail"} under `prefix`+"crash",
-// and the number of crashes so far under `prefix`+"crash_count", so a
-// console can stop a crash loop without knowing the log layout.
+// {"attempt", "rank", "how", "host", "addr", "stderr_file", "stderr_tail"}
+// under `prefix`+"crash", and the number of crashes so far under
+// `prefix`+"crash_count", so a console can stop a crash loop without knowing
+// the log layout.
 Status PublishCrash(rdzv::TcpStoreClient* store, const std::string& prefix,
                     const WorkerCrash& crash, int64_t count);
 

@@ -35,7 +35,8 @@ std::vector<std::string> Split(const std::string& text, char sep) {
 }
 
 bool EndsWith(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
 // Finds `program` the way execvp would; empty when not found. Resolved once
@@ -63,8 +64,8 @@ bool ParseStreamSpec(const std::string& text, StreamSpec* spec) {
   for (const auto& item : Split(text, ',')) {
     auto parts = Split(item, ':');
     int rank = 0;
-    if (parts.size() != 2 || !ParseInt(parts[0], &rank) || !ParseInt(parts[1], &v) ||
-        rank < 0 || v < 0 || v > 3) {
+    if (parts.size() != 2 || !ParseInt(parts[0], &rank) ||
+        !ParseInt(parts[1], &v) || rank < 0 || v < 0 || v > 3) {
       return false;
     }
     spec->per_rank[rank] = v;
@@ -84,22 +85,25 @@ bool ParseNnodes(const std::string& text, int* min_nodes, int* max_nodes) {
   return *min_nodes > 0 && *min_nodes <= *max_nodes;
 }
 
-Result<int> ParseNprocPerNode(const std::string& text, int cpu_count, int gpu_count) {
+Result<int> ParseNprocPerNode(const std::string& text, int cpu_count,
+                              int gpu_count) {
   // torchrun's words: "gpu" fails without a GPU (torchrun: "Cuda is not
   // available"), "auto" falls back to one worker per CPU.
   int n = 0;
   if (text == "cpu") return cpu_count;
   if (text == "gpu") {
     if (gpu_count == 0) {
-      return Status::Invalid("--nproc-per-node=gpu: no GPU found on this host "
-                             "(check CUDA_VISIBLE_DEVICES), or use a number or 'cpu'");
+      return Status::Invalid(
+          "--nproc-per-node=gpu: no GPU found on this host "
+          "(check CUDA_VISIBLE_DEVICES), or use a number or 'cpu'");
     }
     return gpu_count;
   }
   if (text == "auto") return gpu_count > 0 ? gpu_count : cpu_count;
   if (!ParseInt(text, &n) || n < 1) {
-    return Status::Invalid("--nproc-per-node: '" + text +
-                           "' is not a positive integer, 'cpu', 'gpu' or 'auto'");
+    return Status::Invalid(
+        "--nproc-per-node: '" + text +
+        "' is not a positive integer, 'cpu', 'gpu' or 'auto'");
   }
   return n;
 }
@@ -114,7 +118,8 @@ int CountGpus() {
     while (dirent* e = readdir(dir)) {
       std::string name = e->d_name;
       int index = 0;
-      if (name.rfind("nvidia", 0) == 0 && ParseInt(name.substr(6), &index)) ++devices;
+      if (name.rfind("nvidia", 0) == 0 && ParseInt(name.substr(6), &index))
+        ++devices;
     }
     closedir(dir);
   }
@@ -146,7 +151,8 @@ Status ApplyInteractive(LaunchConfig* c) {
         "not a range");
   }
   if (c->no_python) {
-    return Status::Invalid("--interactive workers are Python: drop --no-python");
+    return Status::Invalid(
+        "--interactive workers are Python: drop --no-python");
   }
   // Debian's interpreter (the one with torch) unless told otherwise.
   if (c->python == "python3" && access("/usr/bin/python3", X_OK) == 0) {
@@ -215,8 +221,8 @@ Status ResolveWorkerArgv(LaunchConfig* c) {
   // torchrun runs every entrypoint with Python unless --no-python; dtrun runs
   // an executable directly and only .py files (or -m, --run-path) with
   // Python, so `dtrun ./train_cfg` and `dtrun train.py` both just work.
-  bool python = c->module || c->run_path ||
-                (!c->no_python && EndsWith(program, ".py"));
+  bool python =
+      c->module || c->run_path || (!c->no_python && EndsWith(program, ".py"));
   if (!python) {
     std::string path = LookUp(program);
     if (path.empty()) {

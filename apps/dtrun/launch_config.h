@@ -15,8 +15,8 @@ namespace dtrun::agent {
 // Which of a worker's streams go to files (redirect) or to files and the
 // console (tee). Bit 1 = stdout, bit 2 = stderr, as torchrun's 0..3.
 struct StreamSpec {
-  int all = 0;                      // applies to local ranks not in per_rank
-  std::map<int, int> per_rank;      // "lr:v,lr:v" form
+  int all = 0;                  // applies to local ranks not in per_rank
+  std::map<int, int> per_rank;  // "lr:v,lr:v" form
   int For(int local_rank) const {
     auto it = per_rank.find(local_rank);
     return it == per_rank.end() ? all : it->second;
@@ -27,48 +27,52 @@ struct StreamSpec {
 // Validate() checks it and fills derived fields.
 struct LaunchConfig {
   // Workers.
-  int nproc_per_node = 1;              // --nproc-per-node; int, cpu, gpu, auto
-  std::vector<std::string> entrypoint; // program (or script/module) + args
-  bool module = false;                 // -m: run `python -m entrypoint[0]`
-  bool no_python = false;              // --no-python: exec entrypoint directly
-  bool run_path = false;               // --run-path: run the file with python
-  std::string python = "python3";      // --python, else $PYTHON_EXEC
-  std::string role = "default";        // --role -> ROLE_NAME
-  bool interactive = false;            // --interactive: Python workers + a console
-  bool no_console = false;             // --no-console: host the session, print its address
-  std::string gpu_ids;                 // --gpu-ids 0,2 (interactive): GPU of each local rank
+  int nproc_per_node = 1;               // --nproc-per-node; int, cpu, gpu, auto
+  std::vector<std::string> entrypoint;  // program (or script/module) + args
+  bool module = false;                  // -m: run `python -m entrypoint[0]`
+  bool no_python = false;               // --no-python: exec entrypoint directly
+  bool run_path = false;                // --run-path: run the file with python
+  std::string python = "python3";       // --python, else $PYTHON_EXEC
+  std::string role = "default";         // --role -> ROLE_NAME
+  bool interactive = false;  // --interactive: Python workers + a console
+  bool no_console = false;  // --no-console: host the session, print its address
+  std::string gpu_ids;  // --gpu-ids 0,2 (interactive): GPU of each local rank
 
   // Nodes and rendezvous.
-  int min_nodes = 1, max_nodes = 1;    // --nnodes N or MIN:MAX
-  int node_rank = 0;                   // --node-rank
-  std::string master_addr = "127.0.0.1";       // --master-addr
-  std::optional<uint16_t> master_port;         // --master-port; none = free port
-  bool standalone = false;                     // --standalone
-  std::string rdzv_backend = "static";         // --rdzv-backend
-  std::string rdzv_endpoint;                   // --rdzv-endpoint host[:port]
-  std::string rdzv_id = "none";                // --rdzv-id
-  RdzvConfig rdzv_conf;                        // --rdzv-conf k=v,k=v, typed
-  std::string local_addr;                      // --local-addr
+  int min_nodes = 1, max_nodes = 1;       // --nnodes N or MIN:MAX
+  int node_rank = 0;                      // --node-rank
+  std::string master_addr = "127.0.0.1";  // --master-addr
+  std::optional<uint16_t> master_port;    // --master-port; none = free port
+  bool standalone = false;                // --standalone
+  std::string rdzv_backend = "static";    // --rdzv-backend
+  std::string rdzv_endpoint;              // --rdzv-endpoint host[:port]
+  std::string rdzv_id = "none";           // --rdzv-id
+  RdzvConfig rdzv_conf;                   // --rdzv-conf k=v,k=v, typed
+  std::string local_addr;                 // --local-addr
 
   // Failures and signals.
-  int max_restarts = 0;                                 // --max-restarts
-  double monitor_interval_s = 0.1;                      // accepted; unused
-  std::chrono::milliseconds term_timeout{30000};        // --term-timeout, s
-  std::chrono::milliseconds hang_timeout{0};            // --hang-timeout, s; 0: off
-  std::chrono::milliseconds hang_first_beat{0};         // --hang-first-beat, s; 0: default
-  bool file_timer = false;       // $TORCHELASTIC_ENABLE_FILE_TIMER=1: serve torch's watchdog
-  std::string timer_file;        // $TORCHELASTIC_TIMER_FILE; empty: one in the run folder
+  int max_restarts = 0;                           // --max-restarts
+  double monitor_interval_s = 0.1;                // accepted; unused
+  std::chrono::milliseconds term_timeout{30000};  // --term-timeout, s
+  std::chrono::milliseconds hang_timeout{0};      // --hang-timeout, s; 0: off
+  std::chrono::milliseconds hang_first_beat{
+      0};  // --hang-first-beat, s; 0: default
+  bool file_timer =
+      false;  // $TORCHELASTIC_ENABLE_FILE_TIMER=1: serve torch's watchdog
+  std::string
+      timer_file;  // $TORCHELASTIC_TIMER_FILE; empty: one in the run folder
 
   // Output.
-  std::string log_dir;           // --log-dir; empty = a temporary folder
-  StreamSpec redirects;          // -r/--redirects
-  StreamSpec tee;                // -t/--tee
+  std::string log_dir;                  // --log-dir; empty = a temporary folder
+  StreamSpec redirects;                 // -r/--redirects
+  StreamSpec tee;                       // -t/--tee
   std::vector<int> local_ranks_filter;  // --local-ranks-filter; empty = all
-  std::string log_level;         // --log-level
+  std::string log_level;                // --log-level
 
   // The resolved command each worker runs (argv), set by Validate().
   std::vector<std::string> worker_argv;
-  bool python_worker = false;  // set by Validate(): worker_argv runs the --python interpreter
+  bool python_worker =
+      false;  // set by Validate(): worker_argv runs the --python interpreter
 
   bool multi_node() const { return max_nodes > 1; }
   // Whether the job goes through rendezvous rounds (several nodes, or the
@@ -89,7 +93,8 @@ bool ParseStreamSpec(const std::string& text, StreamSpec* spec);
 // "N" or "MIN:MAX".
 bool ParseNnodes(const std::string& text, int* min_nodes, int* max_nodes);
 // int, "cpu", "gpu" or "auto" -> worker count; error names what was wrong.
-Result<int> ParseNprocPerNode(const std::string& text, int cpu_count, int gpu_count);
+Result<int> ParseNprocPerNode(const std::string& text, int cpu_count,
+                              int gpu_count);
 
 // Number of usable NVIDIA GPUs on this host (honours CUDA_VISIBLE_DEVICES),
 // without loading any CUDA library: counts /dev/nvidiaN, so it reads 0 in a

@@ -26,7 +26,8 @@ using std::chrono::milliseconds;
 AgentOptions AgentOptionsOf(const LaunchConfig& c, bool elastic) {
   // With rendezvous, restarts are counted by the rendezvous, the same on
   // every node; the local agent only reports that its group failed.
-  return AgentOptions{c.nproc_per_node, elastic ? 0 : c.max_restarts, c.term_timeout};
+  return AgentOptions{c.nproc_per_node, elastic ? 0 : c.max_restarts,
+                      c.term_timeout};
 }
 
 // TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE, with ${role_name}, ${rank} and
@@ -48,8 +49,8 @@ std::string LinePrefix(const std::string& role, int rank, int local_rank) {
 
 }  // namespace
 
-LocalGroup::LocalGroup(const LaunchConfig& config, WorkerGroup* workers, const Clock* clock,
-                       SignalFd* signals, bool elastic)
+LocalGroup::LocalGroup(const LaunchConfig& config, WorkerGroup* workers,
+                       const Clock* clock, SignalFd* signals, bool elastic)
     : config_(config),
       workers_(workers),
       clock_(clock),
@@ -72,15 +73,19 @@ Status LocalGroup::Prepare(const std::string& run_id) {
     return it == base_env_.end() ? std::string() : it->second;
   };
   config_.file_timer = env("TORCHELASTIC_ENABLE_FILE_TIMER") == "1";
-  if (!env("TORCHELASTIC_TIMER_FILE").empty()) config_.timer_file = env("TORCHELASTIC_TIMER_FILE");
+  if (!env("TORCHELASTIC_TIMER_FILE").empty())
+    config_.timer_file = env("TORCHELASTIC_TIMER_FILE");
   if (config_.nproc_per_node > 1 && !base_env_.count("OMP_NUM_THREADS")) {
-    Logger("dtrun.agent")->warn("setting OMP_NUM_THREADS=1 for each worker to avoid "
-                                "overloading the host; set it yourself to tune");
+    Logger("dtrun.agent")
+        ->warn(
+            "setting OMP_NUM_THREADS=1 for each worker to avoid "
+            "overloading the host; set it yourself to tune");
   }
   std::string name = run_id + "_" + os::RandomHex(8);
   if (config_.log_dir.empty()) {
     auto dir = os::MakeTempDir("dtrun-" + name + "-");
-    if (!dir.ok()) return Status::Io(dir.status().message() + " (or give --log-dir)");
+    if (!dir.ok())
+      return Status::Io(dir.status().message() + " (or give --log-dir)");
     run_dir_ = *dir;
     run_dir_is_temp_ = true;
   } else {
@@ -88,8 +93,10 @@ Status LocalGroup::Prepare(const std::string& run_id) {
     Status s = os::MakeDirs(run_dir_);
     if (!s.ok()) return Status::Io("--log-dir: " + s.message());
   }
-  // Python workers get the torch compatibility shim (worker_env.h), once per run.
-  if (config_.python_worker) return InstallTorchShim(run_dir_ + "/python", &base_env_);
+  // Python workers get the torch compatibility shim (worker_env.h), once per
+  // run.
+  if (config_.python_worker)
+    return InstallTorchShim(run_dir_ + "/python", &base_env_);
   return Status::Ok();
 }
 
@@ -100,7 +107,9 @@ void LocalGroup::StartRound(int round) {
   Apply(agent_.StartRound(round, clock_->Now()));
 }
 
-void LocalGroup::StopForNewRound() { Apply(agent_.StopForNewRound(clock_->Now())); }
+void LocalGroup::StopForNewRound() {
+  Apply(agent_.StopForNewRound(clock_->Now()));
+}
 
 void LocalGroup::StopAndWait() {
   if (agent_.alive() == 0) return;
@@ -114,7 +123,8 @@ int LocalGroup::PollTimeout(int timeout_ms) const {
     if (ms >= 0) timeout = timeout < 0 ? ms : std::min(timeout, ms);
   };
   if (auto deadline = agent_.deadline()) {
-    auto left = std::chrono::duration_cast<milliseconds>(*deadline - clock_->Now());
+    auto left =
+        std::chrono::duration_cast<milliseconds>(*deadline - clock_->Now());
     // +1: poll rounds down, and waking a hair early would spin.
     sooner(static_cast<int>(std::max<int64_t>(0, left.count()) + 1));
   }
@@ -128,7 +138,8 @@ void LocalGroup::PollOnce(int timeout_ms) {
   if (signals_) fds.push_back({signals_->fd(), POLLIN, 0});
   if (timer_.fd() >= 0) fds.push_back({timer_.fd(), POLLIN, 0});
   for (int fd : workers_->output_fds()) fds.push_back({fd, POLLIN, 0});
-  if (poll(fds.data(), fds.size(), PollTimeout(timeout_ms)) < 0) return;  // EINTR: look again
+  if (poll(fds.data(), fds.size(), PollTimeout(timeout_ms)) < 0)
+    return;  // EINTR: look again
   bool signalled = false;
   for (const pollfd& p : fds) {
     if (!p.revents) continue;
@@ -154,7 +165,8 @@ void LocalGroup::PollOnce(int timeout_ms) {
 }
 
 void LocalGroup::OnStopSignal(int signo) {
-  Logger("dtrun.agent")->warn("received {}; stopping workers", SignalName(signo));
+  Logger("dtrun.agent")
+      ->warn("received {}; stopping workers", SignalName(signo));
   Apply(agent_.OnSignal(signo, clock_->Now()));
 }
 
@@ -164,10 +176,11 @@ void LocalGroup::OnChildExits() {
     exit_time_[e.pid] = os::UnixNow();
     hang_.OnExit(e.local_rank);
     if (e.failed() && agent_.phase() == Phase::kRunning) {
-      std::string how =
-          e.signal ? SignalName(e.signal) : "exit code " + std::to_string(e.exit_code);
+      std::string how = e.signal ? SignalName(e.signal)
+                                 : "exit code " + std::to_string(e.exit_code);
       Logger("dtrun.agent")
-          ->warn("worker local_rank {} (pid {}) failed: {}", e.local_rank, e.pid, how);
+          ->warn("worker local_rank {} (pid {}) failed: {}", e.local_rank,
+                 e.pid, how);
       PublishCrash(e, how);
     }
     Apply(agent_.OnWorkerExit(e, clock_->Now()));
@@ -178,9 +191,11 @@ void LocalGroup::OnTick() {
   if (outcome_ != Outcome::kRunning) return;
   Apply(agent_.OnTick(clock_->Now()));
   if (outcome_ != Outcome::kRunning) return;
-  int signo = hang_.Check(agent_.phase() == Phase::kRunning, pids_, assignment_.base_rank);
+  int signo = hang_.Check(agent_.phase() == Phase::kRunning, pids_,
+                          assignment_.base_rank);
   if (signo) Apply(agent_.OnHang(signo, clock_->Now()));
-  if (outcome_ == Outcome::kRunning) timer_.Check(pids_, PythonWorkers(config_));
+  if (outcome_ == Outcome::kRunning)
+    timer_.Check(pids_, PythonWorkers(config_));
 }
 
 bool LocalGroup::Interrupted() {
@@ -205,7 +220,8 @@ void LocalGroup::Apply(const std::vector<Action>& actions) {
         StartWorkers(a.restart_count);
         break;
       case Action::Kind::kSignalGroup:
-        for (const auto& [local_rank, pid] : pids_) workers_->Signal(pid, a.signo);
+        for (const auto& [local_rank, pid] : pids_)
+          workers_->Signal(pid, a.signo);
         break;
       case Action::Kind::kFinish:
         OnFinished(a);
@@ -219,14 +235,14 @@ void LocalGroup::Apply(const std::vector<Action>& actions) {
 
 void LocalGroup::OnFinished(const Action& finish) {
   stop_signal_ = finish.signo;
-  outcome_ = finish.signo  ? Outcome::kSignaled
+  outcome_ = finish.signo    ? Outcome::kSignaled
              : finish.failed ? Outcome::kFailed
                              : Outcome::kSucceeded;
   if (elastic_) return;  // the rendezvous decides what happens next
   auto log = Logger("dtrun.agent");
   if (finish.signo) {
-    log->warn("workers stopped after {}; exit code {}", SignalName(finish.signo),
-              ExitBySignal(finish.signo));
+    log->warn("workers stopped after {}; exit code {}",
+              SignalName(finish.signo), ExitBySignal(finish.signo));
   } else if (!finish.failed) {
     log->info("all {} worker(s) succeeded", config_.nproc_per_node);
   }
@@ -239,10 +255,11 @@ OutputRoute LocalGroup::Route(int local_rank, int stream_bit,
   // Watching for hangs or timers, stderr is kept too: a Python worker's
   // stack lands there.
   bool keeps_stderr = hang_.enabled() || config_.file_timer;
-  bool teed = (config_.tee.For(local_rank) & stream_bit) || (stream_bit == 2 && keeps_stderr);
+  bool teed = (config_.tee.For(local_rank) & stream_bit) ||
+              (stream_bit == 2 && keeps_stderr);
   const auto& filter = config_.local_ranks_filter;
-  bool shown =
-      filter.empty() || std::find(filter.begin(), filter.end(), local_rank) != filter.end();
+  bool shown = filter.empty() || std::find(filter.begin(), filter.end(),
+                                           local_rank) != filter.end();
   if (!redirected && shown) route.console_fd = stream_bit == 1 ? 1 : 2;
   route.prefix = LinePrefix(config_.role, local_rank, local_rank);
   if (redirected || teed) {
@@ -254,10 +271,11 @@ OutputRoute LocalGroup::Route(int local_rank, int stream_bit,
 
 WorkerSpec LocalGroup::SpecFor(int lr, const std::string& attempt_dir) {
   (void)os::MakeDirs(attempt_dir + "/" + std::to_string(lr));
-  ::unlink(ErrorFilePath(attempt_, lr).c_str());  // a stale one would name the wrong failure
+  ::unlink(ErrorFilePath(attempt_, lr)
+               .c_str());  // a stale one would name the wrong failure
   const rdzv::Assignment& a = assignment_;
   int n = config_.nproc_per_node;
-  WorkerPlace place{lr, a.base_rank + lr, a.group_rank, a.base_rank + lr,
+  WorkerPlace place{lr, a.base_rank + lr, a.group_rank,       a.base_rank + lr,
                     n,  a.world_size,     a.group_world_size, a.world_size};
   EnvMap env = WorkerEnv(base_env_, attempt_, place);
   hang_.AddEnv(lr, attempt_dir, &env);
@@ -275,8 +293,8 @@ void LocalGroup::StartWorkers(int restart_count) {
   auto log = Logger("dtrun.agent");
   if (before_start) before_start(restart_count);
   if (restart_count > 0 && !elastic_) {
-    log->warn("restarting the worker group: attempt {} of {}", restart_count + 1,
-              config_.max_restarts + 1);
+    log->warn("restarting the worker group: attempt {} of {}",
+              restart_count + 1, config_.max_restarts + 1);
   }
   attempt_.restart_count = restart_count;
   attempt_dir_ = run_dir_ + "/attempt_" + std::to_string(restart_count);
@@ -298,8 +316,8 @@ void LocalGroup::StartWorkers(int restart_count) {
   }
   agent_.OnGroupStarted();
   hang_.Reset(config_.nproc_per_node, attempt_dir_, restart_count);
-  log->info("attempt {}: started {} worker(s), pids {}", restart_count, config_.nproc_per_node,
-            pid_list);
+  log->info("attempt {}: started {} worker(s), pids {}", restart_count,
+            config_.nproc_per_node, pid_list);
 }
 
 void LocalGroup::AbandonSurvivors() {
@@ -307,9 +325,10 @@ void LocalGroup::AbandonSurvivors() {
     if (exit_time_.count(pid)) continue;
     abandoned_[pid] = true;
     Logger("dtrun.agent")
-        ->error("worker local_rank {} (pid {}) is still alive long after SIGKILL "
-                "(uninterruptible sleep?); going on without it",
-                local_rank, pid);
+        ->error(
+            "worker local_rank {} (pid {}) is still alive long after SIGKILL "
+            "(uninterruptible sleep?); going on without it",
+            local_rank, pid);
   }
 }
 
@@ -323,7 +342,8 @@ void LocalGroup::PublishCrash(const WorkerExit& e, const std::string& how) {
   crash.addr = config_.local_addr;
   crash.stderr_file = Route(e.local_rank, 2, attempt_dir_).file;
   if (!crash.stderr_file.empty()) {
-    workers_->ReadPending(milliseconds(200));  // its last words may still be in the pipe
+    workers_->ReadPending(
+        milliseconds(200));  // its last words may still be in the pipe
     crash.stderr_tail = os::ReadTail(crash.stderr_file, 8);
   }
   on_worker_crash(crash);
@@ -342,13 +362,15 @@ int LocalGroup::ReportFailure() {
     f.timestamp = exit_time_.count(e.pid) ? exit_time_[e.pid] : os::UnixNow();
     ReadErrorFile(ErrorFilePath(attempt_, e.local_rank), &f);
     timer_.Describe(attempt_dir_, &f);
-    if (f.message.empty() && spawn_error_.count(e.local_rank)) f.message = spawn_error_[e.local_rank];
+    if (f.message.empty() && spawn_error_.count(e.local_rank))
+      f.message = spawn_error_[e.local_rank];
     failures.push_back(f);
   }
   DTRUN_CHECK(!failures.empty()) << "a failed attempt with no failed worker";
   const std::string& program = config_.entrypoint[0];
-  WriteAll(2, FormatFailureSummary(program.substr(program.rfind('/') + 1), os::HostName(),
-                                   failures, agent_.restart_count() + 1, run_dir_));
+  WriteAll(2, FormatFailureSummary(program.substr(program.rfind('/') + 1),
+                                   os::HostName(), failures,
+                                   agent_.restart_count() + 1, run_dir_));
   const WorkerFailure& root = failures[RootCause(failures)];
   if (const char* path = std::getenv("TORCHELASTIC_ERROR_FILE")) {
     (void)os::WriteFile(path, RootCauseJson(root));

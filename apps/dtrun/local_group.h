@@ -29,7 +29,8 @@ struct WorkerCrash {
   int attempt = 0;  // restart count of the attempt it belonged to
   int rank = 0;
   std::string how;   // "exit code 1", "SIGKILL"
-  std::string host;  // this host's name, and the address it advertises (--local-addr) if any
+  std::string host;  // this host's name, and the address it advertises
+                     // (--local-addr) if any
   std::string addr;
   std::string stderr_file;
   std::string stderr_tail;  // its last lines
@@ -41,8 +42,8 @@ class LocalGroup {
 
   // `signals` may be null (tests): then PollOnce watches no signals. With
   // `elastic`, restarts are the rendezvous' to count, not the Agent's.
-  LocalGroup(const LaunchConfig& config, WorkerGroup* workers, const Clock* clock,
-             SignalFd* signals, bool elastic);
+  LocalGroup(const LaunchConfig& config, WorkerGroup* workers,
+             const Clock* clock, SignalFd* signals, bool elastic);
 
   // Takes the environment and makes the run folder (under --log-dir, else a
   // temporary one) named after `run_id`. Status::Io names the folder.
@@ -95,7 +96,8 @@ class LocalGroup {
   void Apply(const std::vector<Action>& actions);
   void StartWorkers(int restart_count);
   WorkerSpec SpecFor(int local_rank, const std::string& attempt_dir);
-  OutputRoute Route(int local_rank, int stream_bit, const std::string& attempt_dir) const;
+  OutputRoute Route(int local_rank, int stream_bit,
+                    const std::string& attempt_dir) const;
   void OnFinished(const Action& finish);
   void AbandonSurvivors();
   void PublishCrash(const WorkerExit& e, const std::string& how);
@@ -117,8 +119,8 @@ class LocalGroup {
   std::string attempt_dir_;
   Outcome outcome_ = Outcome::kRunning;
   int stop_signal_ = 0;
-  std::map<int, int> pids_;                 // local rank -> pid of this attempt
-  std::map<int, double> exit_time_;         // pid -> unix seconds its exit was seen
+  std::map<int, int> pids_;          // local rank -> pid of this attempt
+  std::map<int, double> exit_time_;  // pid -> unix seconds its exit was seen
   std::map<int, std::string> spawn_error_;  // local rank -> why exec failed
   std::map<int, bool> abandoned_;           // pids that outlived SIGKILL
 };

@@ -40,9 +40,9 @@ void WriteAll(int fd, std::string_view data) {
     ssize_t n = write(fd, data.data(), data.size());
     if (n > 0) {
       data.remove_prefix(static_cast<size_t>(n));
-    // The console may be non-blocking: O_NONBLOCK belongs to the open file
-    // description, which dtrun shares with whoever else holds the terminal
-    // or pipe. Wait for room instead of dropping a worker's lines.
+      // The console may be non-blocking: O_NONBLOCK belongs to the open file
+      // description, which dtrun shares with whoever else holds the terminal
+      // or pipe. Wait for room instead of dropping a worker's lines.
     } else if (n < 0 && errno == EAGAIN) {
       pollfd p{fd, POLLOUT, 0};
       poll(&p, 1, 100);
@@ -54,7 +54,9 @@ void WriteAll(int fd, std::string_view data) {
 
 LogMux::~LogMux() { CloseAll(); }
 
-void LogMux::Add(int fd, const StreamRoute& route) { streams_[fd].route = route; }
+void LogMux::Add(int fd, const StreamRoute& route) {
+  streams_[fd].route = route;
+}
 
 std::vector<int> LogMux::fds() const {
   std::vector<int> out;
@@ -106,7 +108,8 @@ void LogMux::Close(int fd) {
   if (it == streams_.end()) return;
   // A worker that died mid-line (a crash, print(end="")) still gets its last
   // words shown.
-  it->second.splitter.Flush([&](std::string_view line) { Write(it->second.route, line); });
+  it->second.splitter.Flush(
+      [&](std::string_view line) { Write(it->second.route, line); });
   if (it->second.route.file_fd >= 0) close(it->second.route.file_fd);
   close(fd);
   streams_.erase(it);

@@ -23,9 +23,9 @@ class LineSplitter {
 
 // Where one worker stream's lines go.
 struct StreamRoute {
-  int console_fd = -1;   // 1 or 2 to show on the console; -1 to not
-  std::string prefix;    // e.g. "[rank3]:", prepended on the console only
-  int file_fd = -1;      // a log file, or -1
+  int console_fd = -1;  // 1 or 2 to show on the console; -1 to not
+  std::string prefix;   // e.g. "[rank3]:", prepended on the console only
+  int file_fd = -1;     // a log file, or -1
 };
 
 // Reads worker pipes and forwards whole lines, so lines of different

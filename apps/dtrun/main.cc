@@ -44,8 +44,11 @@ int main(int argc, char** argv) {
   // After parsing, so usage errors print before any logger exists; an empty
   // --log-level falls back to DTRUN_LOG_LEVEL, then info.
   if (!dtrun::SetLogLevel(cli.config.log_level)) {
-    std::fprintf(stderr, "dtrun: --log-level: unknown level '%s'; use trace, debug, info, "
-                 "warn, error or off\n", cli.config.log_level.c_str());
+    std::fprintf(
+        stderr,
+        "dtrun: --log-level: unknown level '%s'; use trace, debug, info, "
+        "warn, error or off\n",
+        cli.config.log_level.c_str());
     return kExitUsage;
   }
   // The session forks: the child runs RunJob, this process becomes the

@@ -26,7 +26,8 @@ StreamRoute ToStreamRoute(const OutputRoute& route) {
   out.console_fd = route.console_fd;
   out.prefix = route.prefix;
   if (!route.file.empty()) {
-    out.file_fd = open(route.file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    out.file_fd = open(route.file.c_str(),
+                       O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   }
   return out;
 }
@@ -37,7 +38,8 @@ template <typename F>
 bool PollOutput(const std::vector<int>& fds, int timeout_ms, F readable) {
   std::vector<pollfd> polled;
   for (int fd : fds) polled.push_back({fd, POLLIN, 0});
-  if (polled.empty() || poll(polled.data(), polled.size(), timeout_ms) <= 0) return false;
+  if (polled.empty() || poll(polled.data(), polled.size(), timeout_ms) <= 0)
+    return false;
   for (const auto& p : polled) {
     if (p.revents) readable(p.fd);
   }
@@ -46,10 +48,12 @@ bool PollOutput(const std::vector<int>& fds, int timeout_ms, F readable) {
 
 // Starts a tool with stdout and stderr to `path`; returns its pid or -1.
 int SpawnTool(const ToolRun& tool) {
-  int fd = open(tool.output_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  int fd = open(tool.output_file.c_str(),
+                O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) return -1;
   std::vector<char*> args;
-  for (const std::string& a : tool.argv) args.push_back(const_cast<char*>(a.c_str()));
+  for (const std::string& a : tool.argv)
+    args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
   pid_t pid = fork();
   if (pid == 0) {
@@ -88,7 +92,8 @@ Result<int> PosixWorkerGroup::Spawn(const WorkerSpec& spec) {
   return pid;
 }
 
-Result<int> PosixWorkerGroup::ForkExec(const WorkerSpec& spec, int out_fd, int err_fd) {
+Result<int> PosixWorkerGroup::ForkExec(const WorkerSpec& spec, int out_fd,
+                                       int err_fd) {
   // Everything the child touches is prepared before fork: after it only
   // async-signal-safe calls are allowed (no allocation, no logging).
   std::vector<char*> argv, envp;
@@ -137,13 +142,15 @@ Result<int> PosixWorkerGroup::ForkExec(const WorkerSpec& spec, int out_fd, int e
   // Even a failed exec leaves a child to reap (it exits 127).
   local_rank_of_[pid] = spec.local_rank;
   if (n == sizeof(error)) {
-    return Status::Io("cannot execute '" + spec.argv[0] + "': " + std::strerror(error));
+    return Status::Io("cannot execute '" + spec.argv[0] +
+                      "': " + std::strerror(error));
   }
   return pid;
 }
 
 void PosixWorkerGroup::Signal(int pid, int signo) {
-  if (local_rank_of_.count(pid) == 0) return;  // already reaped: pid may be reused
+  if (local_rank_of_.count(pid) == 0)
+    return;  // already reaped: pid may be reused
   // The group first (a worker's own children); the pid alone if the worker
   // has not yet made its group (only possible before setpgid in the child).
   if (kill(-pid, signo) != 0) kill(pid, signo);
@@ -156,7 +163,8 @@ std::vector<WorkerExit> PosixWorkerGroup::Reap() {
     pid_t pid = waitpid(-1, &status, WNOHANG);
     if (pid <= 0) break;
     auto it = local_rank_of_.find(pid);
-    if (it == local_rank_of_.end()) continue;  // a tool's, or a worker's orphan we adopted
+    if (it == local_rank_of_.end())
+      continue;  // a tool's, or a worker's orphan we adopted
     WorkerExit e;
     e.local_rank = it->second;
     e.pid = pid;
@@ -183,7 +191,8 @@ void PosixWorkerGroup::Drain(milliseconds limit) {
   mux_.CloseAll();
 }
 
-void PosixWorkerGroup::RunTools(const std::vector<ToolRun>& tools, milliseconds limit) {
+void PosixWorkerGroup::RunTools(const std::vector<ToolRun>& tools,
+                                milliseconds limit) {
   std::vector<int> pids;
   for (const ToolRun& tool : tools) {
     int pid = SpawnTool(tool);

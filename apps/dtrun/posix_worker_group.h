@@ -21,7 +21,8 @@ class PosixWorkerGroup : public WorkerGroup {
   void OnReadable(int fd) override { mux_.OnReadable(fd); }
   void ReadPending(std::chrono::milliseconds limit) override;
   void Drain(std::chrono::milliseconds limit) override;
-  void RunTools(const std::vector<ToolRun>& tools, std::chrono::milliseconds limit) override;
+  void RunTools(const std::vector<ToolRun>& tools,
+                std::chrono::milliseconds limit) override;
 
  private:
   Result<int> ForkExec(const WorkerSpec& spec, int out_fd, int err_fd);

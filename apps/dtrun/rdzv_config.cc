@@ -13,42 +13,52 @@ namespace {
 
 using std::chrono::milliseconds;
 
-Status Bad(const std::string& key, const std::string& value, const std::string& want) {
-  return Status::Invalid("--rdzv-conf: " + key + "='" + value + "' is not " + want);
+Status Bad(const std::string& key, const std::string& value,
+           const std::string& want) {
+  return Status::Invalid("--rdzv-conf: " + key + "='" + value + "' is not " +
+                         want);
 }
 
 // Seconds as torchrun writes them ("60", "0.5"): finite and >= 0 (> 0 when
 // `positive`).
-Status ParseSeconds(const std::string& key, const std::string& value, bool positive,
-                    milliseconds* out) {
+Status ParseSeconds(const std::string& key, const std::string& value,
+                    bool positive, milliseconds* out) {
   // The 1e9 s cap keeps every product the rendezvous forms (interval x
   // attempts, below) inside int64 milliseconds. Zero is refused where it
   // would mean a busy loop (keep-alive) or a round that can never gather.
   char* end = nullptr;
   double s = std::strtod(value.c_str(), &end);
-  if (value.empty() || *end || !std::isfinite(s) || s < 0 || (positive && s == 0) || s > 1e9) {
-    return Bad(key, value, positive ? "a number of seconds > 0" : "a number of seconds >= 0");
+  if (value.empty() || *end || !std::isfinite(s) || s < 0 ||
+      (positive && s == 0) || s > 1e9) {
+    return Bad(
+        key, value,
+        positive ? "a number of seconds > 0" : "a number of seconds >= 0");
   }
   *out = milliseconds(static_cast<int64_t>(std::llround(s * 1000)));
   return Status::Ok();
 }
 
-Status ParseAttempts(const std::string& key, const std::string& value, int* out) {
+Status ParseAttempts(const std::string& key, const std::string& value,
+                     int* out) {
   char* end = nullptr;
   // At most 10^6 so that silent_limit() (10^12 ms x 10^6) cannot overflow.
   long n = std::strtol(value.c_str(), &end, 10);
-  if (value.empty() || *end || n < 1 || n > 1000000) return Bad(key, value, "a whole number >= 1");
+  if (value.empty() || *end || n < 1 || n > 1000000)
+    return Bad(key, value, "a whole number >= 1");
   *out = static_cast<int>(n);
   return Status::Ok();
 }
 
 // Python's truthy spellings that torchrun's is_host accepts.
-Status ParseBool(const std::string& key, const std::string& value, std::optional<bool>* out) {
+Status ParseBool(const std::string& key, const std::string& value,
+                 std::optional<bool>* out) {
   static const std::map<std::string, bool> kWords = {
-      {"1", true},  {"true", true},   {"True", true},   {"yes", true}, {"on", true},
-      {"0", false}, {"false", false}, {"False", false}, {"no", false},  {"off", false}};
+      {"1", true},   {"true", true}, {"True", true},   {"yes", true},
+      {"on", true},  {"0", false},   {"false", false}, {"False", false},
+      {"no", false}, {"off", false}};
   auto it = kWords.find(value);
-  if (it == kWords.end()) return Bad(key, value, "true or false (1/0, yes/no, on/off)");
+  if (it == kWords.end())
+    return Bad(key, value, "true or false (1/0, yes/no, on/off)");
   *out = it->second;
   return Status::Ok();
 }
@@ -65,15 +75,18 @@ const std::map<std::string, Setter>& Setters() {
        }},
       {"last_call_timeout",
        [](const std::string& v, RdzvConfig* c) {
-         return ParseSeconds("last_call_timeout", v, false, &c->last_call_timeout);
+         return ParseSeconds("last_call_timeout", v, false,
+                             &c->last_call_timeout);
        }},
       {"keep_alive_interval",
        [](const std::string& v, RdzvConfig* c) {
-         return ParseSeconds("keep_alive_interval", v, true, &c->keep_alive_interval);
+         return ParseSeconds("keep_alive_interval", v, true,
+                             &c->keep_alive_interval);
        }},
       {"keep_alive_max_attempt",
        [](const std::string& v, RdzvConfig* c) {
-         return ParseAttempts("keep_alive_max_attempt", v, &c->keep_alive_max_attempt);
+         return ParseAttempts("keep_alive_max_attempt", v,
+                              &c->keep_alive_max_attempt);
        }},
       {"read_timeout",
        [](const std::string& v, RdzvConfig* c) {
@@ -83,14 +96,17 @@ const std::map<std::string, Setter>& Setters() {
          return s;
        }},
       {"is_host",
-       [](const std::string& v, RdzvConfig* c) { return ParseBool("is_host", v, &c->is_host); }},
+       [](const std::string& v, RdzvConfig* c) {
+         return ParseBool("is_host", v, &c->is_host);
+       }},
   };
   return kSetters;
 }
 
 std::string KnownKeys() {
   std::string out;
-  for (const auto& [key, setter] : Setters()) out += (out.empty() ? "" : ", ") + key;
+  for (const auto& [key, setter] : Setters())
+    out += (out.empty() ? "" : ", ") + key;
   for (const auto& [key, why] : IgnoredRdzvKeys()) out += ", " + key;
   return out;
 }
@@ -100,7 +116,8 @@ Status ApplyItem(const std::string& item, RdzvConfig* c) {
   // lands here too and is refused rather than skipped.
   auto eq = item.find('=');
   if (eq == std::string::npos || eq == 0) {
-    return Status::Invalid("--rdzv-conf: '" + item + "' is not key=value; give key=value,key=value");
+    return Status::Invalid("--rdzv-conf: '" + item +
+                           "' is not key=value; give key=value,key=value");
   }
   std::string key = item.substr(0, eq), value = item.substr(eq + 1);
   auto setter = Setters().find(key);
@@ -112,8 +129,8 @@ Status ApplyItem(const std::string& item, RdzvConfig* c) {
   }
   // torchrun silently ignores keys it never reads, so "join_timout=900" runs
   // with the default; dtrun refuses it, since the misspelling is the bug.
-  return Status::Invalid("--rdzv-conf: unknown key '" + key + "' (value '" + value +
-                         "'); dtrun knows " + KnownKeys());
+  return Status::Invalid("--rdzv-conf: unknown key '" + key + "' (value '" +
+                         value + "'); dtrun knows " + KnownKeys());
 }
 
 }  // namespace
@@ -122,8 +139,10 @@ const std::vector<std::pair<std::string, std::string>>& IgnoredRdzvKeys() {
   // Accepted so that torchrun command lines keep working; ElasticJob logs
   // each with its reason when the job starts.
   static const std::vector<std::pair<std::string, std::string>> kIgnored = {
-      {"close_timeout", "the end of a job is one record every node reads at once"},
-      {"heartbeat_timeout", "a node is dead after keep_alive_interval x keep_alive_max_attempt"},
+      {"close_timeout",
+       "the end of a job is one record every node reads at once"},
+      {"heartbeat_timeout",
+       "a node is dead after keep_alive_interval x keep_alive_max_attempt"},
       {"store_type", "the rendezvous store is always TCP"},
       {"use_libuv", "dtrun's store serves both of torch's client protocols"},
       {"timeout", "the static backend's store timeout: use read_timeout"},

@@ -18,7 +18,8 @@ namespace dtrun::agent {
 struct RdzvConfig {
   // Time a round may take to gather --nnodes' minimum (s; default 600).
   std::chrono::milliseconds join_timeout{600000};
-  // Once the minimum joined, how long more nodes may still join (s; default 30).
+  // Once the minimum joined, how long more nodes may still join (s; default
+  // 30).
   std::chrono::milliseconds last_call_timeout{30000};
   // How often each node beats in the rendezvous store (s; default 5).
   std::chrono::milliseconds keep_alive_interval{5000};
@@ -29,7 +30,8 @@ struct RdzvConfig {
   // c10d backend: host the rendezvous store here; default: whether the
   // endpoint names this host (then a taken port means: join as a client).
   std::optional<bool> is_host;
-  // Keys torchrun accepts that dtrun does not use, as "key=value" (warned about).
+  // Keys torchrun accepts that dtrun does not use, as "key=value" (warned
+  // about).
   std::vector<std::string> ignored;
 
   // How long a node may stay silent before the others declare it dead.

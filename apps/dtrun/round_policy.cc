@@ -51,8 +51,8 @@ RoundStep RoundPolicy::OnFailureReported(bool job_goes_on) {
   return job_goes_on ? Step(Kind::kRejoin) : Step(Kind::kExitWithSummary);
 }
 
-RoundStep RoundPolicy::OnCheck(const Result<rdzv::RoundEvent>& event, GroupOutcome outcome,
-                               TimePoint now) {
+RoundStep RoundPolicy::OnCheck(const Result<rdzv::RoundEvent>& event,
+                               GroupOutcome outcome, TimePoint now) {
   if (!event.ok()) {
     // The store's host may be gone, or only our link. Give it as long as a
     // node may stay silent (by then the others have declared this one
@@ -77,14 +77,17 @@ RoundStep RoundPolicy::OnCheck(const Result<rdzv::RoundEvent>& event, GroupOutco
       if (succeeded) return Step(Kind::kRejoin);
       if (stopping_) break;
       stopping_ = true;
-      return Step(Kind::kStopWorkers, "the round is over elsewhere; stopping local workers to rejoin");
+      return Step(
+          Kind::kStopWorkers,
+          "the round is over elsewhere; stopping local workers to rejoin");
     case rdzv::RoundEvent::kClosed:
       return Exit(kExitFailedElsewhere, true, "the job failed");
   }
   return Step(Kind::kWait);
 }
 
-int JoinFailedExitCode(const Status& status, rdzv::EndReason reason, int stop_signal) {
+int JoinFailedExitCode(const Status& status, rdzv::EndReason reason,
+                       int stop_signal) {
   switch (status.code()) {
     case Status::Code::kCanceled:
       return ExitBySignal(stop_signal);
@@ -92,7 +95,8 @@ int JoinFailedExitCode(const Status& status, rdzv::EndReason reason, int stop_si
       // The job was closed before this node could join: by failures past
       // --max-restarts (like any node of a failed job), or by a
       // configuration the nodes disagree on.
-      return reason == rdzv::EndReason::kWorkersFailed ? kExitFailedElsewhere : kExitUsage;
+      return reason == rdzv::EndReason::kWorkersFailed ? kExitFailedElsewhere
+                                                       : kExitUsage;
     default:
       return kExitRendezvous;
   }

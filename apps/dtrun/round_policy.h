@@ -20,11 +20,14 @@ struct RoundStep {
   enum class Kind {
     kWait,           // nothing to do now
     kMarkDone,       // the local workers succeeded: tell the rendezvous
-    kReportFailure,  // the local workers failed: tell the rendezvous, then OnFailureReported
-    kStopWorkers,    // the round ended elsewhere: stop the local workers (not a failure)
+    kReportFailure,  // the local workers failed: tell the rendezvous, then
+                     // OnFailureReported
+    kStopWorkers,    // the round ended elsewhere: stop the local workers (not a
+                     // failure)
     kRejoin,         // join the next round
     kExit,           // the job is over here: exit with `exit_code`
-    kExitWithSummary,  // the job failed here: print the failure summary, exit with its code
+    kExitWithSummary,  // the job failed here: print the failure summary, exit
+                       // with its code
   };
   Kind kind = Kind::kWait;
   int exit_code = 0;          // kExit
@@ -52,7 +55,8 @@ class RoundPolicy {
   void OnMarkedDone(bool ok) { done_marked_ = ok; }
   // A check of the round at `now`: its event, or Status when the store could
   // not be reached.
-  RoundStep OnCheck(const Result<rdzv::RoundEvent>& event, GroupOutcome outcome, TimePoint now);
+  RoundStep OnCheck(const Result<rdzv::RoundEvent>& event, GroupOutcome outcome,
+                    TimePoint now);
 
   bool done_marked() const { return done_marked_; }
 
@@ -65,6 +69,7 @@ class RoundPolicy {
 
 // The exit code when joining a round failed: a stop signal, the job closed
 // for a reason every node agrees on, or the store lost (rendezvous failure).
-int JoinFailedExitCode(const Status& status, rdzv::EndReason reason, int stop_signal);
+int JoinFailedExitCode(const Status& status, rdzv::EndReason reason,
+                       int stop_signal);
 
 }  // namespace dtrun::agent

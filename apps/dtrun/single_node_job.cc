@@ -14,9 +14,13 @@ namespace dtrun::agent {
 
 SingleNodeJob::SingleNodeJob(const LaunchConfig& config, WorkerGroup* workers,
                              const Clock* clock)
-    : config_(config), group_(config, workers, clock, &signals_, /*elastic=*/false) {
-  group_.before_start = [this](int restart_count) { BeforeAttempt(restart_count); };
-  if (config_.interactive) group_.on_worker_crash = [this](const WorkerCrash& c) { OnCrash(c); };
+    : config_(config),
+      group_(config, workers, clock, &signals_, /*elastic=*/false) {
+  group_.before_start = [this](int restart_count) {
+    BeforeAttempt(restart_count);
+  };
+  if (config_.interactive)
+    group_.on_worker_crash = [this](const WorkerCrash& c) { OnCrash(c); };
 }
 
 SingleNodeJob::~SingleNodeJob() {
@@ -51,14 +55,16 @@ int SingleNodeJob::Run() {
     return kExitUsage;
   }
   const AttemptEnv& a = group_.attempt();
-  log->info("store at {}:{}; run id {}; {} worker(s) of {}; logs in {}", a.master_addr,
-            a.master_port, a.run_id, config_.nproc_per_node, config_.entrypoint[0],
-            group_.run_dir());
-  if (on_store_ready) on_store_ready(a.master_addr, a.master_port, group_.run_dir());
+  log->info("store at {}:{}; run id {}; {} worker(s) of {}; logs in {}",
+            a.master_addr, a.master_port, a.run_id, config_.nproc_per_node,
+            config_.entrypoint[0], group_.run_dir());
+  if (on_store_ready)
+    on_store_ready(a.master_addr, a.master_port, group_.run_dir());
   group_.Start();
   while (group_.outcome() == GroupOutcome::kRunning) group_.PollOnce(-1);
   int rc = kExitSuccess;
-  if (group_.outcome() == GroupOutcome::kSignaled) rc = ExitBySignal(group_.stop_signal());
+  if (group_.outcome() == GroupOutcome::kSignaled)
+    rc = ExitBySignal(group_.stop_signal());
   if (group_.outcome() == GroupOutcome::kFailed) rc = group_.ReportFailure();
   group_.Finish(rc == kExitSuccess);
   return rc;
@@ -89,8 +95,11 @@ void SingleNodeJob::PublishLastCrash() {
     if (!client.ok()) return;
     console_link_ = std::move(*client);
   }
-  Status s = PublishCrash(console_link_.get(), "dtrun/", *last_crash_, crashes_);
-  if (!s.ok()) Logger("dtrun.agent")->warn("cannot publish the crash for the console: {}", s.message());
+  Status s =
+      PublishCrash(console_link_.get(), "dtrun/", *last_crash_, crashes_);
+  if (!s.ok())
+    Logger("dtrun.agent")
+        ->warn("cannot publish the crash for the console: {}", s.message());
 }
 
 }  // namespace dtrun::agent

@@ -17,7 +17,8 @@ namespace dtrun::agent {
 // event loop runs on a thread of its own; everything else on the caller's.
 class SingleNodeJob : public Job {
  public:
-  SingleNodeJob(const LaunchConfig& config, WorkerGroup* workers, const Clock* clock);
+  SingleNodeJob(const LaunchConfig& config, WorkerGroup* workers,
+                const Clock* clock);
   ~SingleNodeJob() override;
   int Run() override;
 
@@ -28,10 +29,12 @@ class SingleNodeJob : public Job {
   void PublishLastCrash();
 
   LaunchConfig config_;
-  SignalFd signals_;  // first: blocks the signals before the store's thread starts
+  SignalFd
+      signals_;  // first: blocks the signals before the store's thread starts
   LocalGroup group_;
   std::unique_ptr<rdzv::StoreServer> store_;
-  std::unique_ptr<rdzv::TcpStoreClient> console_link_;  // interactive: publishes crashes
+  std::unique_ptr<rdzv::TcpStoreClient>
+      console_link_;  // interactive: publishes crashes
   std::optional<WorkerCrash> last_crash_;
   int64_t crashes_ = 0;
 };

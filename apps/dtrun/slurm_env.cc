@@ -11,7 +11,8 @@ namespace {
 int IntOf(const EnvMap& env, const char* key) {
   auto it = env.find(key);
   if (it == env.end()) return 0;
-  // SLURM_CPUS_ON_NODE may read "2(x3)" in some versions: take the leading number.
+  // SLURM_CPUS_ON_NODE may read "2(x3)" in some versions: take the leading
+  // number.
   return std::atoi(it->second.c_str());
 }
 
@@ -37,15 +38,18 @@ std::vector<std::string> TopLevelItems(const std::string& list, bool* ok) {
   return out;
 }
 
-bool ExpandRange(const std::string& prefix, const std::string& ranges, const std::string& suffix,
-                 std::vector<std::string>* hosts) {
+bool ExpandRange(const std::string& prefix, const std::string& ranges,
+                 const std::string& suffix, std::vector<std::string>* hosts) {
   size_t start = 0;
   while (start <= ranges.size()) {
     size_t comma = ranges.find(',', start);
-    std::string part = ranges.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    std::string part = ranges.substr(
+        start, comma == std::string::npos ? std::string::npos : comma - start);
     size_t dash = part.find('-');
-    std::string lo = part.substr(0, dash), hi = dash == std::string::npos ? lo : part.substr(dash + 1);
-    if (lo.empty() || hi.empty() || lo.find_first_not_of("0123456789") != std::string::npos ||
+    std::string lo = part.substr(0, dash),
+                hi = dash == std::string::npos ? lo : part.substr(dash + 1);
+    if (lo.empty() || hi.empty() ||
+        lo.find_first_not_of("0123456789") != std::string::npos ||
         hi.find_first_not_of("0123456789") != std::string::npos) {
       return false;
     }
@@ -57,7 +61,8 @@ bool ExpandRange(const std::string& prefix, const std::string& ranges, const std
       // Slurm keeps the low bound's width: n[07-10] names n07..n10, and
       // those are the names the nodes resolve by.
       std::string num = std::to_string(i);
-      if (num.size() < lo.size()) num = std::string(lo.size() - num.size(), '0') + num;
+      if (num.size() < lo.size())
+        num = std::string(lo.size() - num.size(), '0') + num;
       hosts->push_back(prefix + num + suffix);
     }
     if (comma == std::string::npos) break;
@@ -80,7 +85,8 @@ bool ExpandNodelist(const std::string& list, std::vector<std::string>* hosts) {
     }
     size_t close = item.find(']', open);
     if (close == std::string::npos) return false;
-    if (!ExpandRange(item.substr(0, open), item.substr(open + 1, close - open - 1),
+    if (!ExpandRange(item.substr(0, open),
+                     item.substr(open + 1, close - open - 1),
                      item.substr(close + 1), hosts)) {
       return false;
     }
@@ -92,12 +98,14 @@ int SlurmJob::master_port() const {
   // Every node computes the same port without talking to the others, and two
   // jobs sharing a node get different ones (torchrun's fixed 29500 collides:
   // pytorch#73320). 20000-39999 stays clear of privileged ports.
-  return 20000 + static_cast<int>(std::strtoul(job_id.c_str(), nullptr, 10) % 20000);
+  return 20000 +
+         static_cast<int>(std::strtoul(job_id.c_str(), nullptr, 10) % 20000);
 }
 
 std::optional<SlurmJob> ReadSlurmJob(const EnvMap& env, std::string* error) {
   auto id = env.find("SLURM_JOB_ID");
-  if (id == env.end() || id->second.empty() || env.count("DTRUN_IGNORE_SLURM")) {
+  if (id == env.end() || id->second.empty() ||
+      env.count("DTRUN_IGNORE_SLURM")) {
     return std::nullopt;
   }
   // SLURM_NNODES is the step's node count (srun); SLURM_JOB_NUM_NODES the
@@ -117,9 +125,10 @@ std::optional<SlurmJob> ReadSlurmJob(const EnvMap& env, std::string* error) {
   auto list = env.find("SLURM_JOB_NODELIST");
   if (list == env.end()) list = env.find("SLURM_NODELIST");
   if (list != env.end() && !ExpandNodelist(list->second, &job.hosts)) {
-    *error = "SLURM_JOB_NODELIST '" + list->second +
-             "' is not a node list dtrun understands; pass --master-addr (or set "
-             "DTRUN_IGNORE_SLURM=1)";
+    *error =
+        "SLURM_JOB_NODELIST '" + list->second +
+        "' is not a node list dtrun understands; pass --master-addr (or set "
+        "DTRUN_IGNORE_SLURM=1)";
     return std::nullopt;
   }
   return job;

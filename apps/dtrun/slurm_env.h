@@ -11,12 +11,12 @@ namespace dtrun::agent {
 // What SLURM's environment says about this job step, for the flags the
 // user did not give. Pure: built from an environment map.
 struct SlurmJob {
-  std::string job_id;                 // SLURM_JOB_ID -> --rdzv-id
-  int nnodes = 0;                     // SLURM_NNODES / SLURM_JOB_NUM_NODES -> --nnodes
-  int node_id = -1;                   // SLURM_NODEID -> --node-rank
-  std::vector<std::string> hosts;     // SLURM_JOB_NODELIST, expanded
-  int gpus_on_node = 0;               // SLURM_GPUS_ON_NODE
-  int cpus_on_node = 0;               // SLURM_CPUS_ON_NODE
+  std::string job_id;  // SLURM_JOB_ID -> --rdzv-id
+  int nnodes = 0;      // SLURM_NNODES / SLURM_JOB_NUM_NODES -> --nnodes
+  int node_id = -1;    // SLURM_NODEID -> --node-rank
+  std::vector<std::string> hosts;  // SLURM_JOB_NODELIST, expanded
+  int gpus_on_node = 0;            // SLURM_GPUS_ON_NODE
+  int cpus_on_node = 0;            // SLURM_CPUS_ON_NODE
   // The store host: the first host of the node list (SLURM_NODEID 0's).
   std::string master_addr() const { return hosts.empty() ? "" : hosts.front(); }
   // A port derived from the job id, so jobs sharing nodes do not collide:

@@ -23,13 +23,15 @@ TimerPipe::~TimerPipe() {
 
 void TimerPipe::Open(const std::string& run_dir) {
   if (!config_.file_timer || fd_ >= 0) return;
-  path_ = config_.timer_file.empty() ? run_dir + "/watchdog_timer" : config_.timer_file;
+  path_ = config_.timer_file.empty() ? run_dir + "/watchdog_timer"
+                                     : config_.timer_file;
   ::unlink(path_.c_str());  // as torch's server does
   if (mkfifo(path_.c_str(), 0666) != 0) {
     Logger("dtrun.agent")
-        ->error("TORCHELASTIC_ENABLE_FILE_TIMER: cannot create the pipe '{}': {}; "
-                "set TORCHELASTIC_TIMER_FILE to a writable path",
-                path_, std::strerror(errno));
+        ->error(
+            "TORCHELASTIC_ENABLE_FILE_TIMER: cannot create the pipe '{}': {}; "
+            "set TORCHELASTIC_TIMER_FILE to a writable path",
+            path_, std::strerror(errno));
     return;
   }
   // Read-write, so the pipe never reads as closed between clients (a
@@ -50,15 +52,16 @@ void TimerPipe::OnReadable() {
   while ((n = read(fd_, buf, sizeof(buf))) > 0) {
     // Requests are JSON lines; several clients' lines arrive whole because
     // each is one write below PIPE_BUF.
-    lines_.Feed(std::string_view(buf, static_cast<size_t>(n)), [this](std::string_view line) {
-      std::string error;
-      auto request = ParseTimerRequest(std::string(line), &error);
-      if (request) {
-        timers_.Register(*request);
-      } else {
-        Logger("dtrun.agent")->warn("file timer: {}", error);
-      }
-    });
+    lines_.Feed(std::string_view(buf, static_cast<size_t>(n)),
+                [this](std::string_view line) {
+                  std::string error;
+                  auto request = ParseTimerRequest(std::string(line), &error);
+                  if (request) {
+                    timers_.Register(*request);
+                  } else {
+                    Logger("dtrun.agent")->warn("file timer: {}", error);
+                  }
+                });
   }
 }
 
@@ -74,32 +77,42 @@ void TimerPipe::Check(const std::map<int, int>& pids, bool python) {
   auto log = Logger("dtrun.agent");
   for (const ExpiredTimer& e : timers_.Reap(os::UnixNow())) {
     if (e.signal <= 0) {
-      log->info("file timer of pid {} expired with no signal: not reaping it (as torch)", e.pid);
+      log->info(
+          "file timer of pid {} expired with no signal: not reaping it (as "
+          "torch)",
+          e.pid);
       continue;
     }
-    bool ours = std::any_of(pids.begin(), pids.end(), [&](auto& p) { return p.second == e.pid; });
+    bool ours = std::any_of(pids.begin(), pids.end(),
+                            [&](auto& p) { return p.second == e.pid; });
     expired_[e.pid] = e.scope_id;
     // A Python worker of ours dumps its stack on SIGABRT (PYTHONFAULTHANDLER)
     // and dies of it; anything else gets the signal its client asked for.
     int signo = ours && python ? SIGABRT : e.signal;
     kill(e.pid, signo);
-    log->error("file timer '{}' of pid {} expired at {:.3f}, killed at {:.3f} with {}{}",
-               e.scope_id, e.pid, e.expiration_time, os::UnixNow(), SignalName(signo),
-               signo != e.signal
-                   ? " (for its stack; the client asked for " + SignalName(e.signal) + ")"
-                   : "");
+    log->error(
+        "file timer '{}' of pid {} expired at {:.3f}, killed at {:.3f} with "
+        "{}{}",
+        e.scope_id, e.pid, e.expiration_time, os::UnixNow(), SignalName(signo),
+        signo != e.signal ? " (for its stack; the client asked for " +
+                                SignalName(e.signal) + ")"
+                          : "");
   }
 }
 
-void TimerPipe::Describe(const std::string& attempt_dir, WorkerFailure* f) const {
+void TimerPipe::Describe(const std::string& attempt_dir,
+                         WorkerFailure* f) const {
   auto it = expired_.find(f->pid);
   if (it == expired_.end()) return;
   std::string dir = attempt_dir + "/" + std::to_string(f->local_rank);
-  std::string stack = ExtractFaulthandlerDump(os::ReadFileOrEmpty(dir + "/stderr.log"));
-  std::string head = "torch file timer '" + it->second + "' expired: the worker was killed";
+  std::string stack =
+      ExtractFaulthandlerDump(os::ReadFileOrEmpty(dir + "/stderr.log"));
+  std::string head =
+      "torch file timer '" + it->second + "' expired: the worker was killed";
   if (!stack.empty()) {
     (void)os::WriteFile(dir + "/stack.txt", stack);
-    for (const std::string& frame : FirstFrames(stack, 4)) head += "\n  " + frame;
+    for (const std::string& frame : FirstFrames(stack, 4))
+      head += "\n  " + frame;
     head += "\nwhole stack: " + dir + "/stack.txt";
   }
   f->message = head;

@@ -37,16 +37,22 @@ std::string Get(const EnvMap& env, const char* key) {
 }  // namespace
 
 std::string ErrorFilePath(const AttemptEnv& attempt, int local_rank) {
-  return attempt.error_file_dir + "/" + std::to_string(local_rank) + "/error.json";
+  return attempt.error_file_dir + "/" + std::to_string(local_rank) +
+         "/error.json";
 }
 
-EnvMap WorkerEnv(const EnvMap& base, const AttemptEnv& a, const WorkerPlace& p) {
+EnvMap WorkerEnv(const EnvMap& base, const AttemptEnv& a,
+                 const WorkerPlace& p) {
   // Workers inherit the agent's whole environment, as under torchrun; the
   // variables below then override it, so a RANK or WORLD_SIZE left over from
   // an outer launcher cannot leak into the job.
   EnvMap env = base;
-  auto set = [&env](const char* key, const std::string& value) { env[key] = value; };
-  auto num = [&set](const char* key, int value) { set(key, std::to_string(value)); };
+  auto set = [&env](const char* key, const std::string& value) {
+    env[key] = value;
+  };
+  auto num = [&set](const char* key, int value) {
+    set(key, std::to_string(value));
+  };
   num("LOCAL_RANK", p.local_rank);
   num("RANK", p.rank);
   num("GROUP_RANK", p.group_rank);
@@ -68,11 +74,13 @@ EnvMap WorkerEnv(const EnvMap& base, const AttemptEnv& a, const WorkerPlace& p) 
   set("TORCHELASTIC_ERROR_FILE", ErrorFilePath(a, p.local_rank));
   // torchrun's guard against oversubscription: N workers each starting one
   // OpenMP thread per core would thrash. A value the user set is kept.
-  if (p.local_world_size > 1 && !base.count("OMP_NUM_THREADS")) set("OMP_NUM_THREADS", "1");
+  if (p.local_world_size > 1 && !base.count("OMP_NUM_THREADS"))
+    set("OMP_NUM_THREADS", "1");
   // Async error handling makes a NCCL collective with a dead peer abort the
   // worker instead of blocking forever, which is what lets a restart happen.
   // 1.13 reads the first name, 2.x the second; both are set, as torchrun does.
-  for (const char* key : {"NCCL_ASYNC_ERROR_HANDLING", "TORCH_NCCL_ASYNC_ERROR_HANDLING"}) {
+  for (const char* key :
+       {"NCCL_ASYNC_ERROR_HANDLING", "TORCH_NCCL_ASYNC_ERROR_HANDLING"}) {
     if (!base.count(key)) set(key, "1");
   }
   return env;
@@ -114,8 +122,9 @@ Status InstallTorchShim(const std::string& dir, EnvMap* env) {
   // Errors suggest DTRUN_TORCH_SHIM=0: the shim only matters to torch builds
   // without libuv, and the user may not need it at all.
   if (Status s = os::MakeDirs(dir); !s.ok()) {
-    return Status::Io("cannot create the torch shim's folder '" + dir + "' (" + s.message() +
-                      "); set " + std::string(kTorchShimSwitch) + "=0 to run without it");
+    return Status::Io("cannot create the torch shim's folder '" + dir + "' (" +
+                      s.message() + "); set " + std::string(kTorchShimSwitch) +
+                      "=0 to run without it");
   }
   for (const auto& file : kTorchShimFiles) {
     // The embedded files carry their source paths; only the base name
@@ -126,8 +135,8 @@ Status InstallTorchShim(const std::string& dir, EnvMap* env) {
     std::ofstream out(path, std::ios::binary | std::ios::trunc);
     out << file.text;
     if (!out.flush()) {
-      return Status::Io("cannot write the torch shim '" + path + "'; set " + kTorchShimSwitch +
-                        "=0 to run without it");
+      return Status::Io("cannot write the torch shim '" + path + "'; set " +
+                        kTorchShimSwitch + "=0 to run without it");
     }
   }
   *env = WithTorchShim(*env, dir);

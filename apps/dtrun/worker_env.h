@@ -11,8 +11,8 @@ namespace dtrun::agent {
 // Where one worker sits in the job; the agent fills it for each rank.
 struct WorkerPlace {
   int local_rank = 0;
-  int rank = 0;             // global rank
-  int group_rank = 0;       // this node's rank
+  int rank = 0;        // global rank
+  int group_rank = 0;  // this node's rank
   int role_rank = 0;
   int local_world_size = 1;
   int world_size = 1;
@@ -30,7 +30,8 @@ struct AttemptEnv {
   int restart_count = 0;
   int max_restarts = 0;
   std::string run_id = "none";
-  std::string error_file_dir;  // <attempt dir>; error file = dir/<local_rank>/error.json
+  std::string error_file_dir;  // <attempt dir>; error file =
+                               // dir/<local_rank>/error.json
 };
 
 using EnvMap = std::map<std::string, std::string>;
@@ -40,7 +41,8 @@ using EnvMap = std::map<std::string, std::string>;
 //  - OMP_NUM_THREADS=1 when local_world_size > 1 and base has none.
 //  - NCCL_ASYNC_ERROR_HANDLING and TORCH_NCCL_ASYNC_ERROR_HANDLING keep the
 //    base value, else "1".
-EnvMap WorkerEnv(const EnvMap& base, const AttemptEnv& attempt, const WorkerPlace& place);
+EnvMap WorkerEnv(const EnvMap& base, const AttemptEnv& attempt,
+                 const WorkerPlace& place);
 
 // The error file of a worker of an attempt: <attempt dir>/<local_rank>/
 // error.json, where torch's @record writes and error_report.cc reads. Pure.
@@ -53,8 +55,10 @@ std::vector<std::string> ToEnvStrings(const EnvMap& env);
 // The torch compatibility shim: a sitecustomize (apps/dtrun/python/
 // dtrun_torch_shim, embedded in the binary) that lets a torch built without
 // libuv (Debian's 2.6) join the agent's store; README "Torch 2.x workers".
-inline constexpr char kTorchShimSwitch[] = "DTRUN_TORCH_SHIM";  // "0" turns it off
-inline constexpr char kTorchShimDir[] = "DTRUN_TORCH_SHIM_DIR";  // the folder in use
+inline constexpr char kTorchShimSwitch[] =
+    "DTRUN_TORCH_SHIM";  // "0" turns it off
+inline constexpr char kTorchShimDir[] =
+    "DTRUN_TORCH_SHIM_DIR";  // the folder in use
 
 // Whether `env` should get the shim: not turned off, and no shim already on
 // its PYTHONPATH (an interactive console's, or an outer dtrun's). Pure.

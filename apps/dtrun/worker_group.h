@@ -28,7 +28,8 @@ struct WorkerSpec {
   OutputRoute out, err;           // the worker's stdout and stderr
 };
 
-// A helper program run to completion with its output in a file (a stack dumper).
+// A helper program run to completion with its output in a file (a stack
+// dumper).
 struct ToolRun {
   std::vector<std::string> argv;  // argv[0] is the program path
   std::string output_file;        // stdout and stderr
@@ -58,7 +59,8 @@ class WorkerGroup {
 
   // Runs `tools` side by side and waits for them for at most `limit`,
   // killing those still running. Blocks.
-  virtual void RunTools(const std::vector<ToolRun>& tools, std::chrono::milliseconds limit) = 0;
+  virtual void RunTools(const std::vector<ToolRun>& tools,
+                        std::chrono::milliseconds limit) = 0;
 };
 
 }  // namespace dtrun::agent

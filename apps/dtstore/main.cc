@@ -42,16 +42,20 @@ int ParseFlags(int argc, char** argv, dtrun::rdzv::StoreServerOptions* out) {
   // bytes once made torch's store allocate gigabytes (pytorch#106294). 64 MiB
   // is well above torch's own 8 MiB libuv limit.
   uint64_t max_value_mb = 64;
-  app.add_option("--host", opts.host, "address to bind ('::' = all, dual-stack)")
+  app.add_option("--host", opts.host,
+                 "address to bind ('::' = all, dual-stack)")
       ->capture_default_str();
   app.add_option("--port", opts.port, "port to listen on; 0 picks a free one")
       ->capture_default_str();
-  app.add_option("--log-level", log_level,
-                 "trace|debug|info|warn|error|off (default: $DTRUN_LOG_LEVEL or info)");
-  app.add_option("--max-value-mb", max_value_mb, "largest value accepted, in MiB")
+  app.add_option(
+      "--log-level", log_level,
+      "trace|debug|info|warn|error|off (default: $DTRUN_LOG_LEVEL or info)");
+  app.add_option("--max-value-mb", max_value_mb,
+                 "largest value accepted, in MiB")
       ->capture_default_str()
       ->check(CLI::Range(1, 4096));
-  app.set_version_flag("--version", "dtstore " DTRUN_VERSION " (git " DTRUN_GIT_COMMIT ")",
+  app.set_version_flag("--version",
+                       "dtstore " DTRUN_VERSION " (git " DTRUN_GIT_COMMIT ")",
                        "print dtstore's version and git commit");
   try {
     app.parse(argc, argv);
@@ -59,8 +63,10 @@ int ParseFlags(int argc, char** argv, dtrun::rdzv::StoreServerOptions* out) {
     return app.exit(e) == 0 ? 0 : 2;
   }
   if (!dtrun::SetLogLevel(log_level)) {
-    std::fprintf(stderr, "dtstore: unknown --log-level '%s'; use one of "
-                 "trace, debug, info, warn, error, off\n", log_level.c_str());
+    std::fprintf(stderr,
+                 "dtstore: unknown --log-level '%s'; use one of "
+                 "trace, debug, info, warn, error, off\n",
+                 log_level.c_str());
     return 2;
   }
   opts.limits.max_value_bytes = max_value_mb << 20;
@@ -101,7 +107,8 @@ int main(int argc, char** argv) {
   // colon like any endpoint.
   std::string host = (*server)->host();
   if (host.find(':') != std::string::npos) host = "[" + host + "]";
-  std::printf("listening on %s:%u\n", host.c_str(), unsigned((*server)->port()));
+  std::printf("listening on %s:%u\n", host.c_str(),
+              unsigned((*server)->port()));
   std::fflush(stdout);
   (*server)->RunInBackground();
   // Stop joins the loop thread and closes every connection, so a supervisor's

@@ -32,7 +32,8 @@ int main() {
   auto dist = dtrun::train::Distributed::FromEnv();
   const int rank = dist->rank(), world = dist->world_size();
 
-  torch::manual_seed(rank);  // different starts: DDP broadcasts rank 0's weights
+  torch::manual_seed(
+      rank);  // different starts: DDP broadcasts rank 0's weights
   auto model = std::make_shared<torch::nn::LinearImpl>(kFeatures, 1);
   dtrun::train::DistributedDataParallel ddp(model, &dist->pg());
   torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.05));
@@ -49,12 +50,15 @@ int main() {
     (step == 0 ? first : last) = loss.item<double>();
   }
   double weights_sum = 0;
-  for (const auto& p : model->parameters()) weights_sum += p.sum().item<double>();
-  std::printf("consumer: rank %d of %d steps=%d loss=%.6g weights_sum=%.9g\n", rank, world,
-              kSteps, last, weights_sum);
+  for (const auto& p : model->parameters())
+    weights_sum += p.sum().item<double>();
+  std::printf("consumer: rank %d of %d steps=%d loss=%.6g weights_sum=%.9g\n",
+              rank, world, kSteps, last, weights_sum);
   if (!(last * 100 < first)) {
-    std::fprintf(stderr, "consumer: rank %d: loss went from %g to %g, not 100-fold down\n", rank,
-                 first, last);
+    std::fprintf(
+        stderr,
+        "consumer: rank %d: loss went from %g to %g, not 100-fold down\n", rank,
+        first, last);
     return 1;
   }
   return 0;

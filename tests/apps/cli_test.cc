@@ -25,7 +25,8 @@ TEST(CliTest, AcceptsDashAndUnderscoreSpellings) {
 }
 
 TEST(CliTest, EverythingAfterTheProgramIsItsOwn) {
-  auto a = Parse({"--nproc-per-node=2", "true", "--nproc-per-node=9", "--lr", "0.1"});
+  auto a = Parse(
+      {"--nproc-per-node=2", "true", "--nproc-per-node=9", "--lr", "0.1"});
   ASSERT_EQ(a.exit_code, -1);
   EXPECT_EQ(a.config.nproc_per_node, 2);
   EXPECT_EQ(a.config.worker_argv.size(), 4u);
@@ -49,7 +50,9 @@ TEST(CliTest, BadValuesExitTwo) {
   EXPECT_EQ(Parse({"--max-restarts=-1", "true"}).exit_code, 2);
   EXPECT_EQ(Parse({"--master-port=70000", "true"}).exit_code, 2);
   EXPECT_EQ(Parse({"--bogus-flag", "true"}).exit_code, 2);
-  EXPECT_EQ(Parse({"--nproc-per-node=2", "--local-ranks-filter=5", "true"}).exit_code, 2);
+  EXPECT_EQ(
+      Parse({"--nproc-per-node=2", "--local-ranks-filter=5", "true"}).exit_code,
+      2);
   EXPECT_EQ(Parse({"--no-python", "-m", "true"}).exit_code, 2);
   EXPECT_EQ(Parse({"no-such-program-anywhere"}).exit_code, 2);
   EXPECT_EQ(Parse({}).exit_code, 2);
@@ -67,8 +70,9 @@ TEST(CliTest, PetEnvironmentFillsUnsetFlags) {
 }
 
 TEST(CliTest, StreamSpecsAndRendezvousSettingsParse) {
-  auto a = Parse({"-r", "3", "-t", "0:1,1:2", "--rdzv-conf", "join_timeout=5,is_host=1",
-                  "--nnodes", "1:4", "--local-ranks-filter", "0", "true"});
+  auto a = Parse({"-r", "3", "-t", "0:1,1:2", "--rdzv-conf",
+                  "join_timeout=5,is_host=1", "--nnodes", "1:4",
+                  "--local-ranks-filter", "0", "true"});
   ASSERT_EQ(a.exit_code, -1);
   EXPECT_EQ(a.config.redirects.For(7), 3);
   EXPECT_EQ(a.config.tee.For(1), 2);
@@ -86,7 +90,9 @@ TEST(CliTest, BadRendezvousSettingsExitTwoNamingTheKey) {
   std::string err = ::testing::internal::GetCapturedStderr();
   EXPECT_EQ(bad.exit_code, 2);
   EXPECT_EQ(typo.exit_code, 2);
-  EXPECT_NE(err.find("join_timeout='abc' is not a number of seconds"), std::string::npos) << err;
+  EXPECT_NE(err.find("join_timeout='abc' is not a number of seconds"),
+            std::string::npos)
+      << err;
   EXPECT_NE(err.find("unknown key 'join_timout'"), std::string::npos) << err;
 }
 
@@ -98,7 +104,8 @@ TEST(CliTest, AnInteractiveSessionUnderSrunHasItsConsoleOnNodeZeroOnly) {
   auto node1 = Parse({"--interactive", "--nproc-per-node=2"});
   setenv("SLURM_NODEID", "0", 1);
   auto node0 = Parse({"--interactive", "--nproc-per-node=2"});
-  for (const char* v : {"SLURM_JOB_ID", "SLURM_NNODES", "SLURM_JOB_NODELIST", "SLURM_NODEID"}) {
+  for (const char* v :
+       {"SLURM_JOB_ID", "SLURM_NNODES", "SLURM_JOB_NODELIST", "SLURM_NODEID"}) {
     unsetenv(v);
   }
   ASSERT_EQ(node1.exit_code, -1);

@@ -12,7 +12,10 @@ namespace {
 
 std::vector<FlagSpec> Flags() {
   return {{{"-m", "--module"}, false, "run as a module", {}},
-          {{"--log-level", "--log_level"}, true, "level [default: info]", {"info", "off"}},
+          {{"--log-level", "--log_level"},
+           true,
+           "level [default: info]",
+           {"info", "off"}},
           {{"--log-dir", "--log_dir"}, true, "folder: it's yours", {}}};
 }
 
@@ -25,23 +28,29 @@ int ParseExitCode(std::vector<std::string> args) {
 
 TEST(CompletionTest, BashOffersDashedAndShortSpellingsOnly) {
   std::string script = BashCompletion(Flags());
-  EXPECT_NE(script.find("compgen -W \"-m --module --log-level --log-dir\""), std::string::npos);
-  EXPECT_NE(script.find("complete -o filenames -o bashdefault -F _dtrun dtrun"), std::string::npos);
+  EXPECT_NE(script.find("compgen -W \"-m --module --log-level --log-dir\""),
+            std::string::npos);
+  EXPECT_NE(script.find("complete -o filenames -o bashdefault -F _dtrun dtrun"),
+            std::string::npos);
 }
 
 TEST(CompletionTest, BashKnowsWhichFlagsTakeValuesInEverySpelling) {
   std::string script = BashCompletion(Flags());
-  EXPECT_NE(script.find("--log-level|--log_level|--log-dir|--log_dir)"), std::string::npos);
-  EXPECT_NE(script.find("--log-level|--log_level)\n      COMPREPLY=($(compgen -W \"info off\""),
+  EXPECT_NE(script.find("--log-level|--log_level|--log-dir|--log_dir)"),
+            std::string::npos);
+  EXPECT_NE(script.find("--log-level|--log_level)\n      COMPREPLY=($(compgen "
+                        "-W \"info off\""),
             std::string::npos);
 }
 
 TEST(CompletionTest, ZshEscapesHelpAndListsChoices) {
   std::string script = ZshCompletion(Flags());
   EXPECT_EQ(script.rfind("#compdef dtrun\n", 0), 0u);
-  EXPECT_NE(script.find("'--log-level=[level \\[default\\: info\\]]:value:(info off)'"),
+  EXPECT_NE(script.find(
+                "'--log-level=[level \\[default\\: info\\]]:value:(info off)'"),
             std::string::npos);
-  EXPECT_NE(script.find("'--log-dir=[folder\\: it'\\''s yours]:value:_files'"), std::string::npos);
+  EXPECT_NE(script.find("'--log-dir=[folder\\: it'\\''s yours]:value:_files'"),
+            std::string::npos);
   EXPECT_NE(script.find("'-m[run as a module]'"), std::string::npos);
 }
 
@@ -55,8 +64,10 @@ TEST(CompletionTest, CommandLinePrintsCompletionOrRejectsTheShell) {
   EXPECT_EQ(ParseExitCode({"--print-completion", "bash"}), 0);
   std::string out = testing::internal::GetCapturedStdout();
   EXPECT_NE(out.find("--nproc-per-node"), std::string::npos);
-  EXPECT_NE(out.find("--print-completion)\n      COMPREPLY=($(compgen -W \"bash zsh\""),
-            std::string::npos);
+  EXPECT_NE(
+      out.find(
+          "--print-completion)\n      COMPREPLY=($(compgen -W \"bash zsh\""),
+      std::string::npos);
   EXPECT_EQ(ParseExitCode({"--print-completion", "fish"}), 2);
 }
 

@@ -66,7 +66,8 @@ TEST(ErrorReportTest, RootCauseIsEarliestAndSetsExitCode) {
   EXPECT_EQ(RootCause(failures), 1u);
   EXPECT_EQ(ExitCodeFor(failures[1]), 128 + SIGSEGV);
   EXPECT_EQ(ExitCodeFor(failures[0]), 1);
-  std::string summary = FormatFailureSummary("train", "node0", failures, 3, "/logs/x");
+  std::string summary =
+      FormatFailureSummary("train", "node0", failures, 3, "/logs/x");
   EXPECT_NE(summary.find("train FAILED"), std::string::npos);
   EXPECT_NE(summary.find("rank      : 3 (local_rank: 0)"), std::string::npos);
   EXPECT_NE(summary.find("SIGSEGV"), std::string::npos);

@@ -24,7 +24,8 @@ TEST(FileTimerTest, ParsesTorchsRequestLine) {
   EXPECT_FALSE(ParseTimerRequest("garbage", &error).has_value());
 }
 
-TEST(FileTimerTest, ExpiresPerPidWithTheEarliestSignalledScopeAndClearsThatPid) {
+TEST(FileTimerTest,
+     ExpiresPerPidWithTheEarliestSignalledScopeAndClearsThatPid) {
   FileTimers timers;
   timers.Register(Req(1, "a", 10, 0));
   timers.Register(Req(1, "b", 11, 9));

@@ -12,7 +12,9 @@ using std::chrono::seconds;
 
 class HangMonitorTest : public ::testing::Test {
  protected:
-  HangMonitorTest() : monitor_(HangOptions{seconds(2), seconds(10)}) { monitor_.Reset(2, t0_); }
+  HangMonitorTest() : monitor_(HangOptions{seconds(2), seconds(10)}) {
+    monitor_.Reset(2, t0_);
+  }
   HangMonitor monitor_;
   TimePoint t0_{};
 };
@@ -69,7 +71,8 @@ TEST_F(HangMonitorTest, OffWithoutATimeout) {
 }
 
 TEST(HangRootCauseTest, LowestStepThenLongestSilenceThenNeverBeaten) {
-  std::vector<RankSilence> ranks = {{0, true, 2.0, 3, true}, {1, true, 2.5, 2, true}};
+  std::vector<RankSilence> ranks = {{0, true, 2.0, 3, true},
+                                    {1, true, 2.5, 2, true}};
   EXPECT_EQ(HangRootCause(ranks), 1u);
   ranks[1].step = 3;
   EXPECT_EQ(HangRootCause(ranks), 1u);  // same step: silent longer
@@ -80,7 +83,8 @@ TEST(HangRootCauseTest, LowestStepThenLongestSilenceThenNeverBeaten) {
 }
 
 TEST(HangRootCauseTest, RanksAtALaterStepAreWaitingNotHung) {
-  std::vector<RankSilence> ranks = {{0, true, 3.0, 3, true}, {1, true, 3.1, 2, true},
+  std::vector<RankSilence> ranks = {{0, true, 3.0, 3, true},
+                                    {1, true, 3.1, 2, true},
                                     {2, true, 3.0, 2, true}};
   EXPECT_EQ(MarkWaiting(&ranks), 1u);
   EXPECT_FALSE(ranks[0].hung);
@@ -133,7 +137,8 @@ TEST(HangReportTest, ReportPutsTheRootCauseFirstAndNamesStackFiles) {
   ASSERT_NE(root, std::string::npos);
   EXPECT_LT(root, text.find("rank 1 "));
   EXPECT_LT(text.find("rank 1 "), text.find("rank 0 "));
-  EXPECT_NE(text.find("hung: no heartbeat for 2.40 s, last step 2"), std::string::npos);
+  EXPECT_NE(text.find("hung: no heartbeat for 2.40 s, last step 2"),
+            std::string::npos);
   EXPECT_NE(text.find("in wedged"), std::string::npos);
   EXPECT_NE(text.find("whole stack: /logs/1/stack.txt"), std::string::npos);
   EXPECT_NE(text.find("no stack: no stack tool"), std::string::npos);

@@ -19,7 +19,8 @@ using testing::FakeWorkerGroup;
 
 std::string EnvOf(const WorkerSpec& spec, const std::string& key) {
   for (const std::string& kv : spec.env) {
-    if (kv.compare(0, key.size() + 1, key + "=") == 0) return kv.substr(key.size() + 1);
+    if (kv.compare(0, key.size() + 1, key + "=") == 0)
+      return kv.substr(key.size() + 1);
   }
   return "<unset>";
 }
@@ -39,7 +40,8 @@ class LocalGroupTest : public ::testing::Test {
   void TearDown() override { os::RemoveTree(dir_); }
 
   LocalGroup& Make(bool elastic = false) {
-    group_ = std::make_unique<LocalGroup>(config_, &workers_, &clock_, nullptr, elastic);
+    group_ = std::make_unique<LocalGroup>(config_, &workers_, &clock_, nullptr,
+                                          elastic);
     EXPECT_TRUE(group_->Prepare("job7").ok());
     group_->attempt().master_addr = "127.0.0.1";
     group_->attempt().master_port = 29511;
@@ -47,7 +49,8 @@ class LocalGroupTest : public ::testing::Test {
   }
   // Every worker of the latest attempt exits with `code`.
   void AllExit(int code) {
-    for (int pid : workers_.PidsFrom(workers_.spawned.size() - 3)) workers_.Exit(pid, code);
+    for (int pid : workers_.PidsFrom(workers_.spawned.size() - 3))
+      workers_.Exit(pid, code);
     group_->OnChildExits();
   }
   int SignalsOf(int signo) const {
@@ -127,7 +130,8 @@ TEST_F(LocalGroupTest, AWorkerThatCannotStartIsReportedWithTheReason) {
   ::testing::internal::CaptureStderr();
   EXPECT_EQ(group_->ReportFailure(), 127);
   std::string summary = ::testing::internal::GetCapturedStderr();
-  EXPECT_NE(summary.find("cannot execute '/bin/train'"), std::string::npos) << summary;
+  EXPECT_NE(summary.find("cannot execute '/bin/train'"), std::string::npos)
+      << summary;
 }
 
 TEST_F(LocalGroupTest, AStopSignalEscalatesToSigkillAfterTheGrace) {
@@ -200,7 +204,8 @@ TEST_F(LocalGroupTest, ACrashIsPublishedWithItsLastStderrLines) {
   Make().on_worker_crash = [&](const WorkerCrash& c) { crashes.push_back(c); };
   group_->Start();
   std::string log = group_->run_dir() + "/attempt_0/2/stderr.log";
-  ASSERT_TRUE(os::WriteFile(log, "one\ntwo\nModuleNotFoundError: torch\n").ok());
+  ASSERT_TRUE(
+      os::WriteFile(log, "one\ntwo\nModuleNotFoundError: torch\n").ok());
   workers_.Exit(FakeWorkerGroup::kFirstPid + 2, 1);
   group_->OnChildExits();
   ASSERT_EQ(crashes.size(), 1u);

@@ -22,7 +22,8 @@ class PosixWorkerGroupTest : public ::testing::Test {
  protected:
   void SetUp() override { dir_ = *os::MakeTempDir("posix-worker-group-test-"); }
   void TearDown() override {
-    for (int pid : started_) kill(-pid, SIGKILL);  // unreaped: what a failed test left
+    for (int pid : started_)
+      kill(-pid, SIGKILL);  // unreaped: what a failed test left
     while (!group_.Reap().empty()) {
     }
     os::RemoveTree(dir_);
@@ -46,7 +47,8 @@ class PosixWorkerGroupTest : public ::testing::Test {
     while (out.size() < n && steady_clock::now() < until) {
       for (const WorkerExit& e : group_.Reap()) {
         out.push_back(e);
-        started_.erase(std::remove(started_.begin(), started_.end(), e.pid), started_.end());
+        started_.erase(std::remove(started_.begin(), started_.end(), e.pid),
+                       started_.end());
       }
       std::this_thread::sleep_for(milliseconds(5));
     }
@@ -58,7 +60,8 @@ class PosixWorkerGroupTest : public ::testing::Test {
   std::vector<int> started_;
 };
 
-TEST_F(PosixWorkerGroupTest, RunsAWorkerWithItsEnvironmentAndForwardsItsOutput) {
+TEST_F(PosixWorkerGroupTest,
+       RunsAWorkerWithItsEnvironmentAndForwardsItsOutput) {
   ASSERT_TRUE(Sh(3, "echo $GREETING; echo oops >&2; exit 5").ok());
   auto exits = ReapAll(1);
   ASSERT_EQ(exits.size(), 1u);
@@ -75,7 +78,8 @@ TEST_F(PosixWorkerGroupTest, AProgramThatCannotRunIsAnErrorNamingIt) {
   spec.argv = {dir_ + "/no-such-program"};
   auto pid = group_.Spawn(spec);
   ASSERT_FALSE(pid.ok());
-  EXPECT_NE(pid.status().message().find("cannot execute '" + dir_ + "/no-such-program'"),
+  EXPECT_NE(pid.status().message().find("cannot execute '" + dir_ +
+                                        "/no-such-program'"),
             std::string::npos)
       << pid.status().message();
   auto exits = ReapAll(1);  // the child that failed to exec is still reaped
@@ -86,8 +90,8 @@ TEST_F(PosixWorkerGroupTest, AProgramThatCannotRunIsAnErrorNamingIt) {
 TEST_F(PosixWorkerGroupTest, ASignalReachesTheWorkersChildrenToo) {
   // The worker starts a grandchild that writes its pid, then both sleep.
   std::string pidfile = dir_ + "/grandchild";
-  auto pid = Sh(0, "sh -c 'echo $$ > " + pidfile + ".tmp; mv " + pidfile + ".tmp " + pidfile +
-                       "; sleep 30' & sleep 30");
+  auto pid = Sh(0, "sh -c 'echo $$ > " + pidfile + ".tmp; mv " + pidfile +
+                       ".tmp " + pidfile + "; sleep 30' & sleep 30");
   ASSERT_TRUE(pid.ok());
   auto until = steady_clock::now() + std::chrono::seconds(10);
   while (os::ReadFileOrEmpty(pidfile).empty() && steady_clock::now() < until) {
@@ -103,14 +107,16 @@ TEST_F(PosixWorkerGroupTest, ASignalReachesTheWorkersChildrenToo) {
   while (kill(grandchild, 0) == 0 && steady_clock::now() < until) {
     std::this_thread::sleep_for(milliseconds(5));
   }
-  EXPECT_NE(kill(grandchild, 0), 0) << "the grandchild outlived its group's SIGTERM";
+  EXPECT_NE(kill(grandchild, 0), 0)
+      << "the grandchild outlived its group's SIGTERM";
 }
 
 TEST_F(PosixWorkerGroupTest, ToolsThatOutliveTheirLimitAreKilled) {
   auto start = steady_clock::now();
-  group_.RunTools({ToolRun{{"/bin/sh", "-c", "echo quick"}, dir_ + "/quick.txt"},
-                   ToolRun{{"/bin/sleep", "30"}, dir_ + "/slow.txt"}},
-                  milliseconds(300));
+  group_.RunTools(
+      {ToolRun{{"/bin/sh", "-c", "echo quick"}, dir_ + "/quick.txt"},
+       ToolRun{{"/bin/sleep", "30"}, dir_ + "/slow.txt"}},
+      milliseconds(300));
   EXPECT_LT(steady_clock::now() - start, std::chrono::seconds(5));
   EXPECT_EQ(os::ReadFileOrEmpty(dir_ + "/quick.txt"), "quick\n");
 }

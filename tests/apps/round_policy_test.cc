@@ -15,10 +15,13 @@ using rdzv::RoundEvent;
 
 class RoundPolicyTest : public ::testing::Test {
  protected:
-  RoundStep Check(Result<RoundEvent> event, GroupOutcome outcome = GroupOutcome::kRunning) {
+  RoundStep Check(Result<RoundEvent> event,
+                  GroupOutcome outcome = GroupOutcome::kRunning) {
     return policy_.OnCheck(event, outcome, now_);
   }
-  static Result<RoundEvent> Unreachable() { return Status::Unavailable("connection refused"); }
+  static Result<RoundEvent> Unreachable() {
+    return Status::Unavailable("connection refused");
+  }
 
   TimePoint now_{std::chrono::seconds(50)};
   RoundPolicy policy_{milliseconds(15000), now_};
@@ -76,7 +79,8 @@ TEST_F(RoundPolicyTest, ANewRoundStopsRunningWorkersOnce) {
 }
 
 TEST_F(RoundPolicyTest, ANewRoundAfterLocalSuccessRejoinsAtOnce) {
-  EXPECT_EQ(Check(RoundEvent::kRestart, GroupOutcome::kSucceeded), Kind::kRejoin);
+  EXPECT_EQ(Check(RoundEvent::kRestart, GroupOutcome::kSucceeded),
+            Kind::kRejoin);
 }
 
 TEST_F(RoundPolicyTest, AJobClosedElsewhereStopsWorkersAndExitsOne) {
@@ -94,7 +98,9 @@ TEST_F(RoundPolicyTest, AnUnreachableStoreIsToleratedForTheSilentLimit) {
   EXPECT_EQ(s, Kind::kExit);
   EXPECT_EQ(s.exit_code, kExitRendezvous);
   EXPECT_TRUE(s.stop_workers);
-  EXPECT_NE(s.why.find("unreachable for 15.0 s: connection refused"), std::string::npos) << s.why;
+  EXPECT_NE(s.why.find("unreachable for 15.0 s: connection refused"),
+            std::string::npos)
+      << s.why;
 }
 
 TEST_F(RoundPolicyTest, AReachedStoreRestartsTheSilentLimit) {
@@ -106,14 +112,26 @@ TEST_F(RoundPolicyTest, AReachedStoreRestartsTheSilentLimit) {
 
 TEST(JoinFailedExitCodeTest, EachFailureHasItsCode) {
   using rdzv::EndReason;
-  EXPECT_EQ(JoinFailedExitCode(Status::Canceled("signal"), EndReason::kNone, SIGINT), 128 + SIGINT);
-  EXPECT_EQ(JoinFailedExitCode(Status::Invalid("closed"), EndReason::kWorkersFailed, 0),
+  EXPECT_EQ(
+      JoinFailedExitCode(Status::Canceled("signal"), EndReason::kNone, SIGINT),
+      128 + SIGINT);
+  EXPECT_EQ(JoinFailedExitCode(Status::Invalid("closed"),
+                               EndReason::kWorkersFailed, 0),
             kExitFailedElsewhere);
-  EXPECT_EQ(JoinFailedExitCode(Status::Invalid("x"), EndReason::kConfigMismatch, 0), kExitUsage);
-  EXPECT_EQ(JoinFailedExitCode(Status::Invalid("x"), EndReason::kDuplicateNodeRank, 0), kExitUsage);
-  EXPECT_EQ(JoinFailedExitCode(Status::Invalid("x"), EndReason::kForeignState, 0), kExitUsage);
-  EXPECT_EQ(JoinFailedExitCode(Status::Timeout("join"), EndReason::kNone, 0), kExitRendezvous);
-  EXPECT_EQ(JoinFailedExitCode(Status::Unavailable("lost"), EndReason::kNone, 0), kExitRendezvous);
+  EXPECT_EQ(
+      JoinFailedExitCode(Status::Invalid("x"), EndReason::kConfigMismatch, 0),
+      kExitUsage);
+  EXPECT_EQ(JoinFailedExitCode(Status::Invalid("x"),
+                               EndReason::kDuplicateNodeRank, 0),
+            kExitUsage);
+  EXPECT_EQ(
+      JoinFailedExitCode(Status::Invalid("x"), EndReason::kForeignState, 0),
+      kExitUsage);
+  EXPECT_EQ(JoinFailedExitCode(Status::Timeout("join"), EndReason::kNone, 0),
+            kExitRendezvous);
+  EXPECT_EQ(
+      JoinFailedExitCode(Status::Unavailable("lost"), EndReason::kNone, 0),
+      kExitRendezvous);
 }
 
 }  // namespace

@@ -18,9 +18,11 @@ std::vector<std::string> Expand(const std::string& list) {
 TEST(SlurmEnvTest, ExpandsNodeLists) {
   EXPECT_EQ(Expand("node1"), std::vector<std::string>{"node1"});
   EXPECT_EQ(Expand("n[1-3]"), (std::vector<std::string>{"n1", "n2", "n3"}));
-  EXPECT_EQ(Expand("gpu[07-09,11],cpu5"),
-            (std::vector<std::string>{"gpu07", "gpu08", "gpu09", "gpu11", "cpu5"}));
-  EXPECT_EQ(Expand("a[1-2]-ib,b"), (std::vector<std::string>{"a1-ib", "a2-ib", "b"}));
+  EXPECT_EQ(
+      Expand("gpu[07-09,11],cpu5"),
+      (std::vector<std::string>{"gpu07", "gpu08", "gpu09", "gpu11", "cpu5"}));
+  EXPECT_EQ(Expand("a[1-2]-ib,b"),
+            (std::vector<std::string>{"a1-ib", "a2-ib", "b"}));
   std::vector<std::string> out;
   EXPECT_FALSE(ExpandNodelist("n[3-1]", &out));
   EXPECT_FALSE(ExpandNodelist("n[1-2", &out));
@@ -30,8 +32,11 @@ TEST(SlurmEnvTest, ExpandsNodeLists) {
 
 TEST(SlurmEnvTest, ReadsTheJob) {
   std::string error;
-  auto job = ReadSlurmJob({{"SLURM_JOB_ID", "4242"}, {"SLURM_NNODES", "2"}, {"SLURM_NODEID", "1"},
-                           {"SLURM_JOB_NODELIST", "h[0-1]"}, {"SLURM_GPUS_ON_NODE", "4"},
+  auto job = ReadSlurmJob({{"SLURM_JOB_ID", "4242"},
+                           {"SLURM_NNODES", "2"},
+                           {"SLURM_NODEID", "1"},
+                           {"SLURM_JOB_NODELIST", "h[0-1]"},
+                           {"SLURM_GPUS_ON_NODE", "4"},
                            {"SLURM_CPUS_ON_NODE", "16"}},
                           &error);
   ASSERT_TRUE(job.has_value()) << error;
@@ -41,12 +46,14 @@ TEST(SlurmEnvTest, ReadsTheJob) {
   EXPECT_EQ(job->master_port(), 20000 + 4242);
   EXPECT_EQ(job->gpus_on_node, 4);
   EXPECT_FALSE(ReadSlurmJob({{"PATH", "/bin"}}, &error).has_value());
-  EXPECT_FALSE(ReadSlurmJob({{"SLURM_JOB_ID", "1"}, {"DTRUN_IGNORE_SLURM", "1"}}, &error));
+  EXPECT_FALSE(ReadSlurmJob(
+      {{"SLURM_JOB_ID", "1"}, {"DTRUN_IGNORE_SLURM", "1"}}, &error));
 }
 
 TEST(SlurmEnvTest, BadNodeListIsAnError) {
   std::string error;
-  EXPECT_FALSE(ReadSlurmJob({{"SLURM_JOB_ID", "1"}, {"SLURM_JOB_NODELIST", "n[1-"}}, &error));
+  EXPECT_FALSE(ReadSlurmJob(
+      {{"SLURM_JOB_ID", "1"}, {"SLURM_JOB_NODELIST", "n[1-"}}, &error));
   EXPECT_NE(error.find("SLURM_JOB_NODELIST"), std::string::npos);
 }
 
@@ -61,8 +68,8 @@ class SlurmCliTest : public ::testing::Test {
     setenv("SLURM_CPUS_ON_NODE", "6", 1);
   }
   void TearDown() override {
-    for (const char* k : {"SLURM_JOB_ID", "SLURM_NNODES", "SLURM_NODEID", "SLURM_JOB_NODELIST",
-                          "SLURM_CPUS_ON_NODE"}) {
+    for (const char* k : {"SLURM_JOB_ID", "SLURM_NNODES", "SLURM_NODEID",
+                          "SLURM_JOB_NODELIST", "SLURM_CPUS_ON_NODE"}) {
       unsetenv(k);
     }
   }
@@ -83,7 +90,8 @@ TEST_F(SlurmCliTest, FillsNodesRankHostPortAndId) {
 }
 
 TEST_F(SlurmCliTest, FlagsWinAndCpuCountsComeFromSlurm) {
-  auto r = Parse({"--nnodes=1", "--node-rank=0", "--master-addr=x", "--nproc-per-node=cpu", "true"});
+  auto r = Parse({"--nnodes=1", "--node-rank=0", "--master-addr=x",
+                  "--nproc-per-node=cpu", "true"});
   ASSERT_EQ(r.exit_code, -1);
   EXPECT_EQ(r.config.max_nodes, 1);
   EXPECT_EQ(r.config.master_addr, "x");

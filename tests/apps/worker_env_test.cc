@@ -51,7 +51,9 @@ TEST(WorkerEnvTest, OmpThreadsDefaultsToOneOnlyForSeveralWorkers) {
   WorkerPlace one{0, 0, 0, 0, 1, 1, 1, 1};
   EXPECT_EQ(WorkerEnv({}, Attempt(), many)["OMP_NUM_THREADS"], "1");
   EXPECT_EQ(WorkerEnv({}, Attempt(), one).count("OMP_NUM_THREADS"), 0u);
-  EXPECT_EQ(WorkerEnv({{"OMP_NUM_THREADS", "6"}}, Attempt(), many)["OMP_NUM_THREADS"], "6");
+  EXPECT_EQ(
+      WorkerEnv({{"OMP_NUM_THREADS", "6"}}, Attempt(), many)["OMP_NUM_THREADS"],
+      "6");
 }
 
 TEST(WorkerEnvTest, NcclAsyncErrorHandlingKeepsUserValue) {
@@ -74,7 +76,8 @@ TEST(TorchShimTest, OffWhenTurnedOffOrAlreadyThere) {
   EXPECT_FALSE(WantsTorchShim({{"DTRUN_TORCH_SHIM", "0"}}));
   EXPECT_FALSE(WantsTorchShim(WithTorchShim({{"PYTHONPATH", "/a"}}, "/s")));
   // A stale folder no longer on PYTHONPATH does not count.
-  EXPECT_TRUE(WantsTorchShim({{"DTRUN_TORCH_SHIM_DIR", "/s"}, {"PYTHONPATH", "/a:/s2"}}));
+  EXPECT_TRUE(WantsTorchShim(
+      {{"DTRUN_TORCH_SHIM_DIR", "/s"}, {"PYTHONPATH", "/a:/s2"}}));
 }
 
 TEST(TorchShimTest, InstallWritesTheSitecustomizeOnce) {
@@ -85,7 +88,8 @@ TEST(TorchShimTest, InstallWritesTheSitecustomizeOnce) {
   ASSERT_TRUE(InstallTorchShim(dir, &env).ok());
   EXPECT_EQ(env["PYTHONPATH"], dir + ":/user");
   std::ifstream in(dir + "/sitecustomize.py");
-  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::string text((std::istreambuf_iterator<char>(in)),
+                   std::istreambuf_iterator<char>());
   EXPECT_NE(text.find("DTRUN_TORCH_SHIM"), std::string::npos);
   EnvMap again = env;
   ASSERT_TRUE(InstallTorchShim(dir + "2", &again).ok());
@@ -97,7 +101,8 @@ TEST(TorchShimTest, InstallWritesTheSitecustomizeOnce) {
   EnvMap fresh;
   Status bad = InstallTorchShim("/proc/no/such/dir", &fresh);
   EXPECT_FALSE(bad.ok());
-  EXPECT_NE(bad.message().find("/proc/no/such/dir"), std::string::npos) << bad.message();
+  EXPECT_NE(bad.message().find("/proc/no/such/dir"), std::string::npos)
+      << bad.message();
   EXPECT_EQ(fresh.count("PYTHONPATH"), 0u);
   std::remove((dir + "/sitecustomize.py").c_str());
   rmdir(dir.c_str());

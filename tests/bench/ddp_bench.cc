@@ -1,8 +1,9 @@
 // Our C++ DDP on an MLP 784-1024-1024-1024-10, batch 64 per rank. Run under
 // dtrun; rank 0 prints one JSON line per transport (shared memory, the
-// default on one host; then the process group, gloo): median step time, the same step's
-// compute alone (a local model, no communication), the all-reduce of every
-// gradient alone, and the share of that all-reduce hidden behind backward.
+// default on one host; then the process group, gloo): median step time, the
+// same step's compute alone (a local model, no communication), the all-reduce
+// of every gradient alone, and the share of that all-reduce hidden behind
+// backward.
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -24,13 +25,15 @@ using dtrun::testing::MedianMs;
 std::shared_ptr<torch::nn::SequentialImpl> Mlp() {
   torch::manual_seed(0);
   return std::make_shared<torch::nn::SequentialImpl>(
-      torch::nn::Linear(784, 1024), torch::nn::ReLU(), torch::nn::Linear(1024, 1024),
-      torch::nn::ReLU(), torch::nn::Linear(1024, 1024), torch::nn::ReLU(),
+      torch::nn::Linear(784, 1024), torch::nn::ReLU(),
+      torch::nn::Linear(1024, 1024), torch::nn::ReLU(),
+      torch::nn::Linear(1024, 1024), torch::nn::ReLU(),
       torch::nn::Linear(1024, 10));
 }
 
 // The all-reduce of every gradient on its own, through `transport`.
-double AllreduceMs(dtrun::train::Distributed& dist, int64_t n, bool shared_memory) {
+double AllreduceMs(dtrun::train::Distributed& dist, int64_t n,
+                   bool shared_memory) {
   auto flat = torch::zeros({n});
   if (!shared_memory) {
     return MedianMs(3, 20, [&] {
@@ -39,8 +42,10 @@ double AllreduceMs(dtrun::train::Distributed& dist, int64_t n, bool shared_memor
     });
   }
   std::string why;
-  auto shm = dtrun::train::OpenSharedMemoryAllreduce(dist.pg(), static_cast<size_t>(n), &why);
-  if (!shm) throw std::runtime_error("shared-memory all-reduce unavailable: " + why);
+  auto shm = dtrun::train::OpenSharedMemoryAllreduce(
+      dist.pg(), static_cast<size_t>(n), &why);
+  if (!shm)
+    throw std::runtime_error("shared-memory all-reduce unavailable: " + why);
   return MedianMs(3, 20, [&] {
     std::memcpy(shm->region(), flat.data_ptr(), n * sizeof(float));
     shm->Allreduce(0, n, std::chrono::seconds(60));
@@ -53,8 +58,8 @@ struct Run {
   size_t buckets;
 };
 
-Run Measure(dtrun::train::Distributed& dist, const torch::Tensor& x, const torch::Tensor& y,
-            bool shared_memory) {
+Run Measure(dtrun::train::Distributed& dist, const torch::Tensor& x,
+            const torch::Tensor& y, bool shared_memory) {
   auto model = Mlp();
   dtrun::train::DdpOptions o;
   o.shared_memory = shared_memory;
@@ -68,8 +73,8 @@ Run Measure(dtrun::train::Distributed& dist, const torch::Tensor& x, const torch
   });
   int64_t n = 0;
   for (const auto& p : model->parameters()) n += p.numel();
-  return {step, AllreduceMs(dist, n, ddp.transport() == "shared memory"), ddp.transport(),
-          ddp.num_buckets()};
+  return {step, AllreduceMs(dist, n, ddp.transport() == "shared memory"),
+          ddp.transport(), ddp.num_buckets()};
 }
 
 }  // namespace
@@ -88,12 +93,15 @@ int main() {
   });
   for (bool shm : {true, false}) {
     Run r = Measure(*dist, x, y, shm);
-    double hidden = std::clamp((compute + r.allreduce - r.step) / r.allreduce, 0.0, 1.0);
+    double hidden =
+        std::clamp((compute + r.allreduce - r.step) / r.allreduce, 0.0, 1.0);
     if (dist->rank() == 0) {
-      std::printf("{\"impl\": \"dtrun C++ DDP\", \"transport\": \"%s\", \"step_ms\": %.2f, "
-                  "\"compute_ms\": %.2f, \"allreduce_ms\": %.2f, \"hidden\": %.3f, "
-                  "\"buckets\": %zu}\n",
-                  r.transport.c_str(), r.step, compute, r.allreduce, hidden, r.buckets);
+      std::printf(
+          "{\"impl\": \"dtrun C++ DDP\", \"transport\": \"%s\", \"step_ms\": "
+          "%.2f, "
+          "\"compute_ms\": %.2f, \"allreduce_ms\": %.2f, \"hidden\": %.3f, "
+          "\"buckets\": %zu}\n",
+          r.transport.c_str(), r.step, compute, r.allreduce, hidden, r.buckets);
       std::fflush(stdout);
     }
   }

@@ -28,12 +28,15 @@ using dtrun::testing::PeakRssMb;
 std::shared_ptr<torch::nn::SequentialImpl> Mlp(int width) {
   torch::manual_seed(0);
   return std::make_shared<torch::nn::SequentialImpl>(
-      torch::nn::Linear(784, width), torch::nn::ReLU(), torch::nn::Linear(width, width),
-      torch::nn::ReLU(), torch::nn::Linear(width, width), torch::nn::ReLU(),
+      torch::nn::Linear(784, width), torch::nn::ReLU(),
+      torch::nn::Linear(width, width), torch::nn::ReLU(),
+      torch::nn::Linear(width, width), torch::nn::ReLU(),
       torch::nn::Linear(width, 10));
 }
 
-int64_t Bytes(const torch::Tensor& t) { return t.defined() ? t.numel() * t.element_size() : 0; }
+int64_t Bytes(const torch::Tensor& t) {
+  return t.defined() ? t.numel() * t.element_size() : 0;
+}
 
 }  // namespace
 
@@ -42,7 +45,8 @@ int main(int argc, char** argv) {
   const int width = argc > 2 ? std::stoi(argv[2]) : 1024;
   const int batch = argc > 3 ? std::stoi(argv[3]) : 32;
   if (mode != "ddp" && mode != "fsdp" && mode != "fsdp-noprefetch") {
-    std::fprintf(stderr, "usage: fsdp_bench ddp|fsdp|fsdp-noprefetch [WIDTH] [BATCH]\n");
+    std::fprintf(
+        stderr, "usage: fsdp_bench ddp|fsdp|fsdp-noprefetch [WIDTH] [BATCH]\n");
     return 2;
   }
   torch::set_num_threads(1);
@@ -57,22 +61,26 @@ int main(int argc, char** argv) {
   double step_ms = 0, held = 0, exposed_ms = 0, comm_ms = 0;
   if (mode == "ddp") {
     dtrun::train::DistributedDataParallel ddp(model, &pg);
-    torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
+    torch::optim::SGD opt(model->parameters(),
+                          torch::optim::SGDOptions(0.01).momentum(0.9));
     step_ms = MedianMs(kWarmup, kReps, [&] {
       opt.zero_grad();
       torch::cross_entropy_loss(model->forward(x), y).backward();
       ddp.SyncGradients();
       opt.step();
     });
-    for (const auto& p : model->parameters()) held += Bytes(p) + Bytes(p.grad());
+    for (const auto& p : model->parameters())
+      held += Bytes(p) + Bytes(p.grad());
     for (auto& [key, state] : opt.state()) {
-      held += Bytes(static_cast<torch::optim::SGDParamState&>(*state).momentum_buffer());
+      held += Bytes(
+          static_cast<torch::optim::SGDParamState&>(*state).momentum_buffer());
     }
   } else {
     dtrun::train::FsdpOptions o;
     o.prefetch = mode == "fsdp";
     dtrun::train::FullyShardedDataParallel fsdp(model, &pg, o);
-    torch::optim::SGD opt(fsdp.ShardParameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
+    torch::optim::SGD opt(fsdp.ShardParameters(),
+                          torch::optim::SGDOptions(0.01).momentum(0.9));
     auto step = [&] {
       opt.zero_grad();
       torch::cross_entropy_loss(fsdp.Forward(x), y).backward();
@@ -94,7 +102,8 @@ int main(int argc, char** argv) {
         auto full = torch::empty({s * n});
         for (int g = 0; g < (k + 1 < shards.size() ? 2 : 1); ++g) {
           std::vector<std::vector<torch::Tensor>> out(1);
-          for (int64_t j = 0; j < n; ++j) out[0].push_back(full.narrow(0, j * s, s));
+          for (int64_t j = 0; j < n; ++j)
+            out[0].push_back(full.narrow(0, j * s, s));
           std::vector<torch::Tensor> in{shards[k].detach()};
           pg.allgather(out, in)->wait();
         }
@@ -108,12 +117,17 @@ int main(int argc, char** argv) {
   step_ms = AllMax(pg, step_ms);
   const double rss = AllMax(pg, PeakRssMb());
   if (dist->rank() == 0) {
-    std::printf("{\"impl\": \"%s\", \"ranks\": %d, \"params\": %lld, \"step_ms\": %.2f, "
-                "\"held_mb\": %.2f, \"peak_rss_mb\": %.0f",
-                mode.c_str(), pg.getSize(), (long long)params, step_ms, held / 1e6, rss);
+    std::printf(
+        "{\"impl\": \"%s\", \"ranks\": %d, \"params\": %lld, \"step_ms\": "
+        "%.2f, "
+        "\"held_mb\": %.2f, \"peak_rss_mb\": %.0f",
+        mode.c_str(), pg.getSize(), (long long)params, step_ms, held / 1e6,
+        rss);
     if (mode != "ddp") {
-      std::printf(", \"comm_exposed_ms\": %.2f, \"comm_alone_ms\": %.2f, \"hidden\": %.3f",
-                  exposed_ms, comm_ms, std::clamp(1 - exposed_ms / comm_ms, 0.0, 1.0));
+      std::printf(
+          ", \"comm_exposed_ms\": %.2f, \"comm_alone_ms\": %.2f, \"hidden\": "
+          "%.3f",
+          exposed_ms, comm_ms, std::clamp(1 - exposed_ms / comm_ms, 0.0, 1.0));
     }
     std::printf("}\n");
   }

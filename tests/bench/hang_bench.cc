@@ -19,7 +19,9 @@ int main(int argc, char** argv) {
     dtrun::rdzv::Heartbeat hb;
     auto start = std::chrono::steady_clock::now();
     for (long i = 0; i < beats; ++i) hb.Beat(i);
-    double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    double s =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+            .count();
     std::printf("cpp_beat_us %.3f\n", s / beats * 1e6);
   }
   unlink(path.c_str());

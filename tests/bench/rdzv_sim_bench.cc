@@ -59,7 +59,8 @@ uint64_t Wire(const std::vector<std::string>& strings) {
 // Counts the requests and wire bytes an agent sends through the store.
 class CountingStore : public Store {
  public:
-  explicit CountingStore(std::unique_ptr<TcpStoreClient> inner) : inner_(std::move(inner)) {}
+  explicit CountingStore(std::unique_ptr<TcpStoreClient> inner)
+      : inner_(std::move(inner)) {}
   Status Set(const std::string& key, std::string_view value) override {
     Count(1 + Wire({key, std::string(value)}));
     return inner_->Set(key, value);
@@ -74,7 +75,8 @@ class CountingStore : public Store {
     Count(1 + Wire({key}) + 16);
     return inner_->Add(key, delta);
   }
-  Result<std::string> CompareSet(const std::string& key, std::string_view expected,
+  Result<std::string> CompareSet(const std::string& key,
+                                 std::string_view expected,
                                  std::string_view desired) override {
     auto r = inner_->CompareSet(key, expected, desired);
     Count(1 + Wire({key, std::string(expected), std::string(desired)}) + 8 +
@@ -85,7 +87,8 @@ class CountingStore : public Store {
     Count(1 + 8 + Wire(keys) + 1);
     return inner_->Check(keys);
   }
-  Status Wait(const std::vector<std::string>& keys, milliseconds timeout) override {
+  Status Wait(const std::vector<std::string>& keys,
+              milliseconds timeout) override {
     Count(1 + 8 + Wire(keys) + 1);
     return inner_->Wait(keys, timeout);
   }
@@ -97,7 +100,8 @@ class CountingStore : public Store {
     Count(1 + 8);
     return inner_->NumKeys();
   }
-  Result<std::vector<std::string>> MultiGet(const std::vector<std::string>& keys) override {
+  Result<std::vector<std::string>> MultiGet(
+      const std::vector<std::string>& keys) override {
     auto r = inner_->MultiGet(keys);
     Count(1 + 8 + Wire(keys) + (r.ok() ? Wire(*r) : 0));
     return r;
@@ -121,7 +125,8 @@ using Dtstore = dtrun::testing::ServerProcess;
 using dtrun::testing::CpuSeconds;
 
 Dtstore StartDtstore(const std::string& path) {
-  return dtrun::testing::SpawnServer({path, "--host", "127.0.0.1", "--port", "0", "--log-level", "error"});
+  return dtrun::testing::SpawnServer(
+      {path, "--host", "127.0.0.1", "--port", "0", "--log-level", "error"});
 }
 
 void RaiseFdLimit(size_t needed) {
@@ -130,7 +135,9 @@ void RaiseFdLimit(size_t needed) {
   lim.rlim_cur = lim.rlim_max;
   setrlimit(RLIMIT_NOFILE, &lim);
   if (lim.rlim_cur < needed) {
-    std::fprintf(stderr, "RLIMIT_NOFILE hard limit %lu < %zu: raise it (ulimit -Hn) for this N\n",
+    std::fprintf(stderr,
+                 "RLIMIT_NOFILE hard limit %lu < %zu: raise it (ulimit -Hn) "
+                 "for this N\n",
                  static_cast<unsigned long>(lim.rlim_max), needed);
   }
 }
@@ -153,13 +160,17 @@ struct Marks {
   std::string error;
 
   int64_t Since(Clock::time_point t) const {
-    return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t).count();
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() -
+                                                                t)
+        .count();
   }
   void Max(std::atomic<int64_t>* a, int64_t v) {
-    for (int64_t cur = *a; v > cur && !a->compare_exchange_weak(cur, v);) {}
+    for (int64_t cur = *a; v > cur && !a->compare_exchange_weak(cur, v);) {
+    }
   }
   void Min(std::atomic<int64_t>* a, int64_t v) {
-    for (int64_t cur = *a; v < cur && !a->compare_exchange_weak(cur, v);) {}
+    for (int64_t cur = *a; v < cur && !a->compare_exchange_weak(cur, v);) {
+    }
   }
   void Fail(const std::string& what) {
     std::lock_guard<std::mutex> lock(mu);
@@ -181,7 +192,8 @@ void Agent(std::unique_ptr<Store> store, RendezvousOptions ro, Marks* m,
   auto tick = std::min(milliseconds(500), ro.keep_alive_interval);
   std::this_thread::sleep_for(milliseconds(std::rand() % tick.count()));
   for (;;) {
-    if (a->group_rank == m->victim_rank.load()) return;  // goes silent; socket closes
+    if (a->group_rank == m->victim_rank.load())
+      return;  // goes silent; socket closes
     auto ev = r.Check(*a);
     if (!ev.ok()) return m->Fail(ev.status().message());
     if (*ev == RoundEvent::kRestart) break;
@@ -196,8 +208,8 @@ void Agent(std::unique_ptr<Store> store, RendezvousOptions ro, Marks* m,
 }
 
 // N agent threads, each with its own connection; they join once `go` is set.
-std::vector<std::thread> StartAgents(const Options& o, int n, const Dtstore& d, Marks* m,
-                                     std::shared_future<void> go) {
+std::vector<std::thread> StartAgents(const Options& o, int n, const Dtstore& d,
+                                     Marks* m, std::shared_future<void> go) {
   std::vector<std::thread> agents;
   for (int i = 0; i < n; ++i) {
     StoreClientOptions copts;
@@ -205,7 +217,8 @@ std::vector<std::thread> StartAgents(const Options& o, int n, const Dtstore& d, 
     copts.timeout = std::chrono::seconds(60);
     auto client = TcpStoreClient::Connect(copts);
     if (!client.ok()) {
-      std::fprintf(stderr, "connect %d: %s\n", i, client.status().message().c_str());
+      std::fprintf(stderr, "connect %d: %s\n", i,
+                   client.status().message().c_str());
       kill(d.pid, SIGTERM);
       waitpid(d.pid, nullptr, 0);
       std::exit(1);  // the agents started so far wait on `go` forever
@@ -219,7 +232,8 @@ std::vector<std::thread> StartAgents(const Options& o, int n, const Dtstore& d, 
     ro.keep_alive_interval = milliseconds(o.keep_alive_ms);
     ro.keep_alive_max_attempt = o.attempts;
     ro.join_timeout = std::chrono::seconds(120);
-    agents.emplace_back(Agent, std::make_unique<CountingStore>(std::move(*client)), ro, m, go);
+    agents.emplace_back(
+        Agent, std::make_unique<CountingStore>(std::move(*client)), ro, m, go);
   }
   return agents;
 }
@@ -237,7 +251,8 @@ int RunOne(const Options& o, int n) {
   uint64_t req0 = g_requests, bytes0 = g_bytes;
   m.t0 = Clock::now();
   start.set_value();
-  while (m.joined < n && m.failed == 0) std::this_thread::sleep_for(milliseconds(5));
+  while (m.joined < n && m.failed == 0)
+    std::this_thread::sleep_for(milliseconds(5));
   double round_s = m.last_join_ns / 1e9;
   double round_cpu = CpuSeconds(d.pid) - cpu0;
   uint64_t round_req = g_requests - req0, round_bytes = g_bytes - bytes0;
@@ -259,14 +274,17 @@ int RunOne(const Options& o, int n) {
   kill(d.pid, SIGTERM);
   waitpid(d.pid, nullptr, 0);
   if (m.failed > 0) {
-    std::fprintf(stderr, "N=%d: %d agent(s) failed: %s\n", n, m.failed.load(), m.error.c_str());
+    std::fprintf(stderr, "N=%d: %d agent(s) failed: %s\n", n, m.failed.load(),
+                 m.error.c_str());
     return 1;
   }
-  std::printf("| %d | %.2f s | %lu | %.1f KiB | %.2f s | %.0f /s | %.1f KiB/s | %.1f %% | "
-              "%.2f s | %.2f s |\n",
-              n, round_s, static_cast<unsigned long>(round_req), round_bytes / 1024.0, round_cpu,
-              steady_rps, steady_bps / 1024.0, steady_cpu * 100, m.detect_ns / 1e9,
-              m.last_rejoin_ns / 1e9);
+  std::printf(
+      "| %d | %.2f s | %lu | %.1f KiB | %.2f s | %.0f /s | %.1f KiB/s | %.1f "
+      "%% | "
+      "%.2f s | %.2f s |\n",
+      n, round_s, static_cast<unsigned long>(round_req), round_bytes / 1024.0,
+      round_cpu, steady_rps, steady_bps / 1024.0, steady_cpu * 100,
+      m.detect_ns / 1e9, m.last_rejoin_ns / 1e9);
   std::fflush(stdout);
   return 0;
 }
@@ -274,7 +292,8 @@ int RunOne(const Options& o, int n) {
 std::vector<int> ParseList(const std::string& text) {
   std::vector<int> out;
   std::stringstream ss(text);
-  for (std::string item; std::getline(ss, item, ',');) out.push_back(std::atoi(item.c_str()));
+  for (std::string item; std::getline(ss, item, ',');)
+    out.push_back(std::atoi(item.c_str()));
   return out;
 }
 
@@ -286,31 +305,46 @@ int main(int argc, char** argv) {
   Options o;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string flag = argv[i], value = argv[i + 1];
-    if (flag == "--dtstore") o.dtstore = value;
-    else if (flag == "--nodes") o.nodes = ParseList(value);
-    else if (flag == "--keep-alive-ms") o.keep_alive_ms = std::atoi(value.c_str());
-    else if (flag == "--attempts") o.attempts = std::atoi(value.c_str());
-    else if (flag == "--steady-s") o.steady_s = std::atoi(value.c_str());
+    if (flag == "--dtstore")
+      o.dtstore = value;
+    else if (flag == "--nodes")
+      o.nodes = ParseList(value);
+    else if (flag == "--keep-alive-ms")
+      o.keep_alive_ms = std::atoi(value.c_str());
+    else if (flag == "--attempts")
+      o.attempts = std::atoi(value.c_str());
+    else if (flag == "--steady-s")
+      o.steady_s = std::atoi(value.c_str());
     else {
       std::fprintf(stderr, "unknown flag %s\n", flag.c_str());
       return 2;
     }
   }
   if (o.dtstore.empty()) {
-    std::fprintf(stderr, "usage: rdzv_sim_bench --dtstore PATH [--nodes 64,256,1024,4096] "
-                 "[--keep-alive-ms 1000] [--attempts 3] [--steady-s 10]\n");
+    std::fprintf(
+        stderr,
+        "usage: rdzv_sim_bench --dtstore PATH [--nodes 64,256,1024,4096] "
+        "[--keep-alive-ms 1000] [--attempts 3] [--steady-s 10]\n");
     return 2;
   }
   signal(SIGPIPE, SIG_IGN);
-  RaiseFdLimit(static_cast<size_t>(*std::max_element(o.nodes.begin(), o.nodes.end())) + 64);
-  std::printf("| agents | round | requests | wire bytes | store CPU (round) | steady requests "
-              "| steady bytes | store CPU (steady, %% of a core) | dead node detected after "
-              "| survivors' new round after |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+  RaiseFdLimit(
+      static_cast<size_t>(*std::max_element(o.nodes.begin(), o.nodes.end())) +
+      64);
+  std::printf(
+      "| agents | round | requests | wire bytes | store CPU (round) | steady "
+      "requests "
+      "| steady bytes | store CPU (steady, %% of a core) | dead node detected "
+      "after "
+      "| survivors' new round after "
+      "|\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
   for (int n : o.nodes) {
     if (RunOne(o, n) != 0) return 1;
   }
-  std::printf("(keep-alive %d ms x %d attempts; Check every %d ms; last call 0.5 s for the "
-              "survivors' round)\n",
-              o.keep_alive_ms, o.attempts, std::min(500, o.keep_alive_ms));
+  std::printf(
+      "(keep-alive %d ms x %d attempts; Check every %d ms; last call 0.5 s for "
+      "the "
+      "survivors' round)\n",
+      o.keep_alive_ms, o.attempts, std::min(500, o.keep_alive_ms));
   return 0;
 }

@@ -40,7 +40,8 @@ using dtrun::rdzv::Op;
 using dtrun::rdzv::Request;
 
 // The raw barrier connections speak the dialect of the libtorch built against.
-constexpr Dialect kDialect = TORCH_VERSION_MAJOR >= 2 ? Dialect::kTorch2 : Dialect::kTorch113;
+constexpr Dialect kDialect =
+    TORCH_VERSION_MAJOR >= 2 ? Dialect::kTorch2 : Dialect::kTorch113;
 
 // A server child process; stopped with SIGTERM by pid.
 struct ServerProc {
@@ -75,7 +76,8 @@ std::unique_ptr<ServerProc> Spawn(const std::vector<std::string>& argv) {
   close(fds[0]);
   auto colon = line.rfind(':');
   if (line.rfind("listening on ", 0) != 0 || colon == std::string::npos) {
-    std::fprintf(stderr, "server %s did not start: '%s'\n", argv[0].c_str(), line.c_str());
+    std::fprintf(stderr, "server %s did not start: '%s'\n", argv[0].c_str(),
+                 line.c_str());
     return nullptr;
   }
   proc->port = static_cast<uint16_t>(std::stoi(line.substr(colon + 1)));
@@ -108,8 +110,9 @@ double ProcCpuSeconds(pid_t pid) {
   buf[n] = 0;
   const char* p = std::strrchr(buf, ')');  // the command name may hold spaces
   unsigned long utime = 0, stime = 0;
-  if (!p || std::sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu",
-                        &utime, &stime) != 2) {
+  if (!p ||
+      std::sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu",
+                  &utime, &stime) != 2) {
     return 0;
   }
   return double(utime + stime) / sysconf(_SC_CLK_TCK);
@@ -122,12 +125,13 @@ double Percentile(std::vector<double>& v, double q) {
   return v[i];
 }
 
-OpStats RunOps(const ServerProc& server, int clients, const std::string& op, size_t value_bytes,
-               double seconds) {
+OpStats RunOps(const ServerProc& server, int clients, const std::string& op,
+               size_t value_bytes, double seconds) {
   std::vector<std::unique_ptr<c10d::TCPStore>> stores;
   for (int i = 0; i < clients; ++i) stores.push_back(Connect(server.port));
   std::vector<uint8_t> value(value_bytes, 'x');
-  for (int i = 0; i < clients; ++i) stores[i]->set("k" + std::to_string(i), value);
+  for (int i = 0; i < clients; ++i)
+    stores[i]->set("k" + std::to_string(i), value);
   std::vector<std::vector<double>> lat(clients);
   std::atomic<bool> go{false};
   std::vector<std::thread> threads;
@@ -140,10 +144,15 @@ OpStats RunOps(const ServerProc& server, int clients, const std::string& op, siz
       while (!go) std::this_thread::yield();
       while (Clock::now() < end) {
         auto t0 = Clock::now();
-        if (op == "set") stores[i]->set(key, value);
-        else if (op == "get") stores[i]->get(key);
-        else stores[i]->add("counter", 1);
-        lat[i].push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
+        if (op == "set")
+          stores[i]->set(key, value);
+        else if (op == "get")
+          stores[i]->get(key);
+        else
+          stores[i]->add("counter", 1);
+        lat[i].push_back(
+            std::chrono::duration<double, std::micro>(Clock::now() - t0)
+                .count());
       }
     });
   }
@@ -172,7 +181,8 @@ double WaitRelease(uint16_t port, int iterations) {
     std::string key = "release" + std::to_string(i);
     std::atomic<int64_t> set_at{0};
     std::thread t([&] {
-      std::this_thread::sleep_for(std::chrono::milliseconds(2));  // wait registers
+      std::this_thread::sleep_for(
+          std::chrono::milliseconds(2));  // wait registers
       set_at = Clock::now().time_since_epoch().count();
       setter->set(key, {1});
     });
@@ -184,8 +194,8 @@ double WaitRelease(uint16_t port, int iterations) {
   return Percentile(lat, 0.5);
 }
 
-std::string Frame(Op op, std::vector<std::string> keys, std::vector<std::string> values,
-                  int64_t number) {
+std::string Frame(Op op, std::vector<std::string> keys,
+                  std::vector<std::string> values, int64_t number) {
   Request r;
   r.op = op;
   r.keys = std::move(keys);
@@ -207,7 +217,8 @@ double Barrier(uint16_t port, int n) {
   int ep = epoll_create1(0);
   std::vector<Conn> conns(n);
   std::string key = "/barrier" + std::to_string(n) + "_" + std::to_string(port);
-  std::string arrive = Frame(Op::kAdd, {key}, {}, 1) + Frame(Op::kWait, {key + "/done"}, {}, 0);
+  std::string arrive =
+      Frame(Op::kAdd, {key}, {}, 1) + Frame(Op::kWait, {key + "/done"}, {}, 0);
   if (kDialect == Dialect::kTorch2) {
     // A 2.x server drops a connection whose first message is not VALIDATE
     // (it has no reply).
@@ -280,11 +291,15 @@ double Barrier(uint16_t port, int n) {
 }
 
 std::string g_filter;  // run only the rows whose name contains this
-bool Want(const std::string& what) { return what.find(g_filter) != std::string::npos; }
+bool Want(const std::string& what) {
+  return what.find(g_filter) != std::string::npos;
+}
 
-void Row(const char* what, double ours, double theirs, const char* unit, bool higher_better) {
+void Row(const char* what, double ours, double theirs, const char* unit,
+         bool higher_better) {
   double ratio = higher_better ? ours / theirs : theirs / ours;
-  std::printf("| %-34s | %12.1f | %12.1f | %-6s | %5.2fx |\n", what, ours, theirs, unit, ratio);
+  std::printf("| %-34s | %12.1f | %12.1f | %-6s | %5.2fx |\n", what, ours,
+              theirs, unit, ratio);
   std::fflush(stdout);
 }
 
@@ -295,13 +310,19 @@ int main(int argc, char** argv) {
   double seconds = 1.0;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string a = argv[i];
-    if (a == "--dtstore") dtstore = argv[i + 1];
-    else if (a == "--torch-host") torch_host = argv[i + 1];
-    else if (a == "--seconds") seconds = std::atof(argv[i + 1]);
-    else if (a == "--filter") g_filter = argv[i + 1];
+    if (a == "--dtstore")
+      dtstore = argv[i + 1];
+    else if (a == "--torch-host")
+      torch_host = argv[i + 1];
+    else if (a == "--seconds")
+      seconds = std::atof(argv[i + 1]);
+    else if (a == "--filter")
+      g_filter = argv[i + 1];
   }
   if (dtstore.empty() || torch_host.empty()) {
-    std::fprintf(stderr, "usage: store_bench --dtstore PATH --torch-host PATH [--seconds S]\n");
+    std::fprintf(
+        stderr,
+        "usage: store_bench --dtstore PATH --torch-host PATH [--seconds S]\n");
     return 2;
   }
   rlimit lim{};
@@ -309,27 +330,34 @@ int main(int argc, char** argv) {
   lim.rlim_cur = lim.rlim_max;
   setrlimit(RLIMIT_NOFILE, &lim);
   signal(SIGPIPE, SIG_IGN);
-  auto ours = Spawn({dtstore, "--host", "127.0.0.1", "--port", "0", "--log-level", "error"});
+  auto ours = Spawn(
+      {dtstore, "--host", "127.0.0.1", "--port", "0", "--log-level", "error"});
   auto theirs = Spawn({torch_host});
   if (!ours || !theirs) return 1;
 
-  std::printf("| measurement (libtorch %d.%d C++ client) | dtstore | torch %d.%d server | unit "
-              "| ours vs theirs |\n",
-              TORCH_VERSION_MAJOR, TORCH_VERSION_MINOR, TORCH_VERSION_MAJOR, TORCH_VERSION_MINOR);
+  std::printf(
+      "| measurement (libtorch %d.%d C++ client) | dtstore | torch %d.%d "
+      "server | unit "
+      "| ours vs theirs |\n",
+      TORCH_VERSION_MAJOR, TORCH_VERSION_MINOR, TORCH_VERSION_MAJOR,
+      TORCH_VERSION_MINOR);
   std::printf("|---|---:|---:|---|---:|\n");
   for (const char* op : {"set", "get", "add"}) {
     for (int clients : {1, 8, 32}) {
-      if (!Want(std::string(op) + ", " + std::to_string(clients) + " clients")) continue;
+      if (!Want(std::string(op) + ", " + std::to_string(clients) + " clients"))
+        continue;
       OpStats a = RunOps(*ours, clients, op, 16, seconds);
       OpStats b = RunOps(*theirs, clients, op, 16, seconds);
       char what[64];
-      std::snprintf(what, sizeof(what), "%s, %d clients: throughput", op, clients);
+      std::snprintf(what, sizeof(what), "%s, %d clients: throughput", op,
+                    clients);
       Row(what, a.ops_per_s, b.ops_per_s, "ops/s", true);
       std::snprintf(what, sizeof(what), "%s, %d clients: p50", op, clients);
       Row(what, a.p50_us, b.p50_us, "us", false);
       std::snprintf(what, sizeof(what), "%s, %d clients: p99", op, clients);
       Row(what, a.p99_us, b.p99_us, "us", false);
-      std::snprintf(what, sizeof(what), "%s, %d clients: server CPU/op", op, clients);
+      std::snprintf(what, sizeof(what), "%s, %d clients: server CPU/op", op,
+                    clients);
       Row(what, a.server_cpu_us_per_op, b.server_cpu_us_per_op, "us", false);
     }
   }
@@ -338,13 +366,16 @@ int main(int argc, char** argv) {
     OpStats a = RunOps(*ours, clients, "get", 1 << 20, seconds);
     OpStats b = RunOps(*theirs, clients, "get", 1 << 20, seconds);
     char what[64];
-    std::snprintf(what, sizeof(what), "get 1 MiB, %d clients: throughput", clients);
+    std::snprintf(what, sizeof(what), "get 1 MiB, %d clients: throughput",
+                  clients);
     Row(what, a.ops_per_s, b.ops_per_s, "ops/s", true);
-    std::snprintf(what, sizeof(what), "get 1 MiB, %d clients: server CPU/op", clients);
+    std::snprintf(what, sizeof(what), "get 1 MiB, %d clients: server CPU/op",
+                  clients);
     Row(what, a.server_cpu_us_per_op, b.server_cpu_us_per_op, "us", false);
   }
-  if (Want("wait release")) Row("wait release (median)", WaitRelease(ours->port, 200), WaitRelease(theirs->port, 200),
-      "us", false);
+  if (Want("wait release"))
+    Row("wait release (median)", WaitRelease(ours->port, 200),
+        WaitRelease(theirs->port, 200), "us", false);
   for (int n : {1000, 4000}) {
     char what[64];
     std::snprintf(what, sizeof(what), "barrier of %d connections", n);

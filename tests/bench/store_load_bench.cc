@@ -12,7 +12,8 @@
 // Rows are medians of --rounds paired rounds (dtstore, then torch's).
 //
 // Usage: store_load_bench --dtstore PATH --torch-host PATH [--seconds 1]
-//                         [--rounds 3] [--conns 8] [--depth 32] [--dialect 113|2]
+//                         [--rounds 3] [--conns 8] [--depth 32] [--dialect
+//                         113|2]
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -46,8 +47,8 @@ Dialect g_dialect = Dialect::kTorch113;
 using Server = dtrun::testing::ServerProcess;
 using dtrun::testing::CpuSeconds;
 
-std::string Frame(Op op, std::vector<std::string> keys, std::vector<std::string> values = {},
-                  int64_t number = 0) {
+std::string Frame(Op op, std::vector<std::string> keys,
+                  std::vector<std::string> values = {}, int64_t number = 0) {
   Request r;
   r.op = op;
   r.keys = std::move(keys);
@@ -86,8 +87,10 @@ void SendAll(int fd, const std::string& bytes) {
   size_t off = 0;
   while (off < bytes.size()) {
     ssize_t n = send(fd, bytes.data() + off, bytes.size() - off, MSG_NOSIGNAL);
-    if (n > 0) off += static_cast<size_t>(n);
-    else if (n < 0 && errno != EAGAIN && errno != EINTR) return;
+    if (n > 0)
+      off += static_cast<size_t>(n);
+    else if (n < 0 && errno != EAGAIN && errno != EINTR)
+      return;
   }
 }
 
@@ -164,7 +167,8 @@ Throughput Pipelined(const Server& srv, int conns, int depth, double seconds,
   }
   double cpu0 = CpuSeconds(srv.pid);
   auto t0 = Clock::now();
-  auto stop = t0 + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
+  auto stop = t0 + std::chrono::duration_cast<Clock::duration>(
+                       std::chrono::duration<double>(seconds));
   for (auto& c : cs) {
     SendAll(c.fd, burst);
     c.inflight = depth;
@@ -214,7 +218,8 @@ double WaitRelease(const Server& srv, int reps) {
     auto t0 = Clock::now();
     SendAll(b, Frame(Op::kSet, {key}, {"1"}));
     if (!RecvN(a, 1, &reply)) break;
-    lat.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
+    lat.push_back(
+        std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
   }
   close(a);
   close(b);
@@ -224,7 +229,8 @@ double WaitRelease(const Server& srv, int reps) {
 
 // Milliseconds for n connections to ADD and WAIT until the last sets the key.
 double Barrier(const Server& srv, int n, int round) {
-  std::string key = "/barrier" + std::to_string(n) + "_" + std::to_string(round);
+  std::string key =
+      "/barrier" + std::to_string(n) + "_" + std::to_string(round);
   std::vector<int> fds;
   for (int i = 0; i < n; ++i) fds.push_back(Connect(srv.port));
   int ep = epoll_create1(0);
@@ -234,7 +240,8 @@ double Barrier(const Server& srv, int n, int round) {
     ev.data.u32 = i;
     epoll_ctl(ep, EPOLL_CTL_ADD, fds[i], &ev);
   }
-  std::string arrive = Frame(Op::kAdd, {key}, {}, 1) + Frame(Op::kWait, {key + "/go"});
+  std::string arrive =
+      Frame(Op::kAdd, {key}, {}, 1) + Frame(Op::kWait, {key + "/go"});
   auto t0 = Clock::now();
   for (int fd : fds) SendAll(fd, arrive);
   std::vector<std::string> in(n);
@@ -259,7 +266,8 @@ double Barrier(const Server& srv, int n, int round) {
       if (before < 9 && in[i].size() >= 9) ++released;
     }
   }
-  double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+  double ms =
+      std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
   for (int fd : fds) close(fd);
   close(ep);
   return released == n ? ms : -1;
@@ -278,8 +286,9 @@ struct Options {
 
 // Runs `measure` on both servers `rounds` times, alternating, and prints
 // the medians, their ranges and the ratio (> 1: dtstore better).
-void Row(const Options& o, const Server& ours, const Server& theirs, const std::string& what,
-         const char* unit, bool higher_better, const std::function<double(const Server&, int)>& measure) {
+void Row(const Options& o, const Server& ours, const Server& theirs,
+         const std::string& what, const char* unit, bool higher_better,
+         const std::function<double(const Server&, int)>& measure) {
   std::vector<double> a, b;
   for (int r = 0; r < o.rounds; ++r) {
     a.push_back(measure(ours, r));
@@ -287,10 +296,12 @@ void Row(const Options& o, const Server& ours, const Server& theirs, const std::
   }
   double ma = Median(a), mb = Median(b);
   double ratio = higher_better ? ma / mb : mb / ma;
-  std::printf("| %-34s | %10.1f (%.1f-%.1f) | %10.1f (%.1f-%.1f) | %-5s | %5.2fx |\n", what.c_str(),
-              ma, *std::min_element(a.begin(), a.end()), *std::max_element(a.begin(), a.end()), mb,
-              *std::min_element(b.begin(), b.end()), *std::max_element(b.begin(), b.end()), unit,
-              ratio);
+  std::printf(
+      "| %-34s | %10.1f (%.1f-%.1f) | %10.1f (%.1f-%.1f) | %-5s | %5.2fx |\n",
+      what.c_str(), ma, *std::min_element(a.begin(), a.end()),
+      *std::max_element(a.begin(), a.end()), mb,
+      *std::min_element(b.begin(), b.end()),
+      *std::max_element(b.begin(), b.end()), unit, ratio);
   std::fflush(stdout);
 }
 
@@ -302,16 +313,25 @@ int main(int argc, char** argv) {
   Options o;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string a = argv[i], v = argv[i + 1];
-    if (a == "--dtstore") o.dtstore = v;
-    else if (a == "--torch-host") o.torch_host = v;
-    else if (a == "--seconds") o.seconds = std::atof(v.c_str());
-    else if (a == "--rounds") o.rounds = std::atoi(v.c_str());
-    else if (a == "--conns") o.conns = std::atoi(v.c_str());
-    else if (a == "--depth") o.depth = std::atoi(v.c_str());
-    else if (a == "--dialect") g_dialect = v == "2" ? Dialect::kTorch2 : Dialect::kTorch113;
+    if (a == "--dtstore")
+      o.dtstore = v;
+    else if (a == "--torch-host")
+      o.torch_host = v;
+    else if (a == "--seconds")
+      o.seconds = std::atof(v.c_str());
+    else if (a == "--rounds")
+      o.rounds = std::atoi(v.c_str());
+    else if (a == "--conns")
+      o.conns = std::atoi(v.c_str());
+    else if (a == "--depth")
+      o.depth = std::atoi(v.c_str());
+    else if (a == "--dialect")
+      g_dialect = v == "2" ? Dialect::kTorch2 : Dialect::kTorch113;
   }
   if (o.dtstore.empty() || o.torch_host.empty()) {
-    std::fprintf(stderr, "usage: store_load_bench --dtstore PATH --torch-host PATH [--seconds S] "
+    std::fprintf(stderr,
+                 "usage: store_load_bench --dtstore PATH --torch-host PATH "
+                 "[--seconds S] "
                  "[--rounds R] [--conns C] [--depth D] [--dialect 113|2]\n");
     return 2;
   }
@@ -320,7 +340,9 @@ int main(int argc, char** argv) {
   lim.rlim_cur = lim.rlim_max;
   setrlimit(RLIMIT_NOFILE, &lim);
   signal(SIGPIPE, SIG_IGN);
-  Server ours = dtrun::testing::SpawnServer({o.dtstore, "--host", "127.0.0.1", "--port", "0", "--log-level", "error"});
+  Server ours =
+      dtrun::testing::SpawnServer({o.dtstore, "--host", "127.0.0.1", "--port",
+                                   "0", "--log-level", "error"});
   Server theirs = dtrun::testing::SpawnServer({o.torch_host});
   if (ours.port == 0 || theirs.port == 0) {
     std::fprintf(stderr, "cannot start the servers\n");
@@ -329,23 +351,28 @@ int main(int argc, char** argv) {
   std::string small(16, 'x'), big(1 << 20, 'x');
   for (const Server* s : {&ours, &theirs}) {
     int fd = Connect(s->port);
-    SendAll(fd, Frame(Op::kSet, {"/small"}, {small}) + Frame(Op::kSet, {"/big"}, {big}));
+    SendAll(fd, Frame(Op::kSet, {"/small"}, {small}) +
+                    Frame(Op::kSet, {"/big"}, {big}));
     std::string r;
     SendAll(fd, Frame(Op::kGetNumKeys, {}));
     RecvN(fd, 8, &r);
     close(fd);
   }
-  std::string c = std::to_string(o.conns) + " conns x depth " + std::to_string(o.depth);
-  std::printf("| server-bound, raw protocol (%s dialect), %s | dtstore median (range) "
-              "| torch server median (range) | unit | ours vs theirs |\n|---|---:|---:|---|---:|\n",
-              g_dialect == Dialect::kTorch2 ? "2.x" : "1.13", c.c_str());
+  std::string c =
+      std::to_string(o.conns) + " conns x depth " + std::to_string(o.depth);
+  std::printf(
+      "| server-bound, raw protocol (%s dialect), %s | dtstore median (range) "
+      "| torch server median (range) | unit | ours vs theirs "
+      "|\n|---|---:|---:|---|---:|\n",
+      g_dialect == Dialect::kTorch2 ? "2.x" : "1.13", c.c_str());
   struct Kind {
     const char* name;
     std::string batch;
     int per_batch, reply;
   };
   std::string sets;
-  for (int i = 0; i < 16; ++i) sets += Frame(Op::kSet, {"/s" + std::to_string(i)}, {small});
+  for (int i = 0; i < 16; ++i)
+    sets += Frame(Op::kSet, {"/s" + std::to_string(i)}, {small});
   std::vector<Kind> kinds = {
       {"set", sets + Frame(Op::kGetNumKeys, {}), 16, 8},
       {"get", Frame(Op::kGet, {"/small"}), 1, -1},
@@ -356,25 +383,30 @@ int main(int argc, char** argv) {
     int depth = std::string(k.name) == "get 1 MiB" ? 2 : o.depth;
     std::vector<Throughput> last(2);
     auto run = [&](const Server& s, int) {
-      Throughput t = Pipelined(s, o.conns, depth, o.seconds, k.batch, k.per_batch, k.reply);
+      Throughput t = Pipelined(s, o.conns, depth, o.seconds, k.batch,
+                               k.per_batch, k.reply);
       last[&s == &ours ? 0 : 1] = t;
       return t.ops_per_s;
     };
     std::vector<double> cpu_a, cpu_b;
     auto run_cpu = [&](const Server& s, int r) {
       double ops = run(s, r);
-      (&s == &ours ? cpu_a : cpu_b).push_back(last[&s == &ours ? 0 : 1].cpu_us_per_op);
+      (&s == &ours ? cpu_a : cpu_b)
+          .push_back(last[&s == &ours ? 0 : 1].cpu_us_per_op);
       return ops;
     };
-    Row(o, ours, theirs, std::string(k.name) + ": throughput", "ops/s", true, run_cpu);
+    Row(o, ours, theirs, std::string(k.name) + ": throughput", "ops/s", true,
+        run_cpu);
     Row(o, ours, theirs, std::string(k.name) + ": server CPU/op", "us", false,
-        [&](const Server& s, int r) { return (&s == &ours ? cpu_a : cpu_b)[r]; });
+        [&](const Server& s, int r) {
+          return (&s == &ours ? cpu_a : cpu_b)[r];
+        });
   }
   Row(o, ours, theirs, "wait release (median of 200)", "us", false,
       [](const Server& s, int) { return WaitRelease(s, 200); });
   for (int n : {1000, 4000}) {
-    Row(o, ours, theirs, "barrier of " + std::to_string(n) + " connections", "ms", false,
-        [n](const Server& s, int r) { return Barrier(s, n, r); });
+    Row(o, ours, theirs, "barrier of " + std::to_string(n) + " connections",
+        "ms", false, [n](const Server& s, int r) { return Barrier(s, n, r); });
   }
   for (const Server* s : {&ours, &theirs}) {
     kill(s->pid, SIGTERM);

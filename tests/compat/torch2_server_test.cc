@@ -38,9 +38,10 @@ class Torch2Server {
     if (pid_ == 0) {
       ::dup2(in[0], 0);
       ::dup2(out[1], 1);
-      const std::string sh = std::string(DTRUN_SOURCE_DIR) + "/scripts/torch2.sh";
-      const std::string py = std::string(DTRUN_SOURCE_DIR) +
-                             "/tests/compat/torch_store_server.py";
+      const std::string sh =
+          std::string(DTRUN_SOURCE_DIR) + "/scripts/torch2.sh";
+      const std::string py =
+          std::string(DTRUN_SOURCE_DIR) + "/tests/compat/torch_store_server.py";
       // The root sees the checkout at the same path; run from inside it.
       if (::chdir(DTRUN_SOURCE_DIR) == 0) {
         ::execl(sh.c_str(), sh.c_str(), "run", "/usr/bin/python3", py.c_str(),
@@ -110,7 +111,8 @@ class OurClientOnTorch2ServerTest : public ::testing::Test {
     ASSERT_TRUE(start_error_.empty()) << start_error_;
     client_ = Connect();
   }
-  std::unique_ptr<TcpStoreClient> Connect(milliseconds timeout = milliseconds(3000)) {
+  std::unique_ptr<TcpStoreClient> Connect(
+      milliseconds timeout = milliseconds(3000)) {
     StoreClientOptions opts;
     opts.port = server_->port();
     opts.timeout = timeout;
@@ -121,7 +123,9 @@ class OurClientOnTorch2ServerTest : public ::testing::Test {
   }
   // A key private to the running test: the server lives for the suite.
   static std::string Key(const std::string& name) {
-    return std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()) +
+    return std::string(::testing::UnitTest::GetInstance()
+                           ->current_test_info()
+                           ->name()) +
            "/" + name;
   }
 
@@ -185,7 +189,8 @@ TEST_F(OurClientOnTorch2ServerTest, WaitReleasedByAnotherClient) {
   t.join();
 }
 
-TEST_F(OurClientOnTorch2ServerTest, WaitTimeoutCancelsAndLaterRepliesStayInStep) {
+TEST_F(OurClientOnTorch2ServerTest,
+       WaitTimeoutCancelsAndLaterRepliesStayInStep) {
   auto start = std::chrono::steady_clock::now();
   Status s = client_->Wait({Key("later")}, milliseconds(200));
   EXPECT_EQ(s.code(), Status::Code::kTimeout) << s.message();
@@ -202,7 +207,8 @@ TEST_F(OurClientOnTorch2ServerTest, LargeValueRoundTrips) {
   EXPECT_EQ(*Connect()->Get(Key("big")), big);
 }
 
-TEST_F(OurClientOnTorch2ServerTest, BarrierFailsFastOnA26ServerThenClientRecovers) {
+TEST_F(OurClientOnTorch2ServerTest,
+       BarrierFailsFastOnA26ServerThenClientRecovers) {
   // 2.6's server has no BARRIER (opcode 18): it drops the connection, and
   // the error says so (closed or reset) instead of waiting out the timeout.
   auto start = std::chrono::steady_clock::now();

@@ -27,7 +27,8 @@ constexpr Dialect kTorchDialect = Dialect::kTorch2;
 constexpr Dialect kTorchDialect = Dialect::kTorch113;
 #endif
 
-c10d::TCPStoreOptions ClientOpts(uint16_t port, c10::optional<size_t> workers = c10::nullopt) {
+c10d::TCPStoreOptions ClientOpts(uint16_t port,
+                                 c10::optional<size_t> workers = c10::nullopt) {
   c10d::TCPStoreOptions opts;
   opts.port = port;
   opts.isServer = false;
@@ -118,7 +119,8 @@ TEST_F(TorchClientOnOurServerTest, WatchKeySeesCreateUpdateDelete) {
   std::mutex mu;
   std::condition_variable cv;
   std::vector<std::string> seen;
-  store.watchKey("w", [&](c10::optional<std::string> old_v, c10::optional<std::string> new_v) {
+  store.watchKey("w", [&](c10::optional<std::string> old_v,
+                          c10::optional<std::string> new_v) {
     std::lock_guard<std::mutex> lock(mu);
     seen.push_back(old_v.value_or("<none>") + "->" + new_v.value_or("<none>"));
     cv.notify_all();
@@ -127,7 +129,8 @@ TEST_F(TorchClientOnOurServerTest, WatchKeySeesCreateUpdateDelete) {
   store.set("w", B("2"));
   store.deleteKey("w");
   std::unique_lock<std::mutex> lock(mu);
-  ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(2), [&] { return seen.size() >= 3; }));
+  ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(2),
+                          [&] { return seen.size() >= 3; }));
   EXPECT_EQ(seen[0], "<none>->1");
   EXPECT_EQ(seen[1], "1->2");
   EXPECT_EQ(seen[2], "2-><none>");

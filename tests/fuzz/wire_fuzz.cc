@@ -39,7 +39,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     Request req;
     size_t consumed = 0;
     std::string error;
-    DecodeState st = DecodeRequest(in.substr(pos), dialect, limits, &req, &consumed, &error);
+    DecodeState st =
+        DecodeRequest(in.substr(pos), dialect, limits, &req, &consumed, &error);
     if (st != DecodeState::kDone) break;
     pos += consumed;
     // Alternate connections so waiters on one are released by another.

@@ -1,6 +1,7 @@
 // A worker for dtrun's tests. Reads RANK etc. from the environment and does
 // what its flags say, in this order:
-//   --pid-dir D        write D/pid_<RANK>_<TORCHELASTIC_RESTART_COUNT> (its pid)
+//   --pid-dir D        write D/pid_<RANK>_<TORCHELASTIC_RESTART_COUNT> (its
+//   pid)
 //   --env-dir D        write D/env_<RANK> (its whole environment)
 //   --stamp-dir D      write D/start_<RANK>_<RESTART> (unix ns at start)
 //   --lines N          print N lines "line <i> from rank <RANK>" on stdout
@@ -78,7 +79,8 @@ int main(int argc, char** argv) {
       for (int waited = 0; waited < 10000; waited += 5) {
         int have = 0;
         for (int r = 0; r < want; ++r) {
-          std::string path = pid_dir + "/pid_" + std::to_string(r) + "_" + restart;
+          std::string path =
+              pid_dir + "/pid_" + std::to_string(r) + "_" + restart;
           if (access(path.c_str(), F_OK) == 0) ++have;
         }
         if (have == want) break;
@@ -89,7 +91,8 @@ int main(int argc, char** argv) {
       for (char** e = environ; *e; ++e) out << *e << "\n";
     } else if (flag == "--stamp-dir") {
       stamp_dir = arg;
-      std::ofstream(arg + "/start_" + rank + "_" + restart) << UnixNanos() << "\n";
+      std::ofstream(arg + "/start_" + rank + "_" + restart)
+          << UnixNanos() << "\n";
     } else if (flag == "--lines") {
       for (int n = 0; n < std::atoi(arg.c_str()); ++n) {
         std::printf("line %d from rank %s\n", n, rank.c_str());
@@ -109,18 +112,22 @@ int main(int argc, char** argv) {
       if (access(marker.c_str(), F_OK) != 0) {
         std::ofstream(marker) << "1\n";
         if (!stamp_dir.empty()) {
-          std::ofstream(stamp_dir + "/exit_" + rank + "_" + restart) << UnixNanos() << "\n";
+          std::ofstream(stamp_dir + "/exit_" + rank + "_" + restart)
+              << UnixNanos() << "\n";
         }
         return 3;
       }
     } else if (flag == "--error-file") {
       std::ofstream(Env("TORCHELASTIC_ERROR_FILE"))
           << "{\"message\": {\"message\": \"RuntimeError: " << arg
-          << "\", \"extraInfo\": {\"py_callstack\": \"Traceback (fake)\\nRuntimeError: " << arg
-          << "\", \"timestamp\": \"" << UnixNanos() / 1000000000 << "\"}}}";
+          << "\", \"extraInfo\": {\"py_callstack\": \"Traceback "
+             "(fake)\\nRuntimeError: "
+          << arg << "\", \"timestamp\": \"" << UnixNanos() / 1000000000
+          << "\"}}}";
       return 1;
     } else if (flag == "--sleep-ms") {
-      std::this_thread::sleep_for(std::chrono::milliseconds(std::atoi(arg.c_str())));
+      std::this_thread::sleep_for(
+          std::chrono::milliseconds(std::atoi(arg.c_str())));
     } else if (flag == "--kill-self") {
       raise(std::atoi(arg.c_str()));
     } else if (flag == "--exit") {

@@ -22,7 +22,9 @@ double MedianMs(int warmup, int reps, Fn fn) {
   for (int i = 0; i < reps; ++i) {
     auto a = std::chrono::steady_clock::now();
     fn();
-    t.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - a).count());
+    t.push_back(std::chrono::duration<double, std::milli>(
+                    std::chrono::steady_clock::now() - a)
+                    .count());
   }
   std::sort(t.begin(), t.end());
   return t[t.size() / 2];

@@ -35,7 +35,9 @@ inline ServerProcess SpawnServer(std::vector<std::string> args) {
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
   ServerProcess s;
-  if (posix_spawn(&s.pid, args[0].c_str(), &fa, nullptr, argv.data(), environ) != 0) s.pid = -1;
+  if (posix_spawn(&s.pid, args[0].c_str(), &fa, nullptr, argv.data(),
+                  environ) != 0)
+    s.pid = -1;
   posix_spawn_file_actions_destroy(&fa);
   close(out[1]);
   std::string line;
@@ -43,14 +45,16 @@ inline ServerProcess SpawnServer(std::vector<std::string> args) {
   while (read(out[0], &c, 1) == 1 && c != '\n') line += c;
   close(out[0]);
   auto colon = line.rfind(':');
-  if (colon != std::string::npos) s.port = static_cast<uint16_t>(std::atoi(line.c_str() + colon + 1));
+  if (colon != std::string::npos)
+    s.port = static_cast<uint16_t>(std::atoi(line.c_str() + colon + 1));
   return s;
 }
 
 // utime + stime of `pid` (fields 14 and 15 of /proc/PID/stat), in seconds.
 inline double CpuSeconds(pid_t pid) {
   std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
-  std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  std::string text((std::istreambuf_iterator<char>(f)),
+                   std::istreambuf_iterator<char>());
   auto paren = text.rfind(')');
   if (paren == std::string::npos) return 0;
   std::istringstream rest(text.substr(paren + 2));

@@ -18,7 +18,8 @@ int main(int argc, char** argv) {
   opts.port = static_cast<uint16_t>(std::atoi(argv[2]));
   auto client = dtrun::rdzv::TcpStoreClient::Connect(opts);
   if (!client.ok()) {
-    std::fprintf(stderr, "store client: %s\n", client.status().message().c_str());
+    std::fprintf(stderr, "store client: %s\n",
+                 client.status().message().c_str());
     return 1;
   }
   auto set = (*client)->Set("greeting", "hello");
@@ -26,7 +27,9 @@ int main(int argc, char** argv) {
   if (added.ok()) added = (*client)->Add("counter", 1);
   auto got = (*client)->Get("greeting");
   if (!set.ok() || !added.ok() || !got.ok()) {
-    const auto& bad = !set.ok() ? set : !added.ok() ? added.status() : got.status();
+    const auto& bad = !set.ok()     ? set
+                      : !added.ok() ? added.status()
+                                    : got.status();
     std::fprintf(stderr, "store client: %s\n", bad.message().c_str());
     return 1;
   }

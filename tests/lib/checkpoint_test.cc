@@ -38,7 +38,8 @@ TEST_F(CheckpointTest, CorruptNewestFallsBackToPrevious) {
   ckpt.Write(1, "good");
   ckpt.Write(2, "also good");
   {
-    std::fstream f(ckpt.LoadLatest()->path, std::ios::in | std::ios::out | std::ios::binary);
+    std::fstream f(ckpt.LoadLatest()->path,
+                   std::ios::in | std::ios::out | std::ios::binary);
     f.seekp(-1, std::ios::end);
     f.put('X');  // flip the last payload byte
   }
@@ -56,7 +57,8 @@ TEST_F(CheckpointTest, AcceptCallbackSkipsToAnOlderCheckpoint) {
   ckpt.Write(2, "two");
   std::vector<std::string> skipped;
   auto loaded = ckpt.LoadLatest(&skipped, [](const CheckpointDir::Loaded& l) {
-    return l.payload == "two" ? Status::Invalid("its shard is missing") : Status::Ok();
+    return l.payload == "two" ? Status::Invalid("its shard is missing")
+                              : Status::Ok();
   });
   ASSERT_TRUE(loaded.has_value());
   EXPECT_EQ(loaded->step, 1);
@@ -68,11 +70,13 @@ bool Exists(const std::string& path) { return access(path.c_str(), F_OK) == 0; }
 
 TEST_F(CheckpointTest, ShardsOfDroppedAndUnfinishedStepsAreDeleted) {
   CheckpointDir ckpt(dir_, 1);
-  for (int r = 0; r < 2; ++r) ASSERT_TRUE(WriteCheckpointFile(ckpt.ShardPath(10, r), "s").ok());
+  for (int r = 0; r < 2; ++r)
+    ASSERT_TRUE(WriteCheckpointFile(ckpt.ShardPath(10, r), "s").ok());
   ASSERT_TRUE(ckpt.Write(10, "manifest 10").ok());
   // Step 15's shards were written, but its manifest never was (a crash).
   ASSERT_TRUE(WriteCheckpointFile(ckpt.ShardPath(15, 0), "s").ok());
-  for (int r = 0; r < 2; ++r) ASSERT_TRUE(WriteCheckpointFile(ckpt.ShardPath(20, r), "s").ok());
+  for (int r = 0; r < 2; ++r)
+    ASSERT_TRUE(WriteCheckpointFile(ckpt.ShardPath(20, r), "s").ok());
   EXPECT_TRUE(Exists(ckpt.ShardPath(10, 1)));
   ASSERT_TRUE(ckpt.Write(20, "manifest 20").ok());
   EXPECT_EQ(ckpt.Steps(), (std::vector<int64_t>{20}));
@@ -112,7 +116,8 @@ TEST_F(CheckpointTest, WriteKilledHalfwayNeverLoads) {
   ASSERT_TRUE(loaded.has_value());
   EXPECT_EQ(loaded->step, 5);
   EXPECT_EQ(loaded->payload, "last good");
-  EXPECT_EQ(ckpt.Steps(), std::vector<int64_t>{5});  // the temp file does not count
+  EXPECT_EQ(ckpt.Steps(),
+            std::vector<int64_t>{5});  // the temp file does not count
 }
 
 }  // namespace

@@ -9,10 +9,12 @@ namespace {
 
 TEST(StepIndicesTest, RanksSplitAnEpochWithoutOverlap) {
   std::set<int64_t> seen;
-  for (int64_t step = 0; step < 5; ++step) {  // 100 rows / (2 ranks x 10) = 5 steps
+  for (int64_t step = 0; step < 5;
+       ++step) {  // 100 rows / (2 ranks x 10) = 5 steps
     for (int rank = 0; rank < 2; ++rank) {
       for (int64_t i : StepIndices(100, 10, 2, rank, step, 7)) {
-        EXPECT_TRUE(seen.insert(i).second) << "row " << i << " twice in one epoch";
+        EXPECT_TRUE(seen.insert(i).second)
+            << "row " << i << " twice in one epoch";
       }
     }
   }
@@ -21,8 +23,10 @@ TEST(StepIndicesTest, RanksSplitAnEpochWithoutOverlap) {
 
 TEST(StepIndicesTest, SameArgumentsSameRowsAndEpochsReshuffle) {
   EXPECT_EQ(StepIndices(100, 10, 2, 1, 3, 7), StepIndices(100, 10, 2, 1, 3, 7));
-  EXPECT_NE(StepIndices(100, 10, 2, 0, 0, 7), StepIndices(100, 10, 2, 0, 5, 7));  // next epoch
-  EXPECT_NE(StepIndices(100, 10, 2, 0, 0, 7), StepIndices(100, 10, 2, 0, 0, 8));  // other seed
+  EXPECT_NE(StepIndices(100, 10, 2, 0, 0, 7),
+            StepIndices(100, 10, 2, 0, 5, 7));  // next epoch
+  EXPECT_NE(StepIndices(100, 10, 2, 0, 0, 7),
+            StepIndices(100, 10, 2, 0, 0, 8));  // other seed
 }
 
 TEST(StepIndicesTest, DropLastOrPad) {
@@ -30,18 +34,21 @@ TEST(StepIndicesTest, DropLastOrPad) {
   std::set<int64_t> dropped, padded;
   for (int64_t step = 0; step < 2; ++step) {
     for (int r = 0; r < 2; ++r) {
-      for (int64_t i : StepIndices(25, 5, 2, r, step, 1, true)) dropped.insert(i);
+      for (int64_t i : StepIndices(25, 5, 2, r, step, 1, true))
+        dropped.insert(i);
     }
   }
   for (int64_t step = 0; step < 3; ++step) {
     for (int r = 0; r < 2; ++r) {
-      for (int64_t i : StepIndices(25, 5, 2, r, step, 1, false)) padded.insert(i);
+      for (int64_t i : StepIndices(25, 5, 2, r, step, 1, false))
+        padded.insert(i);
     }
   }
   EXPECT_EQ(dropped.size(), 20u);
   EXPECT_EQ(padded.size(), 25u);  // every row, some twice
   // Padded epochs have 3 steps, so step 3 starts the next, reshuffled epoch.
-  EXPECT_NE(StepIndices(25, 5, 2, 0, 3, 1, false), StepIndices(25, 5, 2, 0, 0, 1, false));
+  EXPECT_NE(StepIndices(25, 5, 2, 0, 3, 1, false),
+            StepIndices(25, 5, 2, 0, 0, 1, false));
 }
 
 TEST(DataTest, SplitHoldsOutEveryKthRow) {

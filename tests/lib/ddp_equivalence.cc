@@ -20,7 +20,8 @@ using dtrun::train::DistributedDataParallel;
 constexpr int kBatch = 8, kIn = 12, kOut = 3, kSteps = 20;
 
 std::shared_ptr<torch::nn::SequentialImpl> MakeModel() {
-  torch::manual_seed(1234);  // identical start on every rank (and DDP broadcasts anyway)
+  torch::manual_seed(
+      1234);  // identical start on every rank (and DDP broadcasts anyway)
   // 12*33+33 + 33*17+17 + 17*3+3 = 1032 parameters: not a multiple of N.
   return std::make_shared<torch::nn::SequentialImpl>(
       torch::nn::Linear(kIn, 33), torch::nn::Tanh(), torch::nn::Linear(33, 17),
@@ -46,7 +47,8 @@ double MaxRelativeError(torch::nn::Module& a, torch::nn::Module& b) {
   return worst;
 }
 
-double TrainAndCompare(dtrun::train::Distributed& dist, int accumulate, bool shared_memory) {
+double TrainAndCompare(dtrun::train::Distributed& dist, int accumulate,
+                       bool shared_memory) {
   const int n = dist.world_size(), r = dist.rank();
   auto model = MakeModel();
   auto reference = MakeModel();
@@ -54,8 +56,10 @@ double TrainAndCompare(dtrun::train::Distributed& dist, int accumulate, bool sha
   opts.bucket_cap_mb = 0.002;  // several buckets even for this small model
   opts.shared_memory = shared_memory;
   DistributedDataParallel ddp(model, &dist.pg(), opts);
-  torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
-  torch::optim::SGD ref_opt(reference->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+  torch::optim::SGD opt(model->parameters(),
+                        torch::optim::SGDOptions(0.05).momentum(0.9));
+  torch::optim::SGD ref_opt(reference->parameters(),
+                            torch::optim::SGDOptions(0.05).momentum(0.9));
   for (int step = 0; step < kSteps; ++step) {
     auto [x, y] = Batch(step, n * kBatch * accumulate);
     // Reference: one process, the whole batch.
@@ -67,7 +71,8 @@ double TrainAndCompare(dtrun::train::Distributed& dist, int accumulate, bool sha
     auto mine_x = x.view({accumulate, n, kBatch, kIn}).select(1, r);
     auto mine_y = y.view({accumulate, n, kBatch, kOut}).select(1, r);
     for (int m = 0; m < accumulate; ++m) {
-      auto loss = torch::mse_loss(model->forward(mine_x[m]), mine_y[m]) / accumulate;
+      auto loss =
+          torch::mse_loss(model->forward(mine_x[m]), mine_y[m]) / accumulate;
       if (m + 1 < accumulate) {
         DistributedDataParallel::NoSync no_sync(ddp);
         loss.backward();
@@ -79,11 +84,13 @@ double TrainAndCompare(dtrun::train::Distributed& dist, int accumulate, bool sha
     opt.step();
   }
   if (r == 0) {
-    std::printf("ddp_equivalence: %zu buckets, all-reduced through %s\n", ddp.num_buckets(),
-                ddp.transport().c_str());
+    std::printf("ddp_equivalence: %zu buckets, all-reduced through %s\n",
+                ddp.num_buckets(), ddp.transport().c_str());
   }
   // One process needs no all-reduce; two or more on this host share memory.
-  if (ddp.transport() != (shared_memory && n > 1 ? "shared memory" : "process group")) return 1.0;
+  if (ddp.transport() !=
+      (shared_memory && n > 1 ? "shared memory" : "process group"))
+    return 1.0;
   return MaxRelativeError(*model, *reference);
 }
 
@@ -98,10 +105,13 @@ int main() {
     double accumulated = TrainAndCompare(*dist, 3, shm);
     bool good = plain <= 1e-5 && accumulated <= 1e-5;
     ok = ok && good;
-    std::printf("ddp_equivalence: rank %d of %d (%s): max relative error %.3g (batch %d per "
-                "rank), %.3g (no_sync, 3 micro-batches) %s\n",
-                dist->rank(), dist->world_size(), shm ? "shared memory allowed" : "process group",
-                plain, kBatch, accumulated, good ? "OK" : "MISMATCH");
+    std::printf(
+        "ddp_equivalence: rank %d of %d (%s): max relative error %.3g (batch "
+        "%d per "
+        "rank), %.3g (no_sync, 3 micro-batches) %s\n",
+        dist->rank(), dist->world_size(),
+        shm ? "shared memory allowed" : "process group", plain, kBatch,
+        accumulated, good ? "OK" : "MISMATCH");
   }
   return ok ? 0 : 1;
 }

@@ -6,9 +6,13 @@ namespace dtrun::train {
 namespace {
 
 TEST(DistEnvTest, ReadsWhatTheLauncherSets) {
-  auto d = ReadDistEnv({{"RANK", "3"}, {"WORLD_SIZE", "4"}, {"LOCAL_RANK", "1"},
-                        {"LOCAL_WORLD_SIZE", "2"}, {"MASTER_ADDR", "10.0.0.1"},
-                        {"MASTER_PORT", "29500"}, {"TORCHELASTIC_RESTART_COUNT", "2"},
+  auto d = ReadDistEnv({{"RANK", "3"},
+                        {"WORLD_SIZE", "4"},
+                        {"LOCAL_RANK", "1"},
+                        {"LOCAL_WORLD_SIZE", "2"},
+                        {"MASTER_ADDR", "10.0.0.1"},
+                        {"MASTER_PORT", "29500"},
+                        {"TORCHELASTIC_RESTART_COUNT", "2"},
                         {"TORCHELASTIC_RUN_ID", "job"}});
   ASSERT_TRUE(d.ok()) << d.status().message();
   EXPECT_EQ(d->rank, 3);
@@ -27,7 +31,9 @@ TEST(DistEnvTest, MissingVariablesSayToUseALauncher) {
 }
 
 TEST(DistEnvTest, RankOutsideWorldIsRejected) {
-  auto d = ReadDistEnv({{"RANK", "4"}, {"WORLD_SIZE", "4"}, {"MASTER_ADDR", "h"},
+  auto d = ReadDistEnv({{"RANK", "4"},
+                        {"WORLD_SIZE", "4"},
+                        {"MASTER_ADDR", "h"},
                         {"MASTER_PORT", "1"}});
   ASSERT_FALSE(d.ok());
   EXPECT_NE(d.status().message().find("RANK='4'"), std::string::npos);

@@ -1,11 +1,11 @@
 // Run under dtrun with N ranks. Same model, data and seed trained with our
 // DDP and with FSDP for 20 steps; after SGD with momentum and after AdamW
-// (and Adam with amsgrad) the gathered FSDP parameters match DDP's (relative error <= 1e-5). The
-// model's parameter count is not divisible by 2 or 4 and the units have odd
-// sizes, so every shard boundary and padding path runs. Also: two
-// micro-batches per step, every wrap policy and reshard setting, a sharded
-// state dict round trip, and bfloat16 compute staying close.
-// Prints "fsdp_equivalence: ... OK" on rank 0; exits 1 on a mismatch.
+// (and Adam with amsgrad) the gathered FSDP parameters match DDP's (relative
+// error <= 1e-5). The model's parameter count is not divisible by 2 or 4 and
+// the units have odd sizes, so every shard boundary and padding path runs.
+// Also: two micro-batches per step, every wrap policy and reshard setting, a
+// sharded state dict round trip, and bfloat16 compute staying close. Prints
+// "fsdp_equivalence: ... OK" on rank 0; exits 1 on a mismatch.
 #include <torch/torch.h>
 
 #include <cstdio>
@@ -27,19 +27,22 @@ std::shared_ptr<torch::nn::SequentialImpl> MakeModel() {
   torch::manual_seed(4321);
   // 13*17+17 = 238, 17*7+7 = 126, 7*5+5 = 40: 404 parameters in 3 units.
   return std::make_shared<torch::nn::SequentialImpl>(
-      torch::nn::Linear(kIn, 17), torch::nn::Tanh(), torch::nn::Linear(17, 7), torch::nn::ReLU(),
-      torch::nn::Linear(7, kOut));
+      torch::nn::Linear(kIn, 17), torch::nn::Tanh(), torch::nn::Linear(17, 7),
+      torch::nn::ReLU(), torch::nn::Linear(7, kOut));
 }
 
 // This rank's rows of step `step`'s batch (each rank different).
 std::pair<torch::Tensor, torch::Tensor> Batch(int step, int rank, int micro) {
-  auto gen = at::make_generator<at::CPUGeneratorImpl>(7000 + 100 * step + 10 * rank + micro);
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(7000 + 100 * step +
+                                                      10 * rank + micro);
   return {torch::randn({kBatch, kIn}, gen), torch::randn({kBatch, kOut}, gen)};
 }
 
-using MakeOpt = std::function<std::unique_ptr<torch::optim::Optimizer>(std::vector<torch::Tensor>)>;
+using MakeOpt = std::function<std::unique_ptr<torch::optim::Optimizer>(
+    std::vector<torch::Tensor>)>;
 
-double MaxRelativeError(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
+double MaxRelativeError(const std::vector<torch::Tensor>& a,
+                        const std::vector<torch::Tensor>& b) {
   double worst = 0;
   for (size_t i = 0; i < a.size(); ++i) {
     double diff = (a[i] - b[i]).abs().max().item<double>();
@@ -49,8 +52,8 @@ double MaxRelativeError(const std::vector<torch::Tensor>& a, const std::vector<t
   return worst;
 }
 
-std::vector<torch::Tensor> RunDdp(dtrun::train::Distributed& dist, const MakeOpt& make_opt,
-                                  int micro) {
+std::vector<torch::Tensor> RunDdp(dtrun::train::Distributed& dist,
+                                  const MakeOpt& make_opt, int micro) {
   auto model = MakeModel();
   DistributedDataParallel ddp(model, &dist.pg());
   auto opt = make_opt(model->parameters());
@@ -74,8 +77,10 @@ std::vector<torch::Tensor> RunDdp(dtrun::train::Distributed& dist, const MakeOpt
   return out;
 }
 
-std::vector<torch::Tensor> RunFsdp(dtrun::train::Distributed& dist, const MakeOpt& make_opt,
-                                   int micro, FsdpOptions options, size_t* units = nullptr) {
+std::vector<torch::Tensor> RunFsdp(dtrun::train::Distributed& dist,
+                                   const MakeOpt& make_opt, int micro,
+                                   FsdpOptions options,
+                                   size_t* units = nullptr) {
   auto model = MakeModel();
   FullyShardedDataParallel fsdp(model, &dist.pg(), options);
   if (units) *units = fsdp.num_units();
@@ -99,9 +104,11 @@ std::vector<torch::Tensor> RunFsdp(dtrun::train::Distributed& dist, const MakeOp
 
 int failures = 0;
 
-void Expect(dtrun::train::Distributed& dist, const char* what, double err, double limit) {
+void Expect(dtrun::train::Distributed& dist, const char* what, double err,
+            double limit) {
   if (dist.rank() == 0) {
-    std::printf("fsdp_equivalence: %-44s max rel. error %.3g (limit %.0e)\n", what, err, limit);
+    std::printf("fsdp_equivalence: %-44s max rel. error %.3g (limit %.0e)\n",
+                what, err, limit);
     std::fflush(stdout);
   }
   if (!(err <= limit)) ++failures;
@@ -113,35 +120,51 @@ int main() {
   torch::set_num_threads(1);
   auto dist = dtrun::train::Distributed::FromEnv();
   MakeOpt sgd = [](std::vector<torch::Tensor> p) {
-    return std::make_unique<torch::optim::SGD>(p, torch::optim::SGDOptions(0.05).momentum(0.9));
+    return std::make_unique<torch::optim::SGD>(
+        p, torch::optim::SGDOptions(0.05).momentum(0.9));
   };
   MakeOpt adamw = [](std::vector<torch::Tensor> p) {
-    return std::make_unique<torch::optim::AdamW>(p, torch::optim::AdamWOptions(0.01).weight_decay(0.1));
+    return std::make_unique<torch::optim::AdamW>(
+        p, torch::optim::AdamWOptions(0.01).weight_decay(0.1));
   };
   size_t units = 0;
   auto ddp_sgd = RunDdp(*dist, sgd, 1);
-  Expect(*dist, "SGD momentum, per-child units", MaxRelativeError(RunFsdp(*dist, sgd, 1, {}, &units), ddp_sgd), 1e-5);
+  Expect(*dist, "SGD momentum, per-child units",
+         MaxRelativeError(RunFsdp(*dist, sgd, 1, {}, &units), ddp_sgd), 1e-5);
   if (units != 3) ++failures;
   FsdpOptions keep;
   keep.reshard_after_forward = false;
   keep.prefetch = false;
-  Expect(*dist, "SGD, no reshard after forward, no prefetch", MaxRelativeError(RunFsdp(*dist, sgd, 1, keep), ddp_sgd), 1e-5);
+  Expect(*dist, "SGD, no reshard after forward, no prefetch",
+         MaxRelativeError(RunFsdp(*dist, sgd, 1, keep), ddp_sgd), 1e-5);
   FsdpOptions grouped;
   grouped.min_unit_params = 300;  // units {238+126, 40}
-  Expect(*dist, "SGD, units by parameter count", MaxRelativeError(RunFsdp(*dist, sgd, 1, grouped, &units), ddp_sgd), 1e-5);
+  Expect(*dist, "SGD, units by parameter count",
+         MaxRelativeError(RunFsdp(*dist, sgd, 1, grouped, &units), ddp_sgd),
+         1e-5);
   if (units != 2) ++failures;
   MakeOpt adam = [](std::vector<torch::Tensor> p) {
-    return std::make_unique<torch::optim::Adam>(p, torch::optim::AdamOptions(0.01).amsgrad(true));
+    return std::make_unique<torch::optim::Adam>(
+        p, torch::optim::AdamOptions(0.01).amsgrad(true));
   };
-  Expect(*dist, "Adam (amsgrad)", MaxRelativeError(RunFsdp(*dist, adam, 1, {}), RunDdp(*dist, adam, 1)), 1e-5);
+  Expect(*dist, "Adam (amsgrad)",
+         MaxRelativeError(RunFsdp(*dist, adam, 1, {}), RunDdp(*dist, adam, 1)),
+         1e-5);
   auto ddp_adamw = RunDdp(*dist, adamw, 1);
-  Expect(*dist, "AdamW", MaxRelativeError(RunFsdp(*dist, adamw, 1, {}), ddp_adamw), 1e-5);
-  Expect(*dist, "AdamW, 2 micro-batches per step", MaxRelativeError(RunFsdp(*dist, adamw, 2, {}), RunDdp(*dist, adamw, 2)), 1e-5);
+  Expect(*dist, "AdamW",
+         MaxRelativeError(RunFsdp(*dist, adamw, 1, {}), ddp_adamw), 1e-5);
+  Expect(
+      *dist, "AdamW, 2 micro-batches per step",
+      MaxRelativeError(RunFsdp(*dist, adamw, 2, {}), RunDdp(*dist, adamw, 2)),
+      1e-5);
   FsdpOptions bf16;
   bf16.param_dtype = "bfloat16";
-  Expect(*dist, "SGD, bfloat16 compute (loose)", MaxRelativeError(RunFsdp(*dist, sgd, 1, bf16), ddp_sgd), 5e-2);
+  Expect(*dist, "SGD, bfloat16 compute (loose)",
+         MaxRelativeError(RunFsdp(*dist, sgd, 1, bf16), ddp_sgd), 5e-2);
   bf16.reduce_dtype = "bfloat16";
-  Expect(*dist, "SGD, bfloat16 compute and reduction (loose)", MaxRelativeError(RunFsdp(*dist, sgd, 1, bf16), ddp_sgd), 5e-2);
-  if (dist->rank() == 0) std::printf("fsdp_equivalence: %s\n", failures ? "FAILED" : "OK");
+  Expect(*dist, "SGD, bfloat16 compute and reduction (loose)",
+         MaxRelativeError(RunFsdp(*dist, sgd, 1, bf16), ddp_sgd), 5e-2);
+  if (dist->rank() == 0)
+    std::printf("fsdp_equivalence: %s\n", failures ? "FAILED" : "OK");
   return failures ? 1 : 0;
 }

@@ -24,12 +24,15 @@ constexpr int kWidth = 4096, kBatch = 2;
 std::shared_ptr<torch::nn::SequentialImpl> MakeModel() {
   torch::manual_seed(5);
   return std::make_shared<torch::nn::SequentialImpl>(
-      torch::nn::Linear(kWidth, kWidth), torch::nn::ReLU(), torch::nn::Linear(kWidth, kWidth),
-      torch::nn::ReLU(), torch::nn::Linear(kWidth, kWidth), torch::nn::ReLU(),
+      torch::nn::Linear(kWidth, kWidth), torch::nn::ReLU(),
+      torch::nn::Linear(kWidth, kWidth), torch::nn::ReLU(),
+      torch::nn::Linear(kWidth, kWidth), torch::nn::ReLU(),
       torch::nn::Linear(kWidth, 10));
 }
 
-int64_t Bytes(const torch::Tensor& t) { return t.defined() ? t.numel() * t.element_size() : 0; }
+int64_t Bytes(const torch::Tensor& t) {
+  return t.defined() ? t.numel() * t.element_size() : 0;
+}
 
 int64_t OptimizerBytes(torch::optim::AdamW& opt) {
   int64_t n = 0;
@@ -54,7 +57,8 @@ int main() {
     auto model = MakeModel();
     for (const auto& p : model->parameters()) params += p.numel();
     dtrun::train::FullyShardedDataParallel fsdp(model, &dist->pg());
-    torch::optim::AdamW opt(fsdp.ShardParameters(), torch::optim::AdamWOptions(1e-3));
+    torch::optim::AdamW opt(fsdp.ShardParameters(),
+                            torch::optim::AdamWOptions(1e-3));
     for (int step = 0; step < 2; ++step) {
       opt.zero_grad();
       torch::cross_entropy_loss(fsdp.Forward(x), y).backward();
@@ -64,29 +68,37 @@ int main() {
     fsdp_bytes = fsdp.HeldBytes(opt);
   }
   const double fsdp_rss = AllMax(dist->pg(), PeakRssMb());
-  fsdp_bytes = static_cast<int64_t>(AllMax(dist->pg(), static_cast<double>(fsdp_bytes)));
+  fsdp_bytes =
+      static_cast<int64_t>(AllMax(dist->pg(), static_cast<double>(fsdp_bytes)));
   {
     auto model = MakeModel();
     dtrun::train::DistributedDataParallel ddp(model, &dist->pg());
-    torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(1e-3));
+    torch::optim::AdamW opt(model->parameters(),
+                            torch::optim::AdamWOptions(1e-3));
     for (int step = 0; step < 2; ++step) {
       opt.zero_grad();
       torch::cross_entropy_loss(model->forward(x), y).backward();
       ddp.SyncGradients();
       opt.step();
     }
-    for (const auto& p : model->parameters()) ddp_bytes += Bytes(p) + Bytes(p.grad());
+    for (const auto& p : model->parameters())
+      ddp_bytes += Bytes(p) + Bytes(p.grad());
     ddp_bytes += OptimizerBytes(opt);
   }
   const double ddp_rss = AllMax(dist->pg(), PeakRssMb());
   const double limit = ddp_bytes / static_cast<double>(n) * 1.10;
   if (dist->rank() == 0) {
-    std::printf("fsdp_memory: %lld parameters, %d ranks; held between steps per rank: DDP %.1f MB, "
-                "FSDP %.1f MB (%.3f of DDP; limit 1/%d + 10%% = %.1f MB); peak RSS per rank "
-                "(max over ranks): FSDP %.0f MB, then after DDP too %.0f MB\n",
-                (long long)params, n, ddp_bytes / 1e6, fsdp_bytes / 1e6,
-                fsdp_bytes / static_cast<double>(ddp_bytes), n, limit / 1e6, fsdp_rss, ddp_rss);
-    std::printf("fsdp_memory: %s\n", fsdp_bytes <= limit && params >= 50000000 ? "OK" : "FAILED");
+    std::printf(
+        "fsdp_memory: %lld parameters, %d ranks; held between steps per rank: "
+        "DDP %.1f MB, "
+        "FSDP %.1f MB (%.3f of DDP; limit 1/%d + 10%% = %.1f MB); peak RSS per "
+        "rank "
+        "(max over ranks): FSDP %.0f MB, then after DDP too %.0f MB\n",
+        (long long)params, n, ddp_bytes / 1e6, fsdp_bytes / 1e6,
+        fsdp_bytes / static_cast<double>(ddp_bytes), n, limit / 1e6, fsdp_rss,
+        ddp_rss);
+    std::printf("fsdp_memory: %s\n",
+                fsdp_bytes <= limit && params >= 50000000 ? "OK" : "FAILED");
   }
   return fsdp_bytes <= limit && params >= 50000000 ? 0 : 1;
 }

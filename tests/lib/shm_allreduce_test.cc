@@ -12,7 +12,8 @@ namespace dtrun::train {
 namespace {
 
 std::string UniqueName() {
-  return "/dtrun-test-" + std::to_string(getpid()) + "-" + std::to_string(std::random_device{}());
+  return "/dtrun-test-" + std::to_string(getpid()) + "-" +
+         std::to_string(std::random_device{}());
 }
 
 // Runs fn(rank) in `world` forked processes (rank 0 creates the segment
@@ -57,10 +58,12 @@ TEST(ShmAllreduceTest, SumsEveryRanksValuesIntoEachRegion) {
     int failed = InProcesses(world, kFloats, [&](ShmAllreduce& s) {
       for (int round = 0; round < 3; ++round) {
         float* x = s.region();
-        for (size_t i = 0; i < kFloats; ++i) x[i] = float((s.rank() + 1) * (i % 97) + round);
+        for (size_t i = 0; i < kFloats; ++i)
+          x[i] = float((s.rank() + 1) * (i % 97) + round);
         // Two ranges in turn, as DDP's buckets.
         if (!s.Allreduce(0, 40000, std::chrono::seconds(20)).ok()) return false;
-        if (!s.Allreduce(40000, kFloats - 40000, std::chrono::seconds(20)).ok()) return false;
+        if (!s.Allreduce(40000, kFloats - 40000, std::chrono::seconds(20)).ok())
+          return false;
         const float ranks_sum = world * (world + 1) / 2.0f;
         for (size_t i = 0; i < kFloats; ++i) {
           if (x[i] != ranks_sum * float(i % 97) + world * round) return false;

@@ -17,7 +17,8 @@ class TrainPlanTest : public ::testing::Test {
     c_.eval_every = 50;
   }
   // The steps (1..steps) after which `pick` is set on `rank`.
-  std::vector<int64_t> StepsWhere(bool StepActions::*pick, int rank = 0, bool first = true) {
+  std::vector<int64_t> StepsWhere(bool StepActions::*pick, int rank = 0,
+                                  bool first = true) {
     std::vector<int64_t> out;
     for (int64_t done = 1; done <= c_.steps; ++done) {
       if (ActionsAfterStep(c_, done, rank, first).*pick) out.push_back(done);
@@ -28,8 +29,10 @@ class TrainPlanTest : public ::testing::Test {
 };
 
 TEST_F(TrainPlanTest, CheckpointsEveryNAndAfterTheLastStep) {
-  EXPECT_EQ(StepsWhere(&StepActions::checkpoint), (std::vector<int64_t>{30, 60, 90, 100}));
-  EXPECT_EQ(StepsWhere(&StepActions::checkpoint, 3), (std::vector<int64_t>{30, 60, 90, 100}));
+  EXPECT_EQ(StepsWhere(&StepActions::checkpoint),
+            (std::vector<int64_t>{30, 60, 90, 100}));
+  EXPECT_EQ(StepsWhere(&StepActions::checkpoint, 3),
+            (std::vector<int64_t>{30, 60, 90, 100}));
 }
 
 TEST_F(TrainPlanTest, NoCheckpointsWithoutAFolder) {
@@ -74,7 +77,8 @@ TEST_F(TrainPlanTest, NoFaultsByDefault) {
 TEST_F(TrainPlanTest, StopsAfterTheGivenStepOnEveryRankEvenOnARestart) {
   EXPECT_TRUE(StepsWhere(&StepActions::stop).empty());
   c_.stop_after_step = 10;
-  EXPECT_EQ(StepsWhere(&StepActions::stop, 1, /*first=*/false), std::vector<int64_t>{10});
+  EXPECT_EQ(StepsWhere(&StepActions::stop, 1, /*first=*/false),
+            std::vector<int64_t>{10});
 }
 
 TEST_F(TrainPlanTest, WarmupRisesLinearlyThenStaysConstant) {
@@ -90,7 +94,8 @@ TEST_F(TrainPlanTest, CosineFallsFromPeakToZeroAfterWarmup) {
   c_.schedule = "cosine";
   c_.warmup_steps = 10;
   EXPECT_DOUBLE_EQ(LearningRate(c_, 10), 0.1);
-  EXPECT_NEAR(LearningRate(c_, 55), 0.05, 1e-12);  // halfway through the 90 cosine steps
+  EXPECT_NEAR(LearningRate(c_, 55), 0.05,
+              1e-12);  // halfway through the 90 cosine steps
   EXPECT_NEAR(LearningRate(c_, 100), 0.0, 1e-12);
   EXPECT_NEAR(LearningRate(c_, 150), 0.0, 1e-12);  // past the end: stays at 0
 }
@@ -107,7 +112,9 @@ TEST_F(TrainPlanTest, RankSeedsDifferAcrossRanksAndStepsAndRepeat) {
   EXPECT_NE(RankSeed(other, 0, 0), RankSeed(c_, 0, 0));
 }
 
-TEST(ValidateConfigTest, DefaultsAreValid) { EXPECT_EQ(ValidateConfig(TrainConfig()), ""); }
+TEST(ValidateConfigTest, DefaultsAreValid) {
+  EXPECT_EQ(ValidateConfig(TrainConfig()), "");
+}
 
 TEST(ValidateConfigTest, NamesTheKeyAndTheChoices) {
   TrainConfig c;
@@ -115,13 +122,15 @@ TEST(ValidateConfigTest, NamesTheKeyAndTheChoices) {
   EXPECT_EQ(ValidateConfig(c), "strategy.type 'zero': use \"ddp\" or \"fsdp\"");
   c = TrainConfig();
   c.optimizer = "lamb";
-  EXPECT_EQ(ValidateConfig(c), "optimizer.type 'lamb': use \"sgd\" or \"adam\" or \"adamw\"");
+  EXPECT_EQ(ValidateConfig(c),
+            "optimizer.type 'lamb': use \"sgd\" or \"adam\" or \"adamw\"");
 }
 
 TEST(ValidateConfigTest, RefusesOutOfRangeNumbers) {
   TrainConfig c;
   c.accumulate = 0;
-  EXPECT_NE(ValidateConfig(c).find("train.accumulate must be >= 1"), std::string::npos);
+  EXPECT_NE(ValidateConfig(c).find("train.accumulate must be >= 1"),
+            std::string::npos);
   c = TrainConfig();
   c.checkpoint_every = 0;
   EXPECT_NE(ValidateConfig(c).find("checkpoint.every"), std::string::npos);

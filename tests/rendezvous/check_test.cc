@@ -12,8 +12,9 @@ int Evaluations(int* count, bool result) {
 
 TEST(CheckDeathTest, FailedCheckAbortsNamingConditionAndContext) {
   int slot = 7;
-  EXPECT_DEATH(DTRUN_CHECK(slot < 3) << "slot " << slot << " past max_nodes",
-               "check_test.cc:[0-9]+: check failed: slot < 3: slot 7 past max_nodes");
+  EXPECT_DEATH(
+      DTRUN_CHECK(slot < 3) << "slot " << slot << " past max_nodes",
+      "check_test.cc:[0-9]+: check failed: slot < 3: slot 7 past max_nodes");
 }
 
 TEST(CheckDeathTest, FailedCheckWithoutContextStillAborts) {

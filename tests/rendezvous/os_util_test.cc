@@ -42,7 +42,8 @@ class OsUtilTest : public ::testing::Test {
  protected:
   void SetUp() override {
     const char* tmp = std::getenv("TMPDIR");
-    std::string templ = std::string(tmp && *tmp ? tmp : "/tmp") + "/os_util_test_XXXXXX";
+    std::string templ =
+        std::string(tmp && *tmp ? tmp : "/tmp") + "/os_util_test_XXXXXX";
     ASSERT_NE(mkdtemp(templ.data()), nullptr) << templ;
     dir_ = templ;
   }
@@ -66,7 +67,8 @@ TEST_F(OsUtilTest, MakeDirsNamesTheFolderItCannotCreate) {
   ASSERT_TRUE(WriteFile(Path("file"), "x").ok());
   Status s = MakeDirs(Path("file/sub/deeper"));
   ASSERT_EQ(s.code(), Status::Code::kIo);
-  EXPECT_NE(s.message().find("'" + Path("file/sub") + "'"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("'" + Path("file/sub") + "'"), std::string::npos)
+      << s.message();
 }
 
 TEST_F(OsUtilTest, MakeTempDirCreatesAPrivateFolderUnderTmpdir) {
@@ -87,7 +89,8 @@ TEST_F(OsUtilTest, MakeTempDirSaysToSetTmpdirWhenItCannot) {
   ScopedEnv tmpdir("TMPDIR", Path("missing"));
   auto made = MakeTempDir("job-");
   ASSERT_EQ(made.status().code(), Status::Code::kIo);
-  EXPECT_NE(made.status().message().find(Path("missing/job-XXXXXX")), std::string::npos);
+  EXPECT_NE(made.status().message().find(Path("missing/job-XXXXXX")),
+            std::string::npos);
   EXPECT_NE(made.status().message().find("set TMPDIR"), std::string::npos);
 }
 
@@ -120,11 +123,13 @@ TEST_F(OsUtilTest, WriteThenReadKeepsEveryByte) {
 TEST_F(OsUtilTest, ReadAndWriteNameTheFileTheyCannotUse) {
   auto read = ReadFile(Path("missing"));
   ASSERT_EQ(read.status().code(), Status::Code::kIo);
-  EXPECT_NE(read.status().message().find("'" + Path("missing") + "'"), std::string::npos);
+  EXPECT_NE(read.status().message().find("'" + Path("missing") + "'"),
+            std::string::npos);
   EXPECT_EQ(ReadFileOrEmpty(Path("missing")), "");
   Status write = WriteFile(Path("no/such/folder/f"), "x");
   ASSERT_EQ(write.code(), Status::Code::kIo);
-  EXPECT_NE(write.message().find("'" + Path("no/such/folder/f") + "'"), std::string::npos);
+  EXPECT_NE(write.message().find("'" + Path("no/such/folder/f") + "'"),
+            std::string::npos);
 }
 
 TEST_F(OsUtilTest, FindInPathReturnsTheFirstExecutableMatch) {

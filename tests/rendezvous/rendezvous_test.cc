@@ -77,7 +77,8 @@ TEST(RendezvousTest, JoinTimeoutNamesWhoCame) {
   Rendezvous a(&store, o);
   auto r = a.Join(nullptr);
   ASSERT_EQ(r.status().code(), Status::Code::kTimeout);
-  EXPECT_NE(r.status().message().find("1 of min 2 nodes joined (lonely)"), std::string::npos);
+  EXPECT_NE(r.status().message().find("1 of min 2 nodes joined (lonely)"),
+            std::string::npos);
 }
 
 TEST(RendezvousTest, DisagreeingSettingsCloseTheJobForEveryone) {
@@ -90,7 +91,8 @@ TEST(RendezvousTest, DisagreeingSettingsCloseTheJobForEveryone) {
   std::this_thread::sleep_for(milliseconds(20));
   auto rb = b.Join(nullptr);
   ASSERT_EQ(rb.status().code(), Status::Code::kInvalid);
-  EXPECT_NE(rb.status().message().find("--nproc-per-node=4"), std::string::npos);
+  EXPECT_NE(rb.status().message().find("--nproc-per-node=4"),
+            std::string::npos);
   auto ra = fa.get();
   EXPECT_EQ(ra.status().code(), Status::Code::kInvalid);
 }
@@ -148,7 +150,8 @@ TEST(RendezvousTest, FailuresCountOncePerRoundThenClose) {
   auto r0 = a.Join(nullptr);
   ASSERT_TRUE(r0.ok());
   EXPECT_EQ(*a.ReportFailure(*r0, "exit 1"), 1);
-  EXPECT_EQ(*a.ReportFailure(*r0, "exit 1"), 1);  // same round: not counted twice
+  EXPECT_EQ(*a.ReportFailure(*r0, "exit 1"),
+            1);  // same round: not counted twice
   EXPECT_TRUE(a.closed_reason().empty());
   auto r1 = a.Join(nullptr);
   ASSERT_TRUE(r1.ok());
@@ -177,7 +180,8 @@ TEST(RendezvousTest, AllDoneOnceEveryNodeMarksDone) {
 TEST(RendezvousTest, InterruptedJoinReturnsCanceled) {
   MemoryStore store;
   Rendezvous a(&store, Options("a", 2, 2));
-  EXPECT_EQ(a.Join([] { return true; }).status().code(), Status::Code::kCanceled);
+  EXPECT_EQ(a.Join([] { return true; }).status().code(),
+            Status::Code::kCanceled);
 }
 
 TEST(RendezvousTest, TwoNodesClaimingOneStaticRankCloseTheJob) {
@@ -190,8 +194,9 @@ TEST(RendezvousTest, TwoNodesClaimingOneStaticRankCloseTheJob) {
   std::this_thread::sleep_for(milliseconds(20));
   auto rb = b.Join(nullptr);
   ASSERT_EQ(rb.status().code(), Status::Code::kInvalid);
-  EXPECT_NE(rb.status().message().find("two nodes claim --node-rank=0 (a and b)"),
-            std::string::npos);
+  EXPECT_NE(
+      rb.status().message().find("two nodes claim --node-rank=0 (a and b)"),
+      std::string::npos);
   EXPECT_EQ(fa.get().status().code(), Status::Code::kInvalid);
 }
 
@@ -199,9 +204,10 @@ TEST(RendezvousTest, TwoNodesClaimingOneStaticRankCloseTheJob) {
 // launcher's exit code) gets it without reading the message.
 
 TEST(RendezvousEndTest, ReasonNamesRoundTrip) {
-  for (EndReason r : {EndReason::kNone, EndReason::kSucceeded, EndReason::kWorkersFailed,
-                      EndReason::kConfigMismatch, EndReason::kDuplicateNodeRank,
-                      EndReason::kForeignState}) {
+  for (EndReason r :
+       {EndReason::kNone, EndReason::kSucceeded, EndReason::kWorkersFailed,
+        EndReason::kConfigMismatch, EndReason::kDuplicateNodeRank,
+        EndReason::kForeignState}) {
     EndReason parsed = EndReason::kNone;
     ASSERT_TRUE(ParseEndReason(EndReasonName(r), &parsed)) << EndReasonName(r);
     EXPECT_EQ(parsed, r);
@@ -244,7 +250,8 @@ TEST(RendezvousEndTest, ClosedNodesSeeWorkersFailedInCheck) {
   ASSERT_EQ(*a.ReportFailure(*ra, "exit 1"), 1);
   EXPECT_EQ(*b.Check(*rb), RoundEvent::kClosed);
   EXPECT_EQ(b.end_reason(), EndReason::kWorkersFailed);
-  EXPECT_EQ(b.closed_reason().rfind("workers failed on node a", 0), 0u) << b.closed_reason();
+  EXPECT_EQ(b.closed_reason().rfind("workers failed on node a", 0), 0u)
+      << b.closed_reason();
 }
 
 TEST(RendezvousEndTest, DisagreeingSettingsAreAConfigMismatchForBoth) {
@@ -305,10 +312,12 @@ TEST(RendezvousEndTest, ForeignStateKeyIsNotClosedButNamed) {
 // A record written without "end" (older dtrun) still gives the reason.
 TEST(RendezvousEndTest, RecordWithoutEndIsReadFromItsMessage) {
   const std::pair<std::string, EndReason> cases[] = {
-      {"workers failed on node x (exit 1) after 1 restart(s)", EndReason::kWorkersFailed},
+      {"workers failed on node x (exit 1) after 1 restart(s)",
+       EndReason::kWorkersFailed},
       {"two nodes claim --node-rank=0 (x and y); give each node its own rank",
        EndReason::kDuplicateNodeRank},
-      {"node x has --nproc-per-node=4 --max-restarts=1 but ...", EndReason::kConfigMismatch},
+      {"node x has --nproc-per-node=4 --max-restarts=1 but ...",
+       EndReason::kConfigMismatch},
   };
   for (const auto& [message, reason] : cases) {
     MemoryStore store;
@@ -324,8 +333,10 @@ TEST(RendezvousEndTest, RecordWithoutEndIsReadFromItsMessage) {
 // The enum, not the wording, decides: a reworded message keeps its reason.
 TEST(RendezvousEndTest, StoredReasonWinsOverTheMessage) {
   MemoryStore store;
-  nlohmann::json record = {
-      {"round", 0}, {"failures", 3}, {"closed", "the group gave up"}, {"end", "workers_failed"}};
+  nlohmann::json record = {{"round", 0},
+                           {"failures", 3},
+                           {"closed", "the group gave up"},
+                           {"end", "workers_failed"}};
   ASSERT_TRUE(store.Set("rdzv/job/state", record.dump()).ok());
   Rendezvous a(&store, Options("a", 1, 1));
   EXPECT_EQ(a.Join(nullptr).status().code(), Status::Code::kInvalid);
@@ -375,9 +386,11 @@ TEST(RendezvousTest, ManyNodesOverTcpGetDistinctRanksInARing) {
     next_of_rank[first[i].group_rank] = first[i].next_node;
   }
   ASSERT_EQ(ranks.size(), static_cast<size_t>(kNodes));
-  for (int g = 0; g < kNodes; ++g) EXPECT_EQ(next_of_rank[g], id_of_rank[(g + 1) % kNodes]);
+  for (int g = 0; g < kNodes; ++g)
+    EXPECT_EQ(next_of_rank[g], id_of_rank[(g + 1) % kNodes]);
   ASSERT_EQ(*nodes[0]->ReportFailure(first[0], "exit 1"), 1);
-  for (int i = 1; i < kNodes; ++i) EXPECT_EQ(*nodes[i]->Check(first[i]), RoundEvent::kRestart);
+  for (int i = 1; i < kNodes; ++i)
+    EXPECT_EQ(*nodes[i]->Check(first[i]), RoundEvent::kRestart);
   auto second = join_all();
   for (int i = 0; i < kNodes; ++i) {
     EXPECT_EQ(second[i].round, 1);

@@ -30,8 +30,8 @@ std::string Encode(Request req, Dialect d) {
   return out;
 }
 
-Request Req(Op op, std::vector<std::string> keys = {}, std::vector<std::string> values = {},
-            int64_t number = 0) {
+Request Req(Op op, std::vector<std::string> keys = {},
+            std::vector<std::string> values = {}, int64_t number = 0) {
   Request r;
   r.op = op;
   r.keys = std::move(keys);
@@ -62,11 +62,12 @@ class StoreServerTest : public ::testing::Test {
   void TearDown() override {
     server_->Stop();
     auto& sinks = Logger("dtrun.store")->sinks();
-    sinks.erase(std::remove(sinks.begin(), sinks.end(), log_sink_), sinks.end());
+    sinks.erase(std::remove(sinks.begin(), sinks.end(), log_sink_),
+                sinks.end());
   }
 
-  std::unique_ptr<TcpStoreClient> Client(Dialect d = Dialect::kTorch2,
-                                         milliseconds timeout = milliseconds(2000)) {
+  std::unique_ptr<TcpStoreClient> Client(
+      Dialect d = Dialect::kTorch2, milliseconds timeout = milliseconds(2000)) {
     StoreClientOptions opts;
     opts.port = server_->port();
     opts.dialect = d;
@@ -134,15 +135,18 @@ TEST_P(StoreServerDialectTest, WaitTimeoutLeavesClientInSync) {
 }
 
 INSTANTIATE_TEST_SUITE_P(BothDialects, StoreServerDialectTest,
-                         ::testing::Values(Dialect::kTorch113, Dialect::kTorch2),
+                         ::testing::Values(Dialect::kTorch113,
+                                           Dialect::kTorch2),
                          [](const auto& info) {
-                           return info.param == Dialect::kTorch2 ? "Torch2" : "Torch113";
+                           return info.param == Dialect::kTorch2 ? "Torch2"
+                                                                 : "Torch113";
                          });
 
 TEST_F(StoreServerTest, BarrierAndAppendOverTorch2) {
   auto a = Client();
   auto b = Client();
-  std::thread t([&] { EXPECT_TRUE(b->Barrier("bar", 2, milliseconds(2000)).ok()); });
+  std::thread t(
+      [&] { EXPECT_TRUE(b->Barrier("bar", 2, milliseconds(2000)).ok()); });
   EXPECT_TRUE(a->Barrier("bar", 2, milliseconds(2000)).ok());
   t.join();
   a->Append("log", "x");
@@ -161,15 +165,17 @@ TEST_F(StoreServerTest, AppendAndBarrierOverTorch113AreRefusedNotSent) {
   Status append = c->Append("log", "y");
   EXPECT_EQ(append.code(), Status::Code::kInvalid);
   EXPECT_NE(append.message().find("torch>=2.2 dialect"), std::string::npos);
-  EXPECT_EQ(c->Barrier("bar", 1, milliseconds(100)).code(), Status::Code::kInvalid);
+  EXPECT_EQ(c->Barrier("bar", 1, milliseconds(100)).code(),
+            Status::Code::kInvalid);
   EXPECT_EQ(*c->Get("log"), "x");  // nothing was sent; the stream is in step
   EXPECT_EQ(*c->Add("after", 1), 1);
 }
 
 TEST_F(StoreServerTest, BuffersFramesArrivingOneByteAtATime) {
   RawConn conn(server_->port());
-  std::string bytes = Encode(Req(Op::kSet, {"/k"}, {"value"}), Dialect::kTorch113) +
-                      Encode(Req(Op::kGet, {"/k"}), Dialect::kTorch113);
+  std::string bytes =
+      Encode(Req(Op::kSet, {"/k"}, {"value"}), Dialect::kTorch113) +
+      Encode(Req(Op::kGet, {"/k"}), Dialect::kTorch113);
   for (char c : bytes) ASSERT_TRUE(conn.Send(std::string(1, c)));
   std::string expected;
   PutBytes(&expected, "value");
@@ -179,7 +185,8 @@ TEST_F(StoreServerTest, BuffersFramesArrivingOneByteAtATime) {
 TEST_F(StoreServerTest, AnswersManyPipelinedRequestsInOneRead) {
   RawConn conn(server_->port());
   std::string bytes;
-  for (int i = 0; i < 100; ++i) bytes += Encode(Req(Op::kAdd, {"/c"}, {}, 1), Dialect::kTorch113);
+  for (int i = 0; i < 100; ++i)
+    bytes += Encode(Req(Op::kAdd, {"/c"}, {}, 1), Dialect::kTorch113);
   ASSERT_TRUE(conn.Send(bytes));
   std::string replies = conn.Read(800);
   ASSERT_EQ(replies.size(), 800u);
@@ -209,14 +216,16 @@ TEST_F(StoreServerTest, LengthAboveCapClosesWithoutAllocating) {
   PutU64(&frame, uint64_t(1) << 40);  // a 1 TiB value
   bad.Send(frame);
   EXPECT_TRUE(bad.ClosedByPeer());
-  EXPECT_NE(Warnings().find("value length 1099511627776 exceeds the cap"), std::string::npos);
+  EXPECT_NE(Warnings().find("value length 1099511627776 exceeds the cap"),
+            std::string::npos);
   ExpectServing();
 }
 
 TEST_F(StoreServerTest, TruncatedFrameThenDisconnectIsHarmless) {
   {
     RawConn conn(server_->port());
-    std::string frame = Encode(Req(Op::kSet, {"/t"}, {"0123456789"}), Dialect::kTorch113);
+    std::string frame =
+        Encode(Req(Op::kSet, {"/t"}, {"0123456789"}), Dialect::kTorch113);
     conn.Send(frame.substr(0, frame.size() - 3));
   }
   ExpectServing();
@@ -305,7 +314,8 @@ TEST(StoreServerListenTest, BusyPortIsAClearError) {
   opts.port = (*first)->port();
   auto second = StoreServer::Start(opts);
   ASSERT_FALSE(second.ok());
-  EXPECT_NE(second.status().message().find("Address already in use"), std::string::npos);
+  EXPECT_NE(second.status().message().find("Address already in use"),
+            std::string::npos);
   EXPECT_NE(second.status().message().find("--port"), std::string::npos);
 }
 
@@ -320,7 +330,8 @@ TEST(StoreClientConnectTest, NamesAddressWhenNothingListens) {
   opts.connect_timeout = milliseconds(200);
   auto c = TcpStoreClient::Connect(opts);
   ASSERT_FALSE(c.ok());
-  EXPECT_NE(c.status().message().find("127.0.0.1:" + std::to_string(port)), std::string::npos);
+  EXPECT_NE(c.status().message().find("127.0.0.1:" + std::to_string(port)),
+            std::string::npos);
   EXPECT_NE(c.status().message().find("Connection refused"), std::string::npos);
 }
 

@@ -96,7 +96,8 @@ TEST_F(StoreStateTest, AddThatOverflowsFailsTheConnection) {
   Do(1, Op::kAdd, {"/c"}, {}, INT64_MAX);
   EXPECT_EQ(Do(1, Op::kAdd, {"/c"}, {}, 1).code(), Status::Code::kInvalid);
   Do(1, Op::kGet, {"/c"});
-  EXPECT_EQ(sink_.Take(1), I64Bytes(INT64_MAX) + BytesOf(std::to_string(INT64_MAX)));
+  EXPECT_EQ(sink_.Take(1),
+            I64Bytes(INT64_MAX) + BytesOf(std::to_string(INT64_MAX)));
 }
 
 TEST_F(StoreStateTest, CompareSetFollowsC10dInAllFourCases) {
@@ -187,9 +188,10 @@ TEST_F(StoreStateTest, WatchKeyNotifiesCreateUpdateDelete) {
   Do(1, Op::kSet, {"/w"}, {"1"});
   Do(1, Op::kSet, {"/w"}, {"2"});
   Do(1, Op::kDeleteKey, {"/w"});
-  std::string expected = std::string(1, '\x01') + BytesOf("/w") + BytesOf("") + BytesOf("1") +
-                         std::string(1, '\x00') + BytesOf("/w") + BytesOf("1") + BytesOf("2") +
-                         std::string(1, '\x02') + BytesOf("/w") + BytesOf("2") + BytesOf("");
+  std::string expected = std::string(1, '\x01') + BytesOf("/w") + BytesOf("") +
+                         BytesOf("1") + std::string(1, '\x00') + BytesOf("/w") +
+                         BytesOf("1") + BytesOf("2") + std::string(1, '\x02') +
+                         BytesOf("/w") + BytesOf("2") + BytesOf("");
   EXPECT_EQ(sink_.Take(9), expected);
 }
 
@@ -288,14 +290,19 @@ TEST(ParseCounterTest, IgnoresTrailingTextAsStollDoes) {
   EXPECT_EQ(Parsed("0x10"), 0);
   EXPECT_EQ(Parsed("12 34"), 12);
   EXPECT_EQ(Parsed("5.9"), 5);
-  EXPECT_EQ(Parsed(std::string_view("8\0" "9", 3)), 8);
+  EXPECT_EQ(Parsed(std::string_view("8\0"
+                                    "9",
+                                    3)),
+            8);
 }
 
 TEST(ParseCounterTest, RejectsTextWithoutLeadingDigits) {
   using namespace std::string_view_literals;
   int64_t v = 42;
   for (std::string_view text : {""sv, " "sv, "abc"sv, "x7"sv, "+"sv, "-"sv,
-                                "+-5"sv, "-+5"sv, "- 5"sv, "++5"sv, "\0" "5"sv}) {
+                                "+-5"sv, "-+5"sv, "- 5"sv, "++5"sv,
+                                "\0"
+                                "5"sv}) {
     EXPECT_FALSE(ParseCounter(text, &v)) << "'" << text << "'";
   }
   EXPECT_EQ(v, 42);  // untouched on failure

@@ -21,7 +21,8 @@ std::string FromHex(const std::string& text) {
     if (std::isxdigit(static_cast<unsigned char>(c))) digits.push_back(c);
   }
   for (size_t i = 0; i + 1 < digits.size(); i += 2) {
-    out.push_back(static_cast<char>(std::stoi(digits.substr(i, 2), nullptr, 16)));
+    out.push_back(
+        static_cast<char>(std::stoi(digits.substr(i, 2), nullptr, 16)));
   }
   return out;
 }
@@ -32,8 +33,8 @@ TEST_P(Torch2FixtureTest, ServerRepliesAsReferenceSays) {
   auto server = StoreServer::Start(testing::LoopbackServerOptions());
   ASSERT_TRUE(server.ok());
   (*server)->RunInBackground();
-  std::ifstream in(std::string(DTRUN_SOURCE_DIR) + "/tests/rendezvous/fixtures/" +
-                   GetParam() + ".hex");
+  std::ifstream in(std::string(DTRUN_SOURCE_DIR) +
+                   "/tests/rendezvous/fixtures/" + GetParam() + ".hex");
   ASSERT_TRUE(in) << GetParam();
   testing::RawConn conn((*server)->port());
   std::string line;
@@ -53,9 +54,11 @@ TEST_P(Torch2FixtureTest, ServerRepliesAsReferenceSays) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, Torch2FixtureTest,
-                         ::testing::Values("torch2_handshake", "torch2_wait_cancel",
-                                           "torch2_multi_append", "torch2_queue",
-                                           "torch2_compare_set", "torch2_barrier"));
+                         ::testing::Values("torch2_handshake",
+                                           "torch2_wait_cancel",
+                                           "torch2_multi_append",
+                                           "torch2_queue", "torch2_compare_set",
+                                           "torch2_barrier"));
 
 }  // namespace
 }  // namespace dtrun::rdzv

@@ -22,7 +22,8 @@ DecodeState Decode(const std::string& bytes, Dialect d, Request* req,
                    size_t* consumed, std::string* error = nullptr,
                    WireLimits limits = {}) {
   std::string ignored;
-  return DecodeRequest(bytes, d, limits, req, consumed, error ? error : &ignored);
+  return DecodeRequest(bytes, d, limits, req, consumed,
+                       error ? error : &ignored);
 }
 
 // An op the dialect has no opcode for would go out as opcode 0 (SET in
@@ -104,11 +105,13 @@ TEST(WireTest, RejectsUnknownOpcode) {
   Request req;
   size_t used = 0;
   std::string error;
-  EXPECT_EQ(Decode(std::string(1, '\x09'), Dialect::kTorch113, &req, &used, &error),
-            DecodeState::kMalformed);
+  EXPECT_EQ(
+      Decode(std::string(1, '\x09'), Dialect::kTorch113, &req, &used, &error),
+      DecodeState::kMalformed);
   EXPECT_NE(error.find("unknown opcode 9"), std::string::npos);
-  EXPECT_EQ(Decode(std::string(1, '\x13'), Dialect::kTorch2, &req, &used, &error),
-            DecodeState::kMalformed);
+  EXPECT_EQ(
+      Decode(std::string(1, '\x13'), Dialect::kTorch2, &req, &used, &error),
+      DecodeState::kMalformed);
 }
 
 TEST(WireTest, RejectsValueLengthOverCapBeforeItArrives) {
@@ -120,7 +123,8 @@ TEST(WireTest, RejectsValueLengthOverCapBeforeItArrives) {
   std::string error;
   EXPECT_EQ(Decode(bytes, Dialect::kTorch113, &req, &used, &error, limits),
             DecodeState::kMalformed);
-  EXPECT_NE(error.find("value length 1025 exceeds the cap of 1024"), std::string::npos);
+  EXPECT_NE(error.find("value length 1025 exceeds the cap of 1024"),
+            std::string::npos);
 }
 
 TEST(WireTest, RejectsKeyCountOverCap) {
@@ -145,7 +149,8 @@ TEST(WireTest, DetectsDialectFromFirstBytes) {
 
 // Round trip of every op through encoder and decoder, in each dialect that
 // has it.
-class WireRoundTripTest : public ::testing::TestWithParam<std::tuple<Op, Dialect>> {};
+class WireRoundTripTest
+    : public ::testing::TestWithParam<std::tuple<Op, Dialect>> {};
 
 TEST_P(WireRoundTripTest, DecodesWhatItEncodes) {
   auto [op, dialect] = GetParam();
@@ -156,7 +161,8 @@ TEST_P(WireRoundTripTest, DecodesWhatItEncodes) {
   in.number = -7;
   in.word = kValidateMagic;
   if (op == Op::kCompareSet) in.values = {"old", "new"};
-  if (op == Op::kCheck || op == Op::kWait || op == Op::kMultiGet) in.keys = {"/a", "/b"};
+  if (op == Op::kCheck || op == Op::kWait || op == Op::kMultiGet)
+    in.keys = {"/a", "/b"};
   if (op == Op::kMultiSet) {
     in.keys = {"/a", "/b"};
     in.values = {"1", "2"};
@@ -170,28 +176,31 @@ TEST_P(WireRoundTripTest, DecodesWhatItEncodes) {
   EXPECT_EQ(used, bytes.size());
   // Every proper prefix needs more bytes, never decodes or fails.
   for (size_t cut = 0; cut < bytes.size(); ++cut) {
-    EXPECT_EQ(Decode(bytes.substr(0, cut), dialect, &out, &used), DecodeState::kNeedMore)
+    EXPECT_EQ(Decode(bytes.substr(0, cut), dialect, &out, &used),
+              DecodeState::kNeedMore)
         << OpName(op) << " cut at " << cut;
   }
 }
 
 std::vector<std::tuple<Op, Dialect>> AllOps() {
   std::vector<std::tuple<Op, Dialect>> out;
-  for (Op op : {Op::kSet, Op::kCompareSet, Op::kGet, Op::kAdd, Op::kCheck, Op::kWait,
-                Op::kGetNumKeys, Op::kWatchKey, Op::kDeleteKey}) {
+  for (Op op : {Op::kSet, Op::kCompareSet, Op::kGet, Op::kAdd, Op::kCheck,
+                Op::kWait, Op::kGetNumKeys, Op::kWatchKey, Op::kDeleteKey}) {
     out.emplace_back(op, Dialect::kTorch113);
   }
   for (int i = 0; i <= static_cast<int>(Op::kBarrier); ++i) {
-    if (static_cast<Op>(i) != Op::kWatchKey) out.emplace_back(static_cast<Op>(i), Dialect::kTorch2);
+    if (static_cast<Op>(i) != Op::kWatchKey)
+      out.emplace_back(static_cast<Op>(i), Dialect::kTorch2);
   }
   return out;
 }
 
-INSTANTIATE_TEST_SUITE_P(EveryOp, WireRoundTripTest, ::testing::ValuesIn(AllOps()),
-                         [](const auto& info) {
+INSTANTIATE_TEST_SUITE_P(EveryOp, WireRoundTripTest,
+                         ::testing::ValuesIn(AllOps()), [](const auto& info) {
                            return std::string(OpName(std::get<0>(info.param))) +
-                                  (std::get<1>(info.param) == Dialect::kTorch2 ? "_v2"
-                                                                               : "_v113");
+                                  (std::get<1>(info.param) == Dialect::kTorch2
+                                       ? "_v2"
+                                       : "_v113");
                          });
 
 }  // namespace

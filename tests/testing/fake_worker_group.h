@@ -28,7 +28,8 @@ class FakeWorkerGroup : public agent::WorkerGroup {
       // As fork/exec does: the child exists and exits 127.
       Exit(pid, 127);
       local_rank_of_[pid] = spec.local_rank;
-      return Status::Io("cannot execute '" + spec.argv[0] + "': No such file or directory");
+      return Status::Io("cannot execute '" + spec.argv[0] +
+                        "': No such file or directory");
     }
     local_rank_of_[pid] = spec.local_rank;
     return pid;
@@ -50,7 +51,8 @@ class FakeWorkerGroup : public agent::WorkerGroup {
   void OnReadable(int) override {}
   void ReadPending(std::chrono::milliseconds) override { ++read_pending_calls; }
   void Drain(std::chrono::milliseconds) override { ++drain_calls; }
-  void RunTools(const std::vector<agent::ToolRun>& tools, std::chrono::milliseconds) override {
+  void RunTools(const std::vector<agent::ToolRun>& tools,
+                std::chrono::milliseconds) override {
     tools_run.insert(tools_run.end(), tools.begin(), tools.end());
   }
 
@@ -70,7 +72,8 @@ class FakeWorkerGroup : public agent::WorkerGroup {
   // The pids of the spawns from index `from` on.
   std::vector<int> PidsFrom(size_t from) const {
     std::vector<int> out;
-    for (size_t i = from; i < spawned.size(); ++i) out.push_back(kFirstPid + static_cast<int>(i));
+    for (size_t i = from; i < spawned.size(); ++i)
+      out.push_back(kFirstPid + static_cast<int>(i));
     return out;
   }
 

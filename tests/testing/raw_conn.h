@@ -28,7 +28,8 @@ class RawConn {
       fd_ = -1;
     }
     int one = 1;
-    if (fd_ >= 0) ::setsockopt(fd_, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    if (fd_ >= 0)
+      ::setsockopt(fd_, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
   }
   ~RawConn() { Close(); }
   RawConn(const RawConn&) = delete;
@@ -44,14 +45,17 @@ class RawConn {
            static_cast<ssize_t>(bytes.size());
   }
   // Reads exactly n bytes within `timeout`; returns fewer on EOF or timeout.
-  std::string Read(size_t n, std::chrono::milliseconds timeout = std::chrono::seconds(2)) {
+  std::string Read(
+      size_t n, std::chrono::milliseconds timeout = std::chrono::seconds(2)) {
     std::string out;
     auto deadline = std::chrono::steady_clock::now() + timeout;
     while (out.size() < n) {
       auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
           deadline - std::chrono::steady_clock::now());
       pollfd p{fd_, POLLIN, 0};
-      if (left.count() <= 0 || ::poll(&p, 1, static_cast<int>(left.count())) <= 0) break;
+      if (left.count() <= 0 ||
+          ::poll(&p, 1, static_cast<int>(left.count())) <= 0)
+        break;
       char buf[4096];
       ssize_t got = ::recv(fd_, buf, std::min(sizeof(buf), n - out.size()), 0);
       if (got <= 0) break;
@@ -60,7 +64,8 @@ class RawConn {
     return out;
   }
   // True once the server has closed the connection (EOF or reset).
-  bool ClosedByPeer(std::chrono::milliseconds timeout = std::chrono::seconds(2)) {
+  bool ClosedByPeer(
+      std::chrono::milliseconds timeout = std::chrono::seconds(2)) {
     pollfd p{fd_, POLLIN, 0};
     if (::poll(&p, 1, static_cast<int>(timeout.count())) <= 0) return false;
     char c;
