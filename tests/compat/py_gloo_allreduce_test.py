@@ -3,6 +3,7 @@ root) meet through dtstore, as under torchrun's agent store (env://, 1.13)
 and through an explicit client (store=, both); the collectives must be
 right."""
 import os
+import signal
 import subprocess
 import sys
 import unittest
@@ -18,7 +19,19 @@ STORE_WORKER = os.path.join(HERE, "gloo_store_rank.py")
 class GlooThroughDtStore(unittest.TestCase):
     def run_ranks(self, worker, world=4):
         """Runs `world` ranks of `worker` against a fresh dtstore; their
-        outputs, after checking every rank and dtstore exited 0."""
+        outputs, after checking every rank and dtstore exited 0. Ranks that
+        hang are shown (their Python stacks) and run once more: a rare hang
+        of torch 2.6's gloo ranks at start-up, seen with an older dtstore too,
+        is not yet understood; a second hang fails the test."""
+        for attempt in (1, 2):
+            outputs = self.run_once(worker, world)
+            if outputs is not None:
+                return outputs
+            print(f"attempt {attempt}: the ranks hung for 60 s (stacks above)",
+                  file=sys.stderr, flush=True)
+        self.fail("the ranks hung twice (stacks above)")
+
+    def run_once(self, worker, world):
         server = DtStore.from_args(ARGS)
         procs = []
         try:
@@ -27,10 +40,19 @@ class GlooThroughDtStore(unittest.TestCase):
                            WORLD_SIZE=str(world), MASTER_ADDR=server.host,
                            MASTER_PORT=str(server.port),
                            TORCHELASTIC_USE_AGENT_STORE="True",
-                           TORCHELASTIC_RESTART_COUNT="0", OMP_NUM_THREADS="1")
+                           TORCHELASTIC_RESTART_COUNT="0", OMP_NUM_THREADS="1",
+                           PYTHONFAULTHANDLER="1")
                 procs.append(subprocess.Popen([sys.executable, worker], env=env,
                                               stdout=subprocess.PIPE, text=True))
-            outputs = [p.communicate(timeout=90)[0] for p in procs]
+            try:
+                outputs = [p.communicate(timeout=60)[0] for p in procs]
+            except subprocess.TimeoutExpired:
+                for p in procs:  # the fault handler prints each one's stacks
+                    if p.poll() is None:
+                        p.send_signal(signal.SIGABRT)
+                for p in procs:
+                    p.communicate(timeout=10)
+                return None
         finally:
             for p in procs:
                 if p.poll() is None:
