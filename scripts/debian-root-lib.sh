@@ -37,10 +37,30 @@ mounts_below_root() {
   awk -v r="$root/" 'index($2 "/", r) == 1 { print $2 }' /proc/self/mounts | sort -r
 }
 
+# Device and inode of a folder: a bind mount is current when its target shows
+# the same pair as its source.
+ident() { stat -L -c '%d:%i' "$1" 2>/dev/null; }
+
+# A bind mount left from an earlier run can hold a folder that has since been
+# deleted and made anew at the same path (a fresh clone of the checkout): it
+# is then a mount point that shows the old, empty folder. Such a mount is
+# replaced, never trusted by path alone.
 bind() {  # bind SRC DST_INSIDE_ROOT
   local dst=$root$2
   mkdir -p "$dst"
-  mountpoint -q "$dst" || mount --bind "$1" "$dst"
+  if mountpoint -q "$dst"; then
+    [[ $(ident "$1") == "$(ident "$dst")" ]] && return 0
+    umount "$dst" 2>/dev/null || umount -l "$dst"
+  fi
+  mount --bind "$1" "$dst"
+}
+
+# Whether every bind mount_all makes is in place and current.
+all_mounted() {
+  local m
+  for m in /proc /sys /dev /dev/shm /dev/pts /tmp "$here"; do
+    mountpoint -q "$root$m" && [[ $(ident "$m") == "$(ident "$root$m")" ]] || return 1
+  done
 }
 
 # /proc /sys /dev for the programs, /tmp and the checkout at the same paths
@@ -105,6 +125,8 @@ ready() {
 }
 
 debian_root_main() {
+  # The lock sits beside the root, in a folder that a new machine lacks.
+  [[ ${1:-} == path ]] || mkdir -p "$(dirname "$lock")" 2>/dev/null || true
   case ${1:-} in
     run)
       shift
@@ -112,7 +134,7 @@ debian_root_main() {
       need_root
       ready || die "no root at $root; make it first: scripts/$name"
       # Concurrent callers (ctest -j) must not race on the mounts.
-      { flock 9; mountpoint -q "$root$here" || mount_all; } 9>"$lock"
+      { flock 9; all_mounted || mount_all; } 9>"$lock"
       # chroot execs the command, which keeps this process's pid: signals and
       # PR_SET_PDEATHSIG from a launcher reach the real program.
       exec chroot "$root" /bin/sh -c 'cd "$1" && shift && exec "$@"' sh "$PWD" "$@"

@@ -18,7 +18,9 @@ secs() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }'; }
 in_root() { (cd "$src" && scripts/deb-root.sh run "$@"); }
 
 # One test at a time in the shared cached root (other build folders run it too).
-exec 8>"$(cd "$src" && scripts/deb-root.sh path).test.lock"
+lock=$(cd "$src" && scripts/deb-root.sh path).test.lock
+mkdir -p "$(dirname "$lock")"
+exec 8>"$lock"
 flock 8
 
 t=$(now)
