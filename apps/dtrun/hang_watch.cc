@@ -44,8 +44,16 @@ std::vector<std::string> StackTool(int pid) {
   static const std::string gdb = eu_stack.empty() ? os::FindInPath("gdb") : "";
   if (!eu_stack.empty()) return {eu_stack, "-p", std::to_string(pid)};
   if (!gdb.empty()) {
-    return {gdb,   "-p",  std::to_string(pid),  "-batch",
-            "-nx", "-ex", "thread apply all bt"};
+    // gdb lists the newest thread first; the summary shows the first
+    // thread's frames, and the main thread (eu-stack's first) is the one
+    // that tells where a hung worker stopped.
+    return {gdb,
+            "-p",
+            std::to_string(pid),
+            "-batch",
+            "-nx",
+            "-ex",
+            "thread apply all -ascending bt"};
   }
   return {};
 }
