@@ -432,9 +432,33 @@ class Session:
     def collect(self, n, ranks, on_stream=None):
         keys = [result_key(n, r) for r in ranks]
         done = self.waiter.wait(keys)
+        shown = {r: 0 for r in ranks}
+        died, timed_out = self._await_results(n, ranks, done, shown, on_stream)
+        try:
+            results = None if died else {r: json.loads(self.store.get(result_key(n, r)))
+                                         for r in ranks}
+        except RuntimeError:  # the round's store went away with its workers
+            if self.rdzv is None:
+                raise
+            died = [None]
+        if died:
+            return self._results_after_death(died, ranks)
+        if on_stream:
+            self._pump(n, ranks, shown, on_stream, final=results)
+        if timed_out:
+            for res in results.values():
+                res["timed_out"] = self.timeout
+        if any(res.get("abandoned") for res in results.values()):
+            self.reset_process_group()
+        return results
+
+    def _await_results(self, n, ranks, done, shown, on_stream):
+        """Waits for cell n's results while streaming output, applying the
+        timeout, forwarding Ctrl-C and watching for dead workers. Returns
+        (died, timed_out): died lists the ranks here that died, [None] when
+        the round moved because of a worker elsewhere."""
         started = time.monotonic()
         interrupted = timed_out = False
-        shown = {r: 0 for r in ranks}
         died = []
         while not done.is_set():
             try:
@@ -465,33 +489,23 @@ class Session:
             except KeyboardInterrupt:
                 interrupted = True
                 self.store.add(interrupt_key(n), 1)
-        try:
-            results = None if died else {r: json.loads(self.store.get(result_key(n, r)))
-                                         for r in ranks}
-        except RuntimeError:  # the round's store went away with its workers
-            if self.rdzv is None:
-                raise
-            died = [None]
-        if died:
-            elsewhere, attempt = died == [None], self.attempt
-            if elsewhere:  # which rank died, and where: dtrun published it
-                crash = self.last_crash()
-                if crash and crash["attempt"] == attempt:
-                    died = [crash["rank"]]
-            self.wait_ready(newer_than=attempt)
-            if elsewhere and died != [None]:
-                return {r: {"died": r in died, "restarted": True, "elsewhere": True,
-                            "crash": crash if r in died else None} for r in ranks}
-            return {r: {"died": r in died, "restarted": True, "elsewhere": elsewhere}
-                    for r in ranks}
-        if on_stream:
-            self._pump(n, ranks, shown, on_stream, final=results)
-        if timed_out:
-            for res in results.values():
-                res["timed_out"] = self.timeout
-        if any(res.get("abandoned") for res in results.values()):
-            self.reset_process_group()
-        return results
+        return died, timed_out
+
+    def _results_after_death(self, died, ranks):
+        """Waits for the restarted group and answers for each rank of the
+        cell, naming the dead rank where dtrun published it."""
+        elsewhere, attempt = died == [None], self.attempt
+        crash = None
+        if elsewhere:  # which rank died, and where: dtrun published it
+            crash = self.last_crash()
+            if crash and crash["attempt"] == attempt:
+                died = [crash["rank"]]
+        self.wait_ready(newer_than=attempt)
+        if elsewhere and died != [None]:
+            return {r: {"died": r in died, "restarted": True, "elsewhere": True,
+                        "crash": crash if r in died else None} for r in ranks}
+        return {r: {"died": r in died, "restarted": True, "elsewhere": elsewhere}
+                for r in ranks}
 
     def reset_process_group(self):
         n = self.send("", list(range(self.world)), kind="reset_pg")

@@ -203,30 +203,49 @@ class Worker:
         result = {"ok": True}
         displays = []
         _patch_display(self.display)
-
-        def body():
-            self.stdout.sinks[threading.get_ident()] = sink
-            self.stderr.sinks[threading.get_ident()] = sink
-            self.display_sinks[threading.get_ident()] = displays
-            try:
-                value = _execute(cell["code"], self.namespace)
-                _flush_figures(self.display)
-                rich = _bundle(value) if value is not None else None
-                if rich:
-                    displays.append(rich)
-                elif value is not None:
-                    result["value"] = repr(value)
-            except KeyboardInterrupt:
-                result.update(ok=False, interrupted=True)
-            except BaseException:  # noqa: BLE001 - the user's exception, shown to the user
-                etype, evalue, tb = sys.exc_info()
-                while tb is not None and tb.tb_frame.f_code.co_filename != "<cell>":
-                    tb = tb.tb_next  # the user's frames only
-                result.update(ok=False, error="".join(
-                    traceback.format_exception(etype, evalue, tb)))
-
-        thread = threading.Thread(target=body, name=f"cell-{n}", daemon=True)
+        thread = threading.Thread(target=self._cell_body, args=(cell, sink, result, displays),
+                                  name=f"cell-{n}", daemon=True)
         thread.start()
+        busy_published = self._watch_cell(n, thread, result)
+        self.stdout.sinks.pop(thread.ident, None)
+        self.stderr.sinks.pop(thread.ident, None)
+        self.display_sinks.pop(thread.ident, None)
+        result["out"], result["err"] = "".join(out), "".join(err)
+        if displays:
+            result["displays"] = displays
+        result["streamed"] = streamed[0]
+        if self.backend == "nccl":
+            torch.cuda.empty_cache()  # give memory a cell freed back, as Ddip does
+        if busy_published or time.monotonic() - self.published_at > 1.0:
+            self.publish(busy=False)
+        return result
+
+    def _cell_body(self, cell, sink, result, displays):
+        """Runs on the cell's own thread, so that an interrupt can leave it
+        behind when it is stuck in native code."""
+        self.stdout.sinks[threading.get_ident()] = sink
+        self.stderr.sinks[threading.get_ident()] = sink
+        self.display_sinks[threading.get_ident()] = displays
+        try:
+            value = _execute(cell["code"], self.namespace)
+            _flush_figures(self.display)
+            rich = _bundle(value) if value is not None else None
+            if rich:
+                displays.append(rich)
+            elif value is not None:
+                result["value"] = repr(value)
+        except KeyboardInterrupt:
+            result.update(ok=False, interrupted=True)
+        except BaseException:  # noqa: BLE001 - the user's exception, shown to the user
+            etype, evalue, tb = sys.exc_info()
+            while tb is not None and tb.tb_frame.f_code.co_filename != "<cell>":
+                tb = tb.tb_next  # the user's frames only
+            result.update(ok=False, error="".join(
+                traceback.format_exception(etype, evalue, tb)))
+
+    def _watch_cell(self, n, thread, result):
+        """Waits for the cell's thread while answering interrupts and
+        %restart; returns whether a busy status was published."""
         interrupt = proto.interrupt_key(n)
         busy_published = False
         while thread.is_alive():
@@ -241,18 +260,7 @@ class Worker:
                 break
             if self.store.add(proto.restart_key(ATTEMPT), 0) > 0:
                 os._exit(1)  # %restart while this cell runs
-        self.stdout.sinks.pop(thread.ident, None)
-        self.stderr.sinks.pop(thread.ident, None)
-        self.display_sinks.pop(thread.ident, None)
-        result["out"], result["err"] = "".join(out), "".join(err)
-        if displays:
-            result["displays"] = displays
-        result["streamed"] = streamed[0]
-        if self.backend == "nccl":
-            torch.cuda.empty_cache()  # give memory a cell freed back, as Ddip does
-        if busy_published or time.monotonic() - self.published_at > 1.0:
-            self.publish(busy=False)
-        return result
+        return busy_published
 
     def interrupt(self, thread, result):
         # Python code: a KeyboardInterrupt raised in the cell's thread.
