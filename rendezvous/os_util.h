@@ -39,5 +39,10 @@ std::string FindInPath(const std::string& name);
 std::string RandomHex(int digits);
 // Wall-clock seconds since the epoch (for reports, not for timeouts).
 double UnixNow();
+// Raises this process's soft limit of open files to the hard limit. A store
+// holds a connection or two per node, past Debian's soft limit of 1024 at a
+// few hundred nodes, while the hard limit is far higher and raising up to it
+// needs no privilege. Failure is harmless: the old limit stays.
+void RaiseFileLimit();
 
 }  // namespace dtrun::os

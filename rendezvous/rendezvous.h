@@ -2,12 +2,15 @@
 
 #include <chrono>
 #include <functional>
+#include <memory>
 #include <optional>
+#include <random>
 #include <string>
 #include <vector>
 
 #include "rendezvous/status.h"
 #include "rendezvous/store.h"
+#include "rendezvous/store_client.h"
 
 namespace dtrun::rdzv {
 
@@ -25,6 +28,12 @@ struct RendezvousOptions {
   // A joining node is woken by the store when the round it waits for
   // completes; it also looks again this often (signals, the last call).
   std::chrono::milliseconds poll_interval{500};
+  // Opens a connection on which the store pushes changes of watched keys
+  // (TcpStoreClient::WatchKey, 1.13 dialect). With it, Check learns of a
+  // new round and of the watched node's heartbeats from the store's pushes
+  // instead of reading them every call; without it, or when it fails, Check
+  // reads (README "Several nodes": heartbeat load).
+  std::function<Result<std::unique_ptr<TcpStoreClient>>()> open_watch;
 };
 
 // Where this node landed in a completed round.
@@ -106,6 +115,11 @@ class Rendezvous {
   // sends a heartbeat when due, watches the round, declares silent nodes
   // dead and starts a new round when a node waits to join.
   Result<RoundEvent> Check(const Assignment& current);
+  // Whether Check follows `current`'s round through pushed changes (after
+  // at least one Check of it), rather than by reading every call.
+  bool pushed(const Assignment& current) const {
+    return watch_ && watch_conn_round_ == current.round;
+  }
 
   // This node's workers failed: start a new round counting a failure, or,
   // past max_restarts, close the job as failed. Returns the failure count
@@ -152,6 +166,17 @@ class Rendezvous {
   // The event for a closed state document; records why it closed.
   RoundEvent Ended(const Doc& doc);
   Result<RoundEvent> WatchCounters(const Assignment& current);
+  // Check by reading the state and the watched node's counter.
+  Result<RoundEvent> ReadRound(const Assignment& current);
+  // Opens and registers the watch connection for `current`'s round when it
+  // has none; false when this round is checked by reading instead.
+  bool WatchRound(const Assignment& current);
+  // Takes what the store pushed; true when the round must be read (its
+  // `over` key changed, the first check of a round, a periodic check, or
+  // the watch connection failed). Sets *count to the watched node's latest
+  // pushed heartbeat count, if one came.
+  bool NeedsRead(const Assignment& current, std::string* count);
+  void DropWatch(int round, const std::string& why);
   // `count` is the watched node's heartbeat counter as just read.
   Result<RoundEvent> WatchNext(const Assignment& current,
                                const std::string& count);
@@ -194,6 +219,14 @@ class Rendezvous {
   int watch_round_ = -1;
   std::string watch_count_;
   Clock::time_point watch_since_{};
+  // Push mode: the watch connection, the round it registered for, a round
+  // whose watch failed (read instead), and when to read regardless.
+  std::unique_ptr<TcpStoreClient> watch_;
+  int watch_conn_round_ = -1;
+  int watch_off_round_ = -1;
+  bool read_due_ = false;
+  Clock::time_point next_read_{};
+  std::minstd_rand rng_;  // spreads the periodic reads of many nodes
 };
 
 // A node id: "<host>_<pid>_<random>".

@@ -263,29 +263,36 @@ Status TcpStoreClient::SendBytes(const std::string& bytes,
   return Status::Ok();
 }
 
+Status TcpStoreClient::ReceiveSome(const std::string& what, Deadline deadline,
+                                   Deadline started) {
+  if (!PollFor(fd_, POLLIN, deadline)) {
+    return Status::Timeout("store " + address() + ": " + what +
+                           ": no reply after " +
+                           DescribeSeconds(Clock::now() - started));
+  }
+  char chunk[64 * 1024];
+  ssize_t got = ::recv(fd_, chunk, sizeof(chunk), 0);
+  if (got > 0) {
+    rbuf_.append(chunk, static_cast<size_t>(got));
+  } else if (got == 0) {
+    return Fail(Status::Unavailable("store " + address() + ": " + what +
+                                    ": connection closed by the store"));
+  } else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+    return Fail(
+        Status::Unavailable("store " + address() + ": " + what +
+                            ": receive failed: " + std::strerror(errno)));
+  }
+  return Status::Ok();
+}
+
 Status TcpStoreClient::ReadExact(size_t n, std::string* out,
                                  const std::string& what, Deadline deadline,
                                  Deadline started) {
   // Whatever arrives past `n` stays in rbuf_ for the next read: MULTI_GET
   // replies arrive back to back and are taken one value at a time.
-  char chunk[64 * 1024];
   while (rbuf_.size() < n) {
-    if (!PollFor(fd_, POLLIN, deadline)) {
-      return Status::Timeout("store " + address() + ": " + what +
-                             ": no reply after " +
-                             DescribeSeconds(Clock::now() - started));
-    }
-    ssize_t got = ::recv(fd_, chunk, sizeof(chunk), 0);
-    if (got > 0) {
-      rbuf_.append(chunk, static_cast<size_t>(got));
-    } else if (got == 0) {
-      return Fail(Status::Unavailable("store " + address() + ": " + what +
-                                      ": connection closed by the store"));
-    } else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
-      return Fail(
-          Status::Unavailable("store " + address() + ": " + what +
-                              ": receive failed: " + std::strerror(errno)));
-    }
+    Status s = ReceiveSome(what, deadline, started);
+    if (!s.ok()) return s;
   }
   out->assign(rbuf_, 0, n);
   rbuf_.erase(0, n);
@@ -514,6 +521,116 @@ Status TcpStoreClient::MultiSet(const std::vector<std::string>& keys,
   for (const auto& k : keys) wire_keys.push_back(K(k));
   return Call(MakeRequest(Op::kMultiSet, std::move(wire_keys), values),
               "multi_set of keys " + DescribeKeys(keys), 0, nullptr);
+}
+
+}  // namespace dtrun::rdzv
+
+namespace dtrun::rdzv {
+
+// A watch connection carries two kinds of frames from the store, told
+// apart by their first byte: the one-byte acknowledgement of a WATCH_KEY
+// (3), and a change (0-2: updated, created, deleted) followed by the key,
+// the old value and the new one, each length-prefixed. A change may arrive
+// before the acknowledgement of a later WATCH_KEY, so both are parsed
+// whenever bytes arrive.
+Status TcpStoreClient::ParsePushed(const std::string& what) {
+  size_t pos = 0;
+  while (pos < rbuf_.size()) {
+    auto type = static_cast<uint8_t>(rbuf_[pos]);
+    if (type == kWatchRegistered) {
+      ++acks_;
+      ++pos;
+      continue;
+    }
+    if (type > kWatchDeleted) {
+      return Fail(Status::Invalid(
+          "store " + address() + ": " + what + ": byte " +
+          std::to_string(type) +
+          " is neither a watch acknowledgement nor a key change; is this a "
+          "dtstore or torch 1.13 store?"));
+    }
+    size_t p = pos + 1;
+    uint64_t lens[3];
+    size_t starts[3];
+    bool whole = true;
+    for (int i = 0; i < 3 && whole; ++i) {
+      whole = GetU64(rbuf_, &p, &lens[i]) && rbuf_.size() - p >= lens[i];
+      if (whole) {
+        starts[i] = p;
+        p += lens[i];
+      }
+    }
+    if (!whole) break;  // the rest of this frame is still on its way
+    KeyChange change;
+    change.kind = static_cast<KeyChange::Kind>(type);
+    change.key = rbuf_.substr(starts[0], lens[0]);
+    if (opts_.c10d_key_prefix && !change.key.empty() && change.key[0] == '/')
+      change.key.erase(0, 1);
+    change.value = rbuf_.substr(starts[2], lens[2]);
+    changes_.push_back(std::move(change));
+    pos = p;
+  }
+  rbuf_.erase(0, pos);
+  return Status::Ok();
+}
+
+Status TcpStoreClient::WatchKey(const std::string& key) {
+  std::string what = "watch key '" + key + "'";
+  if (opts_.dialect != Dialect::kTorch113) {
+    return Status::Invalid(what +
+                           ": WATCH_KEY exists only in the torch-1.13 "
+                           "protocol; connect with that dialect");
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  if (fd_ < 0) {
+    return Status::Unavailable("store " + address() + ": " + what +
+                               ": the watch connection is closed");
+  }
+  auto started = Clock::now();
+  auto deadline = started + opts_.timeout;
+  Status s = SendRequest(MakeRequest(Op::kWatchKey, {K(key)}), what, deadline);
+  while (s.ok()) {
+    s = ParsePushed(what);
+    if (s.ok() && acks_ > 0) {
+      --acks_;
+      return Status::Ok();
+    }
+    if (s.ok()) s = ReceiveSome(what, deadline, started);
+  }
+  // A registration that may still be acknowledged later would leave the
+  // count of acknowledgements wrong: the connection is done.
+  return Fail(s);
+}
+
+Status TcpStoreClient::TakeChanges(std::vector<KeyChange>* changes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const std::string what = "watched keys";
+  if (fd_ < 0) {
+    return Status::Unavailable("store " + address() +
+                               ": the watch connection is closed");
+  }
+  char chunk[64 * 1024];
+  for (;;) {
+    ssize_t got = ::recv(fd_, chunk, sizeof(chunk), MSG_DONTWAIT);
+    if (got > 0) {
+      rbuf_.append(chunk, static_cast<size_t>(got));
+      continue;
+    }
+    if (got == 0) {
+      return Fail(Status::Unavailable("store " + address() + ": " + what +
+                                      ": connection closed by the store"));
+    }
+    if (errno == EINTR) continue;
+    if (errno == EAGAIN || errno == EWOULDBLOCK) break;
+    return Fail(
+        Status::Unavailable("store " + address() + ": " + what +
+                            ": receive failed: " + std::strerror(errno)));
+  }
+  Status s = ParsePushed(what);
+  if (!s.ok()) return s;
+  for (auto& c : changes_) changes->push_back(std::move(c));
+  changes_.clear();
+  return Status::Ok();
 }
 
 }  // namespace dtrun::rdzv

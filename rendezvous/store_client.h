@@ -5,6 +5,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "rendezvous/store.h"
 #include "rendezvous/wire.h"
@@ -27,6 +28,14 @@ struct StoreClientOptions {
   // Prepend "/" to every key as c10d's TCPStore client does, so keys look
   // the same to PyTorch's clients and ours. Default true.
   bool c10d_key_prefix = true;
+};
+
+// A change of a key the client watches, as the store pushed it.
+struct KeyChange {
+  enum class Kind : uint8_t { kUpdated = 0, kCreated = 1, kDeleted = 2 };
+  Kind kind = Kind::kUpdated;
+  std::string key;
+  std::string value;  // the new value; empty when deleted
 };
 
 // Store client over TCP, speaking c10d's TCPStore protocol. Blocking calls
@@ -69,6 +78,17 @@ class TcpStoreClient : public Store {
   Status Barrier(const std::string& key, int64_t world_size,
                  std::chrono::milliseconds timeout);
 
+  // kTorch113 only: c10d 1.13's watchKey. Registers `key` and returns once
+  // the store has acknowledged it; from then on the store pushes every change
+  // of the key on this connection, which is then good for more WatchKey
+  // calls and TakeChanges only. dtstore answers it on any connection that
+  // opens in the 1.13 dialect; torch 2.x servers have no such request.
+  Status WatchKey(const std::string& key);
+  // Appends the changes pushed since the last call, in the order the store
+  // made them, without blocking. Unavailable once the connection is lost:
+  // a watch is never silently re-registered on a new connection.
+  Status TakeChanges(std::vector<KeyChange>* changes);
+
   // "host:port" for messages.
   std::string address() const;
   // The numeric address of this end of the connection (the address the
@@ -90,6 +110,12 @@ class TcpStoreClient : public Store {
                    Deadline deadline, Deadline started);
   Status ReadBytes(std::string* out, const std::string& what, Deadline deadline,
                    Deadline started);
+  // One wait for readability and one recv into rbuf_.
+  Status ReceiveSome(const std::string& what, Deadline deadline,
+                     Deadline started);
+  // Moves the complete pushed frames at the head of rbuf_ (acknowledgements
+  // and changes) to acks_ and changes_. REQUIRES: mu_.
+  Status ParsePushed(const std::string& what);
   // Sends `req` and reads its reply: none (reply_size 0), reply_size bytes,
   // or kLengthPrefixed bytes. REQUIRES: mu_.
   static constexpr int kLengthPrefixed = -1;
@@ -107,6 +133,10 @@ class TcpStoreClient : public Store {
   int fd_ = -1;
   bool connected_once_ = false;
   std::string rbuf_;  // received, not yet consumed
+  // Watch connections: acknowledgements not yet matched to a WatchKey, and
+  // changes not yet taken.
+  int acks_ = 0;
+  std::vector<KeyChange> changes_;
 };
 
 }  // namespace dtrun::rdzv

@@ -12,6 +12,7 @@
 #include "apps/dtrun/error_report.h"
 #include "apps/dtrun/exit_code.h"
 #include "rendezvous/log.h"
+#include "rendezvous/os_util.h"
 #include "rendezvous/store_client.h"
 #include "rendezvous/store_server.h"
 
@@ -47,6 +48,7 @@ ElasticJob::~ElasticJob() {
 Status ElasticJob::HostRendezvousStore(uint16_t port, bool must) {
   rdzv::StoreServerOptions opts;
   opts.port = port;
+  os::RaiseFileLimit();  // two connections per node
   auto server = rdzv::StoreServer::Start(opts);
   if (!server.ok()) {
     if (must) return server.status();
@@ -100,6 +102,13 @@ Status ElasticJob::ConnectRendezvous() {
                                client.status().message());
   }
   rdzv_client_ = std::move(*client);
+  // Check's push mode opens one more connection per node to the same store,
+  // in the 1.13 dialect that has WATCH_KEY. Short deadlines: a store that
+  // does not answer a watch leaves Check reading, as before.
+  watch_opts_ = copts;
+  watch_opts_.dialect = rdzv::Dialect::kTorch113;
+  watch_opts_.timeout = std::min(copts.timeout, milliseconds(5000));
+  watch_opts_.connect_timeout = watch_opts_.timeout;
   return Status::Ok();
 }
 
@@ -189,6 +198,9 @@ int ElasticJob::Run() {
   }
   NotifyStoreReady();
   rdzv::RendezvousOptions ro = RendezvousOptionsOf(config_.rdzv_id);
+  ro.open_watch = [opts = watch_opts_] {
+    return rdzv::TcpStoreClient::Connect(opts);
+  };
   rdzv_ = std::make_unique<rdzv::Rendezvous>(rdzv_client_.get(), ro);
   log->info("node {} joining rendezvous '{}' at {} ({}..{} nodes); logs in {}",
             ro.node_id, ro.run_id, rdzv_client_->address(), ro.min_nodes,

@@ -50,6 +50,7 @@ class ElasticJob : public Job {
   std::unique_ptr<rdzv::StoreServer>
       worker_store_;  // group rank 0: this round's workers' store
   std::unique_ptr<rdzv::TcpStoreClient> rdzv_client_;
+  rdzv::StoreClientOptions watch_opts_;  // Check's push connection
   std::unique_ptr<rdzv::Rendezvous> rdzv_;
   rdzv::Assignment assignment_;
   int64_t crashes_ = 0;

@@ -6,7 +6,6 @@
 // server runs on its own thread; main only waits for a stop signal.
 
 #include <signal.h>
-#include <sys/resource.h>
 
 #include <cstdio>
 #include <string>
@@ -15,21 +14,10 @@
 
 #include "dtrun_version.h"
 #include "rendezvous/log.h"
+#include "rendezvous/os_util.h"
 #include "rendezvous/store_server.h"
 
 namespace {
-
-// 1.13 clients open two connections each; a large job needs many fds.
-// Debian's soft limit is 1024 while the hard one is far higher, and raising
-// the soft limit up to the hard one needs no privilege. Failure is harmless:
-// the server just runs with the limit it has.
-void RaiseFdLimit() {
-  rlimit lim{};
-  if (getrlimit(RLIMIT_NOFILE, &lim) == 0 && lim.rlim_cur < lim.rlim_max) {
-    lim.rlim_cur = lim.rlim_max;
-    setrlimit(RLIMIT_NOFILE, &lim);
-  }
-}
 
 // Reads the flags into `opts` and sets the log level. Returns the exit code
 // when dtstore should stop now (0 after --help/--version, 2 on a bad flag),
@@ -93,7 +81,7 @@ int main(int argc, char** argv) {
   dtrun::rdzv::StoreServerOptions opts;
   int rc = ParseFlags(argc, argv, &opts);
   if (rc >= 0) return rc;
-  RaiseFdLimit();
+  dtrun::os::RaiseFileLimit();  // 1.13 clients open two connections each
   sigset_t stop = BlockStopSignals();
 
   auto server = dtrun::rdzv::StoreServer::Start(opts);

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <future>
 #include <map>
 #include <set>
@@ -397,6 +398,182 @@ TEST(RendezvousTest, ManyNodesOverTcpGetDistinctRanksInARing) {
     EXPECT_EQ(second[i].failures, 1);
     EXPECT_EQ(second[i].group_rank, first[i].group_rank);  // ranks are stable
   }
+}
+
+// Counts what a node asks of the store, by kind.
+class CountingStore : public Store {
+ public:
+  explicit CountingStore(Store* inner) : inner_(inner) {}
+  Status Set(const std::string& k, std::string_view v) override {
+    ++other;
+    return inner_->Set(k, v);
+  }
+  Result<std::string> Get(const std::string& k) override {
+    ++other;
+    return inner_->Get(k);
+  }
+  Result<int64_t> Add(const std::string& k, int64_t d) override {
+    ++adds;
+    return inner_->Add(k, d);
+  }
+  Result<std::string> CompareSet(const std::string& k, std::string_view e,
+                                 std::string_view d) override {
+    ++other;
+    return inner_->CompareSet(k, e, d);
+  }
+  Result<bool> Check(const std::vector<std::string>& k) override {
+    ++other;
+    return inner_->Check(k);
+  }
+  Status Wait(const std::vector<std::string>& k,
+              std::chrono::milliseconds t) override {
+    ++other;
+    return inner_->Wait(k, t);
+  }
+  Result<bool> DeleteKey(const std::string& k) override {
+    ++other;
+    return inner_->DeleteKey(k);
+  }
+  Result<int64_t> NumKeys() override { return inner_->NumKeys(); }
+  Result<std::vector<std::string>> MultiGet(
+      const std::vector<std::string>& k) override {
+    ++reads;
+    return inner_->MultiGet(k);
+  }
+  Status MultiSet(const std::vector<std::string>& k,
+                  const std::vector<std::string>& v) override {
+    ++other;
+    return inner_->MultiSet(k, v);
+  }
+  std::chrono::milliseconds timeout() const override {
+    return inner_->timeout();
+  }
+  std::atomic<int> adds{0}, reads{0}, other{0};
+
+ private:
+  Store* inner_;
+};
+
+// Two nodes over a real server, each with a watch connection when `watch`.
+struct PushedPair {
+  explicit PushedPair(bool watch, milliseconds keep_alive) {
+    auto s = StoreServer::Start(StoreServerOptions{});
+    EXPECT_TRUE(s.ok());
+    server = std::move(*s);
+    server->RunInBackground();
+    for (int i = 0; i < 2; ++i) {
+      StoreClientOptions copts;
+      copts.port = server->port();
+      auto c = TcpStoreClient::Connect(copts);
+      EXPECT_TRUE(c.ok()) << c.status().message();
+      clients[i] = std::move(*c);
+      counted[i] = std::make_unique<CountingStore>(clients[i].get());
+      auto o = Options(i == 0 ? "a" : "b", 1, 2);
+      o.keep_alive_interval = keep_alive;
+      if (watch) {
+        copts.dialect = Dialect::kTorch113;
+        o.open_watch = [copts] { return TcpStoreClient::Connect(copts); };
+      }
+      nodes[i] = std::make_unique<Rendezvous>(counted[i].get(), o);
+    }
+    auto fb = JoinAsync(nodes[1].get());
+    auto ra = nodes[0]->Join(nullptr);
+    EXPECT_TRUE(ra.ok());
+    auto rb = fb.get();
+    EXPECT_TRUE(rb.ok());
+    a = *ra;
+    b = *rb;
+  }
+  std::unique_ptr<StoreServer> server;
+  std::unique_ptr<TcpStoreClient> clients[2];
+  std::unique_ptr<CountingStore> counted[2];
+  std::unique_ptr<Rendezvous> nodes[2];
+  Assignment a, b;
+};
+
+// With the watch, a standing round costs each node its heartbeat ADDs only;
+// a new round reaches the other node through the store's push.
+TEST(RendezvousPushTest, AStandingRoundIsNotReadAndANewOneIsPushed) {
+  PushedPair p(true, milliseconds(500));  // a read anyway every 1.5 s
+  ASSERT_EQ(*p.nodes[0]->Check(p.a), RoundEvent::kNone);
+  ASSERT_EQ(*p.nodes[1]->Check(p.b), RoundEvent::kNone);
+  EXPECT_TRUE(p.nodes[0]->pushed(p.a));
+  int reads = p.counted[0]->reads, other = p.counted[0]->other;
+  int reads_b = p.counted[1]->reads;
+  for (int i = 0; i < 20; ++i) {  // 200 ms: neither reads
+    std::this_thread::sleep_for(milliseconds(10));
+    ASSERT_EQ(*p.nodes[0]->Check(p.a), RoundEvent::kNone);
+    ASSERT_EQ(*p.nodes[1]->Check(p.b), RoundEvent::kNone);
+  }
+  EXPECT_EQ(p.counted[0]->reads, reads);
+  EXPECT_EQ(p.counted[1]->reads, reads_b);
+  EXPECT_EQ(p.counted[0]->other, other);
+  // Group rank 0 still reads its two counters (ADD 0) on every check.
+  EXPECT_GE(p.counted[0]->adds + p.counted[1]->adds, 40);
+  ASSERT_EQ(*p.nodes[1]->ReportFailure(p.b, "exit 1"), 1);
+  // The push may take a moment to arrive; it needs no read to be noticed.
+  auto started = std::chrono::steady_clock::now();
+  Result<RoundEvent> ev = RoundEvent::kNone;
+  while (ev.ok() && *ev == RoundEvent::kNone &&
+         std::chrono::steady_clock::now() - started < milliseconds(2000)) {
+    std::this_thread::sleep_for(milliseconds(1));
+    ev = p.nodes[0]->Check(p.a);
+  }
+  ASSERT_TRUE(ev.ok()) << ev.status().message();
+  EXPECT_EQ(*ev, RoundEvent::kRestart);
+  EXPECT_EQ(p.counted[0]->reads, reads + 1);  // read once, after the push
+}
+
+// The watched node's heartbeats arrive as pushes; when they stop, the node
+// is declared dead after keep-alive x attempts, as when reading.
+TEST(RendezvousPushTest, ASilentNodeIsDeclaredDeadFromPushes) {
+  PushedPair p(true, milliseconds(50));
+  auto started = std::chrono::steady_clock::now();
+  // Both check for 300 ms (b's beats keep a's view of it alive), then b
+  // goes silent.
+  while (std::chrono::steady_clock::now() - started < milliseconds(300)) {
+    ASSERT_EQ(*p.nodes[0]->Check(p.a), RoundEvent::kNone);
+    ASSERT_EQ(*p.nodes[1]->Check(p.b), RoundEvent::kNone);
+    std::this_thread::sleep_for(milliseconds(5));
+  }
+  EXPECT_TRUE(p.nodes[0]->pushed(p.a));
+  auto silent = std::chrono::steady_clock::now();
+  Result<RoundEvent> ev = RoundEvent::kNone;
+  while (ev.ok() && *ev == RoundEvent::kNone &&
+         std::chrono::steady_clock::now() - silent < milliseconds(2000)) {
+    std::this_thread::sleep_for(milliseconds(5));
+    ev = p.nodes[0]->Check(p.a);
+  }
+  ASSERT_TRUE(ev.ok()) << ev.status().message();
+  EXPECT_EQ(*ev, RoundEvent::kRestart);
+  auto took = std::chrono::steady_clock::now() - silent;
+  EXPECT_GE(took, milliseconds(100));  // 150 ms less b's last beat's age
+  EXPECT_LT(took, milliseconds(1000));
+}
+
+// A store that cannot watch (here: a watch connection in the torch 2
+// dialect, which has no WATCH_KEY) leaves Check reading, as without one.
+TEST(RendezvousPushTest, NoWatchMeansReadingEveryCheck) {
+  PushedPair p(false, milliseconds(100));
+  ASSERT_EQ(*p.nodes[0]->Check(p.a), RoundEvent::kNone);
+  EXPECT_FALSE(p.nodes[0]->pushed(p.a));
+  auto o = Options("c", 1, 2);
+  StoreClientOptions copts;
+  copts.port = p.server->port();  // torch 2 dialect: WatchKey refuses
+  o.open_watch = [copts] { return TcpStoreClient::Connect(copts); };
+  Rendezvous c(p.counted[0].get(), o);
+  int reads = p.counted[0]->reads;
+  ASSERT_EQ(*c.Check(p.a), RoundEvent::kNone);
+  ASSERT_EQ(*c.Check(p.a), RoundEvent::kNone);
+  EXPECT_FALSE(c.pushed(p.a));
+  EXPECT_EQ(p.counted[0]->reads, reads + 2);
+  o.open_watch = [] {
+    return Result<std::unique_ptr<TcpStoreClient>>(
+        Status::Unavailable("no store here"));
+  };
+  Rendezvous d(p.counted[0].get(), o);
+  ASSERT_EQ(*d.Check(p.a), RoundEvent::kNone);
+  EXPECT_EQ(p.counted[0]->reads, reads + 3);
 }
 
 }  // namespace

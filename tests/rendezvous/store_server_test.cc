@@ -171,6 +171,68 @@ TEST_F(StoreServerTest, AppendAndBarrierOverTorch113AreRefusedNotSent) {
   EXPECT_EQ(*c->Add("after", 1), 1);
 }
 
+// WATCH_KEY on a connection of its own: the store pushes each change of the
+// watched keys, in order, with the key as the client named it.
+TEST_F(StoreServerTest, WatchKeyPushesEveryChangeInOrder) {
+  auto w = Client(Dialect::kTorch113);
+  auto c = Client();
+  ASSERT_TRUE(w->WatchKey("hb/1").ok());
+  ASSERT_TRUE(w->WatchKey("over").ok());
+  std::vector<KeyChange> got;
+  ASSERT_TRUE(w->TakeChanges(&got).ok());
+  EXPECT_TRUE(got.empty());
+  ASSERT_EQ(*c->Add("hb/1", 1), 1);
+  ASSERT_EQ(*c->Add("hb/1", 1), 2);
+  ASSERT_TRUE(c->Set("unwatched", "x").ok());
+  ASSERT_TRUE(c->Set("over", "1").ok());
+  ASSERT_TRUE(*c->DeleteKey("hb/1"));
+  auto deadline = std::chrono::steady_clock::now() + milliseconds(2000);
+  while (got.size() < 4 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(milliseconds(1));
+    ASSERT_TRUE(w->TakeChanges(&got).ok());
+  }
+  ASSERT_EQ(got.size(), 4u);
+  EXPECT_EQ(got[0].kind, KeyChange::Kind::kCreated);
+  EXPECT_EQ(got[0].key, "hb/1");
+  EXPECT_EQ(got[0].value, "1");
+  EXPECT_EQ(got[1].kind, KeyChange::Kind::kUpdated);
+  EXPECT_EQ(got[1].value, "2");
+  EXPECT_EQ(got[2].key, "over");
+  EXPECT_EQ(got[3].kind, KeyChange::Kind::kDeleted);
+  EXPECT_EQ(got[3].value, "");
+  // A registration made while changes are arriving still finds its
+  // acknowledgement among them.
+  ASSERT_TRUE(c->Set("over", "2").ok());
+  ASSERT_TRUE(w->WatchKey("late").ok());
+  ASSERT_TRUE(c->Set("late", "L").ok());
+  got.clear();
+  while (got.size() < 2 && std::chrono::steady_clock::now() < deadline) {
+    ASSERT_TRUE(w->TakeChanges(&got).ok());
+  }
+  ASSERT_EQ(got.size(), 2u);
+  EXPECT_EQ(got[0].value, "2");
+  EXPECT_EQ(got[1].key, "late");
+}
+
+TEST_F(StoreServerTest, WatchKeyNeedsThe113DialectAndALiveConnection) {
+  auto c = Client();
+  Status s = c->WatchKey("k");
+  EXPECT_EQ(s.code(), Status::Code::kInvalid);
+  EXPECT_NE(s.message().find("torch-1.13 protocol"), std::string::npos);
+  EXPECT_EQ(*c->Add("after", 1), 1);  // nothing was sent
+  auto w = Client(Dialect::kTorch113);
+  ASSERT_TRUE(w->WatchKey("k").ok());
+  server_->Stop();
+  std::vector<KeyChange> got;
+  Status lost = w->TakeChanges(&got);
+  for (int i = 0; i < 2000 && lost.ok(); ++i) {
+    std::this_thread::sleep_for(milliseconds(1));
+    lost = w->TakeChanges(&got);
+  }
+  EXPECT_EQ(lost.code(), Status::Code::kUnavailable);
+  EXPECT_EQ(w->WatchKey("k").code(), Status::Code::kUnavailable);
+}
+
 TEST_F(StoreServerTest, BuffersFramesArrivingOneByteAtATime) {
   RawConn conn(server_->port());
   std::string bytes =
