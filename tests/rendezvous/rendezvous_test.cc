@@ -454,6 +454,18 @@ class CountingStore : public Store {
   Store* inner_;
 };
 
+// Checks every 2 ms until something happens, for at most 2 s.
+Result<RoundEvent> CheckUntilEvent(Rendezvous* node, const Assignment& a) {
+  auto started = std::chrono::steady_clock::now();
+  Result<RoundEvent> ev = RoundEvent::kNone;
+  while (ev.ok() && *ev == RoundEvent::kNone &&
+         std::chrono::steady_clock::now() - started < milliseconds(2000)) {
+    std::this_thread::sleep_for(milliseconds(2));
+    ev = node->Check(a);
+  }
+  return ev;
+}
+
 // Two nodes over a real server, each with a watch connection when `watch`.
 struct PushedPair {
   explicit PushedPair(bool watch, milliseconds keep_alive) {
@@ -512,13 +524,7 @@ TEST(RendezvousPushTest, AStandingRoundIsNotReadAndANewOneIsPushed) {
   EXPECT_GE(p.counted[0]->adds + p.counted[1]->adds, 40);
   ASSERT_EQ(*p.nodes[1]->ReportFailure(p.b, "exit 1"), 1);
   // The push may take a moment to arrive; it needs no read to be noticed.
-  auto started = std::chrono::steady_clock::now();
-  Result<RoundEvent> ev = RoundEvent::kNone;
-  while (ev.ok() && *ev == RoundEvent::kNone &&
-         std::chrono::steady_clock::now() - started < milliseconds(2000)) {
-    std::this_thread::sleep_for(milliseconds(1));
-    ev = p.nodes[0]->Check(p.a);
-  }
+  auto ev = CheckUntilEvent(p.nodes[0].get(), p.a);
   ASSERT_TRUE(ev.ok()) << ev.status().message();
   EXPECT_EQ(*ev, RoundEvent::kRestart);
   EXPECT_EQ(p.counted[0]->reads, reads + 1);  // read once, after the push
@@ -538,12 +544,7 @@ TEST(RendezvousPushTest, ASilentNodeIsDeclaredDeadFromPushes) {
   }
   EXPECT_TRUE(p.nodes[0]->pushed(p.a));
   auto silent = std::chrono::steady_clock::now();
-  Result<RoundEvent> ev = RoundEvent::kNone;
-  while (ev.ok() && *ev == RoundEvent::kNone &&
-         std::chrono::steady_clock::now() - silent < milliseconds(2000)) {
-    std::this_thread::sleep_for(milliseconds(5));
-    ev = p.nodes[0]->Check(p.a);
-  }
+  auto ev = CheckUntilEvent(p.nodes[0].get(), p.a);
   ASSERT_TRUE(ev.ok()) << ev.status().message();
   EXPECT_EQ(*ev, RoundEvent::kRestart);
   auto took = std::chrono::steady_clock::now() - silent;
