@@ -3,6 +3,7 @@
 // shell that captures stacks and prints the report is hang_watch.cc.
 #include "apps/dtrun/hang_report.h"
 
+#include <cstdint>
 #include <cstdio>
 #include <sstream>
 
@@ -42,6 +43,50 @@ std::string State(const RankSilence& s) {
   return out;
 }
 
+// The function a native frame line names: gdb writes "#1  0x00.. in f (..)
+// at x.cc:3" (no address for an inlined frame), eu-stack "#1  0x00.. f".
+std::string NativeFunction(const std::string& frame) {
+  std::istringstream in(frame);
+  std::string word;
+  in >> word;  // "#1"
+  while (in >> word && (word.rfind("0x", 0) == 0 || word == "in")) {
+  }
+  return word.substr(0, word.find('('));
+}
+
+// Frames of the C and C++ runtimes (a system call, a futex or condition
+// wait, a std::future): where every blocked thread ends up, so they tell
+// nothing about which code is stuck.
+bool IsRuntimeFrame(const std::string& frame) {
+  for (const char* place : {"../sysdeps/", "./nptl/", "/usr/include/c++/",
+                            "libstdc++.so", "libc.so", "libpthread"}) {
+    if (frame.find(place) != std::string::npos) return true;
+  }
+  std::string f = NativeFunction(frame);
+  for (const char* prefix : {"__", "std::", "pthread_"}) {
+    if (f.rfind(prefix, 0) == 0) return true;
+  }
+  for (const char* call :
+       {"syscall", "pause", "nanosleep", "clock_nanosleep", "poll",
+        "epoll_wait", "select", "read", "recv", "futex_wait", "sched_yield"}) {
+    if (f == call) return true;
+  }
+  return false;
+}
+
+// A native stack's frames from the last runtime frame above the first frame
+// of the program's own code (all of them when every frame is the runtime's).
+std::vector<std::string> SkipRuntime(std::vector<std::string> frames) {
+  size_t own = 0;
+  while (own < frames.size() && frames[own][0] == '#' &&
+         IsRuntimeFrame(frames[own])) {
+    ++own;
+  }
+  if (own == frames.size() || own < 2) return frames;
+  frames.erase(frames.begin(), frames.begin() + (own - 1));
+  return frames;
+}
+
 }  // namespace
 
 std::string ExtractFaulthandlerDump(const std::string& text) {
@@ -60,7 +105,10 @@ std::vector<std::string> FirstFrames(const std::string& stack, size_t n) {
   std::vector<std::string> out;
   std::string line;
   bool seen = false;
-  while (out.size() < n && std::getline(in, line)) {
+  // Native stacks: read the whole first thread, then skip the runtime's
+  // frames at its top; Python's are the user's code from the first frame.
+  const size_t want = from == std::string::npos ? SIZE_MAX : n;
+  while (out.size() < want && std::getline(in, line)) {
     std::string t = Trim(line);
     if (IsFrame(t)) {
       out.push_back(t);
@@ -72,6 +120,8 @@ std::vector<std::string> FirstFrames(const std::string& stack, size_t n) {
       break;  // the first thread ended
     }
   }
+  if (from == std::string::npos) out = SkipRuntime(std::move(out));
+  if (out.size() > n) out.resize(n);
   return out;
 }
 

@@ -129,6 +129,40 @@ TEST(HangReportTest, NativeFramesOfTheFirstThread) {
   EXPECT_EQ(frames[1], "#1  0x00007f Wedged");
 }
 
+// gdb's frames of a thread blocked in a std::future: the summary starts at
+// the last runtime frame above the program's own code.
+TEST(HangReportTest, NativeFramesSkipTheRuntimesFramesAtTheTop) {
+  const char* gdb =
+      "Thread 1 (Thread 0x7f (LWP 7) \"train_cfg\"):\n"
+      "#0  syscall () at ../sysdeps/unix/sysv/linux/x86_64/syscall.S:38\n"
+      "#1  0x00007f in std::__atomic_futex_unsigned_base::_M_futex_wait_until"
+      "(unsigned int*) () from /lib/x86_64-linux-gnu/libstdc++.so.6\n"
+      "#2  0x00007f in std::__atomic_futex_unsigned<2147483648u>::_M_load "
+      "(this=<optimized out>) at /usr/include/c++/12/bits/atomic_futex.h:109\n"
+      "#3  std::__basic_future<void>::_M_get_result (this=0x1) at "
+      "/usr/include/c++/12/future:720\n"
+      "#4  dtrun::train::Ddp::SyncGradients (this=0x2) at ../lib/ddp.cc:200\n"
+      "#5  0x00007f in dtrun::train::Trainer::Run (this=0x3) at "
+      "../lib/trainer.cc:487\n"
+      "#6  0x00007f in main (argc=2) at ../examples/train_cfg.cc:90\n"
+      "Thread 2 (Thread 0x7e (LWP 8) \"comm\"):\n"
+      "#0  0x00007f in __libc_pause () at "
+      "../sysdeps/unix/sysv/linux/pause.c:29\n";
+  auto frames = FirstFrames(gdb, 3);
+  ASSERT_EQ(frames.size(), 3u);
+  EXPECT_EQ(frames[0].rfind("#3  std::__basic_future", 0), 0u) << frames[0];
+  EXPECT_EQ(frames[1].rfind("#4  dtrun::train::Ddp::SyncGradients", 0), 0u);
+  EXPECT_EQ(frames[2].rfind("#5  0x00007f in dtrun::train::Trainer::Run", 0),
+            0u);
+  // A thread that is all runtime keeps its frames as they are.
+  auto idle = FirstFrames(
+      "TID 9:\n#0  0x00007f epoll_wait\n#1  0x00007f "
+      "__GI_poll\n",
+      5);
+  ASSERT_EQ(idle.size(), 2u);
+  EXPECT_EQ(idle[0], "#0  0x00007f epoll_wait");
+}
+
 TEST(HangReportTest, ReportPutsTheRootCauseFirstAndNamesStackFiles) {
   RankStack r0{0, 100, {0, true, 2.0, 3, true}, "", "", "no stack tool"};
   RankStack r1{1, 101, {1, true, 2.4, 2, true}, kDump, "/logs/1/stack.txt", ""};
