@@ -43,8 +43,6 @@
 
 #include <algorithm>
 #include <climits>
-#include <functional>
-#include <random>
 #include <tuple>
 
 #include <nlohmann/json.hpp>
@@ -182,9 +180,7 @@ std::string MakeNodeId() {
 }
 
 Rendezvous::Rendezvous(Store* store, RendezvousOptions options)
-    : store_(store),
-      opts_(std::move(options)),
-      rng_(std::hash<std::string>()(opts_.node_id)) {}
+    : store_(store), opts_(std::move(options)) {}
 
 std::string Rendezvous::Key(const std::string& suffix) const {
   return "rdzv/" + opts_.run_id + "/" + suffix;
@@ -625,6 +621,8 @@ bool Rendezvous::NeedsRead(const Assignment& current, std::string* count) {
     DropWatch(current.round, s.message());
     return true;
   }
+  // Pushes come in order on one TCP connection, so none is lost while the
+  // connection stands; a failed connection sends this node back to reading.
   const std::string over = RoundKey(current.round, "over");
   bool read = read_due_;
   for (const auto& c : changes) {
@@ -634,19 +632,7 @@ bool Rendezvous::NeedsRead(const Assignment& current, std::string* count) {
       *count = c.value;  // the only other key watched: the next node's
     }
   }
-  // A read now and then bounds what a lost push could cost to the time a
-  // silent node is given anyway.
-  auto now = Clock::now();
-  if (now >= next_read_) read = true;
-  if (read) {
-    read_due_ = false;
-    // Up to a quarter early, at random, so that thousands of nodes that
-    // joined together do not all read in the same instant.
-    auto period = std::chrono::duration_cast<Clock::duration>(
-        opts_.keep_alive_interval * opts_.keep_alive_max_attempt);
-    std::uniform_int_distribution<Clock::rep> early(0, period.count() / 4);
-    next_read_ = now + period - Clock::duration(early(rng_));
-  }
+  read_due_ = false;
   return read;
 }
 

@@ -4,7 +4,6 @@
 #include <functional>
 #include <memory>
 #include <optional>
-#include <random>
 #include <string>
 #include <vector>
 
@@ -172,8 +171,8 @@ class Rendezvous {
   // has none; false when this round is checked by reading instead.
   bool WatchRound(const Assignment& current);
   // Takes what the store pushed; true when the round must be read (its
-  // `over` key changed, the first check of a round, a periodic check, or
-  // the watch connection failed). Sets *count to the watched node's latest
+  // `over` key changed, the first check of a round, or the watch connection
+  // failed). Sets *count to the watched node's latest
   // pushed heartbeat count, if one came.
   bool NeedsRead(const Assignment& current, std::string* count);
   void DropWatch(int round, const std::string& why);
@@ -220,13 +219,11 @@ class Rendezvous {
   std::string watch_count_;
   Clock::time_point watch_since_{};
   // Push mode: the watch connection, the round it registered for, a round
-  // whose watch failed (read instead), and when to read regardless.
+  // whose watch failed (read instead), and whether the next check reads.
   std::unique_ptr<TcpStoreClient> watch_;
   int watch_conn_round_ = -1;
   int watch_off_round_ = -1;
   bool read_due_ = false;
-  Clock::time_point next_read_{};
-  std::minstd_rand rng_;  // spreads the periodic reads of many nodes
 };
 
 // A node id: "<host>_<pid>_<random>".

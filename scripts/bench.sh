@@ -86,8 +86,12 @@ fi
 if want rdzv-sim; then
   echo
   echo "== rendezvous at scale: N simulated agents (threads running the real rendezvous, one"
-  echo "   connection each) at a real dtstore; the process raises its RLIMIT_NOFILE to the hard limit"
+  echo "   connection each, and a watch connection for pushed checks) at a real dtstore; the"
+  echo "   process raises its RLIMIT_NOFILE to the hard limit. Keep-alive 1 s, then the default"
+  echo "   5 s with checks pushed and with checks reading the round (--watch 0)"
   $b/tests/bench/rdzv_sim_bench --dtstore $b/apps/dtstore
+  $b/tests/bench/rdzv_sim_bench --dtstore $b/apps/dtstore --keep-alive-ms 5000 --steady-s 30
+  $b/tests/bench/rdzv_sim_bench --dtstore $b/apps/dtstore --keep-alive-ms 5000 --steady-s 30 --watch 0
 fi
 
 if want rdzv-scale; then

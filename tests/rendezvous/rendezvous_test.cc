@@ -506,7 +506,7 @@ struct PushedPair {
 // With the watch, a standing round costs each node its heartbeat ADDs only;
 // a new round reaches the other node through the store's push.
 TEST(RendezvousPushTest, AStandingRoundIsNotReadAndANewOneIsPushed) {
-  PushedPair p(true, milliseconds(500));  // a read anyway every 1.5 s
+  PushedPair p(true, milliseconds(500));
   ASSERT_EQ(*p.nodes[0]->Check(p.a), RoundEvent::kNone);
   ASSERT_EQ(*p.nodes[1]->Check(p.b), RoundEvent::kNone);
   EXPECT_TRUE(p.nodes[0]->pushed(p.a));
