@@ -541,12 +541,13 @@ Result<RoundEvent> Rendezvous::StartNextRound(const Assignment& current,
 Result<RoundEvent> Rendezvous::Check(const Assignment& current) {
   Status beat = Heartbeat(current, false);
   if (!beat.ok()) return beat;
+  // The watched node's count: as read, as last pushed, or as last seen.
   std::string count;
-  if (!WatchRound(current) || NeedsRead(current, &count))
-    return ReadRound(current);
-  // Nothing pushed says the round moved: only the duties of this node are
-  // left, and the watched node's count is what the store last pushed.
-  if (current.group_rank == 0) {
+  if (!WatchRound(current) || NeedsRead(current, &count)) {
+    auto moved = ReadRound(current, &count);
+    if (!moved.ok() || *moved != RoundEvent::kNone) return moved;
+  }
+  if (current.group_rank == 0) {  // one node watches the round's counters
     auto event = WatchCounters(current);
     if (!event.ok() || *event != RoundEvent::kNone) return event;
   }
@@ -554,7 +555,8 @@ Result<RoundEvent> Rendezvous::Check(const Assignment& current) {
   return WatchNext(current, count.empty() ? watch_count_ : count);
 }
 
-Result<RoundEvent> Rendezvous::ReadRound(const Assignment& current) {
+Result<RoundEvent> Rendezvous::ReadRound(const Assignment& current,
+                                         std::string* count) {
   const int r = current.round;
   const int n = current.group_world_size;
   std::vector<std::string> keys = {Key("state")};
@@ -570,12 +572,8 @@ Result<RoundEvent> Rendezvous::ReadRound(const Assignment& current) {
   if (!Doc::Parse((*got)[0], &s)) return CorruptState();
   if (!s.closed.empty()) return Ended(s);
   if (s.round != r) return RoundEvent::kRestart;
-  if (current.group_rank == 0) {  // one node watches the round's counters
-    auto event = WatchCounters(current);
-    if (!event.ok() || *event != RoundEvent::kNone) return event;
-  }
-  if (n == 1) return RoundEvent::kNone;
-  return WatchNext(current, (*got)[1]);
+  if (n > 1) *count = (*got)[1];
+  return RoundEvent::kNone;
 }
 
 // Push mode. Reading the state and the next node's counter on every check

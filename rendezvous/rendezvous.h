@@ -165,15 +165,16 @@ class Rendezvous {
   // The event for a closed state document; records why it closed.
   RoundEvent Ended(const Doc& doc);
   Result<RoundEvent> WatchCounters(const Assignment& current);
-  // Check by reading the state and the watched node's counter.
-  Result<RoundEvent> ReadRound(const Assignment& current);
+  // Reads the state and the watched node's counter (into *count): kNone
+  // while `current`'s round stands, else how it ended.
+  Result<RoundEvent> ReadRound(const Assignment& current, std::string* count);
   // Opens and registers the watch connection for `current`'s round when it
   // has none; false when this round is checked by reading instead.
   bool WatchRound(const Assignment& current);
   // Takes what the store pushed; true when the round must be read (its
   // `over` key changed, the first check of a round, or the watch connection
-  // failed). Sets *count to the watched node's latest
-  // pushed heartbeat count, if one came.
+  // failed). Sets *count to the watched node's latest pushed heartbeat
+  // count, if one came.
   bool NeedsRead(const Assignment& current, std::string* count);
   void DropWatch(int round, const std::string& why);
   // `count` is the watched node's heartbeat counter as just read.
