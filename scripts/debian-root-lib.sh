@@ -55,10 +55,13 @@ bind() {  # bind SRC DST_INSIDE_ROOT
   mount --bind "$1" "$dst"
 }
 
+# What mount_all binds at the same path inside the root, parents first.
+bound() { printf '%s\n' /proc /sys /dev /dev/shm /dev/pts /tmp "$here"; }
+
 # Whether every bind mount_all makes is in place and current.
 all_mounted() {
   local m
-  for m in /proc /sys /dev /dev/shm /dev/pts /tmp "$here"; do
+  for m in $(bound); do
     mountpoint -q "$root$m" && [[ $(ident "$m") == "$(ident "$root$m")" ]] || return 1
   done
 }
@@ -68,8 +71,7 @@ all_mounted() {
 # machine hang (torchrun --standalone does one).
 mount_all() {
   local m
-  for m in /proc /sys /dev /dev/shm /dev/pts /tmp; do bind "$m" "$m"; done
-  bind "$here" "$here"
+  for m in $(bound); do bind "$m" "$m"; done
   cp -f /etc/resolv.conf /etc/hosts "$root/etc/"
 }
 
