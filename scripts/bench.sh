@@ -67,6 +67,21 @@ if want store-load; then
     scripts/torch2.sh run $b2/tests/bench/store_load_bench --dtstore $b2/apps/dtstore \
       --torch-host $b2/tests/bench/torch_store_host --seconds "${1:-1}" --rounds 3 --dialect 2
   fi
+  # Unpinned, the scheduler puts each server beside the generator or across
+  # from it run by run, and the two cost very differently: each placement
+  # pinned, the same for both servers (client CPU, server CPU).
+  if (( $(nproc) >= 2 )); then
+    for pin in 0,0 0,1; do
+      echo "-- pinned: generator on CPU ${pin%,*}, servers on CPU ${pin#*,}"
+      $b/tests/bench/store_load_bench --dtstore $b/apps/dtstore \
+        --torch-host $b/tests/bench/torch_store_host --seconds "${1:-1}" --rounds 3 --pin $pin
+      if [[ $torch2 == 1 ]]; then
+        scripts/torch2.sh run $b2/tests/bench/store_load_bench --dtstore $b2/apps/dtstore \
+          --torch-host $b2/tests/bench/torch_store_host --seconds "${1:-1}" --rounds 3 \
+          --dialect 2 --pin $pin
+      fi
+    done
+  fi
 fi
 
 if want launcher; then

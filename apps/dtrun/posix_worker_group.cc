@@ -150,8 +150,13 @@ Result<int> PosixWorkerGroup::ForkExec(const WorkerSpec& spec, int out_fd,
   if (pipe2(status_pipe, O_CLOEXEC) != 0) {
     return Status::Io(std::string("pipe: ") + std::strerror(errno));
   }
-  ChildPlan plan{argv.data(), envp.data(), out_fd, err_fd, status_pipe[1],
-                 getpid()};
+  ChildPlan plan;
+  plan.argv = argv.data();
+  plan.envp = envp.data();
+  plan.out_fd = out_fd;
+  plan.err_fd = err_fd;
+  plan.status_fd = status_pipe[1];
+  plan.parent = getpid();
   std::unique_ptr<char[]> stack(new char[kChildStack]);
   sigset_t all, old;
   sigfillset(&all);

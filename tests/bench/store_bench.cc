@@ -31,6 +31,7 @@
 #include <torch/version.h>
 
 #include "rendezvous/wire.h"
+#include "tests/helpers/server_process.h"
 
 namespace {
 
@@ -308,6 +309,7 @@ void Row(const char* what, double ours, double theirs, const char* unit,
 int main(int argc, char** argv) {
   std::string dtstore, torch_host;
   double seconds = 1.0;
+  dtrun::testing::Pinning pin;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string a = argv[i];
     if (a == "--dtstore")
@@ -318,11 +320,14 @@ int main(int argc, char** argv) {
       seconds = std::atof(argv[i + 1]);
     else if (a == "--filter")
       g_filter = argv[i + 1];
+    else if (a == "--pin" && !dtrun::testing::ParsePinning(argv[i + 1], &pin))
+      return 2;
   }
   if (dtstore.empty() || torch_host.empty()) {
     std::fprintf(
         stderr,
-        "usage: store_bench --dtstore PATH --torch-host PATH [--seconds S]\n");
+        "usage: store_bench --dtstore PATH --torch-host PATH [--seconds S] "
+        "[--filter ROW] [--pin CLIENT_CPU,SERVER_CPU]\n");
     return 2;
   }
   rlimit lim{};
@@ -330,9 +335,13 @@ int main(int argc, char** argv) {
   lim.rlim_cur = lim.rlim_max;
   setrlimit(RLIMIT_NOFILE, &lim);
   signal(SIGPIPE, SIG_IGN);
+  // The servers inherit the CPU this thread is on when they start, and the
+  // client threads the one it is on when they do.
+  if (pin.server >= 0 && !dtrun::testing::PinCallerTo(pin.server)) return 2;
   auto ours = Spawn(
       {dtstore, "--host", "127.0.0.1", "--port", "0", "--log-level", "error"});
   auto theirs = Spawn({torch_host});
+  if (pin.client >= 0 && !dtrun::testing::PinCallerTo(pin.client)) return 2;
   if (!ours || !theirs) return 1;
 
   std::printf(

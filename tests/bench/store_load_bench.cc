@@ -13,7 +13,7 @@
 //
 // Usage: store_load_bench --dtstore PATH --torch-host PATH [--seconds 1]
 //                         [--rounds 3] [--conns 8] [--depth 32] [--dialect
-//                         113|2]
+//                         113|2] [--pin CLIENT_CPU,SERVER_CPU]
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -311,6 +311,7 @@ void Row(const Options& o, const Server& ours, const Server& theirs,
 int main(int argc, char** argv) {
   using namespace dtrun::rdzv;
   Options o;
+  dtrun::testing::Pinning pin;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string a = argv[i], v = argv[i + 1];
     if (a == "--dtstore")
@@ -327,12 +328,15 @@ int main(int argc, char** argv) {
       o.depth = std::atoi(v.c_str());
     else if (a == "--dialect")
       g_dialect = v == "2" ? Dialect::kTorch2 : Dialect::kTorch113;
+    else if (a == "--pin" && !dtrun::testing::ParsePinning(v, &pin))
+      return 2;
   }
   if (o.dtstore.empty() || o.torch_host.empty()) {
     std::fprintf(stderr,
                  "usage: store_load_bench --dtstore PATH --torch-host PATH "
                  "[--seconds S] "
-                 "[--rounds R] [--conns C] [--depth D] [--dialect 113|2]\n");
+                 "[--rounds R] [--conns C] [--depth D] [--dialect 113|2] "
+                 "[--pin CLIENT_CPU,SERVER_CPU]\n");
     return 2;
   }
   rlimit lim{};
@@ -340,10 +344,13 @@ int main(int argc, char** argv) {
   lim.rlim_cur = lim.rlim_max;
   setrlimit(RLIMIT_NOFILE, &lim);
   signal(SIGPIPE, SIG_IGN);
+  // The servers inherit the CPU this thread is on when they start.
+  if (pin.server >= 0 && !dtrun::testing::PinCallerTo(pin.server)) return 2;
   Server ours =
       dtrun::testing::SpawnServer({o.dtstore, "--host", "127.0.0.1", "--port",
                                    "0", "--log-level", "error"});
   Server theirs = dtrun::testing::SpawnServer({o.torch_host});
+  if (pin.client >= 0 && !dtrun::testing::PinCallerTo(pin.client)) return 2;
   if (ours.port == 0 || theirs.port == 0) {
     std::fprintf(stderr, "cannot start the servers\n");
     return 1;
