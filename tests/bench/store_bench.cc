@@ -57,31 +57,14 @@ struct ServerProc {
 };
 
 std::unique_ptr<ServerProc> Spawn(const std::vector<std::string>& argv) {
-  int fds[2];
-  if (pipe(fds) != 0) return nullptr;
+  dtrun::testing::ServerProcess started = dtrun::testing::SpawnServer(argv);
   auto proc = std::make_unique<ServerProc>();
-  proc->pid = fork();
-  if (proc->pid == 0) {
-    dup2(fds[1], 1);
-    close(fds[0]);
-    std::vector<char*> args;
-    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-    args.push_back(nullptr);
-    execv(args[0], args.data());
-    _exit(127);
-  }
-  close(fds[1]);
-  std::string line;
-  char c;
-  while (read(fds[0], &c, 1) == 1 && c != '\n') line += c;
-  close(fds[0]);
-  auto colon = line.rfind(':');
-  if (line.rfind("listening on ", 0) != 0 || colon == std::string::npos) {
-    std::fprintf(stderr, "server %s did not start: '%s'\n", argv[0].c_str(),
-                 line.c_str());
+  proc->pid = started.pid;  // stopped by ~ServerProc, started or not
+  if (started.port == 0) {
+    std::fprintf(stderr, "server %s did not start\n", argv[0].c_str());
     return nullptr;
   }
-  proc->port = static_cast<uint16_t>(std::stoi(line.substr(colon + 1)));
+  proc->port = started.port;
   return proc;
 }
 
@@ -100,24 +83,6 @@ struct OpStats {
   double ops_per_s = 0, p50_us = 0, p99_us = 0;
   double server_cpu_us_per_op = 0;  // user + system time of the server process
 };
-
-// User + system CPU seconds a process has used so far.
-double ProcCpuSeconds(pid_t pid) {
-  FILE* f = std::fopen(("/proc/" + std::to_string(pid) + "/stat").c_str(), "r");
-  if (!f) return 0;
-  char buf[1024];
-  size_t n = std::fread(buf, 1, sizeof(buf) - 1, f);
-  std::fclose(f);
-  buf[n] = 0;
-  const char* p = std::strrchr(buf, ')');  // the command name may hold spaces
-  unsigned long utime = 0, stime = 0;
-  if (!p ||
-      std::sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu",
-                  &utime, &stime) != 2) {
-    return 0;
-  }
-  return double(utime + stime) / sysconf(_SC_CLK_TCK);
-}
 
 double Percentile(std::vector<double>& v, double q) {
   if (v.empty()) return 0;
@@ -158,11 +123,11 @@ OpStats RunOps(const ServerProc& server, int clients, const std::string& op,
     });
   }
   auto start = Clock::now();
-  double cpu_start = ProcCpuSeconds(server.pid);
+  double cpu_start = dtrun::testing::CpuSeconds(server.pid);
   go = true;
   for (auto& t : threads) t.join();
   double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
-  double cpu = ProcCpuSeconds(server.pid) - cpu_start;
+  double cpu = dtrun::testing::CpuSeconds(server.pid) - cpu_start;
   std::vector<double> all;
   for (auto& v : lat) all.insert(all.end(), v.begin(), v.end());
   OpStats s;
