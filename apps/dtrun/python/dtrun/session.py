@@ -328,7 +328,10 @@ class Session:
         try:
             if store is None or store.add(prefix + "crash_count", 0) == 0:
                 return None
-            return json.loads(store.get(prefix + "crash"))
+            # Empty: dtrun cleared the store for a new attempt between the
+            # two reads and has not published the record again yet.
+            record = store.get(prefix + "crash")
+            return json.loads(record) if record else None
         except RuntimeError:  # the round's store is gone; the next one tells
             return None
 
