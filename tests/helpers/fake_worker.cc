@@ -2,7 +2,8 @@
 // what its flags say, in this order:
 //   --pid-dir D        write D/pid_<RANK>_<TORCHELASTIC_RESTART_COUNT> (its
 //   pid)
-//   --env-dir D        write D/env_<RANK> (its whole environment)
+//   --env-dir D        write D/env_<RANK> (its whole environment; files
+//                      appear whole, like --pid-dir's)
 //   --stamp-dir D      write D/start_<RANK>_<RESTART> (unix ns at start)
 //   --lines N          print N lines "line <i> from rank <RANK>" on stdout
 //   --stderr TEXT      print TEXT and a newline on stderr
@@ -39,6 +40,22 @@ std::string Env(const char* name) {
   return v ? v : "";
 }
 
+// Writes DIR/NAME whole: to a hidden temporary first, then renamed, with stop
+// signals held, so a reader polling for the file never sees it half-written
+// and a stopped worker leaves no partial one.
+void WriteWhole(const std::string& dir, const std::string& name,
+                const std::string& content) {
+  const std::string path = dir + "/" + name, tmp = dir + "/." + name + ".tmp";
+  sigset_t stop, old;
+  sigemptyset(&stop);
+  sigaddset(&stop, SIGTERM);
+  sigaddset(&stop, SIGINT);
+  sigprocmask(SIG_BLOCK, &stop, &old);
+  std::ofstream(tmp) << content;
+  std::rename(tmp.c_str(), path.c_str());
+  sigprocmask(SIG_SETMASK, &old, nullptr);
+}
+
 long long UnixNanos() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(
              std::chrono::system_clock::now().time_since_epoch())
@@ -62,18 +79,9 @@ int main(int argc, char** argv) {
     }
     ++i;
     if (flag == "--pid-dir") {
-      // Written whole, then renamed, with stop signals held: a reader never
-      // sees an empty file, and a stopped worker leaves no half-written one.
       pid_dir = arg;
-      const std::string path = arg + "/pid_" + rank + "_" + restart;
-      sigset_t stop, old;
-      sigemptyset(&stop);
-      sigaddset(&stop, SIGTERM);
-      sigaddset(&stop, SIGINT);
-      sigprocmask(SIG_BLOCK, &stop, &old);
-      std::ofstream(path + ".tmp") << getpid() << "\n";
-      std::rename((path + ".tmp").c_str(), path.c_str());
-      sigprocmask(SIG_SETMASK, &old, nullptr);
+      WriteWhole(arg, "pid_" + rank + "_" + restart,
+                 std::to_string(getpid()) + "\n");
     } else if (flag == "--wait-pids") {
       const int want = std::atoi(arg.c_str());
       for (int waited = 0; waited < 10000; waited += 5) {
@@ -87,8 +95,9 @@ int main(int argc, char** argv) {
         std::this_thread::sleep_for(std::chrono::milliseconds(5));
       }
     } else if (flag == "--env-dir") {
-      std::ofstream out(arg + "/env_" + rank);
-      for (char** e = environ; *e; ++e) out << *e << "\n";
+      std::string all;
+      for (char** e = environ; *e; ++e) all += std::string(*e) + "\n";
+      WriteWhole(arg, "env_" + rank, all);
     } else if (flag == "--stamp-dir") {
       stamp_dir = arg;
       std::ofstream(arg + "/start_" + rank + "_" + restart)
