@@ -48,7 +48,7 @@ namespace dtrun::rdzv {
 namespace {
 
 constexpr size_t kReadChunk = 64 * 1024;
-constexpr int kSendBufferBytes = 4 << 20;
+constexpr int kSendBufferBytes = 192 << 10;  // the kernel doubles it
 using asio::ip::tcp;
 
 std::string FormatEndpoint(const tcp::endpoint& ep) {
@@ -209,9 +209,13 @@ void StoreServer::Impl::Accept() {
         }
         asio::error_code ignored;
         socket.set_option(tcp::no_delay(true), ignored);
-        // Loopback's send buffer starts small and grows slowly; a 1 MiB reply
-        // would go out in ~17 writes, each a trip through epoll. The kernel
-        // caps this at net.core.wmem_max.
+        // A fixed send buffer of 384 KiB (192 KiB, doubled by the kernel).
+        // Loopback's own starts at 16 KiB and grows slowly (a 1 MiB reply in
+        // ~17 writes, each a trip through epoll); a large one (4 MiB) let a
+        // read of many 1 MiB GETs queue megabytes per connection at once, and
+        // the load generator's 1 MiB gets ran at 1.1-1.6x torch's server on
+        // one core and 0.6-1.3x across cores. At 192 KiB: 3.1-3.5x and
+        // 1.2-1.5x (README, "Store, server-bound").
         socket.set_option(asio::socket_base::send_buffer_size(kSendBufferBytes),
                           ignored);
         // Replies are written at once from the handler that made them (one
