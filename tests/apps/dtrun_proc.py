@@ -51,7 +51,7 @@ def read_pids(folder):
     """{(rank, restart): pid} from fake_worker --pid-dir files."""
     out = {}
     for name in os.listdir(folder):
-        if name.startswith("pid_") and not name.endswith(".tmp"):
+        if name.startswith("pid_"):  # temporaries are hidden (".pid_...")
             _, rank, restart = name.split("_")
             with open(os.path.join(folder, name)) as f:
                 out[(int(rank), int(restart))] = int(f.read())
