@@ -17,17 +17,25 @@
 namespace dtrun::os {
 
 Status MakeDirs(const std::string& path) {
-  // Each prefix in turn; EEXIST is fine (another process may be making the
-  // same folder at the same moment, as ranks of one node do).
-  for (size_t i = 1; i <= path.size(); ++i) {
-    if (i != path.size() && path[i] != '/') continue;
-    std::string partial = path.substr(0, i);
-    if (mkdir(partial.c_str(), 0755) != 0 && errno != EEXIST) {
-      return Status::Io("cannot create the folder '" + partial +
-                        "': " + std::strerror(errno));
-    }
+  // The folder itself first, and its parents only when one is missing: a
+  // mkdir locks the parent folder even when the child exists, and hundreds
+  // of agents making their folders at once would queue on "/" and /tmp.
+  // EEXIST is fine (another process may be making the same folder at the
+  // same moment, as ranks of one node do).
+  if (mkdir(path.c_str(), 0755) == 0 || errno == EEXIST) return Status::Ok();
+  int err = errno;
+  auto slash = path.find_last_not_of('/');
+  slash = slash == std::string::npos ? slash : path.rfind('/', slash);
+  // A parent is missing, or is not a folder: the parents say which.
+  if ((err == ENOENT || err == ENOTDIR) && slash != std::string::npos &&
+      slash > 0) {
+    Status parent = MakeDirs(path.substr(0, slash));
+    if (!parent.ok()) return parent;
+    if (mkdir(path.c_str(), 0755) == 0 || errno == EEXIST) return Status::Ok();
+    err = errno;
   }
-  return Status::Ok();
+  return Status::Io("cannot create the folder '" + path +
+                    "': " + std::strerror(err));
 }
 
 Result<std::string> MakeTempDir(const std::string& prefix) {
@@ -46,10 +54,13 @@ Result<std::string> MakeTempDir(const std::string& prefix) {
 
 void RemoveTree(const std::string& path) {
   // Depth first, without following links: a link to elsewhere is removed,
-  // never what it points to.
+  // never what it points to. Folders by rmdir and the rest by unlink, so
+  // each entry locks its parent once (remove() tries unlink first).
   nftw(
       path.c_str(),
-      [](const char* p, const struct stat*, int, FTW*) { return ::remove(p); },
+      [](const char* p, const struct stat*, int type, FTW*) {
+        return type == FTW_DP ? ::rmdir(p) : ::unlink(p);
+      },
       16, FTW_DEPTH | FTW_PHYS);
 }
 

@@ -1,7 +1,9 @@
 """Rendezvous cost as the node count grows, with real dtrun agents: N agents
 (--nnodes=N --rdzv-backend=c10d, one worker of /bin/true each) at a
 standalone dtstore on 127.0.0.1. Prints, per N, the seconds from the last
-agent's start to every agent's exit (median and range of --reps runs).
+agent's start to every agent's exit, from the first agent's start to every
+agent's exit, and the CPU time of an agent and its worker (user + system,
+from the children's rusage), each the median and range of --reps runs.
 
 Usage: rdzv_scale_bench.py --dtrun PATH [--dtstore PATH] [--nodes 8,64,128,256,512]
                            [--reps 3] [--label NAME]
@@ -29,17 +31,21 @@ def one_run(a, n, rep):
         cmd = [a.dtrun, f"--nnodes={n}", "--nproc-per-node=1", "--rdzv-backend=c10d",
                f"--rdzv-endpoint=127.0.0.1:{port}", f"--rdzv-id=scale{n}_{rep}",
                "--rdzv-conf=is_host=0,join_timeout=300", "--log-level=error", "/bin/true"]
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        first_start = time.monotonic()
         for _ in range(n):
             agents.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL,
                                            stderr=subprocess.DEVNULL))
         last_start = time.monotonic()
         for p in agents:
             p.wait(timeout=600)
-        elapsed = time.monotonic() - last_start
+        end = time.monotonic()
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
         bad = [p.returncode for p in agents if p.returncode != 0]
         if bad:
             raise RuntimeError(f"N={n}: {len(bad)} agent(s) failed, exit codes {sorted(set(bad))}")
-        return elapsed
+        return end - last_start, end - first_start, cpu / n * 1000
     finally:
         for p in agents:
             if p.poll() is None:
@@ -61,12 +67,19 @@ def main():
     # Each agent holds a few descriptors here (pipes) and one in dtstore.
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-    print(f"| N agents | {a.label}: last start -> all exited, median (min-max) of {a.reps} |")
-    print("|---:|---:|")
+    print(f"| N agents | {a.label}: last start -> all exited | first start -> all exited "
+          f"| CPU per agent and its worker |")
+    print("|---:|---:|---:|---:|")
     for n in (int(x) for x in a.nodes.split(",")):
-        times = [one_run(a, n, r) for r in range(a.reps)]
-        print(f"| {n} | {statistics.median(times):.2f} s ({min(times):.2f}-{max(times):.2f}) |",
-              flush=True)
+        runs = [one_run(a, n, r) for r in range(a.reps)]
+        cells = []
+        for i, unit in ((0, "s"), (1, "s"), (2, "ms")):
+            v = [r[i] for r in runs]
+            digits = 2 if unit == "s" else 1
+            cells.append(f"{statistics.median(v):.{digits}f} {unit} "
+                         f"({min(v):.{digits}f}-{max(v):.{digits}f})")
+        print(f"| {n} | " + " | ".join(cells) + " |", flush=True)
+    print(f"\nmedian (min-max) of {a.reps} runs each")
 
 
 if __name__ == "__main__":

@@ -61,6 +61,8 @@ TEST_F(OsUtilTest, MakeDirsCreatesParentsAndAcceptsExistingFolders) {
   EXPECT_TRUE(fs::is_directory(Path("a/b/c")));
   EXPECT_TRUE(MakeDirs(Path("a/b")).ok());
   EXPECT_TRUE(MakeDirs(Path("a/b/c/")).ok());
+  ASSERT_TRUE(MakeDirs(Path("a/b/x/y/")).ok());  // some parents exist
+  EXPECT_TRUE(fs::is_directory(Path("a/b/x/y")));
 }
 
 TEST_F(OsUtilTest, MakeDirsNamesTheFolderItCannotCreate) {
