@@ -54,12 +54,14 @@ Result<std::string> MakeTempDir(const std::string& prefix) {
 
 void RemoveTree(const std::string& path) {
   // Depth first, without following links: a link to elsewhere is removed,
-  // never what it points to. Folders by rmdir and the rest by unlink, so
-  // each entry locks its parent once (remove() tries unlink first).
+  // never what it points to. Folders (also unreadable ones, which rmdir
+  // still removes when empty) by rmdir and the rest by unlink, so each entry
+  // locks its parent once (remove() tries unlink first).
   nftw(
       path.c_str(),
       [](const char* p, const struct stat*, int type, FTW*) {
-        return type == FTW_DP ? ::rmdir(p) : ::unlink(p);
+        bool folder = type == FTW_DP || type == FTW_DNR;
+        return folder ? ::rmdir(p) : ::unlink(p);
       },
       16, FTW_DEPTH | FTW_PHYS);
 }

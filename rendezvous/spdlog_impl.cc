@@ -35,7 +35,6 @@ template class ansicolor_sink<details::console_mutex>;
 template class ansicolor_stdout_sink<details::console_mutex>;
 // Sinks of our own (tests' LogCapture) derive from base_sink.
 template class base_sink<std::mutex>;
-template class base_sink<details::null_mutex>;
 
 }  // namespace sinks
 }  // namespace spdlog
