@@ -368,6 +368,46 @@ TEST_F(StoreServerTest, StopClosesEveryConnection) {
   EXPECT_TRUE(conn.ClosedByPeer());
 }
 
+// A client that pipelines GETs of a large value without reading the replies
+// is not read from once its replies pass max_pending_reply_bytes; requests
+// it sends meanwhile wait in the kernel, and all are answered, in order,
+// once it reads.
+TEST(StoreServerBackpressureTest, HeldBackConnectionResumesWithWaitingBytes) {
+  StoreServerOptions opts = testing::LoopbackServerOptions();
+  opts.max_pending_reply_bytes = 64 << 10;
+  auto server = StoreServer::Start(opts);
+  ASSERT_TRUE(server.ok()) << server.status().message();
+  (*server)->RunInBackground();
+  const std::string value(256 << 10, 'v');
+  RawConn conn((*server)->port());
+  ASSERT_TRUE(conn.Send(Encode(Req(Op::kSet, {"big"}, {value}),
+                               Dialect::kTorch113)));
+  std::string gets;
+  for (int i = 0; i < 8; ++i)
+    gets += Encode(Req(Op::kGet, {"big"}), Dialect::kTorch113);
+  ASSERT_TRUE(conn.Send(gets));
+  // The server now holds replies past its limit and stops reading; these
+  // arrive while nothing is reading the socket.
+  std::this_thread::sleep_for(milliseconds(100));
+  ASSERT_TRUE(conn.Send(gets));
+  ASSERT_TRUE(conn.Send(Encode(Req(Op::kGetNumKeys), Dialect::kTorch113)));
+  const size_t reply = 8 + value.size();
+  std::string replies = conn.Read(16 * reply + 8, std::chrono::seconds(10));
+  ASSERT_EQ(replies.size(), 16 * reply + 8);
+  for (size_t i = 0; i < 16; ++i) {
+    uint64_t len = 0;
+    size_t pos = i * reply;
+    GetU64(replies, &pos, &len);
+    ASSERT_EQ(len, value.size()) << "reply " << i;
+    EXPECT_EQ(replies.compare(pos, value.size(), value), 0) << "reply " << i;
+  }
+  int64_t keys = 0;
+  size_t pos = 16 * reply;
+  GetI64(replies, &pos, &keys);
+  EXPECT_EQ(keys, 1);
+  (*server)->Stop();
+}
+
 TEST(StoreServerListenTest, BusyPortIsAClearError) {
   auto first = StoreServer::Start(testing::LoopbackServerOptions());
   ASSERT_TRUE(first.ok());
