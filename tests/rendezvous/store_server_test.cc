@@ -380,8 +380,8 @@ TEST(StoreServerBackpressureTest, HeldBackConnectionResumesWithWaitingBytes) {
   (*server)->RunInBackground();
   const std::string value(256 << 10, 'v');
   RawConn conn((*server)->port());
-  ASSERT_TRUE(conn.Send(Encode(Req(Op::kSet, {"big"}, {value}),
-                               Dialect::kTorch113)));
+  ASSERT_TRUE(
+      conn.Send(Encode(Req(Op::kSet, {"big"}, {value}), Dialect::kTorch113)));
   std::string gets;
   for (int i = 0; i < 8; ++i)
     gets += Encode(Req(Op::kGet, {"big"}), Dialect::kTorch113);
