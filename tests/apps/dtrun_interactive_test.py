@@ -111,7 +111,7 @@ class PipeConsole(unittest.TestCase):
                     "%rank 1-1 y * 2\n"
                     "for i in range(2):\n    print('loop', i)\n\n"
                     "%rank 0,1 x\n")
-        self.assertEqual(self.c.finish(), 0)
+        self.assertEqual(self.c.finish(), 0, self.c.text())
         out = self.c.text()
         self.assertIn("[rank 0] tensor([3., 3.])\n[rank 1] tensor([3., 3.])", out)
         self.assertIn("[rank 0] only 0 2 cpu", out)
@@ -122,7 +122,7 @@ class PipeConsole(unittest.TestCase):
     def test_exception_on_one_rank_leaves_every_rank_alive_with_its_state(self):
         self.c = Console(2)
         self.c.send("v = rank * 10\n%rank 1 raise ValueError('bad on one')\nv\n")
-        self.assertEqual(self.c.finish(), 0)
+        self.assertEqual(self.c.finish(), 0, self.c.text())
         out = self.c.text()
         self.assertIn("[rank 1] ValueError: bad on one", out)
         self.assertIn('[rank 1]   File "<cell>", line 1, in <module>', out)
@@ -138,7 +138,7 @@ class PipeConsole(unittest.TestCase):
         os.kill(self.c.p.pid, signal.SIGINT)
         self.c.expect("interrupted; it was blocked in native code")
         self.c.send("x = torch.ones(1); dist.all_reduce(x); x\nkept\n")
-        self.assertEqual(self.c.finish(), 0)
+        self.assertEqual(self.c.finish(), 0, self.c.text())
         out = self.c.text()
         self.assertIn("[rank 0] tensor([2.])\n[rank 1] tensor([2.])", out)
         self.assertIn("[rank 0] 'still here'\n[rank 1] 'still here'", out)
@@ -146,7 +146,7 @@ class PipeConsole(unittest.TestCase):
     def test_timeout_interrupts_python_code(self):
         self.c = Console(2)
         self.c.send("%timeout 1\nwhile True: pass\n\n%timeout off\nrank\n")
-        self.assertEqual(self.c.finish(), 0)
+        self.assertEqual(self.c.finish(), 0, self.c.text())
         out = self.c.text()
         self.assertIn("[rank 0] timed out after 1 s\n[rank 1] timed out after 1 s", out)
         self.assertIn("[rank 0] 0\n[rank 1] 1", out)
@@ -158,13 +158,13 @@ class PipeConsole(unittest.TestCase):
         first = self.c.expect("[rank 1] first")
         second = self.c.expect("[rank 1] second")
         self.assertGreater(second - first, 1.0)
-        self.assertEqual(self.c.finish(), 0)
+        self.assertEqual(self.c.finish(), 0, self.c.text())
 
     def test_restart_clears_state_and_a_dead_worker_restarts_the_group(self):
         self.c = Console(2)
         self.c.send("a = 1\n%status\n%restart\n'a' in dir()\n"
                     "%rank 1 import os; os._exit(3)\nrank\n")
-        self.assertEqual(self.c.finish(), 0)
+        self.assertEqual(self.c.finish(), 0, self.c.text())
         out = self.c.text()
         self.assertRegex(out, r"rank  host +pid  alive  state")
         self.assertIn("2 fresh worker(s) ready (attempt 1)", out)
@@ -176,7 +176,7 @@ class PipeConsole(unittest.TestCase):
         self.c = Console(2)
         self.c.send("def broken(:\n%bogus\n%rank 5 1\n%rank x 1\n%timeout soon\n%stream maybe\n"
                     "%help\nrank + 100\n")
-        self.assertEqual(self.c.finish(), 0)
+        self.assertEqual(self.c.finish(), 0, self.c.text())
         out = self.c.text()
         self.assertIn("SyntaxError: ", out)
         self.assertIn("nothing was run", out)
@@ -235,7 +235,7 @@ class PipeConsole(unittest.TestCase):
         finally:
             ENV = saved
         self.c.send("import os; os.environ['DTRUN_GPU_IDS']\n")
-        self.assertEqual(self.c.finish(), 0)
+        self.assertEqual(self.c.finish(), 0, self.c.text())
         self.assertIn("[rank 0] '2,0'\n[rank 1] '2,0'", self.c.text())
 
     def test_push_pull_show_sync_and_rich_output_as_text(self):
@@ -252,7 +252,7 @@ class PipeConsole(unittest.TestCase):
                     "%rank 0 d = {'a': torch.arange(3, dtype=torch.int16), "
                     "'b': [torch.ones(2, dtype=torch.bfloat16)], 'c': 'text'}\n"
                     "%pull d\n")
-        self.assertEqual(self.c.finish(), 0)
+        self.assertEqual(self.c.finish(), 0, self.c.text())
         out = self.c.text()
         self.assertIn("pushed w to rank(s) 0, 1", out)
         self.assertIn("[rank 1] w = tensor([1., 3., 5.])", out)

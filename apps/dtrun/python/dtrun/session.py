@@ -269,7 +269,11 @@ class Session:
         out = {}
         for r in range(self.world):
             if self.store.add(has_status_key(r), 0) > 0:
-                out[r] = json.loads(self.store.get(status_key(r)))
+                # Empty: dtrun cleared the store for a new attempt between
+                # the two reads, and the rank has not published again yet.
+                record = self.store.get(status_key(r))
+                if record:
+                    out[r] = json.loads(record)
         return out
 
     def wait_ready(self, timeout=300.0, newer_than=None):
@@ -437,13 +441,19 @@ class Session:
         done = self.waiter.wait(keys)
         shown = {r: 0 for r in ranks}
         died, timed_out = self._await_results(n, ranks, done, shown, on_stream)
+        raw = {}
         try:
-            results = None if died else {r: json.loads(self.store.get(result_key(n, r)))
-                                         for r in ranks}
+            if not died:
+                raw = {r: self.store.get(result_key(n, r)) for r in ranks}
         except RuntimeError:  # the round's store went away with its workers
             if self.rdzv is None:
                 raise
             died = [None]
+        if not died and not all(raw.values()):
+            # Empty: dtrun cleared the store after the results came, which it
+            # does only to restart the group (a worker died meanwhile).
+            died = self.dead_ranks(ranks) or [None]
+        results = None if died else {r: json.loads(v) for r, v in raw.items()}
         if died:
             return self._results_after_death(died, ranks)
         if on_stream:
