@@ -1,6 +1,7 @@
 """The console's Session reading what the workers and dtrun publish in the
 store, against a real torch TCPStore in this process (no dtrun, no workers):
-records and results read while dtrun clears the store for a new attempt.
+records, results and streamed output read while dtrun clears the store for a
+new attempt.
 
 dtrun clears the workers' store when it restarts the group. A record whose
 "has" counter was read just before the clear reads back empty just after it
@@ -59,6 +60,15 @@ class RecordsReadDuringAClear(unittest.TestCase):
             self.assertTrue(res["restarted"])
             self.assertFalse(res["died"])
         self.assertEqual(self.s.attempt, 2)
+
+    def test_streamed_output_stops_at_an_empty_record(self):
+        self.store.add(session.stream_count_key(0, 0), 2)
+        self.store.set(session.stream_key(0, 0, 0), json.dumps(["out", "a\n"]))
+        self.store.set(session.stream_key(0, 0, 1), b"")  # cleared
+        got, shown = [], {0: 0}
+        self.s._pump(0, [0], shown, lambda r, which, text: got.append((r, which, text)))
+        self.assertEqual(got, [(0, "out", "a\n")])
+        self.assertEqual(shown, {0: 1})
 
     def test_an_empty_crash_record_is_no_crash_yet(self):
         self.store.add("dtrun/crash_count", 1)

@@ -529,7 +529,10 @@ class Session:
             have = (final[r].get("streamed", 0) if final
                     else self.store.add(stream_count_key(n, r), 0))
             while shown[r] < have:
-                which, text = json.loads(self.store.get(stream_key(n, r, shown[r])))
+                record = self.store.get(stream_key(n, r, shown[r]))
+                if not record:  # dtrun cleared the store: the group restarts
+                    break
+                which, text = json.loads(record)
                 on_stream(r, which, text)
                 shown[r] += 1
 
