@@ -355,7 +355,7 @@ class Notebook(unittest.TestCase):
         self.assertIn("[rank 0] hello from rank 0 of 2\n", outputs)
         self.assertTrue(any("[rank 1] ValueError: a mistake on rank 1" in o for o in outputs))
         self.assertIn("[rank 1] kept on rank 1\n", outputs)
-        self.assertTrue(any(o.startswith("[rank 0] final loss ") for o in outputs))
+        self.assertTrue(any(o.startswith("[rank 0] final loss ") for o in outputs), outputs)
         images = [o for c in nb["cells"] for o in c.get("outputs", [])
                   if o["output_type"] == "display_data" and "image/png" in o["data"]]
         self.assertEqual([o["metadata"]["dtrun"]["rank"] for o in images], [0])

@@ -106,6 +106,15 @@ def get_chunks(store, key_of, chunks):
     return b"".join(store.get(key_of(k)) for k in range(chunks))
 
 
+def get_record(store, key):
+    """A JSON record published in the store, or None when it reads empty:
+    dtrun cleared the store for a new attempt after the caller saw the record
+    counted (torch's get WAITs for the key, which still existed, then GETs
+    it, which no longer does)."""
+    value = store.get(key)
+    return json.loads(value) if value else None
+
+
 _INT_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 _NUMPY = importlib.util.find_spec("numpy") is not None  # raw_bytes views tensors through it
 
@@ -269,11 +278,9 @@ class Session:
         out = {}
         for r in range(self.world):
             if self.store.add(has_status_key(r), 0) > 0:
-                # Empty: dtrun cleared the store for a new attempt between
-                # the two reads, and the rank has not published again yet.
-                record = self.store.get(status_key(r))
-                if record:
-                    out[r] = json.loads(record)
+                record = get_record(self.store, status_key(r))
+                if record is not None:  # else not published again yet
+                    out[r] = record
         return out
 
     def wait_ready(self, timeout=300.0, newer_than=None):
@@ -332,10 +339,7 @@ class Session:
         try:
             if store is None or store.add(prefix + "crash_count", 0) == 0:
                 return None
-            # Empty: dtrun cleared the store for a new attempt between the
-            # two reads and has not published the record again yet.
-            record = store.get(prefix + "crash")
-            return json.loads(record) if record else None
+            return get_record(store, prefix + "crash")
         except RuntimeError:  # the round's store is gone; the next one tells
             return None
 
@@ -441,19 +445,18 @@ class Session:
         done = self.waiter.wait(keys)
         shown = {r: 0 for r in ranks}
         died, timed_out = self._await_results(n, ranks, done, shown, on_stream)
-        raw = {}
+        results = None
         try:
             if not died:
-                raw = {r: self.store.get(result_key(n, r)) for r in ranks}
+                results = {r: get_record(self.store, result_key(n, r)) for r in ranks}
         except RuntimeError:  # the round's store went away with its workers
             if self.rdzv is None:
                 raise
             died = [None]
-        if not died and not all(raw.values()):
-            # Empty: dtrun cleared the store after the results came, which it
-            # does only to restart the group (a worker died meanwhile).
+        if not died and None in results.values():
+            # dtrun cleared the store after the results came, which it does
+            # only to restart the group (a worker died meanwhile).
             died = self.dead_ranks(ranks) or [None]
-        results = None if died else {r: json.loads(v) for r, v in raw.items()}
         if died:
             return self._results_after_death(died, ranks)
         if on_stream:
@@ -529,10 +532,10 @@ class Session:
             have = (final[r].get("streamed", 0) if final
                     else self.store.add(stream_count_key(n, r), 0))
             while shown[r] < have:
-                record = self.store.get(stream_key(n, r, shown[r]))
-                if not record:  # dtrun cleared the store: the group restarts
+                record = get_record(self.store, stream_key(n, r, shown[r]))
+                if record is None:  # the group restarts
                     break
-                which, text = json.loads(record)
+                which, text = record
                 on_stream(r, which, text)
                 shown[r] += 1
 
