@@ -391,6 +391,20 @@ TEST(StoreServerBackpressureTest, HeldBackConnectionResumesWithWaitingBytes) {
   std::this_thread::sleep_for(milliseconds(100));
   ASSERT_TRUE(conn.Send(gets));
   ASSERT_TRUE(conn.Send(Encode(Req(Op::kGetNumKeys), Dialect::kTorch113)));
+  ASSERT_TRUE(conn.Send(
+      Encode(Req(Op::kSet, {"sent while held"}, {"1"}), Dialect::kTorch113)));
+  // Held indeed: another connection does not see that SET yet.
+  auto num_keys = [&] {
+    RawConn other((*server)->port());
+    other.Send(Encode(Req(Op::kGetNumKeys), Dialect::kTorch113));
+    std::string r = other.Read(8);
+    int64_t n = -1;
+    size_t at = 0;
+    GetI64(r, &at, &n);
+    return n;
+  };
+  std::this_thread::sleep_for(milliseconds(100));
+  EXPECT_EQ(num_keys(), 1);
   const size_t reply = 8 + value.size();
   std::string replies = conn.Read(16 * reply + 8, std::chrono::seconds(10));
   ASSERT_EQ(replies.size(), 16 * reply + 8);
@@ -405,6 +419,11 @@ TEST(StoreServerBackpressureTest, HeldBackConnectionResumesWithWaitingBytes) {
   size_t pos = 16 * reply;
   GetI64(replies, &pos, &keys);
   EXPECT_EQ(keys, 1);
+  // Reading the replies let the server read on, through to the SET.
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (num_keys() != 2 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(milliseconds(5));
+  EXPECT_EQ(num_keys(), 2);
   (*server)->Stop();
 }
 
