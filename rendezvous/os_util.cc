@@ -1,5 +1,6 @@
 #include "rendezvous/os_util.h"
 
+#include <fcntl.h>
 #include <ftw.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -115,6 +116,32 @@ std::string FindInPath(const std::string& name) {
     if (access(full.c_str(), X_OK) == 0) return full;
   }
   return "";
+}
+
+char ProcessState(int pid) {
+  // "pid (comm) S ...": comm may hold spaces and parentheses, so the state
+  // is the first letter after the last ')'.
+  std::string stat = ReadFileOrEmpty("/proc/" + std::to_string(pid) + "/stat");
+  size_t close = stat.rfind(')');
+  if (close == std::string::npos || close + 2 >= stat.size()) return 0;
+  return stat[close + 2];
+}
+
+std::string ProcessWaitChannel(int pid) {
+  std::string wchan =
+      ReadFileOrEmpty("/proc/" + std::to_string(pid) + "/wchan");
+  return wchan == "0" ? "" : wchan;
+}
+
+bool IsNativeExecutable(const std::string& path) {
+  if (access(path.c_str(), X_OK) != 0) return false;
+  int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  char magic[4] = {};
+  bool elf = read(fd, magic, sizeof(magic)) == 4 && magic[0] == 0x7f &&
+             magic[1] == 'E' && magic[2] == 'L' && magic[3] == 'F';
+  close(fd);
+  return elf;
 }
 
 std::string RandomHex(int digits) {

@@ -35,6 +35,13 @@ Status WriteFile(const std::string& path, std::string_view text);
 std::string HostName();
 // The first executable `name` in $PATH (or /usr/bin:/bin), "" if none.
 std::string FindInPath(const std::string& name);
+// The state letter of /proc/<pid>/stat (R, S, D, Z, T, ...); 0 when gone.
+char ProcessState(int pid);
+// /proc/<pid>/wchan: the kernel function a sleeping process waits in; ""
+// when unknown.
+std::string ProcessWaitChannel(int pid);
+// Whether `path` is an executable ELF file: a native program, not a script.
+bool IsNativeExecutable(const std::string& path);
 // `digits` random lowercase hex digits (not for secrets).
 std::string RandomHex(int digits);
 // Wall-clock seconds since the epoch (for reports, not for timeouts).

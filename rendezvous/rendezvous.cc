@@ -43,6 +43,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <set>
 #include <tuple>
 
 #include <nlohmann/json.hpp>
@@ -314,8 +315,12 @@ Status Rendezvous::Register(const Doc& doc) {
   // Static ranks, else the previous round's order: newcomers sort after.
   int hint = opts_.node_rank >= 0 ? opts_.node_rank
                                   : (last_round_ == r - 1 ? last_rank_ : -1);
-  Status s = store_->Set(RoundKey(r, "node/" + std::to_string(slot_)),
-                         std::to_string(hint) + " " + me);
+  // The preference before the node key: WriteRanks waits for the latter.
+  Status s = store_->Set(RoundKey(r, "pref/" + std::to_string(slot_)),
+                         std::to_string(opts_.preferred_rank));
+  if (!s.ok()) return s;
+  s = store_->Set(RoundKey(r, "node/" + std::to_string(slot_)),
+                  std::to_string(hint) + " " + me);
   if (!s.ok() || slot_ < opts_.min_nodes || opts_.min_nodes == opts_.max_nodes)
     return s;
   if (slot_ > opts_.min_nodes) {  // the node at slot min_nodes sets it now
@@ -347,8 +352,20 @@ Status Rendezvous::TryClose(int round) {
       .status();
 }
 
-// Ranks: --node-rank (static), else nodes of the previous round keep their
-// order and newcomers follow in join order.
+// Whether the c10d nodes' --node-rank preferences decide the order: every
+// node gave one, and no two the same.
+static bool PreferencesDecide(const std::vector<std::string>& prefs) {
+  std::set<int64_t> seen;
+  for (const std::string& p : prefs) {
+    int64_t rank = ToInt(p, -1);
+    if (rank < 0 || !seen.insert(rank).second) return false;
+  }
+  return !prefs.empty();
+}
+
+// Ranks: --node-rank (static, or c10d when every node gave a distinct
+// one), else nodes of the previous round keep their order and newcomers
+// follow in join order.
 Status Rendezvous::WriteRanks(int round, int count) {
   std::vector<std::string> node_keys;
   for (int slot = 1; slot <= count; ++slot) {
@@ -359,11 +376,26 @@ Status Rendezvous::WriteRanks(int round, int count) {
   if (!s.ok()) return s;
   auto entries = store_->MultiGet(node_keys);
   if (!entries.ok()) return entries.status();
+  std::vector<std::string> pref_keys;
+  for (int slot = 1; slot <= count; ++slot) {
+    pref_keys.push_back(RoundKey(round, "pref/" + std::to_string(slot)));
+  }
+  auto prefs = store_->MultiGet(pref_keys);
+  if (!prefs.ok()) return prefs.status();
+  bool by_pref = PreferencesDecide(*prefs);
+  if (!by_pref && opts_.preferred_rank >= 0) {
+    Logger("dtrun.rdzv")
+        ->info(
+            "round {}: not every node gave a distinct --node-rank; group "
+            "ranks follow the join order",
+            round);
+  }
   std::vector<std::tuple<int64_t, int, std::string>> order;  // hint, slot, id
   for (int slot = 1; slot <= count; ++slot) {
     int64_t hint = 0;
     std::string id;
     SplitFirst((*entries)[slot - 1], &hint, &id);
+    if (by_pref) hint = ToInt((*prefs)[slot - 1], -1);
     order.emplace_back(hint < 0 ? INT64_MAX : hint, slot, id);
   }
   // Hint, then slot: the slot breaks ties and orders newcomers (hint -1

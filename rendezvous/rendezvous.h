@@ -17,6 +17,10 @@ struct RendezvousOptions {
   std::string run_id = "none";
   std::string node_id;  // unique per agent process (host_pid_random)
   int node_rank = -1;   // static backend: this node's fixed rank; -1 = dynamic
+  // c10d: the --node-rank the user gave, -1 for none. When every node of a
+  // round gives a distinct one, group ranks follow it (rank 0 lands where
+  // the user put it); otherwise the dynamic order.
+  int preferred_rank = -1;
   int min_nodes = 1, max_nodes = 1;
   int nproc_per_node = 1;                          // must agree on every node
   int max_restarts = 0;                            // must agree on every node

@@ -13,6 +13,7 @@ packages=(
   tmux jupyter-core jupyter-nbconvert python3-nbclient python3-ipykernel python3-matplotlib
   iproute2 procps util-linux
   help2man dpkg-dev debootstrap
+  libhwloc-dev hwloc
   slurmctld slurmd slurm-client munge
 )
 

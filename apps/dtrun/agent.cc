@@ -34,6 +34,7 @@ void Agent::OnGroupStarted() {
   alive_ = opts_.nproc;
   killed_ = false;
   hung_ = false;
+  unhealthy_ = false;
   failures_.clear();
 }
 
@@ -54,7 +55,7 @@ std::vector<Action> Agent::OnWorkerExit(const WorkerExit& exit, TimePoint now) {
   return alive_ == 0 ? GroupGone() : std::vector<Action>{};
 }
 
-std::vector<Action> Agent::OnSignal(int signo, TimePoint now) {
+std::vector<Action> Agent::OnSignal(int signo, TimePoint now, int forward) {
   if (phase_ == Phase::kFinished) return {};
   // A second signal while shutting down (Ctrl-C pressed again) means "now":
   // skip the rest of the grace period. During a failure stop, a signal takes
@@ -67,7 +68,7 @@ std::vector<Action> Agent::OnSignal(int signo, TimePoint now) {
   }
   // The workers get the signal dtrun got, as torchrun forwards it: a worker
   // may treat SIGINT (save and exit) differently from SIGTERM.
-  return Stop(Phase::kShuttingDown, signo, now);
+  return Stop(Phase::kShuttingDown, forward ? forward : signo, now);
 }
 
 std::vector<Action> Agent::OnHang(int signo, TimePoint now) {
@@ -77,6 +78,15 @@ std::vector<Action> Agent::OnHang(int signo, TimePoint now) {
   if (phase_ != Phase::kRunning || alive_ == 0) return {};
   hung_ = true;
   return Stop(Phase::kStopping, signo, now);
+}
+
+std::vector<Action> Agent::OnUnhealthy(TimePoint now) {
+  if (phase_ != Phase::kRunning || alive_ == 0) return {};
+  unhealthy_ = true;
+  // Stopping: SIGTERM cannot wake a process in D state any more than
+  // SIGKILL can, so go straight to SIGKILL and the abandon deadline.
+  phase_ = Phase::kStopping;
+  return Kill(now);
 }
 
 std::vector<Action> Agent::Kill(TimePoint now) {
@@ -132,13 +142,13 @@ std::vector<Action> Agent::GroupGone() {
     phase_ = Phase::kFinished;
     return {{Action::Kind::kFinish, restart_count_, stop_signal_}};
   }
-  if (failures_.empty() && !hung_) {
+  if (failures_.empty() && !hung_ && !unhealthy_) {
     phase_ = Phase::kFinished;
     return {{Action::Kind::kFinish, restart_count_}};
   }
   // A hang uses up a restart like a failed exit. A new round (kRestarting,
   // above) does not: membership changes are not the job's fault.
-  if (restart_count_ < opts_.max_restarts) {
+  if (restart_count_ < opts_.max_restarts && !unhealthy_) {
     ++restart_count_;
     phase_ = Phase::kRunning;
     return {{Action::Kind::kStartGroup, restart_count_}};

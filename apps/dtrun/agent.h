@@ -82,13 +82,19 @@ class Agent {
   // stops the others (-> SignalGroup(SIGTERM)); exits of workers being stopped
   // are not failures. The last exit -> StartGroup(n+1), Finish or GroupStopped.
   std::vector<Action> OnWorkerExit(const WorkerExit& exit, TimePoint now);
-  // SIGINT/SIGTERM/... to dtrun. A second one while stopping escalates to
-  // SIGKILL at once.
-  std::vector<Action> OnSignal(int signo, TimePoint now);
+  // SIGINT/SIGTERM/... to dtrun. The workers get `forward` (0: signo); the
+  // job ends with signo. A second one while stopping escalates to SIGKILL at
+  // once.
+  std::vector<Action> OnSignal(int signo, TimePoint now, int forward = 0);
   // The group is hung (heartbeats or a timer): a failure like an exit.
   // -> SignalGroup(signo) (SIGABRT dumps Python stacks), SIGKILL after
   // term_timeout, then restart or finish as after a failure.
   std::vector<Action> OnHang(int signo, TimePoint now);
+  // A worker has been in uninterruptible sleep (D state) too long
+  // (TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT): the group is unhealthy
+  // and, as under torchrun, not restarted. -> SignalGroup(SIGKILL), then
+  // Finish(failed) once the group is gone or abandoned.
+  std::vector<Action> OnUnhealthy(TimePoint now);
   // Call at deadline() (or later): escalates a stop to SIGKILL.
   std::vector<Action> OnTick(TimePoint now);
 
@@ -101,6 +107,8 @@ class Agent {
   const std::vector<WorkerExit>& failures() const { return failures_; }
   // Whether the attempt that ended last was stopped as hung.
   bool hung() const { return hung_; }
+  // Whether the attempt that ended last was stopped as unhealthy.
+  bool unhealthy() const { return unhealthy_; }
 
  private:
   std::vector<Action> Stop(Phase phase, int signo, TimePoint now);
@@ -114,6 +122,7 @@ class Agent {
   int stop_signal_ = 0;
   bool killed_ = false;
   bool hung_ = false;
+  bool unhealthy_ = false;
   TimePoint kill_at_{};
   TimePoint abandon_at_{};
   std::vector<WorkerExit> failures_;

@@ -4,6 +4,7 @@
 // the same code); nothing has started yet.
 #include "apps/dtrun/cli.h"
 
+#include "apps/dtrun/argv_rules.h"
 #include "apps/dtrun/completion.h"
 #include "apps/dtrun/slurm_env.h"
 #include "rendezvous/environment.h"
@@ -27,6 +28,8 @@ struct RawFlags {
   std::string nproc = "1", nnodes = "1:1", redirects = "0", tee = "0",
               rdzv_conf;
   std::string local_ranks_filter;
+  std::string signals_to_handle, duplicate_stdout_filters,
+      duplicate_stderr_filters, logs_specs;
   double term_timeout_s = 30;
   double hang_timeout_s = 0, hang_first_beat_s = 0;
   int master_port = -1;
@@ -61,6 +64,7 @@ CLI::Option* Flag(CLI::App& app, const std::string& dashed, T& target,
       (shortname.empty() ? "" : shortname + ",") + BothSpellings(dashed);
   return app.add_option(names, target, help)
       ->envname(PetName(dashed))
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast)
       ->group(group);
 }
 
@@ -71,14 +75,15 @@ CLI::Option* Switch(CLI::App& app, const std::string& dashed, bool& target,
       (shortname.empty() ? "" : shortname + ",") + BothSpellings(dashed);
   return app.add_flag(names, target, help)
       ->envname(PetName(dashed))
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast)
       ->group(group);
 }
 
-void AddWorkerFlags(CLI::App& app, LaunchConfig& c, RawFlags& raw,
-                    std::string& ignored) {
+void AddWorkerFlags(CLI::App& app, LaunchConfig& c, RawFlags& raw) {
   const std::string workers = "Workers";
   Flag(app, "--nproc-per-node", raw.nproc,
-       "workers on this node: N, cpu, gpu or auto (default 1)", workers);
+       "workers on this node: N, cpu, gpu, xpu, hpu, npu or auto (default 1)",
+       workers);
   Switch(app, "--module", c.module,
          "run the entrypoint as a Python module (python -m)", workers, "-m");
   Switch(app, "--no-python", c.no_python,
@@ -104,10 +109,21 @@ void AddWorkerFlags(CLI::App& app, LaunchConfig& c, RawFlags& raw,
   Flag(app, "--role", c.role, "worker role name (ROLE_NAME)", workers)
       ->capture_default_str();
   // torchrun's fork/spawn/forkserver choose how Python makes workers; dtrun
-  // always fork+execs a fresh process, so the value is accepted and unused.
-  Flag(app, "--start-method", ignored,
-       "accepted for torchrun compatibility; workers are always new processes",
+  // always fork+execs a fresh process, so the value is checked and unused.
+  Flag(app, "--start-method", c.start_method,
+       "spawn, fork or forkserver: checked for torchrun compatibility; "
+       "workers are always new processes",
        workers);
+  Switch(app, "--virtual-local-rank", c.virtual_local_rank,
+         "every worker sees LOCAL_RANK=0 and only its own GPU in "
+         "CUDA_VISIBLE_DEVICES",
+         workers);
+  // torchrun gives --numa-binding no PET_ fallback.
+  app.add_option("--numa-binding,--numa_binding", c.numa_binding,
+                 "bind each worker's CPUs near its GPU (or spread over NUMA "
+                 "nodes on a CPU job): node, socket, exclusive or core-complex")
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast)
+      ->group(workers);
 }
 
 void AddRendezvousFlags(CLI::App& app, LaunchConfig& c, RawFlags& raw) {
@@ -127,7 +143,8 @@ void AddRendezvousFlags(CLI::App& app, LaunchConfig& c, RawFlags& raw) {
        "store port (default: a free port on a single node, else 29500)", rdzv);
   Switch(app, "--standalone", c.standalone,
          "single-node job on free ports, with a fresh run id", rdzv);
-  Flag(app, "--rdzv-backend", c.rdzv_backend, "static or c10d", rdzv)
+  Flag(app, "--rdzv-backend", c.rdzv_backend,
+       "static or c10d (etcd and etcd-v2 are refused: not built yet)", rdzv)
       ->capture_default_str();
   Flag(app, "--rdzv-endpoint", c.rdzv_endpoint,
        "host[:port] of the rendezvous store", rdzv);
@@ -152,7 +169,14 @@ void AddFailureFlags(CLI::App& app, LaunchConfig& c, RawFlags& raw) {
          "seconds between SIGTERM and SIGKILL when stopping workers (default "
          "30)")
       ->envname("TORCH_ELASTIC_SHUTDOWN_TIMEOUT")
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast)
       ->group(fail);
+  Flag(app, "--signals-to-handle", raw.signals_to_handle,
+       "signals dtrun handles (default SIGTERM,SIGINT,SIGHUP,SIGQUIT, which "
+       "stop the job; else $TORCHELASTIC_SIGNALS_TO_HANDLE); others listed, "
+       "e.g. SIGUSR1,SIGUSR2, are forwarded to every worker and the job "
+       "goes on",
+       fail);
   Flag(app, "--hang-timeout", raw.hang_timeout_s,
        "a worker that beat and then is silent this many seconds is hung: "
        "stacks are captured, the group stops and restarts (default 0: off)",
@@ -174,18 +198,44 @@ void AddLoggingFlags(CLI::App& app, LaunchConfig& c, RawFlags& raw) {
        "streams to files and console: same values as --redirects", logs, "-t");
   Flag(app, "--local-ranks-filter", raw.local_ranks_filter,
        "console shows only these local ranks, e.g. 0,1", logs);
+  Flag(app, "--log-line-prefix-template", c.log_line_prefix_template,
+       "prefix of tee'd console lines, with ${role_name} ${local_rank} "
+       "${rank} ${hostname} ${pid} (default: "
+       "$TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE, else "
+       "[${role_name}${local_rank}]:)",
+       logs);
+  Flag(app, "--duplicate-stdout-filters", raw.duplicate_stdout_filters,
+       "stdout lines holding any of these comma-separated words (,, is a "
+       "comma) also go to <log dir>/.../<local rank>/filtered_stdout.log",
+       logs);
+  Flag(app, "--duplicate-stderr-filters", raw.duplicate_stderr_filters,
+       "the same for stderr, into filtered_stderr.log", logs);
+  Flag(app, "--event-log-handler", c.event_log_handler,
+       "where the agent's events go: null (default), console (stderr) or "
+       "file:PATH (JSON lines in torch's event schema)",
+       logs);
+  // torchrun loads a Python plugin by this name; dtrun has only the default.
+  app.add_option("--logs-specs,--logs_specs", raw.logs_specs,
+                 "accepted when absent: dtrun has only the default log "
+                 "layout (a torchrun.logs_specs plugin name exits 2)")
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast)
+      ->group(logs);
+  app.add_flag("--label-ranks", c.label_ranks,
+               "dtrun's labelled view: every console line of a worker starts "
+               "with [rankN]: (its global rank), tee'd or not")
+      ->group(logs);
   // dtrun's own flag, so no PET_ fallback; DTRUN_LOG_LEVEL is read where the
   // logger is set up.
   app.add_option(
          "--log-level", c.log_level,
          "trace|debug|info|warn|error|off (default: $DTRUN_LOG_LEVEL or info)")
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast)
       ->group(logs);
 }
 
 // Every flag, in --help's groups.
-void AddFlags(CLI::App& app, LaunchConfig& c, RawFlags& raw,
-              std::string& ignored) {
-  AddWorkerFlags(app, c, raw, ignored);
+void AddFlags(CLI::App& app, LaunchConfig& c, RawFlags& raw) {
+  AddWorkerFlags(app, c, raw);
   AddRendezvousFlags(app, c, raw);
   AddFailureFlags(app, c, raw);
   AddLoggingFlags(app, c, raw);
@@ -238,6 +288,42 @@ std::string ParseLocalRanksFilter(const std::string& text,
   return "";
 }
 
+// The newer torchrun flags and the variables that stand in for them: the
+// flag, then PET_*, then torchrun's own variable, then the default.
+std::string ApplyTorchrunExtras(const RawFlags& raw, LaunchConfig* c) {
+  auto env = [](const char* name) {
+    const char* v = std::getenv(name);
+    return std::string(v ? v : "");
+  };
+  std::string signals = raw.signals_to_handle;
+  if (signals.empty()) signals = env("TORCHELASTIC_SIGNALS_TO_HANDLE");
+  if (!signals.empty()) c->signals_to_handle = signals;
+  auto handled = ParseSignalList(c->signals_to_handle);
+  if (!handled.ok()) return handled.status().message();
+  c->handled_signals = *handled;
+  if (c->log_line_prefix_template.empty())
+    c->log_line_prefix_template = env("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE");
+  c->duplicate_stdout_filters = ParseCommaList(raw.duplicate_stdout_filters);
+  c->duplicate_stderr_filters = ParseCommaList(raw.duplicate_stderr_filters);
+  if (!raw.logs_specs.empty()) {
+    return "--logs-specs: '" + raw.logs_specs +
+           "' names a torchrun.logs_specs Python plugin, which dtrun cannot "
+           "load; drop the flag (dtrun's log layout is torchrun's default)";
+  }
+  std::string d_state = env("TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT");
+  if (!d_state.empty()) {
+    char* end = nullptr;
+    double seconds = std::strtod(d_state.c_str(), &end);
+    if (*end || seconds < 0) {
+      return "TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT: '" + d_state +
+             "' is not a number of seconds";
+    }
+    c->uninterruptible_timeout =
+        std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
+  }
+  return "";
+}
+
 // Applies the raw flags to the config; returns a message naming the bad flag.
 std::string ApplyRaw(const RawFlags& raw, const std::optional<SlurmJob>& job,
                      LaunchConfig* c) {
@@ -251,7 +337,7 @@ std::string ApplyRaw(const RawFlags& raw, const std::optional<SlurmJob>& job,
                  ? job->cpus_on_node
                  : static_cast<int>(std::thread::hardware_concurrency());
   int gpus = job && job->gpus_on_node > 0 ? job->gpus_on_node : CountGpus();
-  auto nproc = ParseNprocPerNode(raw.nproc, cpus, gpus);
+  auto nproc = ParseNprocPerNode(raw.nproc, CountDevices(cpus, gpus));
   if (!nproc.ok()) return nproc.status().message();
   c->nproc_per_node = *nproc;
   if (!ParseStreamSpec(raw.redirects, &c->redirects)) {
@@ -283,6 +369,8 @@ std::string ApplyRaw(const RawFlags& raw, const std::optional<SlurmJob>& job,
       static_cast<int64_t>(raw.hang_timeout_s * 1000));
   c->hang_first_beat = std::chrono::milliseconds(
       static_cast<int64_t>(raw.hang_first_beat_s * 1000));
+  std::string error = ApplyTorchrunExtras(raw, c);
+  if (!error.empty()) return error;
   return ParseLocalRanksFilter(raw.local_ranks_filter, &c->local_ranks_filter);
 }
 
@@ -303,11 +391,30 @@ std::vector<std::string> Choices(const std::string& name) {
   if (name == "--nproc-per-node")
     return {"1", "2", "4", "8", "cpu", "gpu", "auto"};
   if (name == "--rdzv-backend") return {"static", "c10d"};
+  if (name == "--start-method") return {"spawn", "fork", "forkserver"};
+  if (name == "--numa-binding")
+    return {"node", "socket", "exclusive", "core-complex"};
+  if (name == "--event-log-handler") return {"null", "console"};
   if (name == "--log-level")
     return {"trace", "debug", "info", "warn", "error", "off"};
   if (name == "--redirects" || name == "--tee") return {"0", "1", "2", "3"};
-  if (name == "--print-completion") return {"bash", "zsh"};
+  if (name == "--print-completion") return {"bash", "zsh", "tcsh"};
   return {};
+}
+
+// dtrun's own flags, which torchrun lacks: argv_rules.h prefers torchrun's
+// flags when a prefix matches both.
+bool IsDtrunOnly(const std::string& name) {
+  static const char* kOwn[] = {
+      "--interactive",  "--no-console",      "--no_console",
+      "--gpu-ids",      "--gpu_ids",         "--python",
+      "--term-timeout", "--term_timeout",    "--hang-timeout",
+      "--hang_timeout", "--hang-first-beat", "--hang_first_beat",
+      "--log-level",    "--version",         "--label-ranks"};
+  for (const char* own : kOwn) {
+    if (name == own) return true;
+  }
+  return false;
 }
 
 // The completion table, read back from the parser itself so it lists exactly
@@ -325,6 +432,7 @@ std::vector<FlagSpec> FlagSpecs(const CLI::App& app) {
     spec.help = opt->get_description();
     spec.choices = Choices(
         opt->get_lnames().empty() ? "" : "--" + opt->get_lnames().front());
+    spec.torchrun = !IsDtrunOnly(spec.names.back());
     specs.push_back(std::move(spec));
   }
   return specs;
@@ -346,17 +454,28 @@ CliResult ParseCommandLine(int argc, const char* const* argv) {
       "dtrun: launch one worker per slot with torchrun's environment, "
       "host the store, restart failed groups."};
   app.formatter(std::make_shared<UsageFormatter>());
-  app.prefix_command();  // everything after the entrypoint belongs to it
   RawFlags raw;
-  std::string ignored, completion_shell;
-  AddFlags(app, c, raw, ignored);
+  std::string completion_shell;
+  AddFlags(app, c, raw);
   app.set_version_flag("--version", VersionText("dtrun"),
                        "print dtrun's version and git commit");
-  app.add_option("--print-completion", completion_shell,
-                 "print the bash or zsh completion script and exit")
+  app.add_option("--print-completion,--print_completion", completion_shell,
+                 "print the bash, zsh or tcsh completion script and exit")
       ->type_name("SHELL");
+  // argparse's rules first (argv_rules.h); CLI11 then sees only the flags.
+  SplitArgv split = SplitAtProgram(
+      std::vector<std::string>(argv + std::min(argc, 1), argv + argc),
+      FlagSpecs(app));
+  if (!split.error.empty()) {
+    std::fprintf(stderr, "dtrun: %s\nRun with --help for more information.\n",
+                 split.error.c_str());
+    result.exit_code = 2;
+    return result;
+  }
+  std::vector<const char*> flag_argv = {argc > 0 ? argv[0] : "dtrun"};
+  for (const std::string& f : split.flags) flag_argv.push_back(f.c_str());
   try {
-    app.parse(argc, argv);
+    app.parse(static_cast<int>(flag_argv.size()), flag_argv.data());
   } catch (const CLI::ParseError& e) {
     // app.exit prints --help/--version (rc 0) or the error; every usage error
     // becomes 2 whatever CLI11's own code for it is.
@@ -370,19 +489,21 @@ CliResult ParseCommandLine(int argc, const char* const* argv) {
     if (script.empty()) {
       std::fprintf(
           stderr,
-          "dtrun: --print-completion: unknown shell '%s'; use bash or zsh\n",
+          "dtrun: --print-completion: unknown shell '%s'; use bash, zsh or "
+          "tcsh\n",
           completion_shell.c_str());
     }
     std::fputs(script.c_str(), stdout);
     result.exit_code = script.empty() ? 2 : 0;
     return result;
   }
-  c.entrypoint = app.remaining();
+  c.entrypoint = split.entrypoint;
   std::string error;
   // SLURM first: it supplies raw values (node count, port) that ApplyRaw then
   // parses and checks like typed ones.
   std::optional<SlurmJob> job = ReadSlurmJob(ProcessEnvironment(), &error);
   if (job) ApplySlurm(app, *job, &raw, &c);
+  c.node_rank_given = Given(app, "--node-rank") || (job && job->node_id >= 0);
   if (error.empty()) error = ApplyRaw(raw, job, &c);
   if (error.empty()) {
     Status s = Validate(&c);

@@ -11,16 +11,18 @@ struct FlagSpec {
   bool takes_value = false;          // false: a switch
   std::string help;                  // one line
   std::vector<std::string> choices;  // values to offer; empty: any (files)
+  bool torchrun = true;  // torchrun has it too (false: dtrun's own flag)
 };
 
-// Completion scripts for `dtrun --print-completion bash|zsh`, generated from
-// the parser's own flags so they never drift from it. Words up to the
+// Completion scripts for `dtrun --print-completion bash|zsh|tcsh`, generated
+// from the parser's own flags so they never drift from it. Words up to the
 // program complete as flags (and their choices); after it, as the program's
 // own command line. Pure: text in, text out.
 std::string BashCompletion(const std::vector<FlagSpec>& flags);
 std::string ZshCompletion(const std::vector<FlagSpec>& flags);
+std::string TcshCompletion(const std::vector<FlagSpec>& flags);
 
-// The script for `shell` ("bash" or "zsh"); empty for any other shell.
+// The script for `shell` ("bash", "zsh" or "tcsh"); empty for any other.
 std::string CompletionScript(const std::string& shell,
                              const std::vector<FlagSpec>& flags);
 

@@ -27,6 +27,7 @@ ElasticJob::ElasticJob(const LaunchConfig& config, WorkerGroup* workers,
                        const Clock* clock)
     : config_(config),
       clock_(clock),
+      signals_(config.handled_signals),
       group_(config, workers, clock, &signals_, /*elastic=*/true) {
   if (!config_.interactive) return;
   group_.on_worker_crash = [this](const WorkerCrash& crash) {
@@ -65,6 +66,26 @@ Status ElasticJob::HostRendezvousStore(uint16_t port, bool must) {
   return Status::Ok();
 }
 
+Result<std::unique_ptr<rdzv::TcpStoreClient>> ElasticJob::ConnectUntil(
+    rdzv::StoreClientOptions opts, milliseconds limit) {
+  // In steps of at most a second, so that a signal stops the wait at once
+  // (a store that is not up yet would otherwise hold dtrun for the whole
+  // join timeout, deaf to Ctrl-C and SIGTERM).
+  auto deadline = clock_->Now() + limit;
+  for (;;) {
+    auto left =
+        std::chrono::duration_cast<milliseconds>(deadline - clock_->Now());
+    opts.connect_timeout =
+        std::max(milliseconds(1), std::min(left, milliseconds(1000)));
+    auto client = rdzv::TcpStoreClient::Connect(opts);
+    if (client.ok() || left <= milliseconds(1000)) return client;
+    if (group_.Interrupted()) {
+      return Status::Canceled("stopped by " + SignalName(group_.stop_signal()) +
+                              " while connecting to the rendezvous store");
+    }
+  }
+}
+
 Status ElasticJob::ConnectRendezvous() {
   bool is_static = config_.rdzv_backend == "static";
   std::string host = config_.master_addr;
@@ -94,8 +115,9 @@ Status ElasticJob::ConnectRendezvous() {
   // others declare it dead; read_timeout overrides.
   copts.timeout =
       rc.read_timeout.value_or(std::max(rc.silent_limit(), milliseconds(1000)));
-  copts.connect_timeout = rc.join_timeout;
-  auto client = rdzv::TcpStoreClient::Connect(copts);
+  auto client = ConnectUntil(copts, rc.join_timeout);
+  if (!client.ok() && client.status().code() == Status::Code::kCanceled)
+    return client.status();
   if (!client.ok()) {
     return Status::Unavailable("cannot reach the rendezvous endpoint " + host +
                                ":" + std::to_string(port) + ": " +
@@ -153,7 +175,10 @@ rdzv::RendezvousOptions ElasticJob::RendezvousOptionsOf(
   rdzv::RendezvousOptions ro;
   ro.run_id = run_id;
   ro.node_id = rdzv::MakeNodeId();
-  ro.node_rank = config_.rdzv_backend == "static" ? config_.node_rank : -1;
+  bool is_static = config_.rdzv_backend == "static";
+  ro.node_rank = is_static ? config_.node_rank : -1;
+  ro.preferred_rank =
+      !is_static && config_.node_rank_given ? config_.node_rank : -1;
   ro.min_nodes = config_.min_nodes;
   ro.max_nodes = config_.max_nodes;
   ro.nproc_per_node = config_.nproc_per_node;
@@ -187,6 +212,10 @@ int ElasticJob::Run() {
     }
   }
   Status s = ConnectRendezvous();
+  if (!s.ok() && s.code() == Status::Code::kCanceled) {
+    log->warn("{}; no worker was started", s.message());
+    return ExitBySignal(group_.stop_signal());
+  }
   if (!s.ok()) {
     log->error("{}", s.message());
     return s.code() == Status::Code::kInvalid ? kExitUsage : kExitRendezvous;

@@ -6,6 +6,7 @@
 #include "apps/dtrun/round_policy.h"
 #include "apps/dtrun/signals.h"
 #include "rendezvous/rendezvous.h"
+#include "rendezvous/store_client.h"
 
 namespace dtrun::rdzv {
 class StoreServer;
@@ -27,6 +28,9 @@ class ElasticJob : public Job {
 
  private:
   Status ConnectRendezvous();
+  // Connects within `limit`, giving up early (kCanceled) on a stop signal.
+  Result<std::unique_ptr<rdzv::TcpStoreClient>> ConnectUntil(
+      rdzv::StoreClientOptions opts, std::chrono::milliseconds limit);
   Status HostRendezvousStore(uint16_t port, bool must);
   Status SetUpWorkerStore();
   rdzv::RendezvousOptions RendezvousOptionsOf(const std::string& run_id) const;

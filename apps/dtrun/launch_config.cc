@@ -5,11 +5,13 @@
 #include "apps/dtrun/launch_config.h"
 
 #include <dirent.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <cstdlib>
 #include <sstream>
 
+#include "apps/dtrun/endpoint.h"
 #include "rendezvous/os_util.h"
 
 namespace dtrun::agent {
@@ -32,11 +34,6 @@ std::vector<std::string> Split(const std::string& text, char sep) {
   std::string item;
   while (std::getline(ss, item, sep)) out.push_back(item);
   return out;
-}
-
-bool EndsWith(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() &&
-         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
 // Finds `program` the way execvp would; empty when not found. Resolved once
@@ -85,27 +82,146 @@ bool ParseNnodes(const std::string& text, int* min_nodes, int* max_nodes) {
   return *min_nodes > 0 && *min_nodes <= *max_nodes;
 }
 
-Result<int> ParseNprocPerNode(const std::string& text, int cpu_count,
-                              int gpu_count) {
-  // torchrun's words: "gpu" fails without a GPU (torchrun: "Cuda is not
-  // available"), "auto" falls back to one worker per CPU.
-  int n = 0;
-  if (text == "cpu") return cpu_count;
-  if (text == "gpu") {
-    if (gpu_count == 0) {
-      return Status::Invalid(
-          "--nproc-per-node=gpu: no GPU found on this host "
-          "(check CUDA_VISIBLE_DEVICES), or use a number or 'cpu'");
+Result<int> ParseNprocPerNode(const std::string& text,
+                              const DeviceCounts& devices) {
+  // torchrun's words: an accelerator name fails when none is there (torchrun:
+  // "Cuda is not available"), "auto" falls back to one worker per CPU.
+  struct Named {
+    const char* word;
+    int count;
+    const char* what;
+  };
+  const Named accelerators[] = {
+      {"gpu", devices.gpu, "NVIDIA GPU (check CUDA_VISIBLE_DEVICES)"},
+      {"cuda", devices.gpu, "NVIDIA GPU (check CUDA_VISIBLE_DEVICES)"},
+      {"xpu", devices.xpu, "Intel XPU (/dev/dri render node of i915 or xe)"},
+      {"hpu", devices.hpu, "Gaudi HPU (/dev/accel/accelN)"},
+      {"npu", devices.npu, "Ascend NPU (/dev/davinciN)"},
+  };
+  if (text == "cpu") return devices.cpu;
+  for (const Named& a : accelerators) {
+    if (text != a.word) continue;
+    if (a.count == 0) {
+      return Status::Invalid("--nproc-per-node=" + text + ": no " + a.what +
+                             " found on this host; use a number or 'cpu'");
     }
-    return gpu_count;
+    return a.count;
   }
-  if (text == "auto") return gpu_count > 0 ? gpu_count : cpu_count;
+  if (text == "auto") {
+    for (const Named& a : accelerators) {
+      if (a.count > 0) return a.count;
+    }
+    return devices.cpu;
+  }
+  int n = 0;
   if (!ParseInt(text, &n) || n < 1) {
-    return Status::Invalid(
-        "--nproc-per-node: '" + text +
-        "' is not a positive integer, 'cpu', 'gpu' or 'auto'");
+    return Status::Invalid("--nproc-per-node: '" + text +
+                           "' is not a positive integer, 'cpu', 'gpu', "
+                           "'xpu', 'hpu', 'npu' or 'auto'");
   }
   return n;
+}
+
+namespace {
+
+// Entries of `folder` named `prefix` + digits.
+int CountNumbered(const std::string& folder, const std::string& prefix) {
+  int count = 0;
+  if (DIR* dir = opendir(folder.c_str())) {
+    while (dirent* e = readdir(dir)) {
+      std::string name = e->d_name;
+      int index = 0;
+      if (name.rfind(prefix, 0) == 0 &&
+          ParseInt(name.substr(prefix.size()), &index))
+        ++count;
+    }
+    closedir(dir);
+  }
+  return count;
+}
+
+// Intel GPUs: DRM render nodes whose driver is i915 or xe.
+int CountXpus() {
+  int count = 0;
+  if (DIR* dir = opendir("/sys/class/drm")) {
+    while (dirent* e = readdir(dir)) {
+      std::string name = e->d_name;
+      if (name.rfind("renderD", 0) != 0) continue;
+      char target[256] = {};
+      std::string link = "/sys/class/drm/" + name + "/device/driver";
+      ssize_t n = readlink(link.c_str(), target, sizeof(target) - 1);
+      std::string driver =
+          n > 0 ? std::string(target, static_cast<size_t>(n)) : std::string();
+      driver = driver.substr(driver.rfind('/') + 1);
+      if (driver == "i915" || driver == "xe") ++count;
+    }
+    closedir(dir);
+  }
+  return count;
+}
+
+}  // namespace
+
+DeviceCounts CountDevices(int cpu_count, int gpu_count) {
+  DeviceCounts d;
+  d.cpu = cpu_count;
+  d.gpu = gpu_count;
+  d.xpu = CountXpus();
+  d.hpu = CountNumbered("/dev/accel", "accel");
+  d.npu = CountNumbered("/dev", "davinci");
+  return d;
+}
+
+Result<std::vector<int>> ParseSignalList(const std::string& text) {
+  static const std::pair<const char*, int> kNames[] = {
+      {"HUP", SIGHUP},   {"INT", SIGINT},       {"QUIT", SIGQUIT},
+      {"ABRT", SIGABRT}, {"USR1", SIGUSR1},     {"USR2", SIGUSR2},
+      {"ALRM", SIGALRM}, {"TERM", SIGTERM},     {"XCPU", SIGXCPU},
+      {"XFSZ", SIGXFSZ}, {"VTALRM", SIGVTALRM}, {"PROF", SIGPROF},
+      {"PWR", SIGPWR},   {"IO", SIGIO},         {"WINCH", SIGWINCH},
+      {"CONT", SIGCONT}, {"TSTP", SIGTSTP},     {"URG", SIGURG},
+  };
+  std::vector<int> out;
+  for (std::string word : Split(text, ',')) {
+    while (!word.empty() && word.front() == ' ') word.erase(0, 1);
+    while (!word.empty() && word.back() == ' ') word.pop_back();
+    if (word.empty()) continue;
+    std::string bare = word.rfind("SIG", 0) == 0 ? word.substr(3) : word;
+    int signo = 0;
+    for (const auto& [name, number] : kNames) {
+      if (bare == name) signo = number;
+    }
+    if (signo == 0 && ParseInt(word, &signo) && (signo < 1 || signo > 64))
+      signo = 0;
+    if (signo == SIGKILL || signo == SIGSTOP) signo = 0;
+    if (signo == 0) {
+      return Status::Invalid(
+          "--signals-to-handle: '" + word +
+          "' is not a signal dtrun can handle; use names like "
+          "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1,SIGUSR2");
+    }
+    out.push_back(signo);
+  }
+  return out;
+}
+
+std::vector<std::string> ParseCommaList(const std::string& text) {
+  std::vector<std::string> out;
+  if (text.empty()) return out;
+  std::string item;
+  for (size_t i = 0; i < text.size(); ++i) {
+    if (text[i] != ',') {
+      item += text[i];
+    } else if (i + 1 < text.size() && text[i + 1] == ',') {
+      item += ',';
+      ++i;
+    } else {
+      out.push_back(item);
+      item.clear();
+    }
+  }
+  out.push_back(item);
+  return out;
 }
 
 int CountGpus() {
@@ -195,6 +311,17 @@ Status CheckCombinations(const LaunchConfig& c) {
                            " is outside 0.." + std::to_string(c.max_nodes - 1) +
                            " for --nnodes");
   }
+  if (c.virtual_local_rank) {
+    // One GPU per worker from the list: a shorter list would share GPUs.
+    const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
+    if (visible && *visible &&
+        static_cast<int>(Split(visible, ',').size()) < c.nproc_per_node) {
+      return Status::Invalid("--virtual-local-rank: CUDA_VISIBLE_DEVICES='" +
+                             std::string(visible) +
+                             "' lists fewer GPUs than --nproc-per-node=" +
+                             std::to_string(c.nproc_per_node));
+    }
+  }
   if (c.term_timeout.count() < 0) {
     return Status::Invalid("--term-timeout must be >= 0");
   }
@@ -209,6 +336,66 @@ Status CheckCombinations(const LaunchConfig& c) {
   return Status::Ok();
 }
 
+// Flags whose values come from a fixed set, checked as torchrun checks them
+// (argparse choices) or where torchrun would fail later, or worse, go on.
+Status CheckChoices(const LaunchConfig& c) {
+  const std::string& b = c.rdzv_backend;
+  if (b == "etcd" || b == "etcd-v2") {
+    return Status::Invalid("--rdzv-backend=" + b +
+                           ": dtrun has no etcd rendezvous yet; use c10d "
+                           "(--rdzv-backend=c10d --rdzv-endpoint=HOST:PORT) "
+                           "or static");
+  }
+  if (b != "static" && b != "c10d") {
+    return Status::Invalid("--rdzv-backend: unknown backend '" + b +
+                           "'; use static or c10d");
+  }
+  const std::string& m = c.start_method;
+  if (m != "spawn" && m != "fork" && m != "forkserver") {
+    return Status::Invalid("--start-method: invalid choice '" + m +
+                           "' (choose from spawn, fork, forkserver)");
+  }
+  const std::string& n = c.numa_binding;
+  if (!n.empty() && n != "node" && n != "socket" && n != "exclusive" &&
+      n != "core-complex") {
+    return Status::Invalid("--numa-binding: invalid choice '" + n +
+                           "' (choose from node, socket, exclusive, "
+                           "core-complex)");
+  }
+  const std::string& e = c.event_log_handler;
+  if (e != "null" && e != "console" &&
+      (e.rfind("file:", 0) != 0 || e.size() == 5)) {
+    return Status::Invalid("--event-log-handler: unknown handler '" + e +
+                           "'; use null, console or file:PATH");
+  }
+  return Status::Ok();
+}
+
+// c10d at HOST:0 (torchtitan's and torchx's launch, torchrun's own
+// --standalone): one node hosts the store on a free port of HOST. Several
+// nodes could not find a port chosen on one of them.
+Status ApplyFreePortEndpoint(LaunchConfig* c) {
+  if (c->standalone || c->rdzv_backend != "c10d") return Status::Ok();
+  std::string host;
+  uint16_t port = 29400;
+  if (!SplitEndpoint(c->rdzv_endpoint, 29400, &host, &port)) {
+    return Status::Invalid("--rdzv-endpoint: '" + c->rdzv_endpoint +
+                           "' is not host[:port]");
+  }
+  if (port != 0 || c->rdzv_endpoint.empty()) return Status::Ok();
+  if (c->multi_node()) {
+    return Status::Invalid(
+        "--rdzv-endpoint=" + c->rdzv_endpoint +
+        ": port 0 (a free port) works for one node only; with --nnodes=" +
+        std::to_string(c->min_nodes) + ":" + std::to_string(c->max_nodes) +
+        " give the port every node connects to");
+  }
+  c->free_port_store = true;
+  c->master_addr = host;
+  c->master_port = 0;
+  return Status::Ok();
+}
+
 // The command each worker runs: the program from $PATH, or the --python
 // interpreter with a script or module.
 Status ResolveWorkerArgv(LaunchConfig* c) {
@@ -218,19 +405,33 @@ Status ResolveWorkerArgv(LaunchConfig* c) {
   if (program.size() > 1 && program[0] == '-') {
     return Status::Invalid("unknown flag '" + program + "' (see dtrun --help)");
   }
-  // torchrun runs every entrypoint with Python unless --no-python; dtrun runs
-  // an executable directly and only .py files (or -m, --run-path) with
-  // Python, so `dtrun ./train_cfg` and `dtrun train.py` both just work.
-  bool python =
-      c->module || c->run_path || (!c->no_python && EndsWith(program, ".py"));
+  // torchrun runs every entrypoint with Python unless --no-python. dtrun
+  // does the same, except for a native executable (an ELF file), which runs
+  // directly: `dtrun ./train_cfg` and `dtrun train.py` both just work, and
+  // `dtrun launcher_script` still goes through Python as under torchrun.
+  bool python = c->module || c->run_path;
+  std::string path = program;
   if (!python) {
-    std::string path = LookUp(program);
-    if (path.empty()) {
+    // A file here (torchrun's reading), else a program on $PATH.
+    if (program.find('/') == std::string::npos &&
+        access(program.c_str(), F_OK) != 0)
+      path = LookUp(program);
+    if (c->no_python) {
+      path = LookUp(program);
+      if (path.empty()) {
+        return Status::Invalid("training program '" + program +
+                               "' not found or not executable (looked in "
+                               "$PATH); give a path to it");
+      }
+    } else if (path.empty() || access(path.c_str(), R_OK) != 0) {
       return Status::Invalid(
-          "training program '" + program +
-          "' not found or not executable (looked in $PATH); give a path, "
-          "or a .py script");
+          "training program or script '" + program +
+          "' not found (looked here and in $PATH); give a path to it");
+    } else {
+      python = !os::IsNativeExecutable(path);
     }
+  }
+  if (!python) {
     c->worker_argv = {path};
     c->worker_argv.insert(c->worker_argv.end(), c->entrypoint.begin() + 1,
                           c->entrypoint.end());
@@ -242,7 +443,7 @@ Status ResolveWorkerArgv(LaunchConfig* c) {
         "--python: cannot find '" + c->python +
         "' in PATH; install it or pass --python /path/to/python3");
   }
-  if (!c->module && access(program.c_str(), R_OK) != 0) {
+  if (!c->module && access(path.c_str(), R_OK) != 0) {
     return Status::Invalid("training script '" + program +
                            "' not found or not readable");
   }
@@ -251,7 +452,8 @@ Status ResolveWorkerArgv(LaunchConfig* c) {
   c->worker_argv = {interpreter, "-u"};
   c->python_worker = true;
   if (c->module) c->worker_argv.push_back("-m");
-  c->worker_argv.insert(c->worker_argv.end(), c->entrypoint.begin(),
+  c->worker_argv.push_back(c->module ? program : path);
+  c->worker_argv.insert(c->worker_argv.end(), c->entrypoint.begin() + 1,
                         c->entrypoint.end());
   return Status::Ok();
 }
@@ -269,6 +471,8 @@ Status Validate(LaunchConfig* c) {
         "(or dtrun --interactive)");
   }
   s = CheckCombinations(*c);
+  if (s.ok()) s = CheckChoices(*c);
+  if (s.ok()) s = ApplyFreePortEndpoint(c);
   return s.ok() ? ResolveWorkerArgv(c) : s;
 }
 

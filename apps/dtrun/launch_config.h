@@ -37,18 +37,27 @@ struct LaunchConfig {
   bool interactive = false;  // --interactive: Python workers + a console
   bool no_console = false;  // --no-console: host the session, print its address
   std::string gpu_ids;  // --gpu-ids 0,2 (interactive): GPU of each local rank
+  // --virtual-local-rank: LOCAL_RANK=0 and one GPU in CUDA_VISIBLE_DEVICES.
+  bool virtual_local_rank = false;
+  std::string start_method = "spawn";  // --start-method; checked, unused
+  // --numa-binding: "", "node", "socket", "exclusive" or "core-complex".
+  std::string numa_binding;
 
   // Nodes and rendezvous.
   int min_nodes = 1, max_nodes = 1;       // --nnodes N or MIN:MAX
   int node_rank = 0;                      // --node-rank
+  bool node_rank_given = false;           // by the flag, PET_NODE_RANK or SLURM
   std::string master_addr = "127.0.0.1";  // --master-addr
   std::optional<uint16_t> master_port;    // --master-port; none = free port
   bool standalone = false;                // --standalone
-  std::string rdzv_backend = "static";    // --rdzv-backend
-  std::string rdzv_endpoint;              // --rdzv-endpoint host[:port]
-  std::string rdzv_id = "none";           // --rdzv-id
-  RdzvConfig rdzv_conf;                   // --rdzv-conf k=v,k=v, typed
-  std::string local_addr;                 // --local-addr
+  // Set by Validate(): c10d at HOST:0 on one node, the store on a free port
+  // of HOST (master_addr), as with --standalone but keeping --rdzv-id.
+  bool free_port_store = false;
+  std::string rdzv_backend = "static";  // --rdzv-backend
+  std::string rdzv_endpoint;            // --rdzv-endpoint host[:port]
+  std::string rdzv_id = "none";         // --rdzv-id
+  RdzvConfig rdzv_conf;                 // --rdzv-conf k=v,k=v, typed
+  std::string local_addr;               // --local-addr
 
   // Failures and signals.
   int max_restarts = 0;                           // --max-restarts
@@ -61,6 +70,13 @@ struct LaunchConfig {
       false;  // $TORCHELASTIC_ENABLE_FILE_TIMER=1: serve torch's watchdog
   std::string
       timer_file;  // $TORCHELASTIC_TIMER_FILE; empty: one in the run folder
+  // --signals-to-handle (else $TORCHELASTIC_SIGNALS_TO_HANDLE): the text as
+  // given, and the signal numbers. Stop signals in it stop the job; others
+  // are forwarded to every worker and the job goes on.
+  std::string signals_to_handle = "SIGTERM,SIGINT,SIGHUP,SIGQUIT";
+  std::vector<int> handled_signals;
+  // $TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT, s; 0: off.
+  std::chrono::milliseconds uninterruptible_timeout{0};
 
   // Output.
   std::string log_dir;                  // --log-dir; empty = a temporary folder
@@ -68,6 +84,18 @@ struct LaunchConfig {
   StreamSpec tee;                       // -t/--tee
   std::vector<int> local_ranks_filter;  // --local-ranks-filter; empty = all
   std::string log_level;                // --log-level
+  // --log-line-prefix-template, else $TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE:
+  // the prefix of tee'd console lines; empty: "[${role_name}${local_rank}]:".
+  std::string log_line_prefix_template;
+  // --label-ranks: every console line of a worker starts with "[rankN]:"
+  // (global rank), tee'd or not; dtrun's own view, off by default.
+  bool label_ranks = false;
+  // --duplicate-stdout-filters / --duplicate-stderr-filters: console lines
+  // holding any of these also go to <attempt>/<lr>/filtered_std{out,err}.log.
+  std::vector<std::string> duplicate_stdout_filters, duplicate_stderr_filters;
+  // --event-log-handler: "null", "console" (stderr) or "file:PATH" (JSON
+  // lines in torch's event schema).
+  std::string event_log_handler = "null";
 
   // The resolved command each worker runs (argv), set by Validate().
   std::vector<std::string> worker_argv;
@@ -78,7 +106,8 @@ struct LaunchConfig {
   // Whether the job goes through rendezvous rounds (several nodes, or the
   // c10d backend), rather than one node with its own store.
   bool uses_rendezvous() const {
-    return !standalone && (multi_node() || rdzv_backend == "c10d");
+    return !standalone && !free_port_store &&
+           (multi_node() || rdzv_backend == "c10d");
   }
 };
 
@@ -92,9 +121,22 @@ Status Validate(LaunchConfig* config);
 bool ParseStreamSpec(const std::string& text, StreamSpec* spec);
 // "N" or "MIN:MAX".
 bool ParseNnodes(const std::string& text, int* min_nodes, int* max_nodes);
-// int, "cpu", "gpu" or "auto" -> worker count; error names what was wrong.
-Result<int> ParseNprocPerNode(const std::string& text, int cpu_count,
-                              int gpu_count);
+// Accelerators of this host by torch's device-type name ("gpu" is CUDA's).
+struct DeviceCounts {
+  int cpu = 1, gpu = 0, xpu = 0, hpu = 0, npu = 0;
+};
+// int, "cpu", "gpu", "xpu", "hpu", "npu" or "auto" -> worker count; error
+// names what was wrong.
+Result<int> ParseNprocPerNode(const std::string& text,
+                              const DeviceCounts& devices);
+// Counts xpu (Intel: /dev/dri render nodes of the i915/xe drivers), hpu
+// (/dev/accel/accelN) and npu (/dev/davinciN) devices; `gpu` from CountGpus.
+DeviceCounts CountDevices(int cpu_count, int gpu_count);
+// "SIGTERM,SIGUSR1" (also "TERM", "15") -> signal numbers; error names the
+// word at fault. Pure.
+Result<std::vector<int>> ParseSignalList(const std::string& text);
+// torchrun's comma list: "a,b" -> {a, b}; ",," is a literal comma. Pure.
+std::vector<std::string> ParseCommaList(const std::string& text);
 
 // Number of usable NVIDIA GPUs on this host (honours CUDA_VISIBLE_DEVICES),
 // without loading any CUDA library: counts /dev/nvidiaN, so it reads 0 in a

@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cstdlib>
 
+#include "apps/dtrun/events.h"
 #include "apps/dtrun/exit_code.h"
 #include "rendezvous/check.h"
 #include "rendezvous/environment.h"
@@ -30,24 +31,28 @@ AgentOptions AgentOptionsOf(const LaunchConfig& c, bool elastic) {
                       c.term_timeout};
 }
 
-// TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE, with ${role_name}, ${rank} and
-// ${local_rank}; default "[rank${rank}]:".
-std::string LinePrefix(const std::string& role, int rank, int local_rank) {
-  const char* env = std::getenv("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE");
-  std::string out = env ? env : "[rank${rank}]:";
+}  // namespace
+
+std::string ExpandLinePrefix(const std::string& text,
+                             const LinePrefixValues& v) {
+  // string.Template.safe_substitute, as torchrun expands it: ${name} only,
+  // unknown names left as they are. ${pid} is the worker's, filled in when
+  // it has one (PosixWorkerGroup::Spawn).
+  std::string out = text;
   auto replace = [&out](const std::string& key, const std::string& value) {
     for (size_t at = out.find(key); at != std::string::npos;
          at = out.find(key, at + value.size())) {
       out.replace(at, key.size(), value);
     }
   };
-  replace("${role_name}", role);
-  replace("${rank}", std::to_string(rank));
-  replace("${local_rank}", std::to_string(local_rank));
+  replace("${role_name}", v.role);
+  replace("${rank}", std::to_string(v.rank));
+  replace("${local_rank}", std::to_string(v.local_rank));
+  replace("${hostname}", v.hostname);
   return out;
 }
 
-}  // namespace
+namespace {}  // namespace
 
 LocalGroup::LocalGroup(const LaunchConfig& config, WorkerGroup* workers,
                        const Clock* clock, SignalFd* signals, bool elastic)
@@ -65,7 +70,10 @@ LocalGroup::LocalGroup(const LaunchConfig& config, WorkerGroup* workers,
 Status LocalGroup::Prepare(const std::string& run_id) {
   attempt_.run_id = run_id;
   attempt_.role = config_.role;
+  started_at_ = os::UnixNow();
   attempt_.max_restarts = config_.max_restarts;
+  attempt_.signals_to_handle = config_.signals_to_handle;
+  attempt_.virtual_local_rank = config_.virtual_local_rank;
   base_env_ = ProcessEnvironment();
   // torch's file timer is switched on by the environment, as in torchrun.
   auto env = [this](const char* key) {
@@ -130,6 +138,10 @@ int LocalGroup::PollTimeout(int timeout_ms) const {
   }
   sooner(hang_.NextCheckMs(agent_.phase() == Phase::kRunning));
   sooner(timer_.NextMs());
+  if (config_.uninterruptible_timeout.count() > 0 &&
+      agent_.phase() == Phase::kRunning) {
+    sooner(static_cast<int>(kDStateCheck.count()));
+  }
   return timeout;
 }
 
@@ -153,15 +165,35 @@ void LocalGroup::PollOnce(int timeout_ms) {
   }
   // Output first, then exits: a worker's last lines print before its death.
   if (signalled) {
-    for (int signo : signals_->Read()) {
-      if (signo == SIGCHLD) {
-        OnChildExits();
-      } else {
-        OnStopSignal(signo);
-      }
-    }
+    for (int signo : signals_->Read()) OnSignal(signo);
   }
   OnTick();
+}
+
+void LocalGroup::OnSignal(int signo) {
+  auto log = Logger("dtrun.agent");
+  switch (UseOf(signo, config_.handled_signals)) {
+    case SignalUse::kChildren:
+      OnChildExits();
+      return;
+    case SignalUse::kForward:
+      // SLURM's --signal=USR1@T warns of the end of the allocation: the
+      // workers save a checkpoint while the job goes on.
+      log->warn("received {}; forwarding it to {} worker(s)", SignalName(signo),
+                pids_.size());
+      for (const auto& [local_rank, pid] : pids_) workers_->Signal(pid, signo);
+      return;
+    case SignalUse::kStop:
+      OnStopSignal(signo);
+      return;
+    case SignalUse::kStopTerm:
+      log->warn(
+          "received {}, which --signals-to-handle does not list; stopping "
+          "the workers with SIGTERM",
+          SignalName(signo));
+      Apply(agent_.OnSignal(signo, clock_->Now(), SIGTERM));
+      return;
+  }
 }
 
 void LocalGroup::OnStopSignal(int signo) {
@@ -194,14 +226,54 @@ void LocalGroup::OnTick() {
   int signo = hang_.Check(agent_.phase() == Phase::kRunning, pids_,
                           assignment_.base_rank);
   if (signo) Apply(agent_.OnHang(signo, clock_->Now()));
+  if (outcome_ == Outcome::kRunning) CheckUninterruptible();
   if (outcome_ == Outcome::kRunning)
     timer_.Check(pids_, PythonWorkers(config_));
+}
+
+void LocalGroup::CheckUninterruptible() {
+  if (config_.uninterruptible_timeout.count() <= 0 ||
+      agent_.phase() != Phase::kRunning)
+    return;
+  TimePoint now = clock_->Now();
+  if (now < next_d_check_) return;
+  next_d_check_ = now + kDStateCheck;
+  for (const auto& [local_rank, pid] : pids_) {
+    if (exit_time_.count(pid)) continue;
+    if (os::ProcessState(pid) != 'D') {
+      d_since_.erase(pid);
+      continue;
+    }
+    auto since = d_since_.emplace(pid, now).first->second;
+    if (now - since < config_.uninterruptible_timeout) continue;
+    auto seconds =
+        std::chrono::duration_cast<std::chrono::seconds>(now - since).count();
+    d_report_ = "worker local_rank " + std::to_string(local_rank) + " (rank " +
+                std::to_string(assignment_.base_rank + local_rank) + ", pid " +
+                std::to_string(pid) +
+                ") has been in uninterruptible sleep (D state) for " +
+                std::to_string(seconds) + " s, in kernel function '" +
+                os::ProcessWaitChannel(pid) +
+                "'; the group is unhealthy and is not restarted "
+                "(TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT)";
+    d_rank_ = local_rank;
+    Logger("dtrun.agent")->error("{}", d_report_);
+    Apply(agent_.OnUnhealthy(now));
+    return;
+  }
 }
 
 bool LocalGroup::Interrupted() {
   if (signals_) {
     for (int signo : signals_->Read()) {
-      if (signo != SIGCHLD) stop_signal_ = signo;
+      SignalUse use = UseOf(signo, config_.handled_signals);
+      if (use == SignalUse::kForward) {
+        Logger("dtrun.agent")
+            ->warn("received {} while no worker runs; nothing to forward it to",
+                   SignalName(signo));
+      } else if (use != SignalUse::kChildren) {
+        stop_signal_ = signo;
+      }
     }
   }
   return stop_signal_ != 0;
@@ -261,10 +333,30 @@ OutputRoute LocalGroup::Route(int local_rank, int stream_bit,
   bool shown = filter.empty() || std::find(filter.begin(), filter.end(),
                                            local_rank) != filter.end();
   if (!redirected && shown) route.console_fd = stream_bit == 1 ? 1 : 2;
-  route.prefix = LinePrefix(config_.role, local_rank, local_rank);
+  // torchrun's console: a worker's own bytes, unprefixed, unless the stream
+  // is tee'd (then "[default0]:" or the template); --label-ranks is dtrun's
+  // labelled view of every line.
+  LinePrefixValues values{config_.role, assignment_.base_rank + local_rank,
+                          local_rank, os::HostName()};
+  bool user_teed = config_.tee.For(local_rank) & stream_bit;
+  if (config_.label_ranks) {
+    route.prefix = "[rank" + std::to_string(values.rank) + "]:";
+  } else if (user_teed) {
+    const std::string& t = config_.log_line_prefix_template;
+    route.prefix = ExpandLinePrefix(
+        t.empty() ? "[${role_name}${local_rank}]:" : t, values);
+  }
   if (redirected || teed) {
     route.file = attempt_dir + "/" + std::to_string(local_rank) +
                  (stream_bit == 1 ? "/stdout.log" : "/stderr.log");
+  }
+  const auto& filters = stream_bit == 1 ? config_.duplicate_stdout_filters
+                                        : config_.duplicate_stderr_filters;
+  if (!filters.empty()) {
+    route.filters = filters;
+    route.filtered_file =
+        attempt_dir +
+        (stream_bit == 1 ? "/filtered_stdout.log" : "/filtered_stderr.log");
   }
   return route;
 }
@@ -352,6 +444,16 @@ void LocalGroup::PublishCrash(const WorkerExit& e, const std::string& how) {
 int LocalGroup::ReportFailure() {
   std::vector<WorkerFailure> failures;
   if (agent_.hung()) failures = hang_.Failures();
+  if (agent_.unhealthy()) {
+    WorkerFailure f;
+    f.local_rank = d_rank_;
+    f.rank = assignment_.base_rank + d_rank_;
+    f.pid = pids_.count(d_rank_) ? pids_[d_rank_] : 0;
+    f.exit_code = 1;
+    f.timestamp = os::UnixNow();
+    f.message = d_report_;
+    failures.push_back(f);
+  }
   for (const WorkerExit& e : agent_.failures()) {
     WorkerFailure f;
     f.local_rank = e.local_rank;
@@ -378,11 +480,53 @@ int LocalGroup::ReportFailure() {
   return ExitCodeFor(root);
 }
 
+void LocalGroup::RecordEvents(bool succeeded) {
+  if (config_.event_log_handler == "null") return;
+  ElasticEvent e;
+  e.run_id = attempt_.run_id;
+  e.role = config_.role;
+  e.hostname = os::HostName();
+  e.rdzv_backend = config_.uses_rendezvous() ? config_.rdzv_backend : "static";
+  const std::string& program = config_.entrypoint[0];
+  e.entry_point = program.substr(program.rfind('/') + 1);
+  e.group_rank = assignment_.group_rank;
+  e.group_world_size = assignment_.group_world_size;
+  e.agent_restarts = attempt_.restart_count;
+  e.total_run_time = os::UnixNow() - started_at_;
+  e.timestamp = os::UnixNow();
+  // torch's worker states: the failed ones FAILED, the others of a failed
+  // group TERMINATED, all SUCCEEDED otherwise.
+  std::map<int, std::string> failed;  // local rank -> how
+  for (const WorkerExit& x : agent_.failures()) {
+    failed[x.local_rank] = x.signal
+                               ? SignalName(x.signal)
+                               : "exit code " + std::to_string(x.exit_code);
+  }
+  for (const auto& [local_rank, pid] : pids_) {
+    ElasticEvent w = e;
+    w.global_rank = assignment_.base_rank + local_rank;
+    w.worker_id = pid;
+    auto f = failed.find(local_rank);
+    w.state = succeeded           ? "SUCCEEDED"
+              : f != failed.end() ? "FAILED"
+                                  : "TERMINATED";
+    if (f != failed.end()) w.raw_error = f->second;
+    WriteEvent(config_.event_log_handler, EventJson(w));
+  }
+  e.agent = true;
+  e.state = succeeded ? "SUCCEEDED" : "FAILED";
+  WriteEvent(config_.event_log_handler, EventJson(e));
+}
+
 void LocalGroup::Finish(bool succeeded) {
   // Workers are gone, but a grandchild holding a pipe open must not keep
   // dtrun alive: forward what is there for up to a second, then close.
   workers_->Drain(milliseconds(1000));
-  if (succeeded && run_dir_is_temp_) os::RemoveTree(run_dir_);
+  RecordEvents(succeeded);
+  // A temporary folder goes, unless it holds the filtered copies asked for.
+  bool keep = !config_.duplicate_stdout_filters.empty() ||
+              !config_.duplicate_stderr_filters.empty();
+  if (succeeded && run_dir_is_temp_ && !keep) os::RemoveTree(run_dir_);
 }
 
 }  // namespace dtrun::agent

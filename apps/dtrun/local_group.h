@@ -36,6 +36,18 @@ struct WorkerCrash {
   std::string stderr_tail;  // its last lines
 };
 
+// What a --log-line-prefix-template may name.
+struct LinePrefixValues {
+  std::string role;
+  int rank = 0;  // global
+  int local_rank = 0;
+  std::string hostname;
+};
+// The template with ${role_name}, ${rank}, ${local_rank} and ${hostname}
+// filled in; ${pid} and unknown names are left for later. Pure.
+std::string ExpandLinePrefix(const std::string& text,
+                             const LinePrefixValues& values);
+
 class LocalGroup {
  public:
   using Outcome = GroupOutcome;
@@ -74,6 +86,7 @@ class LocalGroup {
   // a timer request or a deadline, and handles what came.
   void PollOnce(int timeout_ms);
   // The events PollOnce dispatches (tests call them directly).
+  void OnSignal(int signo);  // any signal dtrun took (signals.h's SignalUse)
   void OnStopSignal(int signo);
   void OnChildExits();
   void OnTick();
@@ -101,6 +114,12 @@ class LocalGroup {
   void OnFinished(const Action& finish);
   void AbandonSurvivors();
   void PublishCrash(const WorkerExit& e, const std::string& how);
+  // --event-log-handler: one event per worker of the last attempt and one
+  // for the job, in torch's schema.
+  void RecordEvents(bool succeeded);
+  // TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT: looks at each worker's
+  // /proc state once a second; one in D state that long ends the group.
+  void CheckUninterruptible();
   int PollTimeout(int timeout_ms) const;
 
   LaunchConfig config_;
@@ -116,6 +135,12 @@ class LocalGroup {
   rdzv::Assignment assignment_;
   std::string run_dir_;
   bool run_dir_is_temp_ = false;
+  double started_at_ = 0;  // unix seconds, at Prepare
+  static constexpr std::chrono::milliseconds kDStateCheck{1000};
+  TimePoint next_d_check_{};
+  std::map<int, TimePoint> d_since_;  // pid -> first seen in D state
+  std::string d_report_;              // why the group was unhealthy
+  int d_rank_ = 0;                    // local rank of that worker
   std::string attempt_dir_;
   Outcome outcome_ = Outcome::kRunning;
   int stop_signal_ = 0;

@@ -75,9 +75,16 @@ void LogMux::Write(const StreamRoute& route, std::string_view line) {
     WriteAll(route.file_fd, buf);
     buf.clear();
   }
-  if (route.console_fd >= 0) {
+  if (route.console_fd >= 0 || route.filtered_fd >= 0) {
     buf.append(route.prefix).append(line).push_back('\n');
-    WriteAll(route.console_fd, buf);
+  }
+  if (route.console_fd >= 0) WriteAll(route.console_fd, buf);
+  if (route.filtered_fd >= 0) {
+    for (const std::string& f : route.filters) {
+      if (line.find(f) == std::string_view::npos) continue;
+      WriteAll(route.filtered_fd, buf);  // O_APPEND: one write, one line
+      break;
+    }
   }
 }
 
@@ -111,6 +118,7 @@ void LogMux::Close(int fd) {
   it->second.splitter.Flush(
       [&](std::string_view line) { Write(it->second.route, line); });
   if (it->second.route.file_fd >= 0) close(it->second.route.file_fd);
+  if (it->second.route.filtered_fd >= 0) close(it->second.route.filtered_fd);
   close(fd);
   streams_.erase(it);
 }

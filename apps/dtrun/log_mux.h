@@ -4,6 +4,7 @@
 #include <map>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace dtrun::agent {
 
@@ -26,6 +27,9 @@ struct StreamRoute {
   int console_fd = -1;  // 1 or 2 to show on the console; -1 to not
   std::string prefix;   // e.g. "[rank3]:", prepended on the console only
   int file_fd = -1;     // a log file, or -1
+  // Lines holding any of `filters` are also written to `filtered_fd`.
+  std::vector<std::string> filters;
+  int filtered_fd = -1;
 };
 
 // Reads worker pipes and forwards whole lines, so lines of different

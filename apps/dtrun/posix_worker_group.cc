@@ -33,13 +33,23 @@ namespace {
 using std::chrono::milliseconds;
 using std::chrono::steady_clock;
 
-StreamRoute ToStreamRoute(const OutputRoute& route) {
+StreamRoute ToStreamRoute(const OutputRoute& route, int pid) {
   StreamRoute out;
   out.console_fd = route.console_fd;
   out.prefix = route.prefix;
+  const std::string key = "${pid}", value = std::to_string(pid);
+  for (size_t at = out.prefix.find(key); at != std::string::npos;
+       at = out.prefix.find(key, at + value.size())) {
+    out.prefix.replace(at, key.size(), value);
+  }
   if (!route.file.empty()) {
     out.file_fd = open(route.file.c_str(),
                        O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  }
+  if (!route.filtered_file.empty()) {
+    out.filters = route.filters;
+    out.filtered_fd = open(route.filtered_file.c_str(),
+                           O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
   }
   return out;
 }
@@ -99,8 +109,9 @@ Result<int> PosixWorkerGroup::Spawn(const WorkerSpec& spec) {
   close(out[1]);
   close(err[1]);
   // The pipes are read even when exec failed: the mux closes them at EOF.
-  mux_.Add(out[0], ToStreamRoute(spec.out));
-  mux_.Add(err[0], ToStreamRoute(spec.err));
+  int shown_pid = pid.ok() ? *pid : 0;
+  mux_.Add(out[0], ToStreamRoute(spec.out, shown_pid));
+  mux_.Add(err[0], ToStreamRoute(spec.err, shown_pid));
   return pid;
 }
 

@@ -18,11 +18,37 @@ const std::vector<int>& StopSignals() {
   return kSignals;
 }
 
-SignalFd::SignalFd() {
+const std::vector<int>& OtherTerminatingSignals() {
+  // Not the synchronous ones (SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGTRAP,
+  // SIGSYS, SIGABRT): blocked, a real fault would still kill, and a kill(2)
+  // of one is a crash report, not a request.
+  static const std::vector<int> kSignals = [] {
+    std::vector<int> s = {SIGUSR1, SIGUSR2, SIGALRM, SIGVTALRM, SIGPROF,
+                          SIGXCPU, SIGXFSZ, SIGIO,   SIGPWR,    SIGSTKFLT};
+    for (int rt = SIGRTMIN; rt <= SIGRTMAX; ++rt) s.push_back(rt);
+    return s;
+  }();
+  return kSignals;
+}
+
+SignalUse UseOf(int signo, const std::vector<int>& handled) {
+  if (signo == SIGCHLD) return SignalUse::kChildren;
+  for (int s : StopSignals()) {
+    if (s == signo) return SignalUse::kStop;
+  }
+  for (int s : handled) {
+    if (s == signo) return SignalUse::kForward;
+  }
+  return SignalUse::kStopTerm;
+}
+
+SignalFd::SignalFd(const std::vector<int>& extra) {
   sigset_t set;
   sigemptyset(&set);
   sigaddset(&set, SIGCHLD);
   for (int s : StopSignals()) sigaddset(&set, s);
+  for (int s : OtherTerminatingSignals()) sigaddset(&set, s);
+  for (int s : extra) sigaddset(&set, s);
   // A signalfd only reports signals that are blocked: an unblocked one would
   // still take its default action (SIGTERM kills the agent before it could
   // forward anything). Blocking must happen before the store thread starts,

@@ -15,6 +15,7 @@ namespace dtrun::agent {
 SingleNodeJob::SingleNodeJob(const LaunchConfig& config, WorkerGroup* workers,
                              const Clock* clock)
     : config_(config),
+      signals_(config.handled_signals),
       group_(config, workers, clock, &signals_, /*elastic=*/false) {
   group_.before_start = [this](int restart_count) {
     BeforeAttempt(restart_count);

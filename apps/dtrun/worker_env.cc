@@ -83,6 +83,26 @@ EnvMap WorkerEnv(const EnvMap& base, const AttemptEnv& a,
        {"NCCL_ASYNC_ERROR_HANDLING", "TORCH_NCCL_ASYNC_ERROR_HANDLING"}) {
     if (!base.count(key)) set(key, "1");
   }
+  if (!a.signals_to_handle.empty())
+    set("TORCHELASTIC_SIGNALS_TO_HANDLE", a.signals_to_handle);
+  if (a.virtual_local_rank) {
+    // Each worker's GPU becomes its device 0: code that picks
+    // cuda:LOCAL_RANK (torch.compile caches, one-GPU scripts) needs no edit.
+    set("LOCAL_RANK", "0");
+    std::string visible = Get(base, "CUDA_VISIBLE_DEVICES");
+    std::string device = std::to_string(p.local_rank);
+    if (!visible.empty()) {
+      std::vector<std::string> list;
+      for (size_t start = 0;;) {
+        size_t comma = visible.find(',', start);
+        list.push_back(visible.substr(start, comma - start));
+        if (comma == std::string::npos) break;
+        start = comma + 1;
+      }
+      device = list[static_cast<size_t>(p.local_rank) % list.size()];
+    }
+    set("CUDA_VISIBLE_DEVICES", device);
+  }
   return env;
 }
 

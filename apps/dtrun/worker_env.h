@@ -32,6 +32,10 @@ struct AttemptEnv {
   std::string run_id = "none";
   std::string error_file_dir;  // <attempt dir>; error file =
                                // dir/<local_rank>/error.json
+  // TORCHELASTIC_SIGNALS_TO_HANDLE, as torchrun exports it to its workers.
+  std::string signals_to_handle;
+  // --virtual-local-rank: LOCAL_RANK=0 and one GPU per worker.
+  bool virtual_local_rank = false;
 };
 
 using EnvMap = std::map<std::string, std::string>;
@@ -41,6 +45,8 @@ using EnvMap = std::map<std::string, std::string>;
 //  - OMP_NUM_THREADS=1 when local_world_size > 1 and base has none.
 //  - NCCL_ASYNC_ERROR_HANDLING and TORCH_NCCL_ASYNC_ERROR_HANDLING keep the
 //    base value, else "1".
+//  - virtual_local_rank: LOCAL_RANK=0, CUDA_VISIBLE_DEVICES the local rank's
+//    entry of base's list (its index when base has none).
 EnvMap WorkerEnv(const EnvMap& base, const AttemptEnv& attempt,
                  const WorkerPlace& place);
 

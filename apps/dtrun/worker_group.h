@@ -17,8 +17,13 @@ namespace dtrun::agent {
 // Where one of a worker's streams goes, line by line.
 struct OutputRoute {
   int console_fd = -1;  // 1 or 2 to show on the console; -1 to not
-  std::string prefix;   // e.g. "[rank3]:", prepended on the console only
+  std::string prefix;   // e.g. "[default3]:", prepended on the console only;
+                        // "${pid}" in it becomes the worker's pid
   std::string file;     // a log file (created, truncated); empty for none
+  // Lines holding any of `filters` are also appended, prefixed as on the
+  // console, to `filtered_file` (shared by the attempt's workers).
+  std::vector<std::string> filters;
+  std::string filtered_file;
 };
 
 struct WorkerSpec {

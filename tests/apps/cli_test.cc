@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <csignal>
 #include <cstdlib>
 
 namespace dtrun::agent {
@@ -116,13 +117,164 @@ TEST(CliTest, AnInteractiveSessionUnderSrunHasItsConsoleOnNodeZeroOnly) {
   EXPECT_EQ(node0.config.master_addr, "n1");
 }
 
+DeviceCounts Devices(int cpu, int gpu, int xpu = 0) {
+  DeviceCounts d;
+  d.cpu = cpu;
+  d.gpu = gpu;
+  d.xpu = xpu;
+  return d;
+}
+
 TEST(NprocTest, NamedCountsResolve) {
-  EXPECT_EQ(*ParseNprocPerNode("cpu", 8, 0), 8);
-  EXPECT_EQ(*ParseNprocPerNode("auto", 8, 0), 8);
-  EXPECT_EQ(*ParseNprocPerNode("auto", 8, 2), 2);
-  EXPECT_EQ(*ParseNprocPerNode("gpu", 8, 2), 2);
-  EXPECT_FALSE(ParseNprocPerNode("gpu", 8, 0).ok());
-  EXPECT_FALSE(ParseNprocPerNode("0", 8, 0).ok());
+  EXPECT_EQ(*ParseNprocPerNode("cpu", Devices(8, 0)), 8);
+  EXPECT_EQ(*ParseNprocPerNode("auto", Devices(8, 0)), 8);
+  EXPECT_EQ(*ParseNprocPerNode("auto", Devices(8, 2)), 2);
+  EXPECT_EQ(*ParseNprocPerNode("auto", Devices(8, 0, 4)), 4);
+  EXPECT_EQ(*ParseNprocPerNode("gpu", Devices(8, 2)), 2);
+  EXPECT_EQ(*ParseNprocPerNode("xpu", Devices(8, 0, 3)), 3);
+  EXPECT_FALSE(ParseNprocPerNode("gpu", Devices(8, 0)).ok());
+  EXPECT_FALSE(ParseNprocPerNode("0", Devices(8, 0)).ok());
+  auto xpu = ParseNprocPerNode("xpu", Devices(8, 0));
+  ASSERT_FALSE(xpu.ok());
+  EXPECT_NE(xpu.status().message().find("no Intel XPU"), std::string::npos);
+  auto word = ParseNprocPerNode("tpu", Devices(8, 0));
+  ASSERT_FALSE(word.ok());
+  EXPECT_NE(word.status().message().find("'tpu'"), std::string::npos);
+}
+
+TEST(CliTest, RepeatedFlagsKeepTheLastValue) {
+  auto a = Parse({"--role", "a", "--nproc-per-node=2", "--role", "b",
+                  "--nproc_per_node", "3", "true"});
+  ASSERT_EQ(a.exit_code, -1);
+  EXPECT_EQ(a.config.role, "b");
+  EXPECT_EQ(a.config.nproc_per_node, 3);
+}
+
+TEST(CliTest, UnambiguousPrefixesAreTheFlag) {
+  auto a = Parse(
+      {"--nnode=2", "--nproc=2", "--master-ad", "h1", "--node_r", "1", "true"});
+  ASSERT_EQ(a.exit_code, -1);
+  EXPECT_EQ(a.config.max_nodes, 2);
+  EXPECT_EQ(a.config.nproc_per_node, 2);
+  EXPECT_EQ(a.config.master_addr, "h1");
+  EXPECT_EQ(a.config.node_rank, 1);
+  // --max matches --max-restarts only among torchrun's flags... and dtrun
+  // adds none starting so; --m matches five flags.
+  EXPECT_EQ(Parse({"--max=2", "true"}).config.max_restarts, 2);
+  EXPECT_EQ(Parse({"--m", "2", "true"}).exit_code, 2);
+}
+
+TEST(CliTest, DtrunsOwnFlagsNeverMakeATorchrunPrefixAmbiguous) {
+  // --no-p is --no-python; "--no-c" is dtrun's --no-console; --log-l could
+  // be torchrun's --log-line-prefix-template or dtrun's --log-level.
+  auto a = Parse({"--log-l", "[x]", "true"});
+  ASSERT_EQ(a.exit_code, -1);
+  EXPECT_EQ(a.config.log_line_prefix_template, "[x]");
+}
+
+TEST(CliTest, ADoubleDashAfterTheScriptIsDroppedOnce) {
+  auto a = Parse({"true", "--", "--depth=26", "--"});
+  ASSERT_EQ(a.exit_code, -1);
+  ASSERT_EQ(a.config.worker_argv.size(), 3u);
+  EXPECT_EQ(a.config.worker_argv[1], "--depth=26");
+  EXPECT_EQ(a.config.worker_argv[2], "--");
+  auto b = Parse({"--nproc-per-node=2", "--", "true", "x"});
+  ASSERT_EQ(b.exit_code, -1);
+  EXPECT_EQ(b.config.worker_argv.size(), 2u);
+}
+
+TEST(CliTest, NewTorchrunFlagsParse) {
+  auto a = Parse({"--virtual-local-rank", "--signals-to-handle",
+                  "SIGTERM,SIGINT,SIGUSR1", "--numa-binding=exclusive",
+                  "--duplicate-stdout-filters", "loss,,acc,step",
+                  "--duplicate_stderr_filters=Error", "--event-log-handler",
+                  "console", "--start-method=fork", "--shutdown-timeout", "5",
+                  "true"});
+  ASSERT_EQ(a.exit_code, -1);
+  EXPECT_TRUE(a.config.virtual_local_rank);
+  EXPECT_EQ(a.config.handled_signals.size(), 3u);
+  EXPECT_EQ(a.config.numa_binding, "exclusive");
+  EXPECT_EQ(a.config.duplicate_stdout_filters,
+            (std::vector<std::string>{"loss,acc", "step"}));
+  EXPECT_EQ(a.config.duplicate_stderr_filters,
+            (std::vector<std::string>{"Error"}));
+  EXPECT_EQ(a.config.term_timeout, std::chrono::milliseconds(5000));
+}
+
+TEST(CliTest, ChoicesAreCheckedAsTorchrunChecksThem) {
+  EXPECT_EQ(Parse({"--start-method=thread", "true"}).exit_code, 2);
+  EXPECT_EQ(Parse({"--numa-binding=all", "true"}).exit_code, 2);
+  EXPECT_EQ(Parse({"--rdzv-backend=etcd", "true"}).exit_code, 2);
+  EXPECT_EQ(Parse({"--rdzv-backend=etcd-v2", "true"}).exit_code, 2);
+  EXPECT_EQ(Parse({"--rdzv-backend=c10", "true"}).exit_code, 2);
+  EXPECT_EQ(Parse({"--logs-specs=mine", "true"}).exit_code, 2);
+  EXPECT_EQ(Parse({"--event-log-handler=scuba", "true"}).exit_code, 2);
+  EXPECT_EQ(Parse({"--signals-to-handle=SIGKILL", "true"}).exit_code, 2);
+  EXPECT_EQ(Parse({"--signals-to-handle=SIGFOO", "true"}).exit_code, 2);
+  EXPECT_EQ(Parse({"--print-completion", "fish"}).exit_code, 2);
+  EXPECT_EQ(Parse({"--nnodes=2", "--rdzv-backend=c10d",
+                   "--rdzv-endpoint=localhost:0", "true"})
+                .exit_code,
+            2);
+}
+
+TEST(CliTest, SignalsToHandleFallsBackToTorchrunsVariable) {
+  setenv("TORCHELASTIC_SIGNALS_TO_HANDLE", "SIGUSR2", 1);
+  auto a = Parse({"true"});
+  auto b = Parse({"--signals-to-handle=SIGUSR1", "true"});
+  unsetenv("TORCHELASTIC_SIGNALS_TO_HANDLE");
+  ASSERT_EQ(a.exit_code, -1);
+  EXPECT_EQ(a.config.handled_signals, std::vector<int>{SIGUSR2});
+  EXPECT_EQ(b.config.handled_signals, std::vector<int>{SIGUSR1});
+  EXPECT_EQ(Parse({"true"}).config.handled_signals.size(), 4u);
+}
+
+TEST(CliTest, FreePortEndpointHostsTheStoreOnOneNode) {
+  auto a = Parse({"--rdzv-backend=c10d", "--rdzv-endpoint=localhost:0",
+                  "--rdzv-id=abc", "true"});
+  ASSERT_EQ(a.exit_code, -1);
+  EXPECT_TRUE(a.config.free_port_store);
+  EXPECT_FALSE(a.config.uses_rendezvous());
+  EXPECT_EQ(a.config.master_addr, "localhost");
+  EXPECT_EQ(a.config.rdzv_id, "abc");
+}
+
+TEST(CliTest, NativeProgramsRunDirectlyOtherFilesThroughPython) {
+  auto native = Parse({"--python", "sh", "true"});
+  ASSERT_EQ(native.exit_code, -1);
+  EXPECT_EQ(native.config.worker_argv[0], "/usr/bin/true");
+  // A script without .py (here a shell script on $PATH) goes to Python,
+  // as torchrun sends it.
+  auto script = Parse({"--python", "sh", "ldd"});
+  ASSERT_EQ(script.exit_code, -1);
+  EXPECT_TRUE(script.config.python_worker);
+  EXPECT_EQ(script.config.worker_argv[2], "/usr/bin/ldd");
+  auto direct = Parse({"--no-python", "ldd"});
+  ASSERT_EQ(direct.exit_code, -1);
+  EXPECT_EQ(direct.config.worker_argv[0], "/usr/bin/ldd");
+}
+
+TEST(CliTest, CompletionsCoverTcsh) {
+  testing::internal::CaptureStdout();
+  EXPECT_EQ(Parse({"--print-completion", "tcsh"}).exit_code, 0);
+  std::string out = testing::internal::GetCapturedStdout();
+  EXPECT_NE(out.find("complete dtrun"), std::string::npos);
+  EXPECT_NE(out.find("virtual-local-rank"), std::string::npos);
+  EXPECT_NE(
+      out.find("'n/--numa-binding/(node socket exclusive core-complex)/'"),
+      std::string::npos);
+}
+
+TEST(SignalListTest, NamesAndNumbers) {
+  EXPECT_EQ(*ParseSignalList("SIGTERM, USR1,12"),
+            (std::vector<int>{SIGTERM, SIGUSR1, SIGUSR2}));
+  EXPECT_FALSE(ParseSignalList("SIGSTOP").ok());
+}
+
+TEST(CommaListTest, DoubleCommaIsAComma) {
+  EXPECT_EQ(ParseCommaList(""), std::vector<std::string>{});
+  EXPECT_EQ(ParseCommaList("a,,b"), std::vector<std::string>{"a,b"});
+  EXPECT_EQ(ParseCommaList("a,b"), (std::vector<std::string>{"a", "b"}));
 }
 
 }  // namespace

@@ -64,10 +64,9 @@ TEST(CompletionTest, CommandLinePrintsCompletionOrRejectsTheShell) {
   EXPECT_EQ(ParseExitCode({"--print-completion", "bash"}), 0);
   std::string out = testing::internal::GetCapturedStdout();
   EXPECT_NE(out.find("--nproc-per-node"), std::string::npos);
-  EXPECT_NE(
-      out.find(
-          "--print-completion)\n      COMPREPLY=($(compgen -W \"bash zsh\""),
-      std::string::npos);
+  EXPECT_NE(out.find("--print-completion|--print_completion)\n      "
+                     "COMPREPLY=($(compgen -W \"bash zsh tcsh\""),
+            std::string::npos);
   EXPECT_EQ(ParseExitCode({"--print-completion", "fish"}), 2);
 }
 

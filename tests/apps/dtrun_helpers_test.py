@@ -123,7 +123,7 @@ class DtrunWithHelperWorkers(WorkerTestCase):
         self.assertTrue(wait_for(lambda: all(not alive(pid) for pid in pids), 5))
 
     def test_partial_lines_are_never_interleaved(self):
-        rc, out, err = run(DTRUN, ["--nproc-per-node=3", WORKER, "--partial",
+        rc, out, err = run(DTRUN, ["--nproc-per-node=3", "--label-ranks", WORKER, "--partial",
                                    "abcdefghij-abcdefghij", "--lines", "50"])
         self.assertEqual(rc, 0, err)
         lines = out.splitlines()
@@ -139,9 +139,9 @@ class DtrunWithHelperWorkers(WorkerTestCase):
         rc, out, err = run(DTRUN, ["--nproc-per-node=2", "--log-dir", logs, "-r", "0:1",
                                    "-t", "1:3", WORKER, "--lines", "2", "--stderr", "warn"])
         self.assertEqual(rc, 0, err)
-        self.assertNotIn("[rank0]:line", out)          # redirected to its file only
-        self.assertIn("[rank1]:line 1 from rank 1", out)  # tee'd: console and file
-        self.assertIn("[rank0]:warn", err)
+        self.assertNotIn("from rank 0", out)          # redirected to its file only
+        self.assertIn("[default1]:line 1 from rank 1\n", out)  # tee'd: console and file
+        self.assertIn("\nwarn\n", "\n" + err)  # neither: as the worker wrote it
         (run_dir,) = os.listdir(logs)
         attempt = os.path.join(logs, run_dir, "attempt_0")
         with open(os.path.join(attempt, "0", "stdout.log")) as f:
@@ -150,7 +150,7 @@ class DtrunWithHelperWorkers(WorkerTestCase):
             self.assertEqual(f.read(), "warn\n")
         rc, out, _ = run(DTRUN, ["--nproc-per-node=2", "--local-ranks-filter=1", WORKER,
                                  "--lines", "1"])
-        self.assertEqual(out, "[rank1]:line 0 from rank 1\n")
+        self.assertEqual(out, "line 0 from rank 1\n")
 
     def test_bad_flags_exit_2_naming_the_flag(self):
         rc, _, err = run(DTRUN, ["--nproc-per-node=lots", WORKER])

@@ -54,7 +54,7 @@ class MultiNode(NodesTestCase):
         rc0, out0, err0 = self.finish(n0)
         rc1, _, err1 = self.finish(n1)
         self.assertEqual((rc0, rc1), (0, 0), err0 + err1)
-        self.assertIn("[rank0]:all_reduce over 4 ranks: sum=10 expected=10 OK", out0)
+        self.assertIn("all_reduce over 4 ranks: sum=10 expected=10 OK", out0)
 
     def test_dynamic_two_nodes_two_workers_all_reduce(self):
         port = free_port()

@@ -92,14 +92,14 @@ class Torch2Workers(WorkerTestCase):
     def test_gloo_all_reduce(self):
         rc, out, err = run(DTRUN, PY2 + ["--nproc-per-node=4", WORKER, "allreduce"], SLOW)
         self.assertEqual(rc, 0, err)
-        self.assertIn("[rank0]:sum=10 attempt=0 OK", out)
+        self.assertIn("sum=10 attempt=0 OK", out)
 
     def test_worker_failing_once_then_succeeding(self):
         # torchrun 2.6 fails this one (its reused store: Gloo connectFullMesh failed).
         rc, out, err = run(DTRUN, PY2 + ["--nproc-per-node=2", "--max-restarts=1", WORKER,
                                          "fail-once", self.dir], SLOW)
         self.assertEqual(rc, 0, err)
-        self.assertIn("[rank0]:sum=3 attempt=1 OK", out)
+        self.assertIn("sum=3 attempt=1 OK", out)
         self.assertIn("simulated crash on rank 1", err)
         self.assertEqual(err.count("restarting the worker group"), 1)
 
@@ -147,7 +147,7 @@ class Torch2MultiNode(NodesTestCase):
         out0, err0 = n0.communicate(timeout=SLOW)
         _, err1 = n1.communicate(timeout=SLOW)
         self.assertEqual((n0.returncode, n1.returncode), (0, 0), err0 + err1)
-        self.assertIn("[rank0]:all_reduce over 4 ranks: sum=10 expected=10 OK", out0)
+        self.assertIn("all_reduce over 4 ranks: sum=10 expected=10 OK", out0)
 
     def test_elastic_one_to_two_nodes_second_joins_later(self):
         # torchrun 2.6 times out on MASTER_ADDR here unless
@@ -163,7 +163,7 @@ class Torch2MultiNode(NodesTestCase):
         def first_says(text):
             with open(first_out) as f:
                 return text in f.read()
-        self.assertTrue(wait_for(lambda: first_says("[rank0]:sum=3 attempt=0 OK"), SLOW, 0.2),
+        self.assertTrue(wait_for(lambda: first_says("sum=3 attempt=0 OK"), SLOW, 0.2),
                         "the first node's 2 workers did not all_reduce alone")
         second = self.node(common + ["--local-addr=127.0.0.3", WORKER, "grow", "4"])
         out2, err2 = second.communicate(timeout=SLOW)
@@ -171,7 +171,7 @@ class Torch2MultiNode(NodesTestCase):
         self.assertEqual((first.returncode, second.returncode), (0, 0), err1 + err2)
         with open(first_out) as f:
             out = f.read() + out2
-        self.assertRegex(out, r"\[rank0\]:sum=10 attempt=[1-9]\d* OK", err1 + err2)
+        self.assertRegex(out, r"sum=10 attempt=[1-9]\d* OK", err1 + err2)
 
 
 class Torch2Interactive(unittest.TestCase):
@@ -211,7 +211,7 @@ class TorchShim(WorkerTestCase):
         self.assertIn(LIBUV_ERROR, err)
         rc, out, err = run(DTRUN, PY2 + ["--nproc-per-node=2", WORKER, "allreduce"], SLOW)
         self.assertEqual(rc, 0, err)
-        self.assertIn("[rank0]:sum=3 attempt=0 OK", out)
+        self.assertIn("sum=3 attempt=0 OK", out)
 
     def test_torch_2_6_waits_for_torch_distributed_and_keeps_explicit_choices(self):
         user = os.path.join(self.dir, "user")

@@ -27,13 +27,13 @@ class DtrunWithTorchWorkers(WorkerTestCase):
     def test_gloo_all_reduce(self):
         rc, out, err = run(DTRUN, PY + ["--nproc-per-node=4", WORKER, "allreduce"])
         self.assertEqual(rc, 0, err)
-        self.assertIn("[rank0]:sum=10 attempt=0 OK", out)
+        self.assertIn("sum=10 attempt=0 OK", out)
 
     def test_worker_failing_once_then_succeeding(self):
         rc, out, err = run(DTRUN, PY + ["--nproc-per-node=2", "--max-restarts=1", WORKER,
                                         "fail-once", self.dir])
         self.assertEqual(rc, 0, err)
-        self.assertIn("[rank0]:sum=3 attempt=1 OK", out)
+        self.assertIn("sum=3 attempt=1 OK", out)
         self.assertIn("simulated crash on rank 1", err)
 
     def test_worker_always_failing_gets_three_attempts_and_a_summary(self):

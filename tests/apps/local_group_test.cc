@@ -76,7 +76,7 @@ TEST_F(LocalGroupTest, StartsOneWorkerPerSlotWithTorchrunsEnvironment) {
   EXPECT_EQ(EnvOf(w, "WORLD_SIZE"), "3");
   EXPECT_EQ(EnvOf(w, "MASTER_PORT"), "29511");
   EXPECT_EQ(EnvOf(w, "TORCHELASTIC_RESTART_COUNT"), "0");
-  EXPECT_EQ(w.out.prefix, "[rank2]:");
+  EXPECT_EQ(w.out.prefix, "");  // torchrun's console: the worker's own bytes
   EXPECT_EQ(w.out.console_fd, 1);
   EXPECT_EQ(w.err.console_fd, 2);
   EXPECT_TRUE(w.out.file.empty());
@@ -186,6 +186,89 @@ TEST_F(LocalGroupTest, StoppingForANewRoundIsNotAFailure) {
   group_->StartRound(1);
   EXPECT_EQ(group_->outcome(), GroupOutcome::kRunning);
   EXPECT_EQ(workers_.spawned.size(), 6u);
+}
+
+TEST_F(LocalGroupTest, TeedLinesArePrefixedAsTorchrunPrefixesThem) {
+  config_.role = "trainer";
+  config_.tee = StreamSpec{1, {}};
+  Make(/*elastic=*/true);
+  rdzv::Assignment a;
+  a.base_rank = 6;
+  a.world_size = 9;
+  group_->set_assignment(a);
+  group_->StartRound(0);
+  const WorkerSpec& w = workers_.spawned[2];
+  EXPECT_EQ(w.out.prefix, "[trainer2]:");
+  EXPECT_EQ(w.err.prefix, "");  // stderr is not tee'd
+  EXPECT_EQ(w.out.file, group_->run_dir() + "/attempt_0/2/stdout.log");
+}
+
+TEST_F(LocalGroupTest, TheTemplateNamesTheGlobalRankHostAndPid) {
+  config_.tee = StreamSpec{3, {}};
+  config_.log_line_prefix_template =
+      "${hostname}|${role_name}|${rank}|${local_rank}|${pid}|${other}: ";
+  Make(/*elastic=*/true);
+  rdzv::Assignment a;
+  a.base_rank = 3;
+  a.world_size = 6;
+  group_->set_assignment(a);
+  group_->StartRound(0);
+  EXPECT_EQ(workers_.spawned[1].err.prefix,
+            os::HostName() + "|default|4|1|${pid}|${other}: ");
+}
+
+TEST_F(LocalGroupTest, LabelRanksPrefixesEveryLineWithTheGlobalRank) {
+  config_.label_ranks = true;
+  Make().Start();
+  EXPECT_EQ(workers_.spawned[2].out.prefix, "[rank2]:");
+  EXPECT_EQ(workers_.spawned[2].err.prefix, "[rank2]:");
+}
+
+TEST_F(LocalGroupTest, DuplicateFiltersNameAFileOfTheAttempt) {
+  config_.duplicate_stderr_filters = {"NaN"};
+  Make().Start();
+  const WorkerSpec& w = workers_.spawned[0];
+  EXPECT_EQ(w.err.filters, std::vector<std::string>{"NaN"});
+  EXPECT_EQ(w.err.filtered_file,
+            group_->run_dir() + "/attempt_0/filtered_stderr.log");
+  EXPECT_TRUE(w.out.filtered_file.empty());
+}
+
+TEST_F(LocalGroupTest, ListedSignalsAreForwardedAndTheJobGoesOn) {
+  config_.handled_signals = {SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1};
+  config_.signals_to_handle = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1";
+  Make().Start();
+  EXPECT_EQ(EnvOf(workers_.spawned[0], "TORCHELASTIC_SIGNALS_TO_HANDLE"),
+            "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1");
+  group_->OnSignal(SIGUSR1);
+  EXPECT_EQ(SignalsOf(SIGUSR1), 3);
+  EXPECT_EQ(SignalsOf(SIGTERM), 0);
+  EXPECT_EQ(group_->outcome(), GroupOutcome::kRunning);
+  AllExit(0);
+  EXPECT_EQ(group_->outcome(), GroupOutcome::kSucceeded);
+}
+
+TEST_F(LocalGroupTest, AnUnlistedSignalStopsTheJobWithSigterm) {
+  config_.handled_signals = {SIGTERM, SIGINT, SIGHUP, SIGQUIT};
+  Make().Start();
+  group_->OnSignal(SIGUSR2);
+  EXPECT_EQ(SignalsOf(SIGUSR2), 0);
+  EXPECT_EQ(SignalsOf(SIGTERM), 3);
+  workers_.KillAll(SIGTERM);
+  group_->OnChildExits();
+  EXPECT_EQ(group_->outcome(), GroupOutcome::kSignaled);
+  EXPECT_EQ(group_->stop_signal(), SIGUSR2);
+}
+
+TEST_F(LocalGroupTest, VirtualLocalRankGivesEachWorkerOneGpu) {
+  config_.virtual_local_rank = true;
+  setenv("CUDA_VISIBLE_DEVICES", "4,5,7", 1);
+  Make().Start();
+  unsetenv("CUDA_VISIBLE_DEVICES");
+  const WorkerSpec& w = workers_.spawned[2];
+  EXPECT_EQ(EnvOf(w, "LOCAL_RANK"), "0");
+  EXPECT_EQ(EnvOf(w, "RANK"), "2");
+  EXPECT_EQ(EnvOf(w, "CUDA_VISIBLE_DEVICES"), "7");
 }
 
 TEST_F(LocalGroupTest, RedirectedStreamsGoToTheAttemptsFolder) {

@@ -50,8 +50,8 @@ TEST(LogMuxTest, PrefixesWholeLinesFromPipes) {
   ASSERT_EQ(pipe2(b, O_NONBLOCK), 0);
   {
     LogMux mux;
-    mux.Add(a[0], {console[1], "[rank0]:", file[1]});
-    mux.Add(b[0], {console[1], "[rank1]:", -1});
+    mux.Add(a[0], {console[1], "[rank0]:", file[1], {}, -1});
+    mux.Add(b[0], {console[1], "[rank1]:", -1, {}, -1});
     ASSERT_EQ(write(a[1], "al", 2), 2);
     ASSERT_EQ(write(b[1], "b1\nb", 4), 4);
     mux.OnReadable(a[0]);
@@ -68,6 +68,30 @@ TEST(LogMuxTest, PrefixesWholeLinesFromPipes) {
   EXPECT_EQ(ReadAll(file[0]), "alpha\n");
   close(console[0]);
   close(file[0]);
+}
+
+// --duplicate-stdout-filters: a line holding any filter word also goes,
+// prefixed as on the console, to the filtered file; the rest do not.
+TEST(LogMuxTest, FilteredLinesAlsoGoToTheirFile) {
+  int console[2], filtered[2], a[2];
+  ASSERT_EQ(pipe(console), 0);
+  ASSERT_EQ(pipe(filtered), 0);
+  ASSERT_EQ(pipe2(a, O_NONBLOCK), 0);
+  {
+    LogMux mux;
+    mux.Add(a[0], {console[1], "", -1, {"loss", "a,b"}, filtered[1]});
+    const char text[] = "step 1 loss 0.5\nnoise\nx a,b y\n";
+    ASSERT_EQ(write(a[1], text, sizeof(text) - 1),
+              static_cast<ssize_t>(sizeof(text) - 1));
+    close(a[1]);
+    mux.OnReadable(a[0]);
+    mux.CloseAll();
+  }
+  close(console[1]);
+  EXPECT_EQ(ReadAll(console[0]), "step 1 loss 0.5\nnoise\nx a,b y\n");
+  EXPECT_EQ(ReadAll(filtered[0]), "step 1 loss 0.5\nx a,b y\n");
+  close(console[0]);
+  close(filtered[0]);
 }
 
 }  // namespace

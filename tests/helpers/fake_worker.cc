@@ -18,6 +18,11 @@
 //   --sleep-ms N       sleep N ms
 //   --ignore-term      ignore SIGTERM from here on
 //   --hang             sleep until killed
+//   --vfork-stall      vfork a child that sleeps: until it exits (killed
+//                      with the process group), this worker is in
+//                      uninterruptible sleep (D state, killable)
+//   --record-signal S D  on signal S (a number), write D/got_<S>_<RANK> and
+//                      go on
 //   --kill-self SIG    raise SIG
 //   --exit N           exit N
 #include <signal.h>
@@ -62,6 +67,14 @@ long long UnixNanos() {
       .count();
 }
 
+// Kept out of main so vfork cannot clobber main's locals.
+__attribute__((noinline)) void VforkStall() {
+  if (vfork() == 0) {
+    pause();
+    _exit(0);
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -76,6 +89,27 @@ int main(int argc, char** argv) {
     }
     if (flag == "--hang") {
       for (;;) pause();
+    }
+    if (flag == "--vfork-stall") {
+      // The parent of a vfork waits in the kernel (wait_for_vfork_done) in
+      // TASK_KILLABLE, which /proc shows as D: a real uninterruptible sleep
+      // that SIGKILL still ends, so tests clean up.
+      VforkStall();
+      continue;
+    }
+    if (flag == "--record-signal" && i + 2 < argc) {
+      static std::string record_path_prefix;
+      record_path_prefix = std::string(argv[i + 2]) + "/got_";
+      static std::string record_rank;
+      record_rank = "_" + rank;
+      signal(std::atoi(argv[i + 1]), [](int signo) {
+        std::string path =
+            record_path_prefix + std::to_string(signo) + record_rank;
+        FILE* f = std::fopen(path.c_str(), "w");
+        if (f) std::fclose(f);
+      });
+      i += 2;
+      continue;
     }
     ++i;
     if (flag == "--pid-dir") {

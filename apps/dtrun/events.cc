@@ -1,0 +1,62 @@
+// torchelastic's events in torch's JSON schema, for --event-log-handler.
+#include "apps/dtrun/events.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <nlohmann/json.hpp>
+
+#include "apps/dtrun/log_mux.h"
+#include "rendezvous/log.h"
+
+namespace dtrun::agent {
+
+std::string EventJson(const ElasticEvent& e) {
+  // torch's metadata keeps its own "metadata" as a JSON string, and leaves
+  // fields it has no value for as null.
+  nlohmann::json inner = {{"group_world_size", e.group_world_size},
+                          {"entry_point", e.entry_point}};
+  auto or_null = [](int v) {
+    return v < 0 ? nlohmann::json() : nlohmann::json(v);
+  };
+  nlohmann::json md = {
+      {"run_id", e.run_id},
+      {"global_rank", or_null(e.global_rank)},
+      {"group_rank", e.group_rank},
+      {"worker_id", e.worker_id < 0
+                        ? nlohmann::json()
+                        : nlohmann::json(std::to_string(e.worker_id))},
+      {"role", e.role},
+      {"hostname", e.hostname},
+      {"state", e.state},
+      {"total_run_time", static_cast<int64_t>(e.total_run_time)},
+      {"rdzv_backend", e.rdzv_backend},
+      {"raw_error",
+       e.raw_error.empty() ? nlohmann::json() : nlohmann::json(e.raw_error)},
+      {"metadata", inner.dump()},
+      {"agent_restarts", e.agent_restarts}};
+  nlohmann::json j = {{"name", "torchelastic.worker.status." + e.state},
+                      {"source", e.agent ? "AGENT" : "WORKER"},
+                      {"timestamp", static_cast<int64_t>(e.timestamp)},
+                      {"metadata", md}};
+  return j.dump();
+}
+
+void WriteEvent(const std::string& handler, const std::string& line) {
+  if (handler == "console") {
+    WriteAll(2, line + "\n");
+    return;
+  }
+  if (handler.rfind("file:", 0) != 0) return;  // "null"
+  std::string path = handler.substr(5);
+  int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    Logger("dtrun.agent")
+        ->warn("--event-log-handler: cannot open {}; event dropped", path);
+    return;
+  }
+  WriteAll(fd, line + "\n");
+  close(fd);
+}
+
+}  // namespace dtrun::agent
