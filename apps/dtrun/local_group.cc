@@ -5,6 +5,7 @@
 #include "apps/dtrun/local_group.h"
 
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -14,6 +15,7 @@
 
 #include "apps/dtrun/events.h"
 #include "apps/dtrun/exit_code.h"
+#include "apps/dtrun/numa_binding.h"
 #include "rendezvous/check.h"
 #include "rendezvous/environment.h"
 #include "rendezvous/log.h"
@@ -101,10 +103,52 @@ Status LocalGroup::Prepare(const std::string& run_id) {
     Status s = os::MakeDirs(run_dir_);
     if (!s.ok()) return Status::Io("--log-dir: " + s.message());
   }
+  if (!config_.numa_binding.empty()) {
+    Status bound = PlanCpus();
+    if (!bound.ok()) return bound;
+  }
   // Python workers get the torch compatibility shim (worker_env.h), once per
   // run.
   if (config_.python_worker)
     return InstallTorchShim(run_dir_ + "/python", &base_env_);
+  return Status::Ok();
+}
+
+Status LocalGroup::PlanCpus() {
+  auto topology = LoadTopology();
+  if (!topology.ok()) return topology.status();
+  auto visible = base_env_.find("CUDA_VISIBLE_DEVICES");
+  std::vector<int> devices = GpuOfLocalRanks(
+      visible == base_env_.end() ? "" : visible->second,
+      static_cast<int>(topology->gpu_numa.size()), config_.nproc_per_node);
+  auto plan = PlanBinding(config_.numa_binding, *topology,
+                          config_.nproc_per_node, devices);
+  if (!plan.ok()) return plan.status();
+  cpu_plan_ = *plan;
+  // A topology from HWLOC_XMLFILE / HWLOC_SYNTHETIC may name CPUs this
+  // machine (or dtrun's own cpuset, under SLURM or a container) lacks.
+  cpu_set_t mine;
+  CPU_ZERO(&mine);
+  sched_getaffinity(0, sizeof(mine), &mine);
+  for (size_t lr = 0; lr < cpu_plan_.size(); ++lr) {
+    for (int cpu : cpu_plan_[lr]) {
+      if (cpu < CPU_SETSIZE && CPU_ISSET(cpu, &mine)) continue;
+      return Status::Invalid(
+          "--numa-binding=" + config_.numa_binding + ": CPU " +
+          std::to_string(cpu) + " (planned for local_rank " +
+          std::to_string(lr) +
+          ") is not one dtrun may run on here; does HWLOC_XMLFILE or "
+          "HWLOC_SYNTHETIC describe another machine?");
+    }
+  }
+  auto log = Logger("dtrun.agent");
+  for (size_t lr = 0; lr < cpu_plan_.size(); ++lr) {
+    log->info("--numa-binding={}: local_rank {} on CPUs {}{}",
+              config_.numa_binding, lr, CpuListText(cpu_plan_[lr]),
+              devices.empty()
+                  ? ""
+                  : " (near GPU " + std::to_string(devices[lr]) + ")");
+  }
   return Status::Ok();
 }
 
@@ -378,6 +422,8 @@ WorkerSpec LocalGroup::SpecFor(int lr, const std::string& attempt_dir) {
   spec.env = ToEnvStrings(env);
   spec.out = Route(lr, 1, attempt_dir);
   spec.err = Route(lr, 2, attempt_dir);
+  if (static_cast<size_t>(lr) < cpu_plan_.size())
+    spec.cpus = cpu_plan_[static_cast<size_t>(lr)];
   return spec;
 }
 

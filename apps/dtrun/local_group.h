@@ -120,6 +120,8 @@ class LocalGroup {
   // TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT: looks at each worker's
   // /proc state once a second; one in D state that long ends the group.
   void CheckUninterruptible();
+  // --numa-binding: each local rank's CPUs from hwloc's topology.
+  Status PlanCpus();
   int PollTimeout(int timeout_ms) const;
 
   LaunchConfig config_;
@@ -138,9 +140,10 @@ class LocalGroup {
   double started_at_ = 0;  // unix seconds, at Prepare
   static constexpr std::chrono::milliseconds kDStateCheck{1000};
   TimePoint next_d_check_{};
-  std::map<int, TimePoint> d_since_;  // pid -> first seen in D state
-  std::string d_report_;              // why the group was unhealthy
-  int d_rank_ = 0;                    // local rank of that worker
+  std::map<int, TimePoint> d_since_;        // pid -> first seen in D state
+  std::string d_report_;                    // why the group was unhealthy
+  int d_rank_ = 0;                          // local rank of that worker
+  std::vector<std::vector<int>> cpu_plan_;  // --numa-binding, by local rank
   std::string attempt_dir_;
   Outcome outcome_ = Outcome::kRunning;
   int stop_signal_ = 0;

@@ -124,6 +124,8 @@ struct ChildPlan {
   char** envp;
   int out_fd, err_fd, status_fd;
   pid_t parent;
+  bool bind;  // --numa-binding: apply `cpus` before exec
+  cpu_set_t cpus;
 };
 
 constexpr size_t kChildStack = 64 * 1024;
@@ -141,6 +143,11 @@ int ChildMain(void* arg) {
   sigset_t none;
   sigemptyset(&none);
   sigprocmask(SIG_SETMASK, &none, nullptr);
+  if (plan.bind && sched_setaffinity(0, sizeof(plan.cpus), &plan.cpus) != 0) {
+    int error = errno;
+    (void)!write(plan.status_fd, &error, sizeof(error));
+    _exit(127);
+  }
   execve(plan.argv[0], plan.argv, plan.envp);
   int error = errno;
   (void)!write(plan.status_fd, &error, sizeof(error));
@@ -168,6 +175,9 @@ Result<int> PosixWorkerGroup::ForkExec(const WorkerSpec& spec, int out_fd,
   plan.err_fd = err_fd;
   plan.status_fd = status_pipe[1];
   plan.parent = getpid();
+  plan.bind = !spec.cpus.empty();
+  CPU_ZERO(&plan.cpus);
+  for (int cpu : spec.cpus) CPU_SET(cpu, &plan.cpus);
   std::unique_ptr<char[]> stack(new char[kChildStack]);
   sigset_t all, old;
   sigfillset(&all);

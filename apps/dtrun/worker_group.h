@@ -31,6 +31,7 @@ struct WorkerSpec {
   std::vector<std::string> argv;  // argv[0] is the program path
   std::vector<std::string> env;   // "K=V"
   OutputRoute out, err;           // the worker's stdout and stderr
+  std::vector<int> cpus;          // --numa-binding: its CPUs; empty: any
 };
 
 // A helper program run to completion with its output in a file (a stack

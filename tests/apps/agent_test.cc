@@ -208,5 +208,32 @@ TEST_F(AgentTest, NoRestartsMeansFailAtOnce) {
   EXPECT_TRUE(a[0].failed);
 }
 
+TEST_F(AgentTest, AnUnhealthyGroupIsKilledAndNotRestarted) {
+  StartRunning();  // one restart left
+  auto a = agent_.OnUnhealthy(now_);
+  ASSERT_EQ(a.size(), 1u);
+  EXPECT_EQ(a[0].kind, Kind::kSignalGroup);
+  EXPECT_EQ(a[0].signo, SIGKILL);
+  Exit(0, 0, SIGKILL);
+  Exit(1, 0, SIGKILL);
+  a = Exit(2, 0, SIGKILL);
+  ASSERT_EQ(a.size(), 1u);
+  EXPECT_EQ(a[0].kind, Kind::kFinish);
+  EXPECT_TRUE(a[0].failed);
+  EXPECT_TRUE(agent_.unhealthy());
+  EXPECT_EQ(agent_.restart_count(), 0);
+}
+
+TEST_F(AgentTest, AnUnhealthyGroupThatOutlivesSigkillIsAbandoned) {
+  StartRunning();
+  agent_.OnUnhealthy(now_);
+  ASSERT_TRUE(agent_.deadline().has_value());
+  auto a = agent_.OnTick(*agent_.deadline());
+  ASSERT_EQ(a.size(), 2u);
+  EXPECT_EQ(a[0].kind, Kind::kAbandonGroup);
+  EXPECT_EQ(a[1].kind, Kind::kFinish);
+  EXPECT_TRUE(a[1].failed);
+}
+
 }  // namespace
 }  // namespace dtrun::agent

@@ -321,6 +321,24 @@ class Launcher(unittest.TestCase):
         self.assertTrue(os.path.exists(os.path.join(dirs[0], "env_1")))
         self.assertTrue(os.path.exists(os.path.join(dirs[1], "env_0")))
 
+    # --- NUMA binding (this machine's topology) --------------------------------
+
+    def test_numa_binding_on_this_machine(self):
+        show = ["sh", "-c", 'echo "$RANK $(grep Cpus_allowed_list /proc/self/status | cut -f2)"']
+        n = len(os.sched_getaffinity(0))
+        rc, out, err = self.run_dtrun([f"--nproc-per-node={n}", "--numa-binding=exclusive"]
+                                      + show)
+        self.assertEqual(rc, 0, err)
+        cpus = dict(line.split(" ", 1) for line in out.splitlines())
+        self.assertEqual(len(set(cpus.values())), n, out)  # one CPU each, no overlap
+        rc, out, err = self.run_dtrun(["--nproc-per-node=2", "--numa-binding=node"] + show)
+        self.assertEqual(rc, 0, err)
+        self.assertIn("--numa-binding=node: local_rank 1 on CPUs", err)
+        rc, out, err = self.run_dtrun(["--nproc-per-node=2", "--numa-binding=exclusive"] + show,
+                                      env={"HWLOC_SYNTHETIC": "pack:4 numa:1 core:64 pu:2"})
+        self.assertEqual(rc, 2, err)
+        self.assertIn("describe another machine", err)
+
     # --- uninterruptible sleep -------------------------------------------------
 
     def test_a_worker_in_d_state_is_named_and_not_restarted(self):

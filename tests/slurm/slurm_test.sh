@@ -62,3 +62,34 @@ if (( ok )); then
 else
   echo "FAIL: interactive session under srun"; cat "/tmp/$tag/interactive.out"; exit 1
 fi
+
+# SLURM's warning before the end of an allocation (sbatch --signal=USR1@T,
+# here sent at once with scancel --signal): with SIGUSR1 in
+# --signals-to-handle, every worker on both nodes gets it through
+# scripts/dtrun-srun and the job ends as the workers decide (exit 0).
+mkdir -p "/tmp/$tag/usr1"
+cat >"/tmp/$tag/usr1.sh" <<JOB
+#!/usr/bin/env bash
+cd "$repo"
+srun --ntasks-per-node=1 scripts/dtrun-srun --nproc-per-node=2 \\
+  --signals-to-handle=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1 \\
+  --python /usr/bin/python3 tests/slurm/usr1_worker.py /tmp/$tag/usr1
+JOB
+job=$(sbatch --parsable -N2 --ntasks-per-node=1 -o "/tmp/$tag/usr1.out" "/tmp/$tag/usr1.sh")
+for _ in $(seq 1 600); do
+  [[ $(ls "/tmp/$tag/usr1" | grep -c '^ready_') -ge 4 ]] && break
+  sleep 0.1
+done
+scancel --signal=USR1 "$job"
+for _ in $(seq 1 300); do
+  squeue -h -j "$job" 2>/dev/null | grep -q . || break
+  sleep 0.1
+done
+got=$(ls "/tmp/$tag/usr1" | grep -c '^usr1_' || true)
+state=$(sacct -n -X -j "$job" -o State 2>/dev/null | tr -d ' ' || true)
+if [[ $got -eq 4 ]] && grep -q "received SIGUSR1; forwarding it to 2 worker(s)" "/tmp/$tag/usr1.out"; then
+  echo "PASS: scancel --signal=USR1 reached all 4 workers on 2 nodes through dtrun-srun"
+else
+  echo "FAIL: SIGUSR1 under SLURM: $got of 4 workers got it (job state '$state')"
+  cat "/tmp/$tag/usr1.out"; exit 1
+fi

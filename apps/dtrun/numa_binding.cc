@@ -1,0 +1,194 @@
+// --numa-binding: hwloc reads the topology once at start (LoadTopology);
+// PlanBinding turns it into CPU lists (pure); posix_worker_group.cc applies
+// each list with sched_setaffinity in the child before exec.
+#include "apps/dtrun/numa_binding.h"
+
+#include <hwloc.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <map>
+#include <memory>
+
+namespace dtrun::agent {
+namespace {
+
+using TopologyPtr = std::unique_ptr<hwloc_topology, void (*)(hwloc_topology_t)>;
+
+std::vector<int> CpusOf(hwloc_topology_t topo, hwloc_const_cpuset_t set) {
+  std::vector<int> out;
+  hwloc_obj_t pu = nullptr;
+  while ((pu = hwloc_get_next_obj_inside_cpuset_by_type(topo, set, HWLOC_OBJ_PU,
+                                                        pu))) {
+    out.push_back(static_cast<int>(pu->os_index));
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+std::vector<std::vector<int>> GroupsInside(hwloc_topology_t topo,
+                                           hwloc_const_cpuset_t set,
+                                           hwloc_obj_type_t type) {
+  std::vector<std::vector<int>> out;
+  hwloc_obj_t obj = nullptr;
+  while (
+      (obj = hwloc_get_next_obj_inside_cpuset_by_type(topo, set, type, obj))) {
+    out.push_back(CpusOf(topo, obj->cpuset));
+  }
+  return out;
+}
+
+NumaNodeInfo DescribeNode(hwloc_topology_t topo, hwloc_obj_t node) {
+  NumaNodeInfo info;
+  info.os_index = static_cast<int>(node->os_index);
+  info.cpus = CpusOf(topo, node->cpuset);
+  hwloc_obj_t package =
+      hwloc_get_ancestor_obj_by_type(topo, HWLOC_OBJ_PACKAGE, node);
+  info.socket_cpus = package ? CpusOf(topo, package->cpuset) : info.cpus;
+  info.cores = GroupsInside(topo, node->cpuset, HWLOC_OBJ_CORE);
+  if (info.cores.empty()) {
+    for (int cpu : info.cpus) info.cores.push_back({cpu});
+  }
+  info.complexes = GroupsInside(topo, node->cpuset, HWLOC_OBJ_L3CACHE);
+  if (info.complexes.empty()) info.complexes.push_back(info.cpus);
+  return info;
+}
+
+// The NUMA node (index into `numa`) whose CPUs hold `set`'s first CPU.
+int NodeOf(hwloc_topology_t topo, hwloc_const_cpuset_t set,
+           const std::vector<NumaNodeInfo>& numa) {
+  std::vector<int> cpus = CpusOf(topo, set);
+  for (size_t i = 0; i < numa.size() && !cpus.empty(); ++i) {
+    const auto& c = numa[i].cpus;
+    if (std::find(c.begin(), c.end(), cpus.front()) != c.end())
+      return static_cast<int>(i);
+  }
+  return 0;
+}
+
+// Ranks' NUMA nodes: the GPU's, or contiguous blocks over the nodes.
+std::vector<int> NodesOfRanks(const Topology& t, int nproc,
+                              const std::vector<int>& devices) {
+  std::vector<int> out;
+  int nodes = static_cast<int>(t.numa.size());
+  for (int lr = 0; lr < nproc; ++lr) {
+    size_t d = lr < static_cast<int>(devices.size())
+                   ? static_cast<size_t>(devices[lr])
+                   : t.gpu_numa.size();
+    out.push_back(d < t.gpu_numa.size() ? t.gpu_numa[d] : lr * nodes / nproc);
+  }
+  return out;
+}
+
+}  // namespace
+
+Result<Topology> LoadTopology() {
+  hwloc_topology_t raw = nullptr;
+  if (hwloc_topology_init(&raw) != 0)
+    return Status::Invalid("--numa-binding: hwloc cannot start");
+  TopologyPtr topo(raw, hwloc_topology_destroy);
+  // PCI devices, to find each GPU's NUMA node.
+  hwloc_topology_set_io_types_filter(topo.get(),
+                                     HWLOC_TYPE_FILTER_KEEP_IMPORTANT);
+  if (hwloc_topology_load(topo.get()) != 0) {
+    return Status::Invalid(
+        "--numa-binding: hwloc cannot read the topology (check "
+        "HWLOC_XMLFILE / HWLOC_SYNTHETIC if set)");
+  }
+  Topology t;
+  hwloc_obj_t node = nullptr;
+  while ((node = hwloc_get_next_obj_by_type(topo.get(), HWLOC_OBJ_NUMANODE,
+                                            node))) {
+    if (!hwloc_bitmap_iszero(node->cpuset))
+      t.numa.push_back(DescribeNode(topo.get(), node));
+  }
+  if (t.numa.empty()) {
+    // A machine without NUMA information is one node holding every CPU.
+    hwloc_obj_t root = hwloc_get_root_obj(topo.get());
+    t.numa.push_back(DescribeNode(topo.get(), root));
+  }
+  hwloc_obj_t pci = nullptr;
+  while ((pci = hwloc_get_next_pcidev(topo.get(), pci))) {
+    bool nvidia = pci->attr->pcidev.vendor_id == 0x10de;
+    bool display = (pci->attr->pcidev.class_id >> 8) == 0x03;
+    if (!nvidia || !display) continue;
+    hwloc_obj_t near = hwloc_get_non_io_ancestor_obj(topo.get(), pci);
+    t.gpu_numa.push_back(near ? NodeOf(topo.get(), near->cpuset, t.numa) : 0);
+  }
+  return t;
+}
+
+Result<std::vector<std::vector<int>>> PlanBinding(
+    const std::string& mode, const Topology& t, int nproc,
+    const std::vector<int>& devices) {
+  if (t.numa.empty()) return Status::Invalid("--numa-binding: no NUMA node");
+  std::vector<int> node_of = NodesOfRanks(t, nproc, devices);
+  std::map<int, std::vector<int>> ranks_on;  // node -> its local ranks
+  for (int lr = 0; lr < nproc; ++lr) ranks_on[node_of[lr]].push_back(lr);
+  std::vector<std::vector<int>> plan(static_cast<size_t>(nproc));
+  for (const auto& [n, ranks] : ranks_on) {
+    const NumaNodeInfo& node = t.numa[static_cast<size_t>(n)];
+    int share = static_cast<int>(ranks.size());
+    for (int j = 0; j < share; ++j) {
+      std::vector<int>& cpus = plan[static_cast<size_t>(ranks[j])];
+      if (mode == "node") {
+        cpus = node.cpus;
+      } else if (mode == "socket") {
+        cpus = node.socket_cpus;
+      } else if (mode == "core-complex") {
+        cpus = node.complexes[static_cast<size_t>(j) % node.complexes.size()];
+      } else if (mode == "exclusive") {
+        int cores = static_cast<int>(node.cores.size());
+        if (share > cores) {
+          return Status::Invalid(
+              "--numa-binding=exclusive: " + std::to_string(share) +
+              " workers on NUMA node " + std::to_string(node.os_index) +
+              " but it has " + std::to_string(cores) +
+              " cores; use node or socket, or fewer workers");
+        }
+        // Contiguous, near-equal shares of whole cores.
+        for (int c = j * cores / share; c < (j + 1) * cores / share; ++c) {
+          const auto& core = node.cores[static_cast<size_t>(c)];
+          cpus.insert(cpus.end(), core.begin(), core.end());
+        }
+      } else {
+        return Status::Invalid("--numa-binding: unknown mode '" + mode + "'");
+      }
+    }
+  }
+  return plan;
+}
+
+std::vector<int> GpuOfLocalRanks(const std::string& visible, int gpu_count,
+                                 int nproc) {
+  if (gpu_count < nproc) return {};
+  std::vector<int> out;
+  size_t start = 0;
+  while (!visible.empty() && start <= visible.size() &&
+         static_cast<int>(out.size()) < nproc) {
+    size_t comma = std::min(visible.find(',', start), visible.size());
+    std::string item = visible.substr(start, comma - start);
+    char* end = nullptr;
+    long index = std::strtol(item.c_str(), &end, 10);
+    if (item.empty() || *end) return {};  // GPU-UUIDs: order unknown here
+    out.push_back(static_cast<int>(index));
+    start = comma + 1;
+  }
+  for (int lr = static_cast<int>(out.size()); lr < nproc; ++lr)
+    out.push_back(lr);
+  return out;
+}
+
+std::string CpuListText(const std::vector<int>& cpus) {
+  std::string out;
+  for (size_t i = 0; i < cpus.size();) {
+    size_t j = i;
+    while (j + 1 < cpus.size() && cpus[j + 1] == cpus[j] + 1) ++j;
+    out += (out.empty() ? "" : ",") + std::to_string(cpus[i]);
+    if (j > i) out += "-" + std::to_string(cpus[j]);
+    i = j + 1;
+  }
+  return out;
+}
+
+}  // namespace dtrun::agent
