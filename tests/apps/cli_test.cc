@@ -265,6 +265,62 @@ TEST(CliTest, CompletionsCoverTcsh) {
       std::string::npos);
 }
 
+// Every flag of torchrun's newest run.py (2026), both spellings, is a flag
+// here and in the completions.
+TEST(CliTest, EveryFlagOfNewestTorchrunIsKnown) {
+  const char* flags[] = {"nnodes",
+                         "nproc-per-node",
+                         "rdzv-backend",
+                         "rdzv-endpoint",
+                         "rdzv-id",
+                         "rdzv-conf",
+                         "standalone",
+                         "max-restarts",
+                         "monitor-interval",
+                         "start-method",
+                         "event-log-handler",
+                         "role",
+                         "module",
+                         "no-python",
+                         "run-path",
+                         "log-dir",
+                         "redirects",
+                         "tee",
+                         "log-line-prefix-template",
+                         "local-ranks-filter",
+                         "duplicate-stdout-filters",
+                         "duplicate-stderr-filters",
+                         "node-rank",
+                         "master-addr",
+                         "master-port",
+                         "local-addr",
+                         "logs-specs",
+                         "numa-binding",
+                         "signals-to-handle",
+                         "shutdown-timeout",
+                         "virtual-local-rank",
+                         "print-completion"};
+  testing::internal::CaptureStdout();
+  ASSERT_EQ(Parse({"--print-completion", "bash"}).exit_code, 0);
+  std::string bash = testing::internal::GetCapturedStdout();
+  testing::internal::CaptureStdout();
+  ASSERT_EQ(Parse({"--help"}).exit_code, 0);
+  std::string help = testing::internal::GetCapturedStdout();
+  for (const char* f : flags) {
+    std::string dashed = std::string("--") + f, under = dashed;
+    for (size_t i = 2; i < under.size(); ++i)
+      if (under[i] == '-') under[i] = '_';
+    EXPECT_NE(help.find(dashed), std::string::npos) << dashed;
+    EXPECT_NE(bash.find(dashed), std::string::npos) << dashed;
+    // The underscore spelling is a flag too (its value may still be wrong).
+    testing::internal::CaptureStderr();
+    Parse({under + "=x", "true"});
+    std::string err = testing::internal::GetCapturedStderr();
+    EXPECT_EQ(err.find("unknown flag"), std::string::npos)
+        << under << ": " << err;
+  }
+}
+
 TEST(SignalListTest, NamesAndNumbers) {
   EXPECT_EQ(*ParseSignalList("SIGTERM, USR1,12"),
             (std::vector<int>{SIGTERM, SIGUSR1, SIGUSR2}));
