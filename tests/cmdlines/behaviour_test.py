@@ -180,6 +180,20 @@ class Launcher(unittest.TestCase):
         self.assertEqual(p.returncode, 143, err)
         self.assertIn("while connecting to the rendezvous store", err)
 
+    def test_listed_sigusr2_while_waiting_for_the_store_is_not_a_stop(self):
+        port = free_port()
+        p = self.start(["--nnodes=2", "--rdzv-backend=c10d", "--signals-to-handle",
+                        "SIGTERM,SIGUSR2", f"--rdzv-endpoint=127.0.0.1:{port}",
+                        "--rdzv-conf", "is_host=0", ARGS.fake_worker])
+        time.sleep(1.5)
+        p.send_signal(signal.SIGUSR2)
+        time.sleep(1.5)
+        self.assertIsNone(p.poll(), "SIGUSR2 is listed: forwarded (to no one), not a stop")
+        p.send_signal(signal.SIGQUIT)
+        out, err = p.communicate(timeout=30)
+        self.assertEqual(p.returncode, 128 + signal.SIGQUIT, err)
+        self.assertIn("received SIGUSR2 while no worker runs", err)
+
     def test_sigint_while_waiting_for_other_nodes(self):
         port = free_port()
         p = self.start(["--nnodes=2", "--node-rank=0", f"--master-port={port}",
