@@ -35,7 +35,7 @@ struct RendezvousOptions {
   // (TcpStoreClient::WatchKey, 1.13 dialect). With it, Check learns of a
   // new round and of the watched node's heartbeats from the store's pushes
   // instead of reading them every call; without it, or when it fails, Check
-  // reads (README "Several nodes": heartbeat load).
+  // reads (apps/dtrun/README.md, "Several nodes": heartbeat load).
   std::function<Result<std::unique_ptr<TcpStoreClient>>()> open_watch;
 };
 
@@ -82,8 +82,8 @@ bool ParseEndReason(const std::string& name, EndReason* reason);
 // Elastic rendezvous of agents over a Store (static = min = max with fixed
 // ranks). Every operation of a node touches O(1) keys of O(1) size, except
 // the one node that closes a round, which reads the joiners and writes their
-// ranks in one request each (README "Several nodes" lists the keys). Under
-// "rdzv/<run_id>/":
+// ranks in one request each (apps/dtrun/README.md, "Several nodes", lists the
+// keys). Under "rdzv/<run_id>/":
 //   state                 {"round","failures","closed","end"}: changed by
 //                         compare-and-set only to start a round or end the job;
 //                         "closed" is the message, "end" the EndReasonName

@@ -215,7 +215,7 @@ void StoreServer::Impl::Accept() {
         // read of many 1 MiB GETs queue megabytes per connection at once, and
         // the load generator's 1 MiB gets ran at 1.1-1.6x torch's server on
         // one core and 0.6-1.3x across cores. At 192 KiB: 3.1-3.5x and
-        // 1.2-1.5x (README, "Store, server-bound").
+        // 1.2-1.5x (tests/bench/README.md, "Store, server-bound").
         socket.set_option(asio::socket_base::send_buffer_size(kSendBufferBytes),
                           ignored);
         // Replies are written at once from the handler that made them (one

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds the benchmarks and runs them against the real peers, printing the
-# Markdown tables README carries. Usage: scripts/bench.sh [SECONDS_PER_CELL]
+# Markdown tables tests/bench/README.md carries. Usage: scripts/bench.sh [SECONDS_PER_CELL]
 #
 # The peers are Debian's torch 1.13 on the host and torch 2.6 in the trixie
 # root made by scripts/torch2.sh (made here if missing; needs root). Debian's

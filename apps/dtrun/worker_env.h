@@ -60,7 +60,8 @@ std::vector<std::string> ToEnvStrings(const EnvMap& env);
 
 // The torch compatibility shim: a sitecustomize (apps/dtrun/python/
 // dtrun_torch_shim, embedded in the binary) that lets a torch built without
-// libuv (Debian's 2.6) join the agent's store; README "Torch 2.x workers".
+// libuv (Debian's 2.6) join the agent's store; apps/dtrun/README.md,
+// "Torch 2.x workers".
 inline constexpr char kTorchShimSwitch[] =
     "DTRUN_TORCH_SHIM";  // "0" turns it off
 inline constexpr char kTorchShimDir[] =

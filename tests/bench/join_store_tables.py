@@ -1,5 +1,5 @@
 """Joins store_bench's tables from two builds (libtorch 1.13 on the host, 2.6
-in the root of scripts/torch2.sh) into the one table README carries: each
+in the root of scripts/torch2.sh) into the one table tests/bench/README.md carries: each
 row's dtstore and torch server figures under both clients, and both ratios.
 
 Usage: join_store_tables.py TABLE_1_13 TABLE_2_6

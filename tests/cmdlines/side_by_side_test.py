@@ -2,7 +2,7 @@
 makes) on the same worker: the console's bytes with and without --tee and
 under TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE, and the stop signal reaching
 the worker. Debian's 2.6 lacks libuv, so torchrun itself runs with dtrun's
-torch shim on PYTHONPATH (README, Torch 2.x workers); that changes only the
+torch shim on PYTHONPATH (apps/dtrun/README.md, Torch 2.x workers); that changes only the
 store's constructor default.
 
 Usage: side_by_side_test.py --dtrun PATH --torch2 scripts/torch2.sh
