@@ -4,6 +4,7 @@
 // sockets. All integers are little-endian (host order on every platform
 // PyTorch ships for).
 //
+// clang-format off
 // Grammar (one request; there is no frame length, fields are read in turn):
 //   request  := opcode:u8 body
 //   str      := len:u64 byte{len}          keys and values alike
@@ -12,12 +13,11 @@
 //   body(COMPARE_SET) := str key, str expected, str desired -> str
 //   body(GET)         := str key                            -> str
 //   body(ADD)         := str key, delta:i64                 -> i64
-//   body(CHECK)       := keys                               -> u8 (0 ready, 1
-//   not) body(WAIT)        := keys                   -> u8 0, deferred until
-//   all exist body(GETNUMKEYS)  := -                                  -> i64
-//   body(WATCH_KEY)   := str key   (1.13 only)  -> u8 3; then per change:
-//                        u8 type(0 updated,1 created,2 deleted) str key str old
-//                        str new
+//   body(CHECK)       := keys                               -> u8 (0 ready, 1 not)
+//   body(WAIT)        := keys                               -> u8 0, deferred until all exist
+//   body(GETNUMKEYS)  := -                                  -> i64
+//   body(WATCH_KEY)   := str key   (1.13 only)              -> u8 3; then per change:
+//                        u8 type (0 updated, 1 created, 2 deleted) str key str old str new
 //   body(DELETE_KEY)  := str key                            -> i64 (0 or 1)
 //   body(APPEND)      := str key, str data                  -> no reply
 //   body(MULTI_GET)   := keys                               -> str{n}
@@ -26,11 +26,11 @@
 //   body(VALIDATE)    := magic:u32 (0x3C85F7CE)             -> no reply
 //   body(PING)        := nonce:u32                          -> u32 nonce
 //   body(QUEUE_PUSH)  := str key, str item                  -> no reply
-//   body(QUEUE_POP)   := str key                -> i64 len_before [str item if
-//   > 0] body(QUEUE_LEN)   := str key                            -> i64
+//   body(QUEUE_POP)   := str key                            -> i64 len_before [str item if > 0]
+//   body(QUEUE_LEN)   := str key                            -> i64
 //   body(LIST_KEYS)   := -                                  -> i64 n, str{n}
-//   body(BARRIER)     := str key, world:i64     -> u8 0 once counter(key) >=
-//   world
+//   body(BARRIER)     := str key, world:i64                 -> u8 0 once counter(key) >= world
+// clang-format on
 //
 // Opcode values differ by dialect: kTorch113 is PyTorch 1.13 (and 2.0);
 // kTorch2 is PyTorch >= 2.2, whose connections start with VALIDATE. A

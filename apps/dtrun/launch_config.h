@@ -64,12 +64,12 @@ struct LaunchConfig {
   double monitor_interval_s = 0.1;                // accepted; unused
   std::chrono::milliseconds term_timeout{30000};  // --term-timeout, s
   std::chrono::milliseconds hang_timeout{0};      // --hang-timeout, s; 0: off
-  std::chrono::milliseconds hang_first_beat{
-      0};  // --hang-first-beat, s; 0: default
-  bool file_timer =
-      false;  // $TORCHELASTIC_ENABLE_FILE_TIMER=1: serve torch's watchdog
-  std::string
-      timer_file;  // $TORCHELASTIC_TIMER_FILE; empty: one in the run folder
+  // --hang-first-beat, s; 0: the default.
+  std::chrono::milliseconds hang_first_beat{0};
+  // $TORCHELASTIC_ENABLE_FILE_TIMER=1: serve torch's watchdog.
+  bool file_timer = false;
+  // $TORCHELASTIC_TIMER_FILE; empty: one in the run folder.
+  std::string timer_file;
   // --signals-to-handle (else $TORCHELASTIC_SIGNALS_TO_HANDLE): the text as
   // given, and the signal numbers. Stop signals in it stop the job; others
   // are forwarded to every worker and the job goes on.
@@ -99,8 +99,8 @@ struct LaunchConfig {
 
   // The resolved command each worker runs (argv), set by Validate().
   std::vector<std::string> worker_argv;
-  bool python_worker =
-      false;  // set by Validate(): worker_argv runs the --python interpreter
+  // Set by Validate(): worker_argv runs the --python interpreter.
+  bool python_worker = false;
 
   bool multi_node() const { return max_nodes > 1; }
   // Whether the job goes through rendezvous rounds (several nodes, or the
