@@ -303,6 +303,10 @@ std::string ApplyTorchrunExtras(const RawFlags& raw, LaunchConfig* c) {
   c->handled_signals = *handled;
   if (c->log_line_prefix_template.empty())
     c->log_line_prefix_template = env("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE");
+  // A path alone ("./events.jsonl") is a file handler too.
+  const std::string& e = c->event_log_handler;
+  if (e.rfind("file:", 0) != 0 && e.find('/') != std::string::npos)
+    c->event_log_handler = "file:" + e;
   c->duplicate_stdout_filters = ParseCommaList(raw.duplicate_stdout_filters);
   c->duplicate_stderr_filters = ParseCommaList(raw.duplicate_stderr_filters);
   if (!raw.logs_specs.empty()) {

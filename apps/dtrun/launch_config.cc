@@ -363,10 +363,12 @@ Status CheckChoices(const LaunchConfig& c) {
                            "core-complex)");
   }
   const std::string& e = c.event_log_handler;
-  if (e != "null" && e != "console" &&
-      (e.rfind("file:", 0) != 0 || e.size() == 5)) {
+  bool file = (e.rfind("file:", 0) == 0 && e.size() > 5) ||
+              e.find('/') != std::string::npos;
+  if (e != "null" && e != "console" && !file) {
     return Status::Invalid("--event-log-handler: unknown handler '" + e +
-                           "'; use null, console or file:PATH");
+                           "'; use null, console or file:PATH (a path with a "
+                           "'/' works too)");
   }
   return Status::Ok();
 }

@@ -289,6 +289,10 @@ class Launcher(unittest.TestCase):
         self.assertEqual(worker["metadata"]["raw_error"], "exit code 4")
         agent = [e for e in events if e["source"] == "AGENT"][0]
         self.assertIsNone(agent["metadata"]["global_rank"])
+        rc, out, err = self.run_dtrun(["--event-log-handler", "./plain.jsonl", ARGS.fake_worker])
+        self.assertEqual(rc, 0, err)
+        with open(os.path.join(self.dir, "plain.jsonl")) as f:
+            self.assertIn('"source":"AGENT"', f.read())
         rc, out, err = self.run_dtrun(["--event-log-handler=console", ARGS.fake_worker])
         self.assertIn('"name":"torchelastic.worker.status.SUCCEEDED"', err)
 
