@@ -6,6 +6,7 @@
 #include <hwloc.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdlib>
 #include <map>
 #include <memory>
@@ -107,14 +108,21 @@ Result<Topology> LoadTopology() {
     hwloc_obj_t root = hwloc_get_root_obj(topo.get());
     t.numa.push_back(DescribeNode(topo.get(), root));
   }
+  // NVIDIA GPUs by PCI bus id (nvidia-smi's numbering), each with the node
+  // of the first non-I/O object above it.
+  std::vector<std::pair<uint64_t, int>> gpus;
   hwloc_obj_t pci = nullptr;
   while ((pci = hwloc_get_next_pcidev(topo.get(), pci))) {
-    bool nvidia = pci->attr->pcidev.vendor_id == 0x10de;
-    bool display = (pci->attr->pcidev.class_id >> 8) == 0x03;
-    if (!nvidia || !display) continue;
+    const auto& dev = pci->attr->pcidev;
+    if (dev.vendor_id != 0x10de || (dev.class_id >> 8) != 0x03) continue;
+    uint64_t bus_id = (uint64_t{dev.domain} << 24) | (uint64_t{dev.bus} << 16) |
+                      (uint64_t{dev.dev} << 8) | dev.func;
     hwloc_obj_t near = hwloc_get_non_io_ancestor_obj(topo.get(), pci);
-    t.gpu_numa.push_back(near ? NodeOf(topo.get(), near->cpuset, t.numa) : 0);
+    gpus.emplace_back(bus_id,
+                      near ? NodeOf(topo.get(), near->cpuset, t.numa) : 0);
   }
+  std::sort(gpus.begin(), gpus.end());
+  for (const auto& gpu : gpus) t.gpu_numa.push_back(gpu.second);
   return t;
 }
 

@@ -78,6 +78,26 @@ TEST(NumaPlanTest, GpuJobsFollowTheirGpusNode) {
   EXPECT_EQ((*plan)[1].front(), 24);  // GPU 1: node 3
 }
 
+// A hwloc XML export of a 2-package machine with two NVIDIA GPUs, GPU 0
+// (bus 18) on package 1 and GPU 1 (bus af) on package 0.
+TEST(NumaTopologyTest, GpusAreFoundInAnXmlTopologyWithTheirNode) {
+  setenv("HWLOC_XMLFILE", DTRUN_TEST_FIXTURES "/two_gpu_topology.xml", 1);
+  auto t = LoadTopology();
+  unsetenv("HWLOC_XMLFILE");
+  ASSERT_TRUE(t.ok()) << t.status().message();
+  ASSERT_EQ(t->numa.size(), 2u);
+  EXPECT_EQ(t->gpu_numa, (std::vector<int>{1, 0}));
+  // Two workers, one per GPU: each on its GPU's package.
+  auto plan = PlanBinding("node", *t, 2, GpuOfLocalRanks("", 2, 2));
+  ASSERT_TRUE(plan.ok());
+  EXPECT_EQ((*plan)[0], (Cpus{4, 5, 6, 7}));
+  EXPECT_EQ((*plan)[1], (Cpus{0, 1, 2, 3}));
+  // CUDA_VISIBLE_DEVICES=1 for one worker: GPU 1's node.
+  auto one = PlanBinding("exclusive", *t, 1, GpuOfLocalRanks("1", 2, 1));
+  ASSERT_TRUE(one.ok());
+  EXPECT_EQ((*one)[0], (Cpus{0, 1, 2, 3}));
+}
+
 TEST(NumaPlanTest, GpusOfLocalRanks) {
   EXPECT_EQ(GpuOfLocalRanks("", 4, 2), (std::vector<int>{0, 1}));
   EXPECT_EQ(GpuOfLocalRanks("3,1", 4, 2), (std::vector<int>{3, 1}));
