@@ -54,18 +54,27 @@ std::string PetName(const std::string& dashed) {
   return name;
 }
 
+// A flag that takes a value, in both spellings; repeated, the last value
+// wins, as with argparse.
+template <typename T>
+CLI::Option* Option(CLI::App& app, const std::string& dashed, T& target,
+                    const std::string& help, const std::string& group,
+                    const std::string& shortname = "") {
+  std::string names =
+      (shortname.empty() ? "" : shortname + ",") + BothSpellings(dashed);
+  return app.add_option(names, target, help)
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast)
+      ->group(group);
+}
+
 // Precedence as in torchrun: the command line, then PET_<NAME>, then the
 // default (CLI11's envname is only read when the flag is absent).
 template <typename T>
 CLI::Option* Flag(CLI::App& app, const std::string& dashed, T& target,
                   const std::string& help, const std::string& group,
                   const std::string& shortname = "") {
-  std::string names =
-      (shortname.empty() ? "" : shortname + ",") + BothSpellings(dashed);
-  return app.add_option(names, target, help)
-      ->envname(PetName(dashed))
-      ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast)
-      ->group(group);
+  return Option(app, dashed, target, help, group, shortname)
+      ->envname(PetName(dashed));
 }
 
 CLI::Option* Switch(CLI::App& app, const std::string& dashed, bool& target,
@@ -119,11 +128,10 @@ void AddWorkerFlags(CLI::App& app, LaunchConfig& c, RawFlags& raw) {
          "CUDA_VISIBLE_DEVICES",
          workers);
   // torchrun gives --numa-binding no PET_ fallback.
-  app.add_option("--numa-binding,--numa_binding", c.numa_binding,
-                 "bind each worker's CPUs near its GPU (or spread over NUMA "
-                 "nodes on a CPU job): node, socket, exclusive or core-complex")
-      ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast)
-      ->group(workers);
+  Option(app, "--numa-binding", c.numa_binding,
+         "bind each worker's CPUs near its GPU (or spread over NUMA nodes on "
+         "a CPU job): node, socket, exclusive or core-complex",
+         workers);
 }
 
 void AddRendezvousFlags(CLI::App& app, LaunchConfig& c, RawFlags& raw) {
@@ -206,7 +214,7 @@ void AddLoggingFlags(CLI::App& app, LaunchConfig& c, RawFlags& raw) {
        logs);
   Flag(app, "--duplicate-stdout-filters", raw.duplicate_stdout_filters,
        "stdout lines holding any of these comma-separated words (,, is a "
-       "comma) also go to <log dir>/.../<local rank>/filtered_stdout.log",
+       "comma) also go to attempt_<n>/filtered_stdout.log in the run folder",
        logs);
   Flag(app, "--duplicate-stderr-filters", raw.duplicate_stderr_filters,
        "the same for stderr, into filtered_stderr.log", logs);
@@ -215,11 +223,10 @@ void AddLoggingFlags(CLI::App& app, LaunchConfig& c, RawFlags& raw) {
        "file:PATH (JSON lines in torch's event schema)",
        logs);
   // torchrun loads a Python plugin by this name; dtrun has only the default.
-  app.add_option("--logs-specs,--logs_specs", raw.logs_specs,
-                 "accepted when absent: dtrun has only the default log "
-                 "layout (a torchrun.logs_specs plugin name exits 2)")
-      ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast)
-      ->group(logs);
+  Option(app, "--logs-specs", raw.logs_specs,
+         "accepted when absent: dtrun has only the default log layout (a "
+         "torchrun.logs_specs plugin name exits 2)",
+         logs);
   app.add_flag("--label-ranks", c.label_ranks,
                "dtrun's labelled view: every console line of a worker starts "
                "with [rankN]: (its global rank), tee'd or not")

@@ -16,6 +16,10 @@ import tempfile
 import time
 import unittest
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                "apps"))
+from dtrun_proc import alive, wait_for  # noqa: E402  (the launcher tests' helpers)
+
 ARGS = None
 PY = "/usr/bin/python3"
 
@@ -24,23 +28,6 @@ def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def alive(pid):
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
-def wait_for(predicate, timeout, step=0.02):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(step)
-    return predicate()
 
 
 class Launcher(unittest.TestCase):
@@ -117,33 +104,31 @@ class Launcher(unittest.TestCase):
         with open(os.path.join(self.dir, "env_0")) as f:
             self.assertIn("TORCHELASTIC_SIGNALS_TO_HANDLE=SIGTERM,SIGINT,SIGUSR2\n", f.read())
 
+    def stop_running_job(self, signo):
+        """Sends `signo` to a running 2-worker job; returns its stderr once
+        every worker is gone."""
+        p = self.start(["--nproc-per-node=2", ARGS.fake_worker, "--pid-dir", self.dir,
+                        "--hang"])
+        pids = self.wait_workers(2)
+        p.send_signal(signo)
+        out, err = p.communicate(timeout=30)
+        self.assertEqual(p.returncode, 128 + signo, err)
+        self.assertTrue(wait_for(lambda: not any(alive(x) for x in pids), 5))
+        for name in os.listdir(self.dir):
+            os.unlink(os.path.join(self.dir, name))
+        return err
+
     def test_an_unlisted_catchable_signal_tears_down_with_a_summary(self):
         for signo in (signal.SIGUSR1, signal.SIGALRM, signal.SIGPWR):
             with self.subTest(signal=signo.name):
-                p = self.start(["--nproc-per-node=2", ARGS.fake_worker, "--pid-dir",
-                                self.dir, "--hang"])
-                pids = self.wait_workers(2)
-                p.send_signal(signo)
-                out, err = p.communicate(timeout=30)
-                self.assertEqual(p.returncode, 128 + signo, err)
+                err = self.stop_running_job(signo)
                 self.assertIn(f"received {signo.name}, which --signals-to-handle does not list",
                               err)
-                self.assertTrue(wait_for(lambda: not any(alive(x) for x in pids), 5))
-                for name in os.listdir(self.dir):
-                    os.unlink(os.path.join(self.dir, name))
 
     def test_stop_signals_while_running_end_with_torchruns_code(self):
         for signo in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT):
             with self.subTest(signal=signo.name):
-                p = self.start(["--nproc-per-node=2", ARGS.fake_worker, "--pid-dir",
-                                self.dir, "--hang"])
-                pids = self.wait_workers(2)
-                p.send_signal(signo)
-                out, err = p.communicate(timeout=30)
-                self.assertEqual(p.returncode, 128 + signo, err)
-                self.assertTrue(wait_for(lambda: not any(alive(x) for x in pids), 5))
-                for name in os.listdir(self.dir):
-                    os.unlink(os.path.join(self.dir, name))
+                self.stop_running_job(signo)
 
     def test_sigterm_while_spawning(self):
         p = self.start(["--nproc-per-node=8", ARGS.fake_worker, "--pid-dir", self.dir,
