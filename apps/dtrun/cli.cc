@@ -347,8 +347,16 @@ std::string ApplyRaw(const RawFlags& raw, const std::optional<SlurmJob>& job,
   int cpus = job && job->cpus_on_node > 0
                  ? job->cpus_on_node
                  : static_cast<int>(std::thread::hardware_concurrency());
-  int gpus = job && job->gpus_on_node > 0 ? job->gpus_on_node : CountGpus();
-  auto nproc = ParseNprocPerNode(raw.nproc, CountDevices(cpus, gpus));
+  // Devices are counted only for a named count: a number needs no look at
+  // /dev and /sys (dtrun's start-up is on the critical path of big jobs).
+  DeviceCounts devices;
+  devices.cpu = cpus;
+  if (raw.nproc.find_first_not_of("0123456789") != std::string::npos) {
+    int gpus =
+        job && job->gpus_on_node > 0 ? job->gpus_on_node : CountGpus();
+    devices = CountDevices(cpus, gpus);
+  }
+  auto nproc = ParseNprocPerNode(raw.nproc, devices);
   if (!nproc.ok()) return nproc.status().message();
   c->nproc_per_node = *nproc;
   if (!ParseStreamSpec(raw.redirects, &c->redirects)) {
