@@ -352,8 +352,7 @@ std::string ApplyRaw(const RawFlags& raw, const std::optional<SlurmJob>& job,
   DeviceCounts devices;
   devices.cpu = cpus;
   if (raw.nproc.find_first_not_of("0123456789") != std::string::npos) {
-    int gpus =
-        job && job->gpus_on_node > 0 ? job->gpus_on_node : CountGpus();
+    int gpus = job && job->gpus_on_node > 0 ? job->gpus_on_node : CountGpus();
     devices = CountDevices(cpus, gpus);
   }
   auto nproc = ParseNprocPerNode(raw.nproc, devices);

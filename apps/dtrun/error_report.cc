@@ -159,7 +159,8 @@ std::string SignalName(int signo) {
 std::string FormatFailureSummary(const std::string& entrypoint,
                                  const std::string& host,
                                  const std::vector<WorkerFailure>& failures,
-                                 int attempts, const std::string& log_dir) {
+                                 int attempts, const std::string& log_dir,
+                                 int max_restarts) {
   const std::string rule(60, '='), thin(60, '-');
   size_t root = RootCause(failures);
   std::ostringstream o;
@@ -174,7 +175,8 @@ std::string FormatFailureSummary(const std::string& entrypoint,
   o << thin << "\nRoot Cause (first observed failure):\n"
     << Block(failures[root], 0, host);
   o << thin << "\nattempts  : " << attempts
-    << " (--max-restarts=" << attempts - 1 << ")\n";
+    << " (--max-restarts=" << (max_restarts < 0 ? attempts - 1 : max_restarts)
+    << ")\n";
   if (!log_dir.empty()) o << "logs      : " << log_dir << "\n";
   o << "exit code : " << ExitCodeFor(failures[root]) << " (the root cause's)\n"
     << rule << "\n";

@@ -38,11 +38,13 @@ std::string SignalName(int signo);
 
 // The summary printed when the last attempt failed (torchrun's layout, with
 // the signal named and the log folder given). `attempts` counts the first
-// run; `host` is printed as given. REQUIRES: `failures` is not empty.
+// run; `host` is printed as given; `max_restarts` is the flag's value
+// (-1: attempts - 1, all used). REQUIRES: `failures` is not empty.
 std::string FormatFailureSummary(const std::string& entrypoint,
                                  const std::string& host,
                                  const std::vector<WorkerFailure>& failures,
-                                 int attempts, const std::string& log_dir);
+                                 int attempts, const std::string& log_dir,
+                                 int max_restarts = -1);
 
 // torchrun's own @record behaviour: the root cause's error JSON, with
 // "errorCode" added, for the scheduler's $TORCHELASTIC_ERROR_FILE.

@@ -518,7 +518,8 @@ int LocalGroup::ReportFailure() {
   const std::string& program = config_.entrypoint[0];
   WriteAll(2, FormatFailureSummary(program.substr(program.rfind('/') + 1),
                                    os::HostName(), failures,
-                                   agent_.restart_count() + 1, run_dir_));
+                                   agent_.restart_count() + 1, run_dir_,
+                                   config_.max_restarts));
   const WorkerFailure& root = failures[RootCause(failures)];
   if (const char* path = std::getenv("TORCHELASTIC_ERROR_FILE")) {
     (void)os::WriteFile(path, RootCauseJson(root));

@@ -73,6 +73,12 @@ TEST(ErrorReportTest, RootCauseIsEarliestAndSetsExitCode) {
   EXPECT_NE(summary.find("SIGSEGV"), std::string::npos);
   EXPECT_NE(summary.find("exit code : 139"), std::string::npos);
   EXPECT_NE(summary.find("/logs/x"), std::string::npos);
+  EXPECT_NE(summary.find("attempts  : 3 (--max-restarts=2)"),
+            std::string::npos);
+  // A group that is not restarted (a worker in D state) says so truly.
+  std::string early =
+      FormatFailureSummary("train", "node0", failures, 1, "/logs/x", 5);
+  EXPECT_NE(early.find("attempts  : 1 (--max-restarts=5)"), std::string::npos);
 }
 
 TEST(ErrorReportTest, RootCauseJsonAddsErrorCode) {
