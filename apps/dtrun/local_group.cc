@@ -54,8 +54,6 @@ std::string ExpandLinePrefix(const std::string& text,
   return out;
 }
 
-namespace {}  // namespace
-
 LocalGroup::LocalGroup(const LaunchConfig& config, WorkerGroup* workers,
                        const Clock* clock, SignalFd* signals, bool elastic)
     : config_(config),
