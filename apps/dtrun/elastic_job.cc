@@ -163,9 +163,15 @@ Status ElasticJob::SetUpWorkerStore() {
     if (!got.ok()) return got.status();
     addr = *got;
   }
-  auto colon = addr.rfind(':');
-  group_.attempt().master_addr = addr.substr(0, colon);
-  group_.attempt().master_port = std::atoi(addr.c_str() + colon + 1);
+  std::string host;
+  uint16_t port = 0;
+  if (!SplitEndpoint(addr, 0, &host, &port) || port == 0) {
+    return Status::Invalid("round " + std::to_string(assignment_.round) +
+                           ": the workers' store address '" + addr +
+                           "' is not host:port");
+  }
+  group_.attempt().master_addr = host;
+  group_.attempt().master_port = port;
   return Status::Ok();
 }
 
@@ -192,14 +198,10 @@ rdzv::RendezvousOptions ElasticJob::RendezvousOptionsOf(
 
 void ElasticJob::NotifyStoreReady() {
   if (!on_store_ready) return;
-  const std::string endpoint = rdzv_client_->address();
-  auto colon = endpoint.rfind(':');
-  std::string host = endpoint.substr(0, colon);
-  if (host.size() > 1 && host.front() == '[')
-    host = host.substr(1, host.size() - 2);
-  on_store_ready(host,
-                 static_cast<uint16_t>(std::atoi(endpoint.c_str() + colon + 1)),
-                 group_.run_dir());
+  std::string host;
+  uint16_t port = 0;
+  SplitEndpoint(rdzv_client_->address(), 0, &host, &port);
+  on_store_ready(host, port, group_.run_dir());
 }
 
 int ElasticJob::Run() {
