@@ -321,6 +321,15 @@ std::string ApplyTorchrunExtras(const RawFlags& raw, LaunchConfig* c) {
            "' names a torchrun.logs_specs Python plugin, which dtrun cannot "
            "load; drop the flag (dtrun's log layout is torchrun's default)";
   }
+  // One GPU per worker from the list: a shorter list would share GPUs.
+  std::string visible = env("CUDA_VISIBLE_DEVICES");
+  int listed = visible.empty() ? 0 : 1;
+  for (char ch : visible) listed += ch == ',';
+  if (c->virtual_local_rank && listed > 0 && listed < c->nproc_per_node) {
+    return "--virtual-local-rank: CUDA_VISIBLE_DEVICES='" + visible +
+           "' lists fewer GPUs than --nproc-per-node=" +
+           std::to_string(c->nproc_per_node);
+  }
   std::string d_state = env("TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT");
   if (!d_state.empty()) {
     char* end = nullptr;

@@ -311,17 +311,6 @@ Status CheckCombinations(const LaunchConfig& c) {
                            " is outside 0.." + std::to_string(c.max_nodes - 1) +
                            " for --nnodes");
   }
-  if (c.virtual_local_rank) {
-    // One GPU per worker from the list: a shorter list would share GPUs.
-    const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
-    if (visible && *visible &&
-        static_cast<int>(Split(visible, ',').size()) < c.nproc_per_node) {
-      return Status::Invalid("--virtual-local-rank: CUDA_VISIBLE_DEVICES='" +
-                             std::string(visible) +
-                             "' lists fewer GPUs than --nproc-per-node=" +
-                             std::to_string(c.nproc_per_node));
-    }
-  }
   if (c.term_timeout.count() < 0) {
     return Status::Invalid("--term-timeout must be >= 0");
   }

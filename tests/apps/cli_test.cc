@@ -321,6 +321,17 @@ TEST(CliTest, EveryFlagOfNewestTorchrunIsKnown) {
   }
 }
 
+TEST(CliTest, VirtualLocalRankNeedsAGpuForEachWorker) {
+  setenv("CUDA_VISIBLE_DEVICES", "3", 1);
+  auto short_list =
+      Parse({"--nproc-per-node=2", "--virtual-local-rank", "true"});
+  setenv("CUDA_VISIBLE_DEVICES", "3,4", 1);
+  auto enough = Parse({"--nproc-per-node=2", "--virtual-local-rank", "true"});
+  unsetenv("CUDA_VISIBLE_DEVICES");
+  EXPECT_EQ(short_list.exit_code, 2);
+  EXPECT_EQ(enough.exit_code, -1);
+}
+
 TEST(SignalListTest, NamesAndNumbers) {
   EXPECT_EQ(*ParseSignalList("SIGTERM, USR1,12"),
             (std::vector<int>{SIGTERM, SIGUSR1, SIGUSR2}));
