@@ -26,9 +26,9 @@ std::unique_ptr<ShmAllreduce> OpenSharedMemoryAllreduce(ProcessGroup& pg,
 struct DdpOptions {
   double bucket_cap_mb = 25;  // gradient bucket cap, MiB; default 25
                               // (the first bucket: at most 1 MiB)
-  bool find_unused_parameters =
-      false;  // a parameter with no gradient in a step
-              // contributes zeros (else SyncGradients throws)
+  // a parameter with no gradient in a step contributes zeros (else
+  // SyncGradients throws)
+  bool find_unused_parameters = false;
   bool broadcast_buffers = true;  // buffers too come from rank 0 at start
   // When every rank runs on this host (they can all open one POSIX
   // shared-memory segment) and the gradients are float32 on the CPU, sum

@@ -75,10 +75,10 @@ struct FullyShardedDataParallel::Impl {
   at::ScalarType param_dtype = at::kFloat, reduce_dtype = at::kFloat;
   at::Device device = at::kCPU;
   std::vector<Unit> units;
-  std::vector<std::pair<size_t, size_t>>
-      param_slot;  // model->parameters() index -> (unit, i)
-  int next_rs =
-      -1;  // reduce-scatters start in this (descending) order on every rank
+  // model->parameters() index -> (unit, i)
+  std::vector<std::pair<size_t, size_t>> param_slot;
+  // reduce-scatters start in this (descending) order on every rank
+  int next_rs = -1;
   std::mutex mu;  // hooks may run on autograd's threads
   CommStats stats;
 

@@ -44,8 +44,8 @@ template <typename Optimizer, typename Tensor>
 auto OptimizerStateKey(Optimizer& opt, const Tensor& param) {
   using Key = typename std::decay_t<decltype(opt.state())>::key_type;
   if constexpr (std::is_same_v<Key, std::string>) {
-    std::ostringstream
-        text;  // what 1.x's c10::guts::to_string(TensorImpl*) writes
+    // what 1.x's c10::guts::to_string(TensorImpl*) writes
+    std::ostringstream text;
     text << param.unsafeGetTensorImpl();
     return text.str();
   } else {

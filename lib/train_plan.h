@@ -17,8 +17,8 @@ struct StepActions {
   bool eval = false;  // rank 0 evaluates, or every rank if the strategy's eval
                       // is collective
   bool kill = false;  // fault injection: this rank SIGKILLs itself
-  bool hang =
-      false;  // fault injection: this rank stops beating and waits forever
+  // fault injection: this rank stops beating and waits forever
+  bool hang = false;
   bool stop = false;  // stop as if preempted (after the checkpoint, if any)
 };
 

@@ -379,8 +379,8 @@ class FsdpStrategy : public Strategy {
   ProcessGroup* pg_;
   bool full_format_;
   FullyShardedDataParallel fsdp_;
-  std::vector<std::map<std::string, torch::Tensor>>
-      verified_;  // by Complete(), for Restore()
+  // by Complete(), for Restore()
+  std::vector<std::map<std::string, torch::Tensor>> verified_;
 };
 
 std::unique_ptr<Strategy> MakeStrategy(

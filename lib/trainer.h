@@ -21,8 +21,8 @@ struct TrainConfig {
   double test_fraction = 0.2;  // held out for evaluation [0.2]
   // strategy
   std::string strategy = "ddp";  // ddp | fsdp
-  std::string backend =
-      "auto";  // gloo | nccl | auto (nccl if built and a GPU is visible)
+  // gloo | nccl | auto (nccl if built and a GPU is visible)
+  std::string backend = "auto";
   double bucket_cap_mb = 25;          // ddp
   int64_t min_unit_params = 0;        // fsdp wrap policy (see FsdpOptions)
   bool reshard_after_forward = true;  // fsdp
@@ -45,10 +45,10 @@ struct TrainConfig {
   // checkpoints
   std::string checkpoint_dir;  // empty: no checkpoints
   int checkpoint_every = 50, keep_checkpoints = 2;
-  std::string checkpoint_format =
-      "sharded";  // fsdp: sharded (each rank its shard) | full
-  int64_t stop_after_step =
-      -1;  // stop (as if preempted) after this step; -1 never
+  // fsdp: sharded (each rank its shard) | full
+  std::string checkpoint_format = "sharded";
+  // stop (as if preempted) after this step; -1 never
+  int64_t stop_after_step = -1;
   // fault injection for demos and tests: rank `kill_rank` SIGKILLs itself
   // after step `kill_at_step` on the first attempt only.
   int kill_rank = -1;

@@ -47,8 +47,8 @@ struct Assignment {
   int group_world_size = 1;
   int base_rank = 0;  // global rank of this node's local rank 0
   int world_size = 1;
-  std::string
-      next_node;  // the node whose heartbeat this one watches ("" alone)
+  // the node whose heartbeat this one watches ("" alone)
+  std::string next_node;
 };
 
 // What a running node learns from Check().

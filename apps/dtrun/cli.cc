@@ -454,8 +454,8 @@ std::vector<FlagSpec> FlagSpecs(const CLI::App& app) {
     for (const auto& s : opt->get_snames()) spec.names.push_back("-" + s);
     for (const auto& l : opt->get_lnames()) spec.names.push_back("--" + l);
     if (spec.names.empty()) continue;
-    spec.takes_value =
-        opt->get_expected_max() != 0;  // switches expect 0 values
+    // switches expect 0 values
+    spec.takes_value = opt->get_expected_max() != 0;
     spec.help = opt->get_description();
     spec.choices = Choices(
         opt->get_lnames().empty() ? "" : "--" + opt->get_lnames().front());

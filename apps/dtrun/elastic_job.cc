@@ -334,8 +334,8 @@ std::optional<int> ElasticJob::Carry(const RoundStep& step, RoundPolicy* policy,
       return std::nullopt;
     case RoundStep::Kind::kMarkDone:
       policy->OnMarkedDone(rdzv_->MarkDone(assignment_).ok());
-      *next_check =
-          clock_->Now();  // maybe the last node: check the barrier now
+      // maybe the last node: check the barrier now
+      *next_check = clock_->Now();
       log->info("round {}: workers here succeeded; waiting for the other nodes",
                 assignment_.round);
       return std::nullopt;

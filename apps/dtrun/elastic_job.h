@@ -46,13 +46,13 @@ class ElasticJob : public Job {
 
   LaunchConfig config_;
   const Clock* clock_;
-  SignalFd
-      signals_;  // first: blocks the signals before any store thread starts
+  // first: blocks the signals before any store thread starts
+  SignalFd signals_;
   LocalGroup group_;
-  std::unique_ptr<rdzv::StoreServer>
-      rdzv_store_;  // hosted here (static node 0, or c10d host)
-  std::unique_ptr<rdzv::StoreServer>
-      worker_store_;  // group rank 0: this round's workers' store
+  // hosted here (static node 0, or c10d host)
+  std::unique_ptr<rdzv::StoreServer> rdzv_store_;
+  // group rank 0: this round's workers' store
+  std::unique_ptr<rdzv::StoreServer> worker_store_;
   std::unique_ptr<rdzv::TcpStoreClient> rdzv_client_;
   rdzv::StoreClientOptions watch_opts_;  // Check's push connection
   std::unique_ptr<rdzv::Rendezvous> rdzv_;

@@ -31,8 +31,8 @@ struct BeatState {
 struct RankSilence {
   int local_rank = 0;
   bool beaten = false;
-  double silent_s =
-      0;  // seconds since the last beat (or the start, before any)
+  // seconds since the last beat (or the start, before any)
+  double silent_s = 0;
   int64_t step = -1;
   bool hung = false;    // past its deadline
   bool exited = false;  // had exited already

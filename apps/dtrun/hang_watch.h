@@ -57,8 +57,8 @@ class HangWatch {
   HangMonitor monitor_;
   std::string attempt_dir_;
   int restart_count_ = 0;
-  std::map<int, int64_t>
-      beat_mtime_ns_;  // local rank -> heartbeat file's mtime
+  // local rank -> heartbeat file's mtime
+  std::map<int, int64_t> beat_mtime_ns_;
   TimePoint next_check_{};
   std::vector<RankStack> stacks_;  // the latest hang's ranks
   bool reported_ = true;

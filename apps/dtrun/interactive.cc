@@ -106,11 +106,11 @@ namespace {
 struct Session {
   std::string dir;
   LaunchConfig launch;
-  bool nodes =
-      false;  // several nodes: the console attaches to the rendezvous store
+  // several nodes: the console attaches to the rendezvous store
+  bool nodes = false;
   int world = 0;
-  std::string
-      rdzv_key;  // several nodes: names the current round's workers' store
+  // several nodes: names the current round's workers' store
+  std::string rdzv_key;
 };
 
 Result<Session> PrepareSession(const LaunchConfig& config) {

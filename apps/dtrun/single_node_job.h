@@ -29,12 +29,12 @@ class SingleNodeJob : public Job {
   void PublishLastCrash();
 
   LaunchConfig config_;
-  SignalFd
-      signals_;  // first: blocks the signals before the store's thread starts
+  // first: blocks the signals before the store's thread starts
+  SignalFd signals_;
   LocalGroup group_;
   std::unique_ptr<rdzv::StoreServer> store_;
-  std::unique_ptr<rdzv::TcpStoreClient>
-      console_link_;  // interactive: publishes crashes
+  // interactive: publishes crashes
+  std::unique_ptr<rdzv::TcpStoreClient> console_link_;
   std::optional<WorkerCrash> last_crash_;
   int64_t crashes_ = 0;
 };

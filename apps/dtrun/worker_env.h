@@ -62,10 +62,10 @@ std::vector<std::string> ToEnvStrings(const EnvMap& env);
 // dtrun_torch_shim, embedded in the binary) that lets a torch built without
 // libuv (Debian's 2.6) join the agent's store; apps/dtrun/README.md,
 // "Torch 2.x workers".
-inline constexpr char kTorchShimSwitch[] =
-    "DTRUN_TORCH_SHIM";  // "0" turns it off
-inline constexpr char kTorchShimDir[] =
-    "DTRUN_TORCH_SHIM_DIR";  // the folder in use
+// "0" turns it off
+inline constexpr char kTorchShimSwitch[] = "DTRUN_TORCH_SHIM";
+// the folder in use
+inline constexpr char kTorchShimDir[] = "DTRUN_TORCH_SHIM_DIR";
 
 // Whether `env` should get the shim: not turned off, and no shim already on
 // its PYTHONPATH (an interactive console's, or an outer dtrun's). Pure.
