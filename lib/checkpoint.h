@@ -21,8 +21,9 @@ Status WriteCheckpointFile(
 Result<std::string> ReadCheckpointFile(const std::string& path);
 
 // A folder of checkpoints, each one file "ckpt_<step>.dtck":
-//   "DTCKPT1\n" | sha256(payload) (32 bytes) | u64 payload length (LE) |
-//   payload
+// clang-format off
+//   "DTCKPT1\n" | sha256(payload) (32 bytes) | u64 payload length (LE) | payload
+// clang-format on
 // Writes go to a temporary file in the same folder, are fsynced, renamed over
 // the final name and the folder fsynced, so a crash mid-write never leaves a
 // file that loads. Loading verifies the checksum and falls back to the
