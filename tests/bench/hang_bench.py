@@ -15,7 +15,7 @@ import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-WORKER = os.path.join(HERE, "..", "apps", "hang_worker.py")
+WORKER = os.path.join(HERE, "..", "integration", "hang_worker.py")
 SHIM = os.path.join(HERE, "torchrun_shim.py")
 PY = "/usr/bin/python3"
 HUNG = re.compile(r"is hung: no heartbeat for ([\d.]+) s")

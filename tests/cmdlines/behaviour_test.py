@@ -17,7 +17,7 @@ import time
 import unittest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                                "apps"))
+                                "integration"))
 from dtrun_proc import alive, wait_for  # noqa: E402  (the launcher tests' helpers)
 
 ARGS = None
