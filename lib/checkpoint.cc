@@ -10,7 +10,7 @@
 #include <cstring>
 
 #include "lib/sha256.h"
-#include "rendezvous/os_util.h"
+#include "rendezvous/util/os_util.h"
 
 namespace dtrun::train {
 namespace {

@@ -4,7 +4,7 @@
 #include <string>
 #include <vector>
 
-#include "rendezvous/status.h"
+#include "rendezvous/util/status.h"
 
 namespace dtrun::train {
 

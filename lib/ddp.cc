@@ -15,7 +15,7 @@
 
 #include "lib/process_group.h"
 #include "lib/shm_allreduce.h"
-#include "rendezvous/log.h"
+#include "rendezvous/util/log.h"
 
 namespace dtrun::train {
 

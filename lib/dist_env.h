@@ -3,7 +3,7 @@
 #include <map>
 #include <string>
 
-#include "rendezvous/status.h"
+#include "rendezvous/util/status.h"
 
 namespace dtrun::train {
 

@@ -9,7 +9,7 @@
 
 #include <cstdlib>
 
-#include "rendezvous/environment.h"
+#include "rendezvous/util/environment.h"
 #include "rendezvous/memory_store.h"
 #include "rendezvous/store_client.h"
 

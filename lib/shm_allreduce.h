@@ -7,7 +7,7 @@
 #include <memory>
 #include <string>
 
-#include "rendezvous/status.h"
+#include "rendezvous/util/status.h"
 
 namespace dtrun::train {
 

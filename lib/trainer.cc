@@ -19,7 +19,7 @@
 #include "lib/process_group.h"
 #include "lib/sha256.h"
 #include "lib/train_plan.h"
-#include "rendezvous/check.h"
+#include "rendezvous/util/check.h"
 #include "rendezvous/heartbeat.h"
 
 namespace dtrun::train {

@@ -1,6 +1,6 @@
 #include "rendezvous/memory_store.h"
 
-#include "rendezvous/describe.h"
+#include "rendezvous/util/describe.h"
 #include "rendezvous/store_state.h"
 
 namespace dtrun::rdzv {

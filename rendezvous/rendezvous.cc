@@ -48,10 +48,10 @@
 
 #include <nlohmann/json.hpp>
 
-#include "rendezvous/check.h"
-#include "rendezvous/describe.h"
-#include "rendezvous/log.h"
-#include "rendezvous/os_util.h"
+#include "rendezvous/util/check.h"
+#include "rendezvous/util/describe.h"
+#include "rendezvous/util/log.h"
+#include "rendezvous/util/os_util.h"
 #include "rendezvous/store_state.h"
 
 namespace dtrun::rdzv {

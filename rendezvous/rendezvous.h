@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "rendezvous/status.h"
+#include "rendezvous/util/status.h"
 #include "rendezvous/store.h"
 #include "rendezvous/store_client.h"
 

@@ -34,7 +34,7 @@
 #include <random>
 #include <thread>
 
-#include "rendezvous/describe.h"
+#include "rendezvous/util/describe.h"
 
 namespace dtrun::rdzv {
 namespace {

@@ -40,8 +40,8 @@
 
 #include <asio.hpp>
 
-#include "rendezvous/check.h"
-#include "rendezvous/log.h"
+#include "rendezvous/util/check.h"
+#include "rendezvous/util/log.h"
 #include "rendezvous/store_state.h"
 
 namespace dtrun::rdzv {

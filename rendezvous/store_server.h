@@ -5,7 +5,7 @@
 #include <memory>
 #include <string>
 
-#include "rendezvous/status.h"
+#include "rendezvous/util/status.h"
 #include "rendezvous/wire.h"
 
 namespace dtrun::rdzv {

@@ -26,7 +26,7 @@
 #include <algorithm>
 #include <charconv>
 
-#include "rendezvous/check.h"
+#include "rendezvous/util/check.h"
 
 namespace dtrun::rdzv {
 namespace {

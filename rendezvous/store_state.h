@@ -8,7 +8,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "rendezvous/status.h"
+#include "rendezvous/util/status.h"
 #include "rendezvous/wire.h"
 
 namespace dtrun::rdzv {

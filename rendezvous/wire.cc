@@ -9,7 +9,7 @@
 
 #include <cstring>
 
-#include "rendezvous/check.h"
+#include "rendezvous/util/check.h"
 
 namespace dtrun::rdzv {
 namespace {

@@ -7,7 +7,7 @@
 #include "apps/dtrun/argv_rules.h"
 #include "apps/dtrun/completion.h"
 #include "apps/dtrun/slurm_env.h"
-#include "rendezvous/environment.h"
+#include "rendezvous/util/environment.h"
 
 #include <cstdio>
 #include <cstdlib>

@@ -11,8 +11,8 @@
 #include "apps/dtrun/endpoint.h"
 #include "apps/dtrun/error_report.h"
 #include "apps/dtrun/exit_code.h"
-#include "rendezvous/log.h"
-#include "rendezvous/os_util.h"
+#include "rendezvous/util/log.h"
+#include "rendezvous/util/os_util.h"
 #include "rendezvous/store_client.h"
 #include "rendezvous/store_server.h"
 

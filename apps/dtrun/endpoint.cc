@@ -8,7 +8,7 @@
 
 #include <cstdlib>
 
-#include "rendezvous/os_util.h"
+#include "rendezvous/util/os_util.h"
 
 namespace dtrun::agent {
 

@@ -16,7 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "apps/dtrun/exit_code.h"
-#include "rendezvous/os_util.h"
+#include "rendezvous/util/os_util.h"
 
 namespace dtrun::agent {
 namespace {

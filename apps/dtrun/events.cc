@@ -7,7 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "apps/dtrun/log_mux.h"
-#include "rendezvous/log.h"
+#include "rendezvous/util/log.h"
 
 namespace dtrun::agent {
 

@@ -12,8 +12,8 @@
 
 #include "apps/dtrun/log_mux.h"
 #include "rendezvous/heartbeat.h"
-#include "rendezvous/log.h"
-#include "rendezvous/os_util.h"
+#include "rendezvous/util/log.h"
+#include "rendezvous/util/os_util.h"
 
 namespace dtrun::agent {
 namespace {

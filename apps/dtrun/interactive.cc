@@ -22,7 +22,7 @@
 
 #include "apps/dtrun/exit_code.h"
 #include "apps/dtrun/worker_env.h"
-#include "rendezvous/os_util.h"
+#include "rendezvous/util/os_util.h"
 #include "dtrun_python_files.h"
 
 namespace dtrun::agent {

@@ -12,7 +12,7 @@
 #include <sstream>
 
 #include "apps/dtrun/endpoint.h"
-#include "rendezvous/os_util.h"
+#include "rendezvous/util/os_util.h"
 
 namespace dtrun::agent {
 namespace {

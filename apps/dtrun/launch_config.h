@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "apps/dtrun/rdzv_config.h"
-#include "rendezvous/status.h"
+#include "rendezvous/util/status.h"
 
 namespace dtrun::agent {
 

@@ -16,10 +16,10 @@
 #include "apps/dtrun/events.h"
 #include "apps/dtrun/exit_code.h"
 #include "apps/dtrun/numa_binding.h"
-#include "rendezvous/check.h"
-#include "rendezvous/environment.h"
-#include "rendezvous/log.h"
-#include "rendezvous/os_util.h"
+#include "rendezvous/util/check.h"
+#include "rendezvous/util/environment.h"
+#include "rendezvous/util/log.h"
+#include "rendezvous/util/os_util.h"
 
 namespace dtrun::agent {
 namespace {

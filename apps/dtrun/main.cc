@@ -10,7 +10,7 @@
 #include "apps/dtrun/interactive.h"
 #include "apps/dtrun/posix_worker_group.h"
 #include "apps/dtrun/single_node_job.h"
-#include "rendezvous/log.h"
+#include "rendezvous/util/log.h"
 
 namespace {
 

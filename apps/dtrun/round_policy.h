@@ -12,7 +12,7 @@
 #include "apps/dtrun/agent.h"
 #include "apps/dtrun/clock.h"
 #include "rendezvous/rendezvous.h"
-#include "rendezvous/status.h"
+#include "rendezvous/util/status.h"
 
 namespace dtrun::agent {
 

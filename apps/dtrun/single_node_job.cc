@@ -4,8 +4,8 @@
 #include "apps/dtrun/single_node_job.h"
 
 #include "apps/dtrun/exit_code.h"
-#include "rendezvous/log.h"
-#include "rendezvous/os_util.h"
+#include "rendezvous/util/log.h"
+#include "rendezvous/util/os_util.h"
 #include "rendezvous/store_client.h"
 #include "rendezvous/store_server.h"
 #include "rendezvous/store_state.h"

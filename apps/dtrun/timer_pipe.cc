@@ -12,8 +12,8 @@
 #include <cstring>
 
 #include "apps/dtrun/hang_report.h"
-#include "rendezvous/log.h"
-#include "rendezvous/os_util.h"
+#include "rendezvous/util/log.h"
+#include "rendezvous/util/os_util.h"
 
 namespace dtrun::agent {
 

@@ -11,8 +11,8 @@
 #include <fstream>
 
 #include "dtrun_torch_shim_files.h"
-#include "rendezvous/environment.h"
-#include "rendezvous/os_util.h"
+#include "rendezvous/util/environment.h"
+#include "rendezvous/util/os_util.h"
 
 namespace dtrun::agent {
 namespace {

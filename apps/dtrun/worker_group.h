@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "apps/dtrun/agent.h"
-#include "rendezvous/status.h"
+#include "rendezvous/util/status.h"
 
 namespace dtrun::agent {
 

@@ -13,8 +13,8 @@
 #include <CLI/CLI.hpp>
 
 #include "dtrun_version.h"
-#include "rendezvous/log.h"
-#include "rendezvous/os_util.h"
+#include "rendezvous/util/log.h"
+#include "rendezvous/util/os_util.h"
 #include "rendezvous/store_server.h"
 
 namespace {

@@ -51,11 +51,12 @@ install(TARGETS ${dtrun_libraries} EXPORT dtrunTargets
 install(FILES
   ${PROJECT_SOURCE_DIR}/rendezvous/memory_store.h
   ${PROJECT_SOURCE_DIR}/rendezvous/prefix_store.h
-  ${PROJECT_SOURCE_DIR}/rendezvous/status.h
   ${PROJECT_SOURCE_DIR}/rendezvous/store.h
   ${PROJECT_SOURCE_DIR}/rendezvous/store_client.h
   ${PROJECT_SOURCE_DIR}/rendezvous/wire.h
   DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/dtrun/rendezvous COMPONENT dev)
+install(FILES ${PROJECT_SOURCE_DIR}/rendezvous/util/status.h
+  DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/dtrun/rendezvous/util COMPONENT dev)
 if(TARGET dtrun_train)
   set(dtrun_lib_headers checkpoint.h ddp.h dist_env.h fsdp.h process_group.h trainer.h)
   if(EXISTS ${PROJECT_SOURCE_DIR}/lib/torch_compat.h)

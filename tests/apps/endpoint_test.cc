@@ -2,7 +2,7 @@
 
 #include <gtest/gtest.h>
 
-#include "rendezvous/os_util.h"
+#include "rendezvous/util/os_util.h"
 
 namespace dtrun::agent {
 namespace {

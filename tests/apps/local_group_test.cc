@@ -7,7 +7,7 @@
 #include <csignal>
 #include <cstdlib>
 
-#include "rendezvous/os_util.h"
+#include "rendezvous/util/os_util.h"
 #include "tests/testing/fake_clock.h"
 #include "tests/testing/fake_worker_group.h"
 

@@ -9,7 +9,7 @@
 #include <chrono>
 #include <thread>
 
-#include "rendezvous/os_util.h"
+#include "rendezvous/util/os_util.h"
 
 namespace dtrun::agent {
 namespace {

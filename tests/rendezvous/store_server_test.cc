@@ -11,7 +11,7 @@
 #include <thread>
 #include <vector>
 
-#include "rendezvous/log.h"
+#include "rendezvous/util/log.h"
 #include "rendezvous/store_client.h"
 #include "rendezvous/store_state.h"
 #include "tests/testing/log_capture.h"

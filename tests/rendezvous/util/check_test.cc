@@ -1,4 +1,4 @@
-#include "rendezvous/check.h"
+#include "rendezvous/util/check.h"
 
 #include <gtest/gtest.h>
 

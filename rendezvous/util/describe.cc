@@ -1,4 +1,4 @@
-#include "rendezvous/describe.h"
+#include "rendezvous/util/describe.h"
 
 #include <cstdio>
 

@@ -1,4 +1,4 @@
-#include "rendezvous/environment.h"
+#include "rendezvous/util/environment.h"
 
 // Not declared by any standard header in C++; POSIX only promises it exists.
 extern char** environ;

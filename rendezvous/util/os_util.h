@@ -6,7 +6,7 @@
 #include <string>
 #include <string_view>
 
-#include "rendezvous/status.h"
+#include "rendezvous/util/status.h"
 
 namespace dtrun::os {
 

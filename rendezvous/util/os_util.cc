@@ -1,4 +1,4 @@
-#include "rendezvous/os_util.h"
+#include "rendezvous/util/os_util.h"
 
 #include <fcntl.h>
 #include <ftw.h>

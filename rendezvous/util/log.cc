@@ -1,4 +1,4 @@
-#include "rendezvous/log.h"
+#include "rendezvous/util/log.h"
 
 #include <cstdlib>
 #include <mutex>
