@@ -330,6 +330,12 @@ std::string ApplyTorchrunExtras(const RawFlags& raw, LaunchConfig* c) {
            "' lists fewer GPUs than --nproc-per-node=" +
            std::to_string(c->nproc_per_node);
   }
+  // torch's file timer is switched on by the environment, as in torchrun;
+  // dtrun's own TORCHELASTIC_ERROR_FILE (a scheduler's) gets the root cause.
+  c->file_timer = env("TORCHELASTIC_ENABLE_FILE_TIMER") == "1";
+  if (!env("TORCHELASTIC_TIMER_FILE").empty())
+    c->timer_file = env("TORCHELASTIC_TIMER_FILE");
+  c->error_file = env("TORCHELASTIC_ERROR_FILE");
   std::string d_state = env("TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT");
   if (!d_state.empty()) {
     char* end = nullptr;

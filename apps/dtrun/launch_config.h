@@ -70,6 +70,8 @@ struct LaunchConfig {
   bool file_timer = false;
   // $TORCHELASTIC_TIMER_FILE; empty: one in the run folder.
   std::string timer_file;
+  // dtrun's own $TORCHELASTIC_ERROR_FILE: the root cause's record goes there.
+  std::string error_file;
   // --signals-to-handle (else $TORCHELASTIC_SIGNALS_TO_HANDLE): the text as
   // given, and the signal numbers. Stop signals in it stop the job; others
   // are forwarded to every worker and the job goes on.

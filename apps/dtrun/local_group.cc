@@ -75,14 +75,6 @@ Status LocalGroup::Prepare(const std::string& run_id) {
   attempt_.signals_to_handle = config_.signals_to_handle;
   attempt_.virtual_local_rank = config_.virtual_local_rank;
   base_env_ = ProcessEnvironment();
-  // torch's file timer is switched on by the environment, as in torchrun.
-  auto env = [this](const char* key) {
-    auto it = base_env_.find(key);
-    return it == base_env_.end() ? std::string() : it->second;
-  };
-  config_.file_timer = env("TORCHELASTIC_ENABLE_FILE_TIMER") == "1";
-  if (!env("TORCHELASTIC_TIMER_FILE").empty())
-    config_.timer_file = env("TORCHELASTIC_TIMER_FILE");
   if (config_.nproc_per_node > 1 && !base_env_.count("OMP_NUM_THREADS")) {
     Logger("dtrun.agent")
         ->warn(
@@ -519,9 +511,8 @@ int LocalGroup::ReportFailure() {
                                    agent_.restart_count() + 1, run_dir_,
                                    config_.max_restarts));
   const WorkerFailure& root = failures[RootCause(failures)];
-  if (const char* path = std::getenv("TORCHELASTIC_ERROR_FILE")) {
-    (void)os::WriteFile(path, RootCauseJson(root));
-  }
+  if (!config_.error_file.empty())
+    (void)os::WriteFile(config_.error_file, RootCauseJson(root));
   return ExitCodeFor(root);
 }
 
