@@ -271,10 +271,10 @@ int ElasticJob::JoinRounds() {
         assignment_.base_rank + config_.nproc_per_node - 1,
         assignment_.world_size, group_.attempt().master_addr,
         group_.attempt().master_port);
-    int rc = FollowRound();
-    if (rc >= 0) {
+    RoundEnd end = FollowRound();
+    if (!end.rejoin) {
       Linger();
-      return rc;
+      return end.exit_code;
     }
   }
 }
@@ -304,9 +304,9 @@ void ElasticJob::WaitTurn(const RoundPolicy& policy, TimePoint* next_check) {
   group_.PollOnce(static_cast<int>(std::max<int64_t>(0, wait.count())));
 }
 
-// Runs the local group of one round. Returns the exit code when the job is
-// over, or -1 to join the next round.
-int ElasticJob::FollowRound() {
+// Runs the local group of one round, until the job is over or the node
+// must join the next round.
+ElasticJob::RoundEnd ElasticJob::FollowRound() {
   RoundPolicy policy(config_.rdzv_conf.silent_limit(), clock_->Now());
   group_.StartRound(assignment_.round);
   // Check the round at least twice a second (more often with a faster
@@ -317,17 +317,18 @@ int ElasticJob::FollowRound() {
   for (;;) {
     WaitTurn(policy, &next_check);
     RoundStep step = policy.OnLocal(group_.outcome(), group_.stop_signal());
-    if (auto rc = Carry(step, &policy, &next_check)) return *rc;
+    if (auto end = Carry(step, &policy, &next_check)) return *end;
     if (clock_->Now() < next_check) continue;
     next_check = clock_->Now() + tick;
     step = policy.OnCheck(rdzv_->Check(assignment_), group_.outcome(),
                           clock_->Now());
-    if (auto rc = Carry(step, &policy, &next_check)) return *rc;
+    if (auto end = Carry(step, &policy, &next_check)) return *end;
   }
 }
 
-std::optional<int> ElasticJob::Carry(const RoundStep& step, RoundPolicy* policy,
-                                     TimePoint* next_check) {
+std::optional<ElasticJob::RoundEnd> ElasticJob::Carry(const RoundStep& step,
+                                                      RoundPolicy* policy,
+                                                      TimePoint* next_check) {
   auto log = Logger("dtrun.rdzv");
   switch (step.kind) {
     case RoundStep::Kind::kWait:
@@ -354,9 +355,9 @@ std::optional<int> ElasticJob::Carry(const RoundStep& step, RoundPolicy* policy,
       group_.StopForNewRound();
       return std::nullopt;
     case RoundStep::Kind::kRejoin:
-      return -1;
+      return RoundEnd{true, 0};
     case RoundStep::Kind::kExitWithSummary:
-      return group_.ReportFailure();
+      return RoundEnd{false, group_.ReportFailure()};
     case RoundStep::Kind::kExit:
       break;
   }
@@ -367,7 +368,7 @@ std::optional<int> ElasticJob::Carry(const RoundStep& step, RoundPolicy* policy,
     log->error("{}{}", step.why, closed ? ": " + rdzv_->closed_reason() : "");
   }
   if (step.stop_workers) group_.StopAndWait();
-  return step.exit_code;
+  return RoundEnd{false, step.exit_code};
 }
 
 }  // namespace dtrun::agent

@@ -34,12 +34,16 @@ class ElasticJob : public Job {
   Status HostRendezvousStore(uint16_t port, bool must);
   Status SetUpWorkerStore();
   rdzv::RendezvousOptions RendezvousOptionsOf(const std::string& run_id) const;
+  // How a round ended for this node: join the next one, or exit.
+  struct RoundEnd {
+    bool rejoin = false;
+    int exit_code = 0;  // when not rejoining
+  };
   int JoinRounds();
-  int FollowRound();
-  // Carries out `step`; returns the exit code, -1 to rejoin, or nothing to go
-  // on.
-  std::optional<int> Carry(const RoundStep& step, RoundPolicy* policy,
-                           TimePoint* next_check);
+  RoundEnd FollowRound();
+  // Carries out `step`; returns how the round ended, or nothing to go on.
+  std::optional<RoundEnd> Carry(const RoundStep& step, RoundPolicy* policy,
+                                TimePoint* next_check);
   void WaitTurn(const RoundPolicy& policy, TimePoint* next_check);
   void Linger();
   void NotifyStoreReady();

@@ -397,12 +397,16 @@ OutputRoute LocalGroup::Route(int local_rank, int stream_bit,
 
 WorkerSpec LocalGroup::SpecFor(int lr, const std::string& attempt_dir) {
   (void)os::MakeDirs(attempt_dir + "/" + std::to_string(lr));
-  ::unlink(ErrorFilePath(attempt_, lr)
-               .c_str());  // a stale one would name the wrong failure
+  // A stale error file would name the wrong failure.
+  ::unlink(ErrorFilePath(attempt_, lr).c_str());
   const rdzv::Assignment& a = assignment_;
-  int n = config_.nproc_per_node;
-  WorkerPlace place{lr, a.base_rank + lr, a.group_rank,       a.base_rank + lr,
-                    n,  a.world_size,     a.group_world_size, a.world_size};
+  WorkerPlace place;
+  place.local_rank = lr;
+  place.rank = place.role_rank = a.base_rank + lr;
+  place.group_rank = a.group_rank;
+  place.local_world_size = config_.nproc_per_node;
+  place.world_size = place.role_world_size = a.world_size;
+  place.group_world_size = a.group_world_size;
   EnvMap env = WorkerEnv(base_env_, attempt_, place);
   hang_.AddEnv(lr, attempt_dir, &env);
   timer_.AddEnv(&env);
