@@ -6,7 +6,11 @@ cd "$(dirname "$0")/.."
 build_dir=${1:-build}
 shift || true
 export CCACHE_DIR=${CCACHE_DIR:-$HOME/.cache/ccache}
-# Paths relative to the checkout, so a fresh clone reuses the cache.
+# Paths relative to the checkout, so a fresh clone reuses the cache. With -g
+# ccache would also hash the folder it compiles in, which differs for every
+# clone (CI's included): NOHASHDIR leaves it out; only the compile folder
+# recorded in the debug info may then name another clone.
 export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$(pwd)}
+export CCACHE_NOHASHDIR=${CCACHE_NOHASHDIR:-1}
 cmake -S . -B "$build_dir" -G Ninja "$@" >/dev/null
 ninja -C "$build_dir"
