@@ -25,7 +25,7 @@ std::string Text(const std::vector<uint8_t>& v) { return {v.begin(), v.end()}; }
 // code (deadlines, clear errors) as the agents. Statuses become exceptions.
 class DtrunC10dStore : public c10d::Store {
  public:
-  DtrunC10dStore(std::unique_ptr<rdzv::TcpStoreClient> client, int rank)
+  DtrunC10dStore(std::unique_ptr<rendezvous::TcpStoreClient> client, int rank)
       : c10d::Store(client->timeout()),
         client_(std::move(client)),
         rank_(rank) {}
@@ -75,7 +75,7 @@ class DtrunC10dStore : public c10d::Store {
     return std::move(*r);
   }
 
-  std::unique_ptr<rdzv::TcpStoreClient> client_;
+  std::unique_ptr<rendezvous::TcpStoreClient> client_;
   int rank_;
 };
 
@@ -138,14 +138,14 @@ std::unique_ptr<Distributed> Distributed::FromEnv(
   if (!env.ok()) throw Error(env.status().message());
   auto impl = std::make_unique<Impl>();
   impl->env = *env;
-  rdzv::StoreClientOptions copts;
+  rendezvous::StoreClientOptions copts;
   copts.host = env->master_addr;
   copts.port = static_cast<uint16_t>(env->master_port);
   copts.timeout = options.timeout;
   copts.connect_timeout = options.connect_timeout;
   // 1.13's dialect: torchrun's store answers it as well as dtrun's.
-  copts.dialect = rdzv::Dialect::kTorch113;
-  auto client = rdzv::TcpStoreClient::Connect(copts);
+  copts.dialect = rendezvous::Dialect::kTorch113;
+  auto client = rendezvous::TcpStoreClient::Connect(copts);
   if (!client.ok()) {
     throw StoreError("rank " + std::to_string(env->rank) + ": " +
                      client.status().message());

@@ -473,7 +473,7 @@ int Trainer::Run() {
     metrics_.open(c_.metrics_path, std::ios::app);
   const bool first_attempt = dist_->env().restart_count == 0;
   window_start_ = std::chrono::steady_clock::now();
-  rdzv::Heartbeat heartbeat;  // dtrun --hang-timeout: one pwrite per step
+  rendezvous::Heartbeat heartbeat;  // dtrun --hang-timeout: one pwrite per step
   for (int64_t step = start; step < c_.steps; ++step) {
     loss_ = Step(step);
     window_samples_ +=

@@ -7,7 +7,7 @@
 #include <cstdio>
 #include <cstdlib>
 
-namespace dtrun::rdzv {
+namespace dtrun::rendezvous {
 
 // A worker's heartbeat for `dtrun --hang-timeout`: Beat(step) writes the step
 // to the file dtrun names in $DTRUN_HEARTBEAT_FILE (dtrun watches its
@@ -46,4 +46,4 @@ class Heartbeat {
   int fd_ = -1;
 };
 
-}  // namespace dtrun::rdzv
+}  // namespace dtrun::rendezvous

@@ -3,7 +3,7 @@
 #include "rendezvous/util/describe.h"
 #include "rendezvous/store_state.h"
 
-namespace dtrun::rdzv {
+namespace dtrun::rendezvous {
 
 Status MemoryStore::Set(const std::string& key, std::string_view value) {
   {
@@ -95,4 +95,4 @@ Result<int64_t> MemoryStore::NumKeys() {
   return static_cast<int64_t>(data_.size());
 }
 
-}  // namespace dtrun::rdzv
+}  // namespace dtrun::rendezvous

@@ -7,7 +7,7 @@
 
 #include "rendezvous/store.h"
 
-namespace dtrun::rdzv {
+namespace dtrun::rendezvous {
 
 // In-process Store for tests and single-process use (gloo's HashStore idea).
 // Thread-safe; Wait blocks the calling thread on a condition variable.
@@ -41,4 +41,4 @@ class MemoryStore : public Store {
   std::unordered_map<std::string, std::string> data_;
 };
 
-}  // namespace dtrun::rdzv
+}  // namespace dtrun::rendezvous

@@ -1,6 +1,6 @@
 #include "rendezvous/prefix_store.h"
 
-namespace dtrun::rdzv {
+namespace dtrun::rendezvous {
 
 std::vector<std::string> PrefixStore::Keys(
     const std::vector<std::string>& keys) const {
@@ -35,4 +35,4 @@ Result<bool> PrefixStore::DeleteKey(const std::string& key) {
   return inner_->DeleteKey(Key(key));
 }
 
-}  // namespace dtrun::rdzv
+}  // namespace dtrun::rendezvous

@@ -4,7 +4,7 @@
 
 #include "rendezvous/store.h"
 
-namespace dtrun::rdzv {
+namespace dtrun::rendezvous {
 
 // Namespacing decorator: key -> prefix + "/" + key, as c10d's PrefixStore.
 // Does not own `inner`, which must outlive it. Thread rules: those of inner.
@@ -39,4 +39,4 @@ class PrefixStore : public Store {
   Store* inner_;
 };
 
-}  // namespace dtrun::rdzv
+}  // namespace dtrun::rendezvous

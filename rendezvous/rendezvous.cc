@@ -54,7 +54,7 @@
 #include "rendezvous/util/os_util.h"
 #include "rendezvous/store_state.h"
 
-namespace dtrun::rdzv {
+namespace dtrun::rendezvous {
 namespace {
 
 int64_t UnixMillis() {
@@ -773,4 +773,4 @@ Result<bool> Rendezvous::AwaitRoundOver(const Assignment& current,
   return s;
 }
 
-}  // namespace dtrun::rdzv
+}  // namespace dtrun::rendezvous

@@ -11,7 +11,7 @@
 #include "rendezvous/store.h"
 #include "rendezvous/store_client.h"
 
-namespace dtrun::rdzv {
+namespace dtrun::rendezvous {
 
 struct RendezvousOptions {
   std::string run_id = "none";
@@ -234,4 +234,4 @@ class Rendezvous {
 // A node id: "<host>_<pid>_<random>".
 std::string MakeNodeId();
 
-}  // namespace dtrun::rdzv
+}  // namespace dtrun::rendezvous

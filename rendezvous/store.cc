@@ -1,6 +1,6 @@
 #include "rendezvous/store.h"
 
-namespace dtrun::rdzv {
+namespace dtrun::rendezvous {
 
 Result<std::vector<std::string>> Store::MultiGet(
     const std::vector<std::string>& keys) {
@@ -35,4 +35,4 @@ Status Store::MultiSet(const std::vector<std::string>& keys,
   return Status::Ok();
 }
 
-}  // namespace dtrun::rdzv
+}  // namespace dtrun::rendezvous

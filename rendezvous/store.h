@@ -8,7 +8,7 @@
 
 #include "rendezvous/util/status.h"
 
-namespace dtrun::rdzv {
+namespace dtrun::rendezvous {
 
 // A c10d-style key-value store: values are bytes, ADD keeps a decimal
 // string, WAIT returns once every key exists. Implementations are
@@ -52,4 +52,4 @@ class Store {
   }
 };
 
-}  // namespace dtrun::rdzv
+}  // namespace dtrun::rendezvous

@@ -36,7 +36,7 @@
 
 #include "rendezvous/util/describe.h"
 
-namespace dtrun::rdzv {
+namespace dtrun::rendezvous {
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -485,9 +485,9 @@ Result<int64_t> TcpStoreClient::NumKeys() {
   return I64(reply);
 }
 
-}  // namespace dtrun::rdzv
+}  // namespace dtrun::rendezvous
 
-namespace dtrun::rdzv {
+namespace dtrun::rendezvous {
 
 Result<std::vector<std::string>> TcpStoreClient::MultiGet(
     const std::vector<std::string>& keys) {
@@ -523,9 +523,9 @@ Status TcpStoreClient::MultiSet(const std::vector<std::string>& keys,
               "multi_set of keys " + DescribeKeys(keys), 0, nullptr);
 }
 
-}  // namespace dtrun::rdzv
+}  // namespace dtrun::rendezvous
 
-namespace dtrun::rdzv {
+namespace dtrun::rendezvous {
 
 // A watch connection carries two kinds of frames from the store, told
 // apart by their first byte: the one-byte acknowledgement of a WATCH_KEY
@@ -633,4 +633,4 @@ Status TcpStoreClient::TakeChanges(std::vector<KeyChange>* changes) {
   return Status::Ok();
 }
 
-}  // namespace dtrun::rdzv
+}  // namespace dtrun::rendezvous

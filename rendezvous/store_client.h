@@ -10,7 +10,7 @@
 #include "rendezvous/store.h"
 #include "rendezvous/wire.h"
 
-namespace dtrun::rdzv {
+namespace dtrun::rendezvous {
 
 struct StoreClientOptions {
   std::string host = "127.0.0.1";
@@ -139,4 +139,4 @@ class TcpStoreClient : public Store {
   std::vector<KeyChange> changes_;
 };
 
-}  // namespace dtrun::rdzv
+}  // namespace dtrun::rendezvous

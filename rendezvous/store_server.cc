@@ -44,7 +44,7 @@
 #include "rendezvous/util/log.h"
 #include "rendezvous/store_state.h"
 
-namespace dtrun::rdzv {
+namespace dtrun::rendezvous {
 namespace {
 
 constexpr size_t kReadChunk = 64 * 1024;
@@ -507,4 +507,4 @@ size_t StoreServer::NumConnections() {
   return impl_->OnLoop([this] { return impl_->sessions_.size(); });
 }
 
-}  // namespace dtrun::rdzv
+}  // namespace dtrun::rendezvous

@@ -8,7 +8,7 @@
 #include "rendezvous/util/status.h"
 #include "rendezvous/wire.h"
 
-namespace dtrun::rdzv {
+namespace dtrun::rendezvous {
 
 class StoreState;
 
@@ -65,4 +65,4 @@ class StoreServer {
   std::unique_ptr<Impl> impl_;
 };
 
-}  // namespace dtrun::rdzv
+}  // namespace dtrun::rendezvous

@@ -28,7 +28,7 @@
 
 #include "rendezvous/util/check.h"
 
-namespace dtrun::rdzv {
+namespace dtrun::rendezvous {
 namespace {
 
 // Appends a one-byte reply; no-op when the connection is gone.
@@ -385,4 +385,4 @@ void StoreState::QueuePop(ConnId conn, const std::string& key,
   }
 }
 
-}  // namespace dtrun::rdzv
+}  // namespace dtrun::rendezvous

@@ -11,7 +11,7 @@
 #include "rendezvous/util/status.h"
 #include "rendezvous/wire.h"
 
-namespace dtrun::rdzv {
+namespace dtrun::rendezvous {
 
 using ConnId = uint64_t;
 
@@ -122,4 +122,4 @@ class StoreState {
 // number does not fit in 64 bits.
 bool ParseCounter(std::string_view text, int64_t* value);
 
-}  // namespace dtrun::rdzv
+}  // namespace dtrun::rendezvous

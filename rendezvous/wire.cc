@@ -11,7 +11,7 @@
 
 #include "rendezvous/util/check.h"
 
-namespace dtrun::rdzv {
+namespace dtrun::rendezvous {
 namespace {
 
 // Reads fields from `in` in order. The first field that runs past the end
@@ -330,4 +330,4 @@ bool GetU64(std::string_view in, size_t* pos, uint64_t* v) {
   return GetFixed(in, pos, v);
 }
 
-}  // namespace dtrun::rdzv
+}  // namespace dtrun::rendezvous

@@ -42,7 +42,7 @@
 #include <string_view>
 #include <vector>
 
-namespace dtrun::rdzv {
+namespace dtrun::rendezvous {
 
 enum class Dialect : uint8_t { kUnknown, kTorch113, kTorch2 };
 
@@ -162,4 +162,4 @@ bool GetU32(std::string_view in, size_t* pos, uint32_t* v);
 bool GetI64(std::string_view in, size_t* pos, int64_t* v);
 bool GetU64(std::string_view in, size_t* pos, uint64_t* v);
 
-}  // namespace dtrun::rdzv
+}  // namespace dtrun::rendezvous

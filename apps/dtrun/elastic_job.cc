@@ -47,10 +47,10 @@ ElasticJob::~ElasticJob() {
 }
 
 Status ElasticJob::HostRendezvousStore(uint16_t port, bool must) {
-  rdzv::StoreServerOptions opts;
+  rendezvous::StoreServerOptions opts;
   opts.port = port;
   os::RaiseFileLimit();  // two connections per node
-  auto server = rdzv::StoreServer::Start(opts);
+  auto server = rendezvous::StoreServer::Start(opts);
   if (!server.ok()) {
     if (must) return server.status();
     // Inferred hosting (c10d): another agent of this host got there first.
@@ -66,8 +66,8 @@ Status ElasticJob::HostRendezvousStore(uint16_t port, bool must) {
   return Status::Ok();
 }
 
-Result<std::unique_ptr<rdzv::TcpStoreClient>> ElasticJob::ConnectUntil(
-    rdzv::StoreClientOptions opts, milliseconds limit) {
+Result<std::unique_ptr<rendezvous::TcpStoreClient>> ElasticJob::ConnectUntil(
+    rendezvous::StoreClientOptions opts, milliseconds limit) {
   // In steps of at most a second, so that a signal stops the wait at once
   // (a store that is not up yet would otherwise hold dtrun for the whole
   // join timeout, deaf to Ctrl-C and SIGTERM).
@@ -77,7 +77,7 @@ Result<std::unique_ptr<rdzv::TcpStoreClient>> ElasticJob::ConnectUntil(
         std::chrono::duration_cast<milliseconds>(deadline - clock_->Now());
     opts.connect_timeout =
         std::max(milliseconds(1), std::min(left, milliseconds(1000)));
-    auto client = rdzv::TcpStoreClient::Connect(opts);
+    auto client = rendezvous::TcpStoreClient::Connect(opts);
     if (client.ok() || left <= milliseconds(1000)) return client;
     if (group_.Interrupted()) {
       return Status::Canceled("stopped by " + SignalName(group_.stop_signal()) +
@@ -107,7 +107,7 @@ Status ElasticJob::ConnectRendezvous() {
     Status s = HostRendezvousStore(port, is_static || explicit_host);
     if (!s.ok()) return s;
   }
-  rdzv::StoreClientOptions copts;
+  rendezvous::StoreClientOptions copts;
   copts.host = host;
   copts.port = port;
   // Store operations are bounded by the time a node may stay silent, so a
@@ -128,7 +128,7 @@ Status ElasticJob::ConnectRendezvous() {
   // in the 1.13 dialect that has WATCH_KEY. Short deadlines: a store that
   // does not answer a watch leaves Check reading, as before.
   watch_opts_ = copts;
-  watch_opts_.dialect = rdzv::Dialect::kTorch113;
+  watch_opts_.dialect = rendezvous::Dialect::kTorch113;
   watch_opts_.timeout = std::min(copts.timeout, milliseconds(5000));
   watch_opts_.connect_timeout = watch_opts_.timeout;
   return Status::Ok();
@@ -142,7 +142,7 @@ Status ElasticJob::SetUpWorkerStore() {
   std::string addr;
   worker_store_.reset();
   if (assignment_.group_rank == 0) {
-    auto server = rdzv::StoreServer::Start(rdzv::StoreServerOptions{});
+    auto server = rendezvous::StoreServer::Start(rendezvous::StoreServerOptions{});
     if (!server.ok()) return server.status();
     worker_store_ = std::move(*server);
     worker_store_->RunInBackground();
@@ -175,12 +175,12 @@ Status ElasticJob::SetUpWorkerStore() {
   return Status::Ok();
 }
 
-rdzv::RendezvousOptions ElasticJob::RendezvousOptionsOf(
+rendezvous::RendezvousOptions ElasticJob::RendezvousOptionsOf(
     const std::string& run_id) const {
   const RdzvConfig& rc = config_.rdzv_conf;
-  rdzv::RendezvousOptions ro;
+  rendezvous::RendezvousOptions ro;
   ro.run_id = run_id;
-  ro.node_id = rdzv::MakeNodeId();
+  ro.node_id = rendezvous::MakeNodeId();
   bool is_static = config_.rdzv_backend == "static";
   ro.node_rank = is_static ? config_.node_rank : -1;
   ro.preferred_rank =
@@ -228,11 +228,11 @@ int ElasticJob::Run() {
     return kExitUsage;
   }
   NotifyStoreReady();
-  rdzv::RendezvousOptions ro = RendezvousOptionsOf(config_.rdzv_id);
+  rendezvous::RendezvousOptions ro = RendezvousOptionsOf(config_.rdzv_id);
   ro.open_watch = [opts = watch_opts_] {
-    return rdzv::TcpStoreClient::Connect(opts);
+    return rendezvous::TcpStoreClient::Connect(opts);
   };
-  rdzv_ = std::make_unique<rdzv::Rendezvous>(rdzv_client_.get(), ro);
+  rdzv_ = std::make_unique<rendezvous::Rendezvous>(rdzv_client_.get(), ro);
   log->info("node {} joining rendezvous '{}' at {} ({}..{} nodes); logs in {}",
             ro.node_id, ro.run_id, rdzv_client_->address(), ro.min_nodes,
             ro.max_nodes, group_.run_dir());
@@ -343,7 +343,7 @@ std::optional<ElasticJob::RoundEnd> ElasticJob::Carry(const RoundStep& step,
     case RoundStep::Kind::kReportFailure: {
       auto failures = rdzv_->ReportFailure(assignment_, "local group failed");
       bool goes_on =
-          failures.ok() && rdzv_->end_reason() == rdzv::EndReason::kNone;
+          failures.ok() && rdzv_->end_reason() == rendezvous::EndReason::kNone;
       if (goes_on) {
         log->warn("round {} failed here; {} of {} restart(s) used",
                   assignment_.round, *failures, config_.max_restarts);

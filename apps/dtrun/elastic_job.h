@@ -8,7 +8,7 @@
 #include "rendezvous/rendezvous.h"
 #include "rendezvous/store_client.h"
 
-namespace dtrun::rdzv {
+namespace dtrun::rendezvous {
 class StoreServer;
 }
 
@@ -29,11 +29,11 @@ class ElasticJob : public Job {
  private:
   Status ConnectRendezvous();
   // Connects within `limit`, giving up early (kCanceled) on a stop signal.
-  Result<std::unique_ptr<rdzv::TcpStoreClient>> ConnectUntil(
-      rdzv::StoreClientOptions opts, std::chrono::milliseconds limit);
+  Result<std::unique_ptr<rendezvous::TcpStoreClient>> ConnectUntil(
+      rendezvous::StoreClientOptions opts, std::chrono::milliseconds limit);
   Status HostRendezvousStore(uint16_t port, bool must);
   Status SetUpWorkerStore();
-  rdzv::RendezvousOptions RendezvousOptionsOf(const std::string& run_id) const;
+  rendezvous::RendezvousOptions RendezvousOptionsOf(const std::string& run_id) const;
   // How a round ended for this node: join the next one, or exit.
   struct RoundEnd {
     bool rejoin = false;
@@ -54,13 +54,13 @@ class ElasticJob : public Job {
   SignalFd signals_;
   LocalGroup group_;
   // hosted here (static node 0, or c10d host)
-  std::unique_ptr<rdzv::StoreServer> rdzv_store_;
+  std::unique_ptr<rendezvous::StoreServer> rdzv_store_;
   // group rank 0: this round's workers' store
-  std::unique_ptr<rdzv::StoreServer> worker_store_;
-  std::unique_ptr<rdzv::TcpStoreClient> rdzv_client_;
-  rdzv::StoreClientOptions watch_opts_;  // Check's push connection
-  std::unique_ptr<rdzv::Rendezvous> rdzv_;
-  rdzv::Assignment assignment_;
+  std::unique_ptr<rendezvous::StoreServer> worker_store_;
+  std::unique_ptr<rendezvous::TcpStoreClient> rdzv_client_;
+  rendezvous::StoreClientOptions watch_opts_;  // Check's push connection
+  std::unique_ptr<rendezvous::Rendezvous> rdzv_;
+  rendezvous::Assignment assignment_;
   int64_t crashes_ = 0;
 };
 

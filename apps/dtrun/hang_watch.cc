@@ -79,7 +79,7 @@ void HangWatch::AddEnv(int local_rank, const std::string& attempt_dir,
   if (!enabled()) return;
   std::string path = RankDir(attempt_dir, local_rank) + "/heartbeat";
   ::unlink(path.c_str());  // a beat of the last attempt must not count
-  (*env)[rdzv::Heartbeat::kEnv] = path;
+  (*env)[rendezvous::Heartbeat::kEnv] = path;
   if (!env->count("PYTHONFAULTHANDLER")) (*env)["PYTHONFAULTHANDLER"] = "1";
 }
 

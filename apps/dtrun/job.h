@@ -10,7 +10,7 @@
 
 #include "apps/dtrun/local_group.h"
 
-namespace dtrun::rdzv {
+namespace dtrun::rendezvous {
 class TcpStoreClient;
 }
 
@@ -37,7 +37,7 @@ class Job {
 // under `prefix`+"crash", and the number of crashes so far under
 // `prefix`+"crash_count", so a console can stop a crash loop without knowing
 // the log layout.
-Status PublishCrash(rdzv::TcpStoreClient* store, const std::string& prefix,
+Status PublishCrash(rendezvous::TcpStoreClient* store, const std::string& prefix,
                     const WorkerCrash& crash, int64_t count);
 
 }  // namespace dtrun::agent

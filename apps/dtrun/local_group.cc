@@ -399,7 +399,7 @@ WorkerSpec LocalGroup::SpecFor(int lr, const std::string& attempt_dir) {
   (void)os::MakeDirs(attempt_dir + "/" + std::to_string(lr));
   // A stale error file would name the wrong failure.
   ::unlink(ErrorFilePath(attempt_, lr).c_str());
-  const rdzv::Assignment& a = assignment_;
+  const rendezvous::Assignment& a = assignment_;
   WorkerPlace place;
   place.local_rank = lr;
   place.rank = place.role_rank = a.base_rank + lr;

@@ -64,7 +64,7 @@ class LocalGroup {
   // the store's address.
   AttemptEnv& attempt() { return attempt_; }
   // Where the local ranks sit in the world (elastic: set every round).
-  void set_assignment(const rdzv::Assignment& a) { assignment_ = a; }
+  void set_assignment(const rendezvous::Assignment& a) { assignment_ = a; }
   const std::string& run_dir() const { return run_dir_; }
 
   // Called before each attempt's workers start, with its restart count.
@@ -134,7 +134,7 @@ class LocalGroup {
   TimerPipe timer_;
   EnvMap base_env_;
   AttemptEnv attempt_;
-  rdzv::Assignment assignment_;
+  rendezvous::Assignment assignment_;
   std::string run_dir_;
   bool run_dir_is_temp_ = false;
   double started_at_ = 0;  // unix seconds, at Prepare

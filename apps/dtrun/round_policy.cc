@@ -51,7 +51,7 @@ RoundStep RoundPolicy::OnFailureReported(bool job_goes_on) {
   return job_goes_on ? Step(Kind::kRejoin) : Step(Kind::kExitWithSummary);
 }
 
-RoundStep RoundPolicy::OnCheck(const Result<rdzv::RoundEvent>& event,
+RoundStep RoundPolicy::OnCheck(const Result<rendezvous::RoundEvent>& event,
                                GroupOutcome outcome, TimePoint now) {
   if (!event.ok()) {
     // The store's host may be gone, or only our link. Give it as long as a
@@ -67,12 +67,12 @@ RoundStep RoundPolicy::OnCheck(const Result<rdzv::RoundEvent>& event,
   last_ok_ = now;
   bool succeeded = outcome == GroupOutcome::kSucceeded;
   switch (event.value()) {
-    case rdzv::RoundEvent::kNone:
+    case rendezvous::RoundEvent::kNone:
       break;
-    case rdzv::RoundEvent::kAllDone:
+    case rendezvous::RoundEvent::kAllDone:
       if (succeeded) return Exit(kExitSuccess, false, "all nodes succeeded");
       break;
-    case rdzv::RoundEvent::kRestart:
+    case rendezvous::RoundEvent::kRestart:
       // Done here already: nothing to stop, the next round takes this node.
       if (succeeded) return Step(Kind::kRejoin);
       if (stopping_) break;
@@ -80,13 +80,13 @@ RoundStep RoundPolicy::OnCheck(const Result<rdzv::RoundEvent>& event,
       return Step(
           Kind::kStopWorkers,
           "the round is over elsewhere; stopping local workers to rejoin");
-    case rdzv::RoundEvent::kClosed:
+    case rendezvous::RoundEvent::kClosed:
       return Exit(kExitFailedElsewhere, true, "the job failed");
   }
   return Step(Kind::kWait);
 }
 
-int JoinFailedExitCode(const Status& status, rdzv::EndReason reason,
+int JoinFailedExitCode(const Status& status, rendezvous::EndReason reason,
                        int stop_signal) {
   switch (status.code()) {
     case Status::Code::kCanceled:
@@ -95,7 +95,7 @@ int JoinFailedExitCode(const Status& status, rdzv::EndReason reason,
       // The job was closed before this node could join: by failures past
       // --max-restarts (like any node of a failed job), or by a
       // configuration the nodes disagree on.
-      return reason == rdzv::EndReason::kWorkersFailed ? kExitFailedElsewhere
+      return reason == rendezvous::EndReason::kWorkersFailed ? kExitFailedElsewhere
                                                        : kExitUsage;
     default:
       return kExitRendezvous;

@@ -55,7 +55,7 @@ class RoundPolicy {
   void OnMarkedDone(bool ok) { done_marked_ = ok; }
   // A check of the round at `now`: its event, or Status when the store could
   // not be reached.
-  RoundStep OnCheck(const Result<rdzv::RoundEvent>& event, GroupOutcome outcome,
+  RoundStep OnCheck(const Result<rendezvous::RoundEvent>& event, GroupOutcome outcome,
                     TimePoint now);
 
   bool done_marked() const { return done_marked_; }
@@ -69,7 +69,7 @@ class RoundPolicy {
 
 // The exit code when joining a round failed: a stop signal, the job closed
 // for a reason every node agrees on, or the store lost (rendezvous failure).
-int JoinFailedExitCode(const Status& status, rdzv::EndReason reason,
+int JoinFailedExitCode(const Status& status, rendezvous::EndReason reason,
                        int stop_signal);
 
 }  // namespace dtrun::agent

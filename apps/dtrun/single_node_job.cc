@@ -30,11 +30,11 @@ SingleNodeJob::~SingleNodeJob() {
 }
 
 Status SingleNodeJob::StartStore() {
-  rdzv::StoreServerOptions opts;
+  rendezvous::StoreServerOptions opts;
   opts.host = config_.master_addr;
   // --standalone always takes a free port, as torchrun does.
   opts.port = config_.standalone ? 0 : config_.master_port.value_or(0);
-  auto server = rdzv::StoreServer::Start(opts);
+  auto server = rendezvous::StoreServer::Start(opts);
   if (!server.ok()) return server.status();
   store_ = std::move(*server);
   store_->RunInBackground();
@@ -76,7 +76,7 @@ void SingleNodeJob::BeforeAttempt(int restart_count) {
   // A fresh key space: torch >= 2.x workers use no per-attempt prefix, so
   // keys of the failed attempt (e.g. a stale NCCL unique id) must not
   // survive. (With rendezvous, each round has a new store instead.)
-  store_->WithState([](rdzv::StoreState& state) { state.Clear(); });
+  store_->WithState([](rendezvous::StoreState& state) { state.Clear(); });
   if (last_crash_) PublishLastCrash();  // ... but the console still needs this
 }
 
@@ -88,11 +88,11 @@ void SingleNodeJob::OnCrash(const WorkerCrash& crash) {
 
 void SingleNodeJob::PublishLastCrash() {
   if (!console_link_) {
-    rdzv::StoreClientOptions opts;
+    rendezvous::StoreClientOptions opts;
     opts.host = group_.attempt().master_addr;
     opts.port = static_cast<uint16_t>(group_.attempt().master_port);
     opts.timeout = std::chrono::seconds(5);
-    auto client = rdzv::TcpStoreClient::Connect(opts);
+    auto client = rendezvous::TcpStoreClient::Connect(opts);
     if (!client.ok()) return;
     console_link_ = std::move(*client);
   }

@@ -6,7 +6,7 @@
 #include "apps/dtrun/job.h"
 #include "apps/dtrun/signals.h"
 
-namespace dtrun::rdzv {
+namespace dtrun::rendezvous {
 class StoreServer;
 }
 
@@ -32,9 +32,9 @@ class SingleNodeJob : public Job {
   // first: blocks the signals before the store's thread starts
   SignalFd signals_;
   LocalGroup group_;
-  std::unique_ptr<rdzv::StoreServer> store_;
+  std::unique_ptr<rendezvous::StoreServer> store_;
   // interactive: publishes crashes
-  std::unique_ptr<rdzv::TcpStoreClient> console_link_;
+  std::unique_ptr<rendezvous::TcpStoreClient> console_link_;
   std::optional<WorkerCrash> last_crash_;
   int64_t crashes_ = 0;
 };

@@ -22,9 +22,9 @@ namespace {
 // Reads the flags into `opts` and sets the log level. Returns the exit code
 // when dtstore should stop now (0 after --help/--version, 2 on a bad flag),
 // or -1 to go on.
-int ParseFlags(int argc, char** argv, dtrun::rdzv::StoreServerOptions* out) {
+int ParseFlags(int argc, char** argv, dtrun::rendezvous::StoreServerOptions* out) {
   CLI::App app{"dtrun's standalone c10d TCPStore-compatible store server"};
-  dtrun::rdzv::StoreServerOptions& opts = *out;
+  dtrun::rendezvous::StoreServerOptions& opts = *out;
   std::string log_level;
   // Bounded because a value's length comes from the client: a port scanner's
   // bytes once made torch's store allocate gigabytes (pytorch#106294). 64 MiB
@@ -78,13 +78,13 @@ sigset_t BlockStopSignals() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  dtrun::rdzv::StoreServerOptions opts;
+  dtrun::rendezvous::StoreServerOptions opts;
   int rc = ParseFlags(argc, argv, &opts);
   if (rc >= 0) return rc;
   dtrun::os::RaiseFileLimit();  // 1.13 clients open two connections each
   sigset_t stop = BlockStopSignals();
 
-  auto server = dtrun::rdzv::StoreServer::Start(opts);
+  auto server = dtrun::rendezvous::StoreServer::Start(opts);
   if (!server.ok()) {
     std::fprintf(stderr, "dtstore: %s\n", server.status().message().c_str());
     return 3;

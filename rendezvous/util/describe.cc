@@ -2,7 +2,7 @@
 
 #include <cstdio>
 
-namespace dtrun::rdzv {
+namespace dtrun::rendezvous {
 
 std::string DescribeKeys(const std::vector<std::string>& keys) {
   std::string out = "[";
@@ -23,4 +23,4 @@ std::string DescribeSeconds(std::chrono::nanoseconds d) {
   return buf;
 }
 
-}  // namespace dtrun::rdzv
+}  // namespace dtrun::rendezvous

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-namespace dtrun::rdzv {
+namespace dtrun::rendezvous {
 
 // "[a, b, c]"; past four keys the first three and "... N more", so a
 // MULTI_GET of 48 keys still fits on one log line.
@@ -16,4 +16,4 @@ std::string DescribeKeys(const std::vector<std::string>& keys);
 // Seconds with two decimals: "1.50s".
 std::string DescribeSeconds(std::chrono::nanoseconds d);
 
-}  // namespace dtrun::rdzv
+}  // namespace dtrun::rendezvous

@@ -192,7 +192,7 @@ TEST_F(LocalGroupTest, TeedLinesArePrefixedAsTorchrunPrefixesThem) {
   config_.role = "trainer";
   config_.tee = StreamSpec{1, {}};
   Make(/*elastic=*/true);
-  rdzv::Assignment a;
+  rendezvous::Assignment a;
   a.base_rank = 6;
   a.world_size = 9;
   group_->set_assignment(a);
@@ -208,7 +208,7 @@ TEST_F(LocalGroupTest, TheTemplateNamesTheGlobalRankHostAndPid) {
   config_.log_line_prefix_template =
       "${hostname}|${role_name}|${rank}|${local_rank}|${pid}|${other}: ";
   Make(/*elastic=*/true);
-  rdzv::Assignment a;
+  rendezvous::Assignment a;
   a.base_rank = 3;
   a.world_size = 6;
   group_->set_assignment(a);

@@ -11,7 +11,7 @@ namespace {
 
 using std::chrono::milliseconds;
 using Kind = RoundStep::Kind;
-using rdzv::RoundEvent;
+using rendezvous::RoundEvent;
 
 class RoundPolicyTest : public ::testing::Test {
  protected:
@@ -111,7 +111,7 @@ TEST_F(RoundPolicyTest, AReachedStoreRestartsTheSilentLimit) {
 }
 
 TEST(JoinFailedExitCodeTest, EachFailureHasItsCode) {
-  using rdzv::EndReason;
+  using rendezvous::EndReason;
   EXPECT_EQ(
       JoinFailedExitCode(Status::Canceled("signal"), EndReason::kNone, SIGINT),
       128 + SIGINT);

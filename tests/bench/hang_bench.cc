@@ -1,4 +1,4 @@
-// The cost of one heartbeat (rdzv::Heartbeat::Beat: one pwrite) in C++.
+// The cost of one heartbeat (rendezvous::Heartbeat::Beat: one pwrite) in C++.
 // Usage: hang_bench [BEATS]; prints "cpp_beat_us <mean microseconds>".
 #include <chrono>
 #include <cstdio>
@@ -14,9 +14,9 @@ int main(int argc, char** argv) {
   char dir[] = "/tmp/dtrun-hang-bench-XXXXXX";
   if (!mkdtemp(dir)) return 1;
   std::string path = std::string(dir) + "/heartbeat";
-  setenv(dtrun::rdzv::Heartbeat::kEnv, path.c_str(), 1);
+  setenv(dtrun::rendezvous::Heartbeat::kEnv, path.c_str(), 1);
   {
-    dtrun::rdzv::Heartbeat hb;
+    dtrun::rendezvous::Heartbeat hb;
     auto start = std::chrono::steady_clock::now();
     for (long i = 0; i < beats; ++i) hb.Beat(i);
     double s =

@@ -43,7 +43,7 @@
 #include "rendezvous/store_client.h"
 #include "tests/helpers/server_process.h"
 
-namespace dtrun::rdzv {
+namespace dtrun::rendezvous {
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -311,10 +311,10 @@ std::vector<int> ParseList(const std::string& text) {
 }
 
 }  // namespace
-}  // namespace dtrun::rdzv
+}  // namespace dtrun::rendezvous
 
 int main(int argc, char** argv) {
-  using namespace dtrun::rdzv;
+  using namespace dtrun::rendezvous;
   Options o;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string flag = argv[i], value = argv[i + 1];

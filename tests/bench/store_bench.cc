@@ -36,9 +36,9 @@
 namespace {
 
 using Clock = std::chrono::steady_clock;
-using dtrun::rdzv::Dialect;
-using dtrun::rdzv::Op;
-using dtrun::rdzv::Request;
+using dtrun::rendezvous::Dialect;
+using dtrun::rendezvous::Op;
+using dtrun::rendezvous::Request;
 
 // The raw barrier connections speak the dialect of the libtorch built against.
 constexpr Dialect kDialect =
@@ -190,7 +190,7 @@ double Barrier(uint16_t port, int n) {
     // (it has no reply).
     Request validate;
     validate.op = Op::kValidate;
-    validate.word = dtrun::rdzv::kValidateMagic;
+    validate.word = dtrun::rendezvous::kValidateMagic;
     std::string first;
     EncodeRequest(validate, kDialect, &first);
     arrive = first + arrive;

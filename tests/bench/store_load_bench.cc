@@ -38,7 +38,7 @@
 #include "rendezvous/wire.h"
 #include "tests/helpers/server_process.h"
 
-namespace dtrun::rdzv {
+namespace dtrun::rendezvous {
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -306,10 +306,10 @@ void Row(const Options& o, const Server& ours, const Server& theirs,
 }
 
 }  // namespace
-}  // namespace dtrun::rdzv
+}  // namespace dtrun::rendezvous
 
 int main(int argc, char** argv) {
-  using namespace dtrun::rdzv;
+  using namespace dtrun::rendezvous;
   Options o;
   dtrun::testing::Pinning pin;
   for (int i = 1; i + 1 < argc; i += 2) {

@@ -17,7 +17,7 @@
 #include "rendezvous/store_client.h"
 #include "tests/testing/raw_conn.h"
 
-namespace dtrun::rdzv {
+namespace dtrun::rendezvous {
 namespace {
 
 using std::chrono::milliseconds;
@@ -233,4 +233,4 @@ TEST_F(OurClientOnTorch2ServerTest, ConcurrentClientsCountEveryAdd) {
 }
 
 }  // namespace
-}  // namespace dtrun::rdzv
+}  // namespace dtrun::rendezvous

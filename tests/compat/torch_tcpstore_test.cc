@@ -13,7 +13,7 @@
 #include "rendezvous/store_server.h"
 #include "tests/testing/loopback_server.h"
 
-namespace dtrun::rdzv {
+namespace dtrun::rendezvous {
 namespace {
 
 using std::chrono::milliseconds;
@@ -210,4 +210,4 @@ TEST_F(OurClientOnTorchServerTest, WaitTimeoutDoesNotDesyncLaterReplies) {
 }
 
 }  // namespace
-}  // namespace dtrun::rdzv
+}  // namespace dtrun::rendezvous

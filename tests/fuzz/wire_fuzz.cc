@@ -11,9 +11,9 @@
 
 namespace {
 
-class NullSink : public dtrun::rdzv::ReplySink {
+class NullSink : public dtrun::rendezvous::ReplySink {
  public:
-  std::string* Out(dtrun::rdzv::ConnId) override {
+  std::string* Out(dtrun::rendezvous::ConnId) override {
     out.clear();
     return &out;
   }
@@ -23,7 +23,7 @@ class NullSink : public dtrun::rdzv::ReplySink {
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  using namespace dtrun::rdzv;
+  using namespace dtrun::rendezvous;
   std::string_view in(reinterpret_cast<const char*>(data), size);
   Dialect dialect = DetectDialect(in);
   if (dialect == Dialect::kUnknown) return 0;

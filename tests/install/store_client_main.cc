@@ -13,10 +13,10 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "usage: %s HOST PORT\n", argv[0]);
     return 2;
   }
-  dtrun::rdzv::StoreClientOptions opts;
+  dtrun::rendezvous::StoreClientOptions opts;
   opts.host = argv[1];
   opts.port = static_cast<uint16_t>(std::atoi(argv[2]));
-  auto client = dtrun::rdzv::TcpStoreClient::Connect(opts);
+  auto client = dtrun::rendezvous::TcpStoreClient::Connect(opts);
   if (!client.ok()) {
     std::fprintf(stderr, "store client: %s\n",
                  client.status().message().c_str());

@@ -6,7 +6,7 @@
 
 #include "rendezvous/prefix_store.h"
 
-namespace dtrun::rdzv {
+namespace dtrun::rendezvous {
 namespace {
 
 using std::chrono::milliseconds;
@@ -51,4 +51,4 @@ TEST(PrefixStoreTest, NamespacesKeysWithSlash) {
 }
 
 }  // namespace
-}  // namespace dtrun::rdzv
+}  // namespace dtrun::rendezvous

@@ -16,7 +16,7 @@
 #include "rendezvous/store_client.h"
 #include "rendezvous/store_server.h"
 
-namespace dtrun::rdzv {
+namespace dtrun::rendezvous {
 namespace {
 
 using std::chrono::milliseconds;
@@ -578,4 +578,4 @@ TEST(RendezvousPushTest, NoWatchMeansReadingEveryCheck) {
 }
 
 }  // namespace
-}  // namespace dtrun::rdzv
+}  // namespace dtrun::rendezvous

@@ -18,7 +18,7 @@
 #include "tests/testing/loopback_server.h"
 #include "tests/testing/raw_conn.h"
 
-namespace dtrun::rdzv {
+namespace dtrun::rendezvous {
 namespace {
 
 using std::chrono::milliseconds;
@@ -457,4 +457,4 @@ TEST(StoreClientConnectTest, NamesAddressWhenNothingListens) {
 }
 
 }  // namespace
-}  // namespace dtrun::rdzv
+}  // namespace dtrun::rendezvous

@@ -4,7 +4,7 @@
 
 #include <map>
 
-namespace dtrun::rdzv {
+namespace dtrun::rendezvous {
 namespace {
 
 // Collects what StoreState sends, per connection.
@@ -317,4 +317,4 @@ TEST(ParseCounterTest, RejectsNumbersBeyondSixtyFourBits) {
 }
 
 }  // namespace
-}  // namespace dtrun::rdzv
+}  // namespace dtrun::rendezvous

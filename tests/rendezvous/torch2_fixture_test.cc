@@ -12,7 +12,7 @@
 #include "tests/testing/loopback_server.h"
 #include "tests/testing/raw_conn.h"
 
-namespace dtrun::rdzv {
+namespace dtrun::rendezvous {
 namespace {
 
 std::string FromHex(const std::string& text) {
@@ -61,4 +61,4 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, Torch2FixtureTest,
                                            "torch2_barrier"));
 
 }  // namespace
-}  // namespace dtrun::rdzv
+}  // namespace dtrun::rendezvous

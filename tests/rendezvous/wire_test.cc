@@ -2,7 +2,7 @@
 
 #include <gtest/gtest.h>
 
-namespace dtrun::rdzv {
+namespace dtrun::rendezvous {
 namespace {
 
 std::string Hex(const std::string& hex) {
@@ -204,4 +204,4 @@ INSTANTIATE_TEST_SUITE_P(EveryOp, WireRoundTripTest,
                          });
 
 }  // namespace
-}  // namespace dtrun::rdzv
+}  // namespace dtrun::rendezvous

@@ -2,7 +2,7 @@
 
 #include <gtest/gtest.h>
 
-namespace dtrun::rdzv {
+namespace dtrun::rendezvous {
 namespace {
 
 using std::chrono::milliseconds;
@@ -27,4 +27,4 @@ TEST(DescribeTest, SecondsHaveTwoDecimals) {
 }
 
 }  // namespace
-}  // namespace dtrun::rdzv
+}  // namespace dtrun::rendezvous
