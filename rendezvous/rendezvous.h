@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "rendezvous/round_state.h"
+#include "rendezvous/util/clock.h"
 #include "rendezvous/util/status.h"
 #include "rendezvous/store.h"
 #include "rendezvous/store_client.h"
@@ -39,18 +41,6 @@ struct RendezvousOptions {
   std::function<Result<std::unique_ptr<TcpStoreClient>>()> open_watch;
 };
 
-// Where this node landed in a completed round.
-struct Assignment {
-  int round = 0;     // same on every node; workers' TORCHELASTIC_RESTART_COUNT
-  int failures = 0;  // rounds started because of failures so far
-  int group_rank = 0;
-  int group_world_size = 1;
-  int base_rank = 0;  // global rank of this node's local rank 0
-  int world_size = 1;
-  // the node whose heartbeat this one watches ("" alone)
-  std::string next_node;
-};
-
 // What a running node learns from Check().
 enum class RoundEvent {
   kNone,
@@ -59,25 +49,6 @@ enum class RoundEvent {
   kClosed,   // the job ended elsewhere (final failure or config error)
   kAllDone,  // every node of the round finished successfully
 };
-
-// Why the job ended, as recorded in the state document so every node reads
-// the same value (the message alone is for people: rewording it changes
-// nothing here). The launcher maps it to an exit code.
-enum class EndReason {
-  kNone,            // the job is still open
-  kSucceeded,       // every node of the last round finished ("ok")
-  kWorkersFailed,   // failures went past --max-restarts: exit 1
-  kConfigMismatch,  // a node's --nproc-per-node/--max-restarts differ: exit 2
-  kDuplicateNodeRank,  // two nodes claim one --node-rank: exit 2
-  // The state key holds something that is not dtrun's (another program on
-  // the same --rdzv-id). Seen by this node only; nothing is closed. Exit 2.
-  kForeignState,
-};
-
-// Stable lower-case name as stored in the state document ("workers_failed").
-const char* EndReasonName(EndReason reason);
-// The reason named `name`; false when the name is unknown.
-bool ParseEndReason(const std::string& name, EndReason* reason);
 
 // Elastic rendezvous of agents over a Store (static = min = max with fixed
 // ranks). Every operation of a node touches O(1) keys of O(1) size, except
@@ -106,7 +77,10 @@ bool ParseEndReason(const std::string& name, EndReason* reason);
 // owns it.
 class Rendezvous {
  public:
-  Rendezvous(Store* store, RendezvousOptions options);
+  // Deadlines, heartbeats and the last call read `clock` (tests pass a fake
+  // one and run rounds on simulated time); it must outlive the Rendezvous.
+  Rendezvous(Store* store, RendezvousOptions options,
+             const Clock& clock = SystemClock::Get());
 
   // Joins the next round and blocks until it completes. Returns Timeout after
   // join_timeout (naming who came), Invalid when this node's settings differ
@@ -154,20 +128,19 @@ class Rendezvous {
   std::string DescribeParticipants() const;
 
  private:
-  struct Doc;
-  using Clock = std::chrono::steady_clock;
   // The state document, created when missing.
-  Result<Doc> ReadDoc();
+  Result<StateDoc> ReadDoc();
   // While the state is still at `round` and open, applies `mutate` with
   // compare-and-set until it sticks, then wakes whoever waits on the round.
   // Returns the state as it is afterwards.
-  Result<Doc> ChangeDoc(int round, const std::function<void(Doc&)>& mutate);
+  Result<StateDoc> ChangeDoc(int round,
+                             const std::function<void(StateDoc&)>& mutate);
   Status CloseJob(int round, EndReason reason, const std::string& why);
-  Status ClosedStatus(const Doc& doc);
+  Status ClosedStatus(const StateDoc& doc);
   // Invalid for a state key that is not dtrun's; sets kForeignState.
   Status CorruptState();
   // The event for a closed state document; records why it closed.
-  RoundEvent Ended(const Doc& doc);
+  RoundEvent Ended(const StateDoc& doc);
   Result<RoundEvent> WatchCounters(const Assignment& current);
   // Reads the state and the watched node's counter (into *count): kNone
   // while `current`'s round stands, else how it ended.
@@ -184,8 +157,10 @@ class Rendezvous {
   // `count` is the watched node's heartbeat counter as just read.
   Result<RoundEvent> WatchNext(const Assignment& current,
                                const std::string& count);
-  Status CheckConfig(const Doc& doc);
-  Status Register(const Doc& doc);
+  Status CheckConfig(const StateDoc& doc);
+  Status Register(const StateDoc& doc);
+  // Writes this node's records in the slot it took; sets the last call.
+  Status Enter(int round, int64_t hint);
   // Closes round `round` when it may close and no other node is closing it.
   Status TryClose(int round);
   // TryClose when this node may close its round: it took the last slot, or
@@ -197,32 +172,26 @@ class Rendezvous {
   Status WriteRanks(int round, int count);
   // The assignment once the round is final, nullopt while it is not (or
   // when this node did not make it in and now waits for the next round).
-  Result<std::optional<Assignment>> Outcome(const Doc& doc);
-  Status Timeout(int round, Clock::time_point started);
-  Clock::duration WaitStep(Clock::time_point deadline) const;
+  Result<std::optional<Assignment>> Outcome(const StateDoc& doc);
+  Status Timeout(int round, TimePoint started);
   Result<RoundEvent> StartNextRound(const Assignment& current,
                                     const std::string& why);
   Status Heartbeat(const Assignment& current, bool force);
-  std::string Key(const std::string& suffix) const;
-  std::string RoundKey(int round, const std::string& suffix) const;
 
   Store* store_;
   RendezvousOptions opts_;
+  const Clock& clock_;
+  RoundKeys keys_;
   std::string closed_reason_;
   EndReason end_reason_ = EndReason::kNone;
   std::vector<std::string> last_participants_;
   bool config_checked_ = false;
-  int joined_round_ = -1;  // round this node holds a slot in
-  int64_t slot_ = 0;
-  int waiting_round_ = -1;    // round this node could not get into
-  int64_t last_call_ms_ = 0;  // 0 = not known yet
-  bool close_tried_ = false;  // this node tried to close joined_round_
+  int joined_round_ = -1;                 // round this node holds a slot in
+  LastCall last_call_;                    // its slot and the round's last call
+  int waiting_round_ = -1;                // round this node could not get into
   int last_round_ = -1, last_rank_ = -1;  // this node's last completed round
-  Clock::time_point last_beat_{};
-  // The watched node's heartbeat count and when it last changed.
-  int watch_round_ = -1;
-  std::string watch_count_;
-  Clock::time_point watch_since_{};
+  BeatTimer beat_;
+  HeartbeatWatch next_;  // the watched node's heartbeat counter
   // Push mode: the watch connection, the round it registered for, a round
   // whose watch failed (read instead), and whether the next check reads.
   std::unique_ptr<TcpStoreClient> watch_;

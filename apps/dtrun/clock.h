@@ -1,21 +1,12 @@
 #pragma once
 
-#include <chrono>
+#include "rendezvous/util/clock.h"
 
 namespace dtrun::agent {
 
-using TimePoint = std::chrono::steady_clock::time_point;
-
-// Source of "now" for code that keeps deadlines; tests use a fake.
-class Clock {
- public:
-  virtual ~Clock() = default;
-  virtual TimePoint Now() const = 0;
-};
-
-class SteadyClock : public Clock {
- public:
-  TimePoint Now() const override { return std::chrono::steady_clock::now(); }
-};
+// The agent's cores take the one clock type of rendezvous/util/clock.h.
+using dtrun::Clock;
+using dtrun::TimePoint;
+using SteadyClock = dtrun::SystemClock;
 
 }  // namespace dtrun::agent

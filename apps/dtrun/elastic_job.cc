@@ -142,7 +142,8 @@ Status ElasticJob::SetUpWorkerStore() {
   std::string addr;
   worker_store_.reset();
   if (assignment_.group_rank == 0) {
-    auto server = rendezvous::StoreServer::Start(rendezvous::StoreServerOptions{});
+    auto server =
+        rendezvous::StoreServer::Start(rendezvous::StoreServerOptions{});
     if (!server.ok()) return server.status();
     worker_store_ = std::move(*server);
     worker_store_->RunInBackground();

@@ -33,7 +33,8 @@ class ElasticJob : public Job {
       rendezvous::StoreClientOptions opts, std::chrono::milliseconds limit);
   Status HostRendezvousStore(uint16_t port, bool must);
   Status SetUpWorkerStore();
-  rendezvous::RendezvousOptions RendezvousOptionsOf(const std::string& run_id) const;
+  rendezvous::RendezvousOptions RendezvousOptionsOf(
+      const std::string& run_id) const;
   // How a round ended for this node: join the next one, or exit.
   struct RoundEnd {
     bool rejoin = false;

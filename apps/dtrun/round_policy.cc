@@ -95,8 +95,9 @@ int JoinFailedExitCode(const Status& status, rendezvous::EndReason reason,
       // The job was closed before this node could join: by failures past
       // --max-restarts (like any node of a failed job), or by a
       // configuration the nodes disagree on.
-      return reason == rendezvous::EndReason::kWorkersFailed ? kExitFailedElsewhere
-                                                       : kExitUsage;
+      return reason == rendezvous::EndReason::kWorkersFailed
+                 ? kExitFailedElsewhere
+                 : kExitUsage;
     default:
       return kExitRendezvous;
   }

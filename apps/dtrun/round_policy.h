@@ -55,8 +55,8 @@ class RoundPolicy {
   void OnMarkedDone(bool ok) { done_marked_ = ok; }
   // A check of the round at `now`: its event, or Status when the store could
   // not be reached.
-  RoundStep OnCheck(const Result<rendezvous::RoundEvent>& event, GroupOutcome outcome,
-                    TimePoint now);
+  RoundStep OnCheck(const Result<rendezvous::RoundEvent>& event,
+                    GroupOutcome outcome, TimePoint now);
 
   bool done_marked() const { return done_marked_; }
 

@@ -22,7 +22,8 @@ namespace {
 // Reads the flags into `opts` and sets the log level. Returns the exit code
 // when dtstore should stop now (0 after --help/--version, 2 on a bad flag),
 // or -1 to go on.
-int ParseFlags(int argc, char** argv, dtrun::rendezvous::StoreServerOptions* out) {
+int ParseFlags(int argc, char** argv,
+               dtrun::rendezvous::StoreServerOptions* out) {
   CLI::App app{"dtrun's standalone c10d TCPStore-compatible store server"};
   dtrun::rendezvous::StoreServerOptions& opts = *out;
   std::string log_level;

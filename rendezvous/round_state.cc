@@ -1,0 +1,227 @@
+// The round's rules as pure functions of the store's replies and the time.
+// The protocol itself (which node writes which key when) is described at
+// the top of rendezvous.cc; this file decides, rendezvous.cc talks.
+
+#include "rendezvous/round_state.h"
+
+#include <algorithm>
+#include <climits>
+#include <set>
+#include <tuple>
+
+#include <nlohmann/json.hpp>
+
+#include "rendezvous/store_state.h"
+#include "rendezvous/util/check.h"
+
+namespace dtrun::rendezvous {
+namespace {
+
+int64_t ToInt(const std::string& text, int64_t fallback) {
+  int64_t v = 0;
+  return ParseCounter(text, &v) ? v : fallback;
+}
+
+constexpr struct {
+  EndReason reason;
+  const char* name;
+} kEndReasonNames[] = {
+    {EndReason::kNone, "none"},
+    {EndReason::kSucceeded, "succeeded"},
+    {EndReason::kWorkersFailed, "workers_failed"},
+    {EndReason::kConfigMismatch, "config_mismatch"},
+    {EndReason::kDuplicateNodeRank, "duplicate_node_rank"},
+    {EndReason::kForeignState, "foreign_state"},
+};
+
+// A closed record from a dtrun that wrote no "end": the reason is read from
+// the message, whose wording those versions never changed.
+EndReason EndReasonOfMessage(const std::string& closed) {
+  if (closed.empty()) return EndReason::kNone;
+  if (closed == "ok") return EndReason::kSucceeded;
+  if (closed.rfind("workers failed", 0) == 0) return EndReason::kWorkersFailed;
+  if (closed.rfind("two nodes claim", 0) == 0)
+    return EndReason::kDuplicateNodeRank;
+  return EndReason::kConfigMismatch;
+}
+
+// Whether the c10d nodes' --node-rank preferences decide the order: every
+// node gave one, and no two the same.
+bool PreferencesDecide(const std::vector<std::string>& prefs) {
+  std::set<int64_t> seen;
+  for (const std::string& p : prefs) {
+    int64_t rank = ToInt(p, -1);
+    if (rank < 0 || !seen.insert(rank).second) return false;
+  }
+  return !prefs.empty();
+}
+
+}  // namespace
+
+const char* EndReasonName(EndReason reason) {
+  for (const auto& entry : kEndReasonNames) {
+    if (entry.reason == reason) return entry.name;
+  }
+  DTRUN_CHECK(false) << "EndReason " << static_cast<int>(reason)
+                     << " has no name";
+  return "";
+}
+
+bool ParseEndReason(const std::string& name, EndReason* reason) {
+  for (const auto& entry : kEndReasonNames) {
+    if (name == entry.name) {
+      *reason = entry.reason;
+      return true;
+    }
+  }
+  return false;
+}
+
+void StateDoc::Close(EndReason reason, std::string why) {
+  DTRUN_CHECK(reason != EndReason::kNone && !why.empty())
+      << "closing with no reason";
+  end = reason;
+  closed = std::move(why);
+}
+
+std::string StateDoc::Serialize() const {
+  return nlohmann::json{{"round", round},
+                        {"failures", failures},
+                        {"closed", closed},
+                        {"end", EndReasonName(end)}}
+      .dump();
+}
+
+bool StateDoc::Parse(const std::string& text, StateDoc* d) {
+  auto j = nlohmann::json::parse(text, nullptr, false);
+  if (j.is_discarded() || !j.is_object()) return false;
+  try {
+    d->round = j.at("round");
+    d->failures = j.at("failures");
+    d->closed = j.at("closed");
+  } catch (const nlohmann::json::exception&) {
+    return false;
+  }
+  // "end" is missing in records of older versions and may name a reason
+  // this version does not know: the message then decides.
+  auto end = j.find("end");
+  bool named =
+      end != j.end() && end->is_string() && ParseEndReason(*end, &d->end);
+  if (d->closed.empty()) {
+    d->end = EndReason::kNone;
+  } else if (!named || d->end == EndReason::kNone) {
+    d->end = EndReasonOfMessage(d->closed);
+  }
+  d->raw = text;
+  return true;
+}
+
+std::string RoundKeys::Job(const std::string& suffix) const {
+  return "rdzv/" + run_id_ + "/" + suffix;
+}
+
+std::string RoundKeys::Round(int round, const std::string& suffix) const {
+  return Job("round/" + std::to_string(round) + "/" + suffix);
+}
+
+std::string RoundKeys::Round(int round, const std::string& name,
+                             int64_t index) const {
+  return Round(round, name + "/" + std::to_string(index));
+}
+
+std::string NodeRecord(int64_t hint, const std::string& node_id) {
+  return std::to_string(hint) + " " + node_id;
+}
+
+void SplitRecord(const std::string& text, int64_t* number, std::string* rest) {
+  auto space = text.find(' ');
+  *number = ToInt(text.substr(0, space), -1);
+  *rest = space == std::string::npos ? "" : text.substr(space + 1);
+}
+
+RankTable OrderRanks(const std::vector<std::string>& node_records,
+                     const std::vector<std::string>& preferences) {
+  const int count = static_cast<int>(node_records.size());
+  RankTable table;
+  table.by_preference = PreferencesDecide(preferences);
+  std::vector<std::tuple<int64_t, int, std::string>> order;  // hint, slot, id
+  for (int slot = 1; slot <= count; ++slot) {
+    int64_t hint = 0;
+    std::string id;
+    SplitRecord(node_records[slot - 1], &hint, &id);
+    if (table.by_preference) hint = ToInt(preferences[slot - 1], -1);
+    order.emplace_back(hint < 0 ? INT64_MAX : hint, slot, id);
+  }
+  // Hint, then slot: the slot breaks ties and orders newcomers (hint -1
+  // sorts last as INT64_MAX).
+  std::sort(order.begin(), order.end());
+  table.by_slot.resize(count);
+  for (int g = 0; g < count; ++g) {
+    RankEntry& entry = table.by_slot[std::get<1>(order[g]) - 1];
+    entry.rank = g;
+    entry.next_node = count > 1 ? std::get<2>(order[(g + 1) % count]) : "";
+  }
+  return table;
+}
+
+std::string RankRecord(const RankEntry& entry) {
+  return std::to_string(entry.rank) + " " + entry.next_node;
+}
+
+Placement PlaceInRound(const StateDoc& doc, int64_t slot,
+                       const std::string& final_value,
+                       const std::string& rank_record, int nproc_per_node,
+                       Assignment* a) {
+  // "-": the job closed before the round did.
+  if (final_value.empty() || final_value == "-") return Placement::kOpen;
+  int64_t count = ToInt(final_value, 0);
+  if (slot > count) return Placement::kLeftOut;
+  int64_t rank = 0;
+  SplitRecord(rank_record, &rank, &a->next_node);
+  a->round = doc.round;
+  a->failures = doc.failures;
+  a->group_world_size = static_cast<int>(count);
+  a->group_rank = static_cast<int>(rank);
+  a->world_size = a->group_world_size * nproc_per_node;
+  a->base_rank = a->group_rank * nproc_per_node;
+  return Placement::kAssigned;
+}
+
+bool LastCall::MayClose(int64_t now_unix_ms) const {
+  if (close_tried) return false;
+  return slot == max_nodes || (deadline_ms > 0 && now_unix_ms >= deadline_ms);
+}
+
+std::chrono::milliseconds LastCall::WaitStep(
+    std::chrono::milliseconds poll, int64_t now_unix_ms, bool in_round,
+    std::chrono::milliseconds left) const {
+  using std::chrono::milliseconds;
+  milliseconds step = poll;
+  if (deadline_ms > 0 && in_round && !close_tried) {
+    step = std::min(
+        step, milliseconds(std::max<int64_t>(1, deadline_ms - now_unix_ms)));
+  }
+  return std::max(std::min(step, left), milliseconds(1));
+}
+
+std::optional<std::chrono::steady_clock::duration> HeartbeatWatch::Observe(
+    int round, const std::string& count, TimePoint now,
+    std::chrono::steady_clock::duration limit) {
+  if (round_ != round || count_ != count) {
+    round_ = round;
+    count_ = count;
+    since_ = now;
+    return std::nullopt;
+  }
+  if (now - since_ > limit) return now - since_;
+  return std::nullopt;
+}
+
+bool BeatTimer::Due(TimePoint now, std::chrono::steady_clock::duration interval,
+                    bool force) {
+  if (!force && now - last_ < interval) return false;
+  last_ = now;
+  return true;
+}
+
+}  // namespace dtrun::rendezvous

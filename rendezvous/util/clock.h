@@ -1,0 +1,37 @@
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+
+namespace dtrun {
+
+using TimePoint = std::chrono::steady_clock::time_point;
+
+// Where code that keeps deadlines reads the time, so that tests can run it
+// on simulated time (tests/testing/fake_clock.h) instead of sleeping. Now()
+// is monotonic, for intervals measured on this machine; UnixMillis() is
+// wall-clock time, only for deadlines that several machines share.
+class Clock {
+ public:
+  virtual ~Clock() = default;
+  virtual TimePoint Now() const = 0;
+  virtual int64_t UnixMillis() const = 0;
+};
+
+// The machine's clocks.
+class SystemClock : public Clock {
+ public:
+  TimePoint Now() const override { return std::chrono::steady_clock::now(); }
+  int64_t UnixMillis() const override {
+    return std::chrono::duration_cast<std::chrono::milliseconds>(
+               std::chrono::system_clock::now().time_since_epoch())
+        .count();
+  }
+  // One shared instance for callers that take no clock of their own.
+  static const SystemClock& Get() {
+    static const SystemClock clock;
+    return clock;
+  }
+};
+
+}  // namespace dtrun
