@@ -1,7 +1,8 @@
 // The round protocol. Every node runs the same code against one shared
 // Store; there is no leader process, only a leader *role* per round (the
 // closer) won by compare-and-set. Keys live under "rdzv/<run_id>/" (the
-// table is in rendezvous.h and apps/dtrun/README.md, "Several nodes").
+// table is in rendezvous.h and rendezvous/README.md, "The rendezvous
+// protocol").
 //
 // State document. `state` holds {round, failures, closed, end}. It changes
 // only by compare-and-set against the exact text read, and only to start a

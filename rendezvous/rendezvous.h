@@ -37,7 +37,7 @@ struct RendezvousOptions {
   // (TcpStoreClient::WatchKey, 1.13 dialect). With it, Check learns of a
   // new round and of the watched node's heartbeats from the store's pushes
   // instead of reading them every call; without it, or when it fails, Check
-  // reads (apps/dtrun/README.md, "Several nodes": heartbeat load).
+  // reads (rendezvous/README.md, "The rendezvous protocol": push load).
   std::function<Result<std::unique_ptr<TcpStoreClient>>()> open_watch;
 };
 
@@ -51,26 +51,12 @@ enum class RoundEvent {
 };
 
 // Elastic rendezvous of agents over a Store (static = min = max with fixed
-// ranks). Every operation of a node touches O(1) keys of O(1) size, except
-// the one node that closes a round, which reads the joiners and writes their
-// ranks in one request each (apps/dtrun/README.md, "Several nodes", lists the
-// keys). Under "rdzv/<run_id>/":
-//   state                 {"round","failures","closed","end"}: changed by
-//                         compare-and-set only to start a round or end the job;
-//                         "closed" is the message, "end" the EndReasonName
-//   config                "<nproc> <max_restarts>", set by the first joiner
-//   round/<r>/n           ADD counter: a joiner's slot (1, 2, ...)
-//   round/<r>/node/<slot> "<rank hint> <node id>"
-//   round/<r>/last_call   unix ms the round may close, set by slot min_nodes
-//   round/<r>/closing     the one closer's claim
-//   round/<r>/rank/<slot> "<group rank> <next node id>", by the closer
-//   round/<r>/final       node count, set last by the closer (joiners WAIT on
-//                         it); "-" when the job closed before the round did
-//   round/<r>/hb/<rank>   ADD heartbeat counter of each group rank
-//   round/<r>/waiting, done, ended   ADD counters
-//   round/<r>/over        set once the state moved past round r
-// Each node watches the heartbeat of the next group rank only (a ring), so
-// some live node sees any dead one. A node is declared dead by the
+// ranks): the shell around round_state.h's rules. Every operation of a node
+// touches O(1) keys of O(1) size under "rdzv/<run_id>/", except the one node
+// that closes a round, which reads the joiners and writes their ranks in one
+// request each; rendezvous/README.md, "The rendezvous protocol", lists every
+// key. Each node watches the heartbeat of the next group rank only (a
+// ring), so some live node sees any dead one; it is declared dead by the
 // observer's own clock when the counter stops moving for
 // keep_alive_interval x keep_alive_max_attempt, so clocks need not agree
 // (except for the last-call deadline). Not thread-safe: one agent thread

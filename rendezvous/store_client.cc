@@ -602,12 +602,22 @@ Status TcpStoreClient::WatchKey(const std::string& key) {
   return Fail(s);
 }
 
-Status TcpStoreClient::TakeChanges(std::vector<KeyChange>* changes) {
-  std::lock_guard<std::mutex> lock(mu_);
+// Reads what the store pushed into rbuf_ and parses it into changes_.
+// Blocks up to `timeout` for the first bytes (0: not at all).
+Status TcpStoreClient::ReadPushed(std::chrono::milliseconds timeout) {
   const std::string what = "watched keys";
   if (fd_ < 0) {
     return Status::Unavailable("store " + address() +
                                ": the watch connection is closed");
+  }
+  if (timeout.count() > 0) {
+    pollfd pfd{fd_, POLLIN, 0};
+    int ready = ::poll(&pfd, 1, static_cast<int>(timeout.count()));
+    if (ready < 0 && errno != EINTR) {
+      return Fail(
+          Status::Unavailable("store " + address() + ": " + what +
+                              ": poll failed: " + std::strerror(errno)));
+    }
   }
   char chunk[64 * 1024];
   for (;;) {
@@ -626,11 +636,29 @@ Status TcpStoreClient::TakeChanges(std::vector<KeyChange>* changes) {
         Status::Unavailable("store " + address() + ": " + what +
                             ": receive failed: " + std::strerror(errno)));
   }
-  Status s = ParsePushed(what);
+  return ParsePushed(what);
+}
+
+Status TcpStoreClient::TakeChanges(std::vector<KeyChange>* changes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Status s = ReadPushed(std::chrono::milliseconds(0));
   if (!s.ok()) return s;
   for (auto& c : changes_) changes->push_back(std::move(c));
   changes_.clear();
   return Status::Ok();
+}
+
+Result<bool> TcpStoreClient::AwaitChange(std::chrono::milliseconds timeout) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const Deadline deadline = std::chrono::steady_clock::now() + timeout;
+  while (changes_.empty()) {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) return false;
+    Status s = ReadPushed(left);
+    if (!s.ok()) return s;
+  }
+  return true;
 }
 
 }  // namespace dtrun::rendezvous

@@ -88,6 +88,10 @@ class TcpStoreClient : public Store {
   // made them, without blocking. Unavailable once the connection is lost:
   // a watch is never silently re-registered on a new connection.
   Status TakeChanges(std::vector<KeyChange>* changes);
+  // Blocks up to `timeout` until at least one change is waiting for
+  // TakeChanges; false when none came in time. A watcher with nothing else
+  // to do waits here instead of polling.
+  Result<bool> AwaitChange(std::chrono::milliseconds timeout);
 
   // "host:port" for messages.
   std::string address() const;
@@ -116,6 +120,9 @@ class TcpStoreClient : public Store {
   // Moves the complete pushed frames at the head of rbuf_ (acknowledgements
   // and changes) to acks_ and changes_. REQUIRES: mu_.
   Status ParsePushed(const std::string& what);
+  // Reads the pushed bytes there are (after waiting up to `timeout` for
+  // some) and parses them into changes_. REQUIRES: mu_.
+  Status ReadPushed(std::chrono::milliseconds timeout);
   // Sends `req` and reads its reply: none (reply_size 0), reply_size bytes,
   // or kLengthPrefixed bytes. REQUIRES: mu_.
   static constexpr int kLengthPrefixed = -1;

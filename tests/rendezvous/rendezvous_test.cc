@@ -1,20 +1,20 @@
 // Rendezvous rounds of several agents, one thread each, over one in-process
-// MemoryStore (as gloo's tests run ranks over a HashStore).
+// MemoryStore (as gloo's tests run ranks over a HashStore), on simulated
+// time: every node reads a FakeClock, and a node that is alone waits through
+// a SimulatedStore, so last calls, join timeouts and dead nodes take no real
+// time and nothing sleeps. Nodes that must arrive in an order wait for the
+// key the first one writes. Rounds over real sockets: rendezvous_tcp_test.cc.
 #include "rendezvous/rendezvous.h"
 
 #include <gtest/gtest.h>
 
-#include <atomic>
 #include <future>
-#include <map>
-#include <set>
-#include <thread>
 
 #include <nlohmann/json.hpp>
 
 #include "rendezvous/memory_store.h"
-#include "rendezvous/store_client.h"
-#include "rendezvous/store_server.h"
+#include "tests/testing/fake_clock.h"
+#include "tests/testing/simulated_store.h"
 
 namespace dtrun::rendezvous {
 namespace {
@@ -41,6 +41,9 @@ std::future<Result<Assignment>> JoinAsync(Rendezvous* r) {
   return std::async(std::launch::async, [r] { return r->Join(nullptr); });
 }
 
+using testing::FakeClock;
+using testing::SimulatedStore;
+
 TEST(RendezvousTest, StaticRanksFollowNodeRank) {
   MemoryStore store;
   auto oa = Options("a", 2, 2), ob = Options("b", 2, 2);
@@ -62,24 +65,48 @@ TEST(RendezvousTest, StaticRanksFollowNodeRank) {
 
 TEST(RendezvousTest, ElasticRoundClosesAfterLastCallWithMinNodes) {
   MemoryStore store;
-  Rendezvous a(&store, Options("a", 1, 2));
-  auto started = std::chrono::steady_clock::now();
+  FakeClock clock;
+  SimulatedStore alone(&store, &clock);
+  Rendezvous a(&alone, Options("a", 1, 2), clock);
   auto r = a.Join(nullptr);
   ASSERT_TRUE(r.ok());
-  EXPECT_GE(std::chrono::steady_clock::now() - started, milliseconds(90));
+  // The last call is 100 ms; each wait of the round is cut to end with it.
+  EXPECT_GE(clock.Elapsed(), milliseconds(100));
+  EXPECT_LT(clock.Elapsed(), milliseconds(106));
   EXPECT_EQ(r->world_size, 2);
   EXPECT_EQ(r->group_world_size, 1);
 }
 
 TEST(RendezvousTest, JoinTimeoutNamesWhoCame) {
   MemoryStore store;
+  FakeClock clock;
+  SimulatedStore alone(&store, &clock);
   auto o = Options("lonely", 2, 2);
   o.join_timeout = milliseconds(50);
-  Rendezvous a(&store, o);
+  Rendezvous a(&alone, o, clock);
   auto r = a.Join(nullptr);
   ASSERT_EQ(r.status().code(), Status::Code::kTimeout);
   EXPECT_NE(r.status().message().find("1 of min 2 nodes joined (lonely)"),
             std::string::npos);
+  EXPECT_EQ(clock.Elapsed(), milliseconds(50));
+}
+
+// torchrun's default join timeout, 600 s, as simulated time: the node waits
+// in poll-interval steps, the whole time, and gives up on the dot.
+TEST(RendezvousTest, DefaultJoinTimeoutRunsOutOnSimulatedTime) {
+  MemoryStore store;
+  FakeClock clock;
+  SimulatedStore alone(&store, &clock);
+  auto o = Options("early", 2, 4);
+  o.join_timeout = RendezvousOptions().join_timeout;
+  o.poll_interval = RendezvousOptions().poll_interval;
+  Rendezvous a(&alone, o, clock);
+  auto r = a.Join(nullptr);
+  ASSERT_EQ(r.status().code(), Status::Code::kTimeout);
+  EXPECT_EQ(clock.Elapsed(), std::chrono::minutes(10));
+  EXPECT_EQ(alone.simulated_waits(), 1200);  // 600 s / 500 ms
+  EXPECT_NE(r.status().message().find("timed out after 600"), std::string::npos)
+      << r.status().message();
 }
 
 TEST(RendezvousTest, DisagreeingSettingsCloseTheJobForEveryone) {
@@ -89,7 +116,7 @@ TEST(RendezvousTest, DisagreeingSettingsCloseTheJobForEveryone) {
   ob.nproc_per_node = 4;
   Rendezvous b(&store, ob);
   auto fa = JoinAsync(&a);
-  std::this_thread::sleep_for(milliseconds(20));
+  ASSERT_TRUE(store.Wait({"rdzv/job/config"}).ok());  // a fixed the settings
   auto rb = b.Join(nullptr);
   ASSERT_EQ(rb.status().code(), Status::Code::kInvalid);
   EXPECT_NE(rb.status().message().find("--nproc-per-node=4"),
@@ -100,15 +127,16 @@ TEST(RendezvousTest, DisagreeingSettingsCloseTheJobForEveryone) {
 
 TEST(RendezvousTest, WaitingNodeStartsANewRoundWithStableRanks) {
   MemoryStore store;
-  Rendezvous a(&store, Options("a", 1, 2)), b(&store, Options("b", 1, 2));
-  auto first = a.Join(nullptr);
+  FakeClock clock;
+  SimulatedStore alone(&store, &clock);
+  Rendezvous a(&alone, Options("a", 1, 2), clock),
+      b(&store, Options("b", 1, 2), clock);
+  auto first = a.Join(nullptr);  // alone: closes after the last call
   ASSERT_TRUE(first.ok());
-  auto fb = JoinAsync(&b);  // arrives while round 0 runs: waits
-  Result<RoundEvent> ev = RoundEvent::kNone;
-  for (int i = 0; i < 200 && ev.ok() && *ev == RoundEvent::kNone; ++i) {
-    std::this_thread::sleep_for(milliseconds(5));
-    ev = a.Check(*first);
-  }
+  alone.set_simulating(false);  // b waits in the store for real from here
+  auto fb = JoinAsync(&b);      // arrives while round 0 runs: waits
+  ASSERT_TRUE(store.Wait({"rdzv/job/round/0/waiting"}).ok());
+  auto ev = a.Check(*first);
   ASSERT_TRUE(ev.ok());
   EXPECT_EQ(*ev, RoundEvent::kRestart);
   auto second = a.Join(nullptr);
@@ -124,22 +152,26 @@ TEST(RendezvousTest, WaitingNodeStartsANewRoundWithStableRanks) {
 
 TEST(RendezvousTest, SilentNodeIsDeclaredDead) {
   MemoryStore store;
-  Rendezvous a(&store, Options("a", 1, 2)), b(&store, Options("b", 1, 2));
+  FakeClock clock;
+  SimulatedStore a_view(&store, &clock, /*simulating=*/false);
+  Rendezvous a(&a_view, Options("a", 1, 2), clock),
+      b(&store, Options("b", 1, 2), clock);
   auto fb = JoinAsync(&b);
-  auto ra = a.Join(nullptr);
+  auto ra = a.Join(nullptr);  // the second to arrive closes the round
   ASSERT_TRUE(ra.ok());
   ASSERT_TRUE(fb.get().ok());
-  // b never calls Check again: no heartbeats.
-  auto started = std::chrono::steady_clock::now();
+  // b never calls Check again: no heartbeats. a checks every 5 ms.
+  auto started = clock.Elapsed();
   Result<RoundEvent> ev = RoundEvent::kNone;
-  while (ev.ok() && *ev == RoundEvent::kNone &&
-         std::chrono::steady_clock::now() - started < milliseconds(1000)) {
-    std::this_thread::sleep_for(milliseconds(5));
+  for (int i = 0; i < 100 && ev.ok() && *ev == RoundEvent::kNone; ++i) {
+    clock.Advance(milliseconds(5));
     ev = a.Check(*ra);
   }
   ASSERT_TRUE(ev.ok());
   EXPECT_EQ(*ev, RoundEvent::kRestart);
-  EXPECT_GE(std::chrono::steady_clock::now() - started, milliseconds(55));
+  // First seen at +5 ms; dead once more than 20 ms x 3 passed since then.
+  EXPECT_EQ(clock.Elapsed() - started, milliseconds(70));
+  a_view.set_simulating(true);
   auto again = a.Join(nullptr);  // alone now (min 1)
   ASSERT_TRUE(again.ok());
   EXPECT_EQ(again->group_world_size, 1);
@@ -192,7 +224,7 @@ TEST(RendezvousTest, TwoNodesClaimingOneStaticRankCloseTheJob) {
   ob.node_rank = 0;
   Rendezvous a(&store, oa), b(&store, ob);
   auto fa = JoinAsync(&a);
-  std::this_thread::sleep_for(milliseconds(20));
+  ASSERT_TRUE(store.Wait({"rdzv/job/round/0/static/0"}).ok());  // a's claim
   auto rb = b.Join(nullptr);
   ASSERT_EQ(rb.status().code(), Status::Code::kInvalid);
   EXPECT_NE(
@@ -262,7 +294,7 @@ TEST(RendezvousEndTest, DisagreeingSettingsAreAConfigMismatchForBoth) {
   ob.max_restarts = 3;
   Rendezvous b(&store, ob);
   auto fa = JoinAsync(&a);
-  std::this_thread::sleep_for(milliseconds(20));
+  ASSERT_TRUE(store.Wait({"rdzv/job/config"}).ok());  // a fixed the settings
   EXPECT_EQ(b.Join(nullptr).status().code(), Status::Code::kInvalid);
   EXPECT_EQ(fa.get().status().code(), Status::Code::kInvalid);
   EXPECT_EQ(b.end_reason(), EndReason::kConfigMismatch);
@@ -276,7 +308,7 @@ TEST(RendezvousEndTest, DuplicateStaticRankIsRecordedForBoth) {
   ob.node_rank = 1;
   Rendezvous a(&store, oa), b(&store, ob);
   auto fa = JoinAsync(&a);
-  std::this_thread::sleep_for(milliseconds(20));
+  ASSERT_TRUE(store.Wait({"rdzv/job/round/0/static/1"}).ok());  // a's claim
   EXPECT_EQ(b.Join(nullptr).status().code(), Status::Code::kInvalid);
   EXPECT_EQ(fa.get().status().code(), Status::Code::kInvalid);
   EXPECT_EQ(b.end_reason(), EndReason::kDuplicateNodeRank);
@@ -343,238 +375,6 @@ TEST(RendezvousEndTest, StoredReasonWinsOverTheMessage) {
   EXPECT_EQ(a.Join(nullptr).status().code(), Status::Code::kInvalid);
   EXPECT_EQ(a.end_reason(), EndReason::kWorkersFailed);
   EXPECT_EQ(a.closed_reason(), "the group gave up");
-}
-
-// Many agents, each with its own connection to a real server (MULTI_GET and
-// MULTI_SET on the wire): distinct ranks, one ring of watched nodes, and a
-// second round that keeps every node's rank.
-TEST(RendezvousTest, ManyNodesOverTcpGetDistinctRanksInARing) {
-  constexpr int kNodes = 48;
-  auto server = StoreServer::Start(StoreServerOptions{});
-  ASSERT_TRUE(server.ok());
-  (*server)->RunInBackground();
-  std::vector<std::unique_ptr<TcpStoreClient>> clients;
-  std::vector<std::unique_ptr<Rendezvous>> nodes;
-  for (int i = 0; i < kNodes; ++i) {
-    StoreClientOptions copts;
-    copts.port = (*server)->port();
-    auto c = TcpStoreClient::Connect(copts);
-    ASSERT_TRUE(c.ok()) << c.status().message();
-    clients.push_back(std::move(*c));
-    auto o = Options("n" + std::to_string(i), kNodes, kNodes);
-    o.join_timeout = milliseconds(20000);
-    nodes.push_back(std::make_unique<Rendezvous>(clients.back().get(), o));
-  }
-  auto join_all = [&] {
-    std::vector<std::future<Result<Assignment>>> futures;
-    for (auto& n : nodes) futures.push_back(JoinAsync(n.get()));
-    std::vector<Assignment> out;
-    for (auto& f : futures) {
-      auto r = f.get();
-      EXPECT_TRUE(r.ok()) << r.status().message();
-      out.push_back(r.ok() ? *r : Assignment{});
-    }
-    return out;
-  };
-  auto first = join_all();
-  std::set<int> ranks;
-  std::map<int, std::string> id_of_rank, next_of_rank;
-  for (int i = 0; i < kNodes; ++i) {
-    EXPECT_EQ(first[i].group_world_size, kNodes);
-    EXPECT_EQ(first[i].world_size, 2 * kNodes);
-    ranks.insert(first[i].group_rank);
-    id_of_rank[first[i].group_rank] = "n" + std::to_string(i);
-    next_of_rank[first[i].group_rank] = first[i].next_node;
-  }
-  ASSERT_EQ(ranks.size(), static_cast<size_t>(kNodes));
-  for (int g = 0; g < kNodes; ++g)
-    EXPECT_EQ(next_of_rank[g], id_of_rank[(g + 1) % kNodes]);
-  ASSERT_EQ(*nodes[0]->ReportFailure(first[0], "exit 1"), 1);
-  for (int i = 1; i < kNodes; ++i)
-    EXPECT_EQ(*nodes[i]->Check(first[i]), RoundEvent::kRestart);
-  auto second = join_all();
-  for (int i = 0; i < kNodes; ++i) {
-    EXPECT_EQ(second[i].round, 1);
-    EXPECT_EQ(second[i].failures, 1);
-    EXPECT_EQ(second[i].group_rank, first[i].group_rank);  // ranks are stable
-  }
-}
-
-// Counts what a node asks of the store, by kind.
-class CountingStore : public Store {
- public:
-  explicit CountingStore(Store* inner) : inner_(inner) {}
-  Status Set(const std::string& k, std::string_view v) override {
-    ++other;
-    return inner_->Set(k, v);
-  }
-  Result<std::string> Get(const std::string& k) override {
-    ++other;
-    return inner_->Get(k);
-  }
-  Result<int64_t> Add(const std::string& k, int64_t d) override {
-    ++adds;
-    return inner_->Add(k, d);
-  }
-  Result<std::string> CompareSet(const std::string& k, std::string_view e,
-                                 std::string_view d) override {
-    ++other;
-    return inner_->CompareSet(k, e, d);
-  }
-  Result<bool> Check(const std::vector<std::string>& k) override {
-    ++other;
-    return inner_->Check(k);
-  }
-  Status Wait(const std::vector<std::string>& k,
-              std::chrono::milliseconds t) override {
-    ++other;
-    return inner_->Wait(k, t);
-  }
-  Result<bool> DeleteKey(const std::string& k) override {
-    ++other;
-    return inner_->DeleteKey(k);
-  }
-  Result<int64_t> NumKeys() override { return inner_->NumKeys(); }
-  Result<std::vector<std::string>> MultiGet(
-      const std::vector<std::string>& k) override {
-    ++reads;
-    return inner_->MultiGet(k);
-  }
-  Status MultiSet(const std::vector<std::string>& k,
-                  const std::vector<std::string>& v) override {
-    ++other;
-    return inner_->MultiSet(k, v);
-  }
-  std::chrono::milliseconds timeout() const override {
-    return inner_->timeout();
-  }
-  std::atomic<int> adds{0}, reads{0}, other{0};
-
- private:
-  Store* inner_;
-};
-
-// Checks every 2 ms until something happens, for at most 2 s.
-Result<RoundEvent> CheckUntilEvent(Rendezvous* node, const Assignment& a) {
-  auto started = std::chrono::steady_clock::now();
-  Result<RoundEvent> ev = RoundEvent::kNone;
-  while (ev.ok() && *ev == RoundEvent::kNone &&
-         std::chrono::steady_clock::now() - started < milliseconds(2000)) {
-    std::this_thread::sleep_for(milliseconds(2));
-    ev = node->Check(a);
-  }
-  return ev;
-}
-
-// Two nodes over a real server, each with a watch connection when `watch`.
-struct PushedPair {
-  explicit PushedPair(bool watch, milliseconds keep_alive) {
-    auto s = StoreServer::Start(StoreServerOptions{});
-    EXPECT_TRUE(s.ok());
-    server = std::move(*s);
-    server->RunInBackground();
-    for (int i = 0; i < 2; ++i) {
-      StoreClientOptions copts;
-      copts.port = server->port();
-      auto c = TcpStoreClient::Connect(copts);
-      EXPECT_TRUE(c.ok()) << c.status().message();
-      clients[i] = std::move(*c);
-      counted[i] = std::make_unique<CountingStore>(clients[i].get());
-      auto o = Options(i == 0 ? "a" : "b", 1, 2);
-      o.keep_alive_interval = keep_alive;
-      if (watch) {
-        copts.dialect = Dialect::kTorch113;
-        o.open_watch = [copts] { return TcpStoreClient::Connect(copts); };
-      }
-      nodes[i] = std::make_unique<Rendezvous>(counted[i].get(), o);
-    }
-    auto fb = JoinAsync(nodes[1].get());
-    auto ra = nodes[0]->Join(nullptr);
-    EXPECT_TRUE(ra.ok());
-    auto rb = fb.get();
-    EXPECT_TRUE(rb.ok());
-    a = *ra;
-    b = *rb;
-  }
-  std::unique_ptr<StoreServer> server;
-  std::unique_ptr<TcpStoreClient> clients[2];
-  std::unique_ptr<CountingStore> counted[2];
-  std::unique_ptr<Rendezvous> nodes[2];
-  Assignment a, b;
-};
-
-// With the watch, a standing round costs each node its heartbeat ADDs only;
-// a new round reaches the other node through the store's push.
-TEST(RendezvousPushTest, AStandingRoundIsNotReadAndANewOneIsPushed) {
-  PushedPair p(true, milliseconds(500));
-  ASSERT_EQ(*p.nodes[0]->Check(p.a), RoundEvent::kNone);
-  ASSERT_EQ(*p.nodes[1]->Check(p.b), RoundEvent::kNone);
-  EXPECT_TRUE(p.nodes[0]->pushed(p.a));
-  int reads = p.counted[0]->reads, other = p.counted[0]->other;
-  int reads_b = p.counted[1]->reads;
-  for (int i = 0; i < 20; ++i) {  // 200 ms: neither reads
-    std::this_thread::sleep_for(milliseconds(10));
-    ASSERT_EQ(*p.nodes[0]->Check(p.a), RoundEvent::kNone);
-    ASSERT_EQ(*p.nodes[1]->Check(p.b), RoundEvent::kNone);
-  }
-  EXPECT_EQ(p.counted[0]->reads, reads);
-  EXPECT_EQ(p.counted[1]->reads, reads_b);
-  EXPECT_EQ(p.counted[0]->other, other);
-  // Group rank 0 still reads its two counters (ADD 0) on every check.
-  EXPECT_GE(p.counted[0]->adds + p.counted[1]->adds, 40);
-  ASSERT_EQ(*p.nodes[1]->ReportFailure(p.b, "exit 1"), 1);
-  // The push may take a moment to arrive; it needs no read to be noticed.
-  auto ev = CheckUntilEvent(p.nodes[0].get(), p.a);
-  ASSERT_TRUE(ev.ok()) << ev.status().message();
-  EXPECT_EQ(*ev, RoundEvent::kRestart);
-  EXPECT_EQ(p.counted[0]->reads, reads + 1);  // read once, after the push
-}
-
-// The watched node's heartbeats arrive as pushes; when they stop, the node
-// is declared dead after keep-alive x attempts, as when reading.
-TEST(RendezvousPushTest, ASilentNodeIsDeclaredDeadFromPushes) {
-  PushedPair p(true, milliseconds(50));
-  auto started = std::chrono::steady_clock::now();
-  // Both check for 300 ms (b's beats keep a's view of it alive), then b
-  // goes silent.
-  while (std::chrono::steady_clock::now() - started < milliseconds(300)) {
-    ASSERT_EQ(*p.nodes[0]->Check(p.a), RoundEvent::kNone);
-    ASSERT_EQ(*p.nodes[1]->Check(p.b), RoundEvent::kNone);
-    std::this_thread::sleep_for(milliseconds(5));
-  }
-  EXPECT_TRUE(p.nodes[0]->pushed(p.a));
-  auto silent = std::chrono::steady_clock::now();
-  auto ev = CheckUntilEvent(p.nodes[0].get(), p.a);
-  ASSERT_TRUE(ev.ok()) << ev.status().message();
-  EXPECT_EQ(*ev, RoundEvent::kRestart);
-  auto took = std::chrono::steady_clock::now() - silent;
-  EXPECT_GE(took, milliseconds(100));  // 150 ms less b's last beat's age
-  EXPECT_LT(took, milliseconds(1000));
-}
-
-// A store that cannot watch (here: a watch connection in the torch 2
-// dialect, which has no WATCH_KEY) leaves Check reading, as without one.
-TEST(RendezvousPushTest, NoWatchMeansReadingEveryCheck) {
-  PushedPair p(false, milliseconds(100));
-  ASSERT_EQ(*p.nodes[0]->Check(p.a), RoundEvent::kNone);
-  EXPECT_FALSE(p.nodes[0]->pushed(p.a));
-  auto o = Options("c", 1, 2);
-  StoreClientOptions copts;
-  copts.port = p.server->port();  // torch 2 dialect: WatchKey refuses
-  o.open_watch = [copts] { return TcpStoreClient::Connect(copts); };
-  Rendezvous c(p.counted[0].get(), o);
-  int reads = p.counted[0]->reads;
-  ASSERT_EQ(*c.Check(p.a), RoundEvent::kNone);
-  ASSERT_EQ(*c.Check(p.a), RoundEvent::kNone);
-  EXPECT_FALSE(c.pushed(p.a));
-  EXPECT_EQ(p.counted[0]->reads, reads + 2);
-  o.open_watch = [] {
-    return Result<std::unique_ptr<TcpStoreClient>>(
-        Status::Unavailable("no store here"));
-  };
-  Rendezvous d(p.counted[0].get(), o);
-  ASSERT_EQ(*d.Check(p.a), RoundEvent::kNone);
-  EXPECT_EQ(p.counted[0]->reads, reads + 3);
 }
 
 }  // namespace
