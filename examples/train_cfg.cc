@@ -100,22 +100,35 @@ void Read(const toml::table& t, const char* section, const char* key, T* out) {
                               want);
 }
 
+// A choice (strategy.type = "fsdp") into its enum; a name that is not one
+// throws, naming the key and the choices.
+template <typename E>
+void ReadChoice(const toml::table& t, const char* section, const char* key,
+                E* out) {
+  if (!t[section][key]) return;  // the default stands
+  std::string name;
+  Read(t, section, key, &name);
+  std::string bad =
+      dtrun::train::ParseChoice(std::string(section) + "." + key, name, out);
+  if (!bad.empty()) throw std::invalid_argument(bad);
+}
+
 TrainConfig ToConfig(const toml::table& t) {
   TrainConfig c;
-  Read(t, "model", "type", &c.model);
+  ReadChoice(t, "model", "type", &c.model);
   if (auto* arr = t["model"]["hidden"].as_array()) {
     c.hidden.clear();
     for (const auto& n : *arr)
       c.hidden.push_back(static_cast<int>(n.value_or<int64_t>(0)));
   }
   Read(t, "model", "dropout", &c.dropout);
-  Read(t, "data", "source", &c.data);
+  ReadChoice(t, "data", "source", &c.data);
   Read(t, "data", "path", &c.digits_path);
   Read(t, "data", "samples", &c.synthetic_samples);
   Read(t, "data", "features", &c.synthetic_features);
   Read(t, "data", "classes", &c.synthetic_classes);
   Read(t, "data", "test_fraction", &c.test_fraction);
-  Read(t, "strategy", "type", &c.strategy);
+  ReadChoice(t, "strategy", "type", &c.strategy);
   Read(t, "strategy", "backend", &c.backend);
   Read(t, "strategy", "bucket_cap_mb", &c.bucket_cap_mb);
   Read(t, "strategy", "min_unit_params", &c.min_unit_params);
@@ -124,11 +137,11 @@ TrainConfig ToConfig(const toml::table& t) {
   Read(t, "strategy", "param_dtype", &c.param_dtype);
   Read(t, "strategy", "reduce_dtype", &c.reduce_dtype);
   Read(t, "strategy", "cpu_offload", &c.cpu_offload);
-  Read(t, "optimizer", "type", &c.optimizer);
+  ReadChoice(t, "optimizer", "type", &c.optimizer);
   Read(t, "optimizer", "lr", &c.lr);
   Read(t, "optimizer", "momentum", &c.momentum);
   Read(t, "optimizer", "weight_decay", &c.weight_decay);
-  Read(t, "schedule", "type", &c.schedule);
+  ReadChoice(t, "schedule", "type", &c.schedule);
   Read(t, "schedule", "warmup_steps", &c.warmup_steps);
   Read(t, "train", "batch_size", &c.batch_size);
   Read(t, "train", "steps", &c.steps);
@@ -143,7 +156,7 @@ TrainConfig ToConfig(const toml::table& t) {
   Read(t, "checkpoint", "dir", &c.checkpoint_dir);
   Read(t, "checkpoint", "every", &c.checkpoint_every);
   Read(t, "checkpoint", "keep", &c.keep_checkpoints);
-  Read(t, "checkpoint", "format", &c.checkpoint_format);
+  ReadChoice(t, "checkpoint", "format", &c.checkpoint_format);
   Read(t, "fault", "kill_rank", &c.kill_rank);
   Read(t, "fault", "kill_at_step", &c.kill_at_step);
   Read(t, "fault", "hang_rank", &c.hang_rank);

@@ -18,27 +18,73 @@ std::string OneOf(const std::string& key, const std::string& value,
   return key + " '" + value + "': use " + list;
 }
 
+// The TOML names of one enum's choices, in the enum's order.
+template <typename E, size_t N>
+std::string ParseNamed(const std::string& key, const std::string& value,
+                       const char* const (&names)[N], E* out) {
+  for (size_t i = 0; i < N; ++i) {
+    if (value == names[i]) {
+      *out = static_cast<E>(i);
+      return "";
+    }
+  }
+  std::string list;
+  for (const char* a : names)
+    list += std::string(list.empty() ? "" : " or ") + "\"" + a + "\"";
+  return key + " '" + value + "': use " + list;
+}
+
 bool Every(int64_t done, int64_t every) {
   return every > 0 && done % every == 0;
 }
 
 }  // namespace
 
+std::string ParseChoice(const std::string& key, const std::string& value,
+                        ModelKind* out) {
+  static const char* const kNames[] = {"mlp", "cnn"};
+  return ParseNamed(key, value, kNames, out);
+}
+
+std::string ParseChoice(const std::string& key, const std::string& value,
+                        DataSource* out) {
+  static const char* const kNames[] = {"digits", "synthetic"};
+  return ParseNamed(key, value, kNames, out);
+}
+
+std::string ParseChoice(const std::string& key, const std::string& value,
+                        StrategyKind* out) {
+  static const char* const kNames[] = {"ddp", "fsdp"};
+  return ParseNamed(key, value, kNames, out);
+}
+
+std::string ParseChoice(const std::string& key, const std::string& value,
+                        OptimizerKind* out) {
+  static const char* const kNames[] = {"sgd", "adam", "adamw"};
+  return ParseNamed(key, value, kNames, out);
+}
+
+std::string ParseChoice(const std::string& key, const std::string& value,
+                        Schedule* out) {
+  static const char* const kNames[] = {"constant", "cosine"};
+  return ParseNamed(key, value, kNames, out);
+}
+
+std::string ParseChoice(const std::string& key, const std::string& value,
+                        CheckpointFormat* out) {
+  static const char* const kNames[] = {"sharded", "full"};
+  return ParseNamed(key, value, kNames, out);
+}
+
 // Declared in trainer.h; defined here so that it builds and is tested
 // without libtorch.
 std::string ValidateConfig(const TrainConfig& c) {
   for (const std::string& err : {
-           OneOf("model.type", c.model, {"mlp", "cnn"}),
-           OneOf("data.source", c.data, {"digits", "synthetic"}),
-           OneOf("strategy.type", c.strategy, {"ddp", "fsdp"}),
            OneOf("strategy.backend", c.backend, {"auto", "gloo", "nccl"}),
            OneOf("strategy.param_dtype", c.param_dtype,
                  {"float32", "bfloat16"}),
            OneOf("strategy.reduce_dtype", c.reduce_dtype,
                  {"float32", "bfloat16"}),
-           OneOf("optimizer.type", c.optimizer, {"sgd", "adam", "adamw"}),
-           OneOf("schedule.type", c.schedule, {"constant", "cosine"}),
-           OneOf("checkpoint.format", c.checkpoint_format, {"sharded", "full"}),
        }) {
     if (!err.empty()) return err;
   }
@@ -74,7 +120,7 @@ double LearningRate(const TrainConfig& c, int64_t step) {
   double lr = c.lr;
   if (c.warmup_steps > 0 && step < c.warmup_steps)
     return lr * (step + 1) / c.warmup_steps;
-  if (c.schedule == "cosine") {
+  if (c.schedule == Schedule::kCosine) {
     double t = double(step - c.warmup_steps) /
                std::max<int64_t>(1, c.steps - c.warmup_steps);
     lr *= 0.5 * (1 + std::cos(M_PI * std::min(1.0, t)));

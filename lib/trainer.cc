@@ -13,13 +13,12 @@
 #include <sstream>
 
 #include "lib/checkpoint.h"
+#include "lib/checkpoint_payload.h"
 #include "lib/data.h"
-#include "lib/ddp.h"
-#include "lib/fsdp.h"
 #include "lib/process_group.h"
 #include "lib/sha256.h"
+#include "lib/strategy.h"
 #include "lib/train_plan.h"
-#include "rendezvous/util/check.h"
 #include "rendezvous/heartbeat.h"
 
 namespace dtrun::train {
@@ -38,7 +37,7 @@ std::shared_ptr<torch::nn::SequentialImpl> MakeModel(const TrainConfig& c,
                                                      int classes) {
   torch::manual_seed(c.seed);
   auto seq = std::make_shared<torch::nn::SequentialImpl>();
-  if (c.model == "cnn") {
+  if (c.model == ModelKind::kCnn) {
     if (features != 64)
       throw Error("model 'cnn' needs 8x8 inputs (data = \"digits\")");
     seq->push_back(
@@ -54,7 +53,7 @@ std::shared_ptr<torch::nn::SequentialImpl> MakeModel(const TrainConfig& c,
     seq->push_back(torch::nn::Linear(32 * 4 * 4, classes));
     return seq;
   }
-  int in = features;  // "mlp" (ValidateConfig allows nothing else)
+  int in = features;  // kMlp
   for (int h : c.hidden) {
     seq->push_back(torch::nn::Linear(in, h));
     seq->push_back(torch::nn::ReLU());
@@ -67,17 +66,17 @@ std::shared_ptr<torch::nn::SequentialImpl> MakeModel(const TrainConfig& c,
 
 std::unique_ptr<torch::optim::Optimizer> MakeOptimizer(
     const TrainConfig& c, std::vector<torch::Tensor> params) {
-  if (c.optimizer == "sgd") {
+  if (c.optimizer == OptimizerKind::kSgd) {
     return std::make_unique<torch::optim::SGD>(
         params, torch::optim::SGDOptions(c.lr)
                     .momentum(c.momentum)
                     .weight_decay(c.weight_decay));
   }
-  if (c.optimizer == "adam") {
+  if (c.optimizer == OptimizerKind::kAdam) {
     return std::make_unique<torch::optim::Adam>(
         params, torch::optim::AdamOptions(c.lr).weight_decay(c.weight_decay));
   }
-  return std::make_unique<torch::optim::AdamW>(  // "adamw", the one choice left
+  return std::make_unique<torch::optim::AdamW>(  // kAdamW
       params, torch::optim::AdamWOptions(c.lr).weight_decay(c.weight_decay));
 }
 
@@ -150,246 +149,6 @@ std::vector<torch::Tensor> GatherRngStates(ProcessGroup& pg,
   return out[0];
 }
 
-// A checkpoint's payload: named tensors in torch's archive format.
-// Deserialize() loads them onto the CPU, so GPU checkpoints load anywhere.
-std::string Serialize(const std::map<std::string, torch::Tensor>& tensors) {
-  torch::serialize::OutputArchive archive;
-  for (const auto& [key, t] : tensors) archive.write(key, t);
-  std::ostringstream out;
-  archive.save_to(out);
-  return out.str();
-}
-
-std::map<std::string, torch::Tensor> Deserialize(const std::string& payload) {
-  std::istringstream in(payload);
-  torch::serialize::InputArchive archive;
-  archive.load_from(in, torch::kCPU);
-  std::map<std::string, torch::Tensor> out;
-  for (const auto& key : archive.keys()) {
-    torch::Tensor t;
-    if (archive.try_read(key, t)) out[key] = t;
-  }
-  return out;
-}
-
-// The step's file is one map of named tensors for both strategies: DDP's
-// model and optimizer archives travel in it as byte tensors.
-torch::Tensor Blob(const std::string& s) {
-  auto t = torch::empty({static_cast<int64_t>(s.size())}, torch::kUInt8);
-  std::memcpy(t.data_ptr(), s.data(), s.size());
-  return t;
-}
-
-std::string Text(const torch::Tensor& t) {
-  return std::string(static_cast<const char*>(t.data_ptr()),
-                     static_cast<size_t>(t.numel()));
-}
-
-// What differs between DDP and FSDP in the loop and in checkpoints.
-class Strategy {
- public:
-  virtual ~Strategy() = default;
-  virtual torch::Tensor Forward(const torch::Tensor& x) = 0;
-  // One micro-batch's backward; `last`: the step's last micro-batch.
-  virtual void Backward(const torch::Tensor& loss, bool last) = 0;
-  virtual std::vector<torch::Tensor> OptimizerParams() = 0;
-  // Full parameters in model->parameters() order (collective for FSDP).
-  virtual std::vector<torch::Tensor> FullParams() = 0;
-  // Whether evaluation is collective (every rank runs it).
-  virtual bool CollectiveEval() const = 0;
-  // Checkpoint (collective): writes any per-rank files, then returns the
-  // tensors of the step's file, which rank 0 writes last.
-  virtual std::map<std::string, torch::Tensor> Save(
-      torch::optim::Optimizer& opt, const CheckpointDir& dir, int64_t step) = 0;
-  // Whether a checkpoint's other files are there and verify (every rank
-  // reaches the same verdict: they read the same files). Restore() follows
-  // the Complete() that accepted, for the same step.
-  virtual Status Complete(const std::map<std::string, torch::Tensor>& main,
-                          const CheckpointDir& dir, int64_t step) = 0;
-  virtual void Restore(const std::map<std::string, torch::Tensor>& main,
-                       const CheckpointDir& dir, int64_t step,
-                       torch::optim::Optimizer& opt) = 0;
-};
-
-class DdpStrategy : public Strategy {
- public:
-  DdpStrategy(std::shared_ptr<torch::nn::SequentialImpl> model,
-              ProcessGroup* pg, const TrainConfig& c)
-      : model_(model), ddp_(model, pg, Options(c)) {}
-
-  torch::Tensor Forward(const torch::Tensor& x) override {
-    return model_->forward(x);
-  }
-  // Only the step's last micro-batch all-reduces; the others accumulate in
-  // .grad under NoSync, and the last one's hooks add them into the buckets.
-  void Backward(const torch::Tensor& loss, bool last) override {
-    if (last) {
-      loss.backward();
-      ddp_.SyncGradients();
-    } else {
-      DistributedDataParallel::NoSync no_sync(ddp_);
-      loss.backward();
-    }
-  }
-  std::vector<torch::Tensor> OptimizerParams() override {
-    return model_->parameters();
-  }
-  std::vector<torch::Tensor> FullParams() override {
-    return model_->parameters();
-  }
-  bool CollectiveEval() const override { return false; }
-
-  std::map<std::string, torch::Tensor> Save(torch::optim::Optimizer& opt,
-                                            const CheckpointDir&,
-                                            int64_t) override {
-    torch::serialize::OutputArchive m, o;
-    model_->save(m);
-    opt.save(o);
-    std::ostringstream ms, os;
-    m.save_to(ms);
-    o.save_to(os);
-    return {{"model", Blob(ms.str())}, {"optimizer", Blob(os.str())}};
-  }
-  Status Complete(const std::map<std::string, torch::Tensor>& main,
-                  const CheckpointDir& dir, int64_t) override {
-    if (!main.count("model") || !main.count("optimizer")) {
-      throw Error(
-          dir.dir() +
-          " holds checkpoints of an FSDP run (strategy = \"fsdp\"); resume "
-          "it with strategy.type=\"fsdp\" or give this DDP run another "
-          "checkpoint.dir");
-    }
-    return Status::Ok();
-  }
-  void Restore(const std::map<std::string, torch::Tensor>& main,
-               const CheckpointDir&, int64_t,
-               torch::optim::Optimizer& opt) override {
-    torch::Device device = model_->parameters().front().device();
-    torch::serialize::InputArchive m, o;
-    std::istringstream ms(Text(main.at("model"))),
-        os(Text(main.at("optimizer")));
-    m.load_from(ms, device);
-    o.load_from(os, device);
-    model_->load(m);
-    opt.load(o);
-  }
-
- private:
-  static DdpOptions Options(const TrainConfig& c) {
-    DdpOptions o;
-    o.bucket_cap_mb = c.bucket_cap_mb;
-    return o;
-  }
-
-  std::shared_ptr<torch::nn::SequentialImpl> model_;
-  DistributedDataParallel ddp_;
-};
-
-class FsdpStrategy : public Strategy {
- public:
-  FsdpStrategy(std::shared_ptr<torch::nn::SequentialImpl> model,
-               ProcessGroup* pg, const TrainConfig& c)
-      : pg_(pg),
-        full_format_(c.checkpoint_format == "full"),
-        fsdp_(model, pg, Options(c)) {}
-
-  torch::Tensor Forward(const torch::Tensor& x) override {
-    return fsdp_.Forward(x);
-  }
-  void Backward(const torch::Tensor& loss, bool) override {
-    loss.backward();
-    fsdp_.SyncGradients();  // every micro-batch's gradients accumulate in the
-                            // shards
-  }
-  std::vector<torch::Tensor> OptimizerParams() override {
-    return fsdp_.ShardParameters();
-  }
-  std::vector<torch::Tensor> FullParams() override {
-    return fsdp_.FullParameters();
-  }
-  bool CollectiveEval() const override { return true; }
-
-  std::map<std::string, torch::Tensor> Save(torch::optim::Optimizer& opt,
-                                            const CheckpointDir& dir,
-                                            int64_t step) override {
-    if (full_format_) {
-      auto state = fsdp_.StateDict(opt, /*full=*/true);
-      state["fsdp_shards"] = torch::tensor(int64_t{0});
-      return state;
-    }
-    // Sharded: each rank writes its own file, so no rank ever holds the
-    // full state; the step's file only records how many shards there are.
-    const std::string path = dir.ShardPath(step, pg_->getRank());
-    Status s = WriteCheckpointFile(
-        path, Serialize(fsdp_.StateDict(opt, /*full=*/false)));
-    if (!s.ok())
-      throw Error("rank " + std::to_string(pg_->getRank()) + ": " +
-                  s.message());
-    pg_->barrier()
-        ->wait();  // every shard is durable before the step's file names them
-    return {{"fsdp_shards", torch::tensor(int64_t{pg_->getSize()})}};
-  }
-  Status Complete(const std::map<std::string, torch::Tensor>& main,
-                  const CheckpointDir& dir, int64_t step) override {
-    if (!main.count("fsdp_shards")) {
-      throw Error(
-          dir.dir() +
-          " holds checkpoints of a DDP run (strategy = \"ddp\"); resume it "
-          "with strategy.type=\"ddp\" or give this FSDP run another "
-          "checkpoint.dir");
-    }
-    // Read and verified once; Restore() loads what this kept.
-    verified_.clear();
-    const int64_t shards = main.at("fsdp_shards").item<int64_t>();
-    if (shards == 0)
-      verified_.push_back(main);  // full format: the step's file holds it all
-    for (int64_t j = 0; j < shards; ++j) {
-      const std::string path = dir.ShardPath(step, static_cast<int>(j));
-      auto shard = ReadCheckpointFile(path);
-      if (!shard.ok()) {
-        verified_.clear();
-        return Status::Invalid("its shard " + path +
-                               " does not load: " + shard.status().message());
-      }
-      verified_.push_back(Deserialize(*shard));
-    }
-    return Status::Ok();
-  }
-  void Restore(const std::map<std::string, torch::Tensor>&,
-               const CheckpointDir&, int64_t,
-               torch::optim::Optimizer& opt) override {
-    DTRUN_CHECK(!verified_.empty())
-        << "FSDP Restore() without a Complete() that accepted";
-    fsdp_.LoadStateDicts(verified_, opt);
-    verified_.clear();
-  }
-
- private:
-  static FsdpOptions Options(const TrainConfig& c) {
-    FsdpOptions o;
-    o.min_unit_params = c.min_unit_params;
-    o.reshard_after_forward = c.reshard_after_forward;
-    o.prefetch = c.prefetch;
-    o.param_dtype = c.param_dtype;
-    o.reduce_dtype = c.reduce_dtype;
-    o.cpu_offload = c.cpu_offload;
-    return o;
-  }
-
-  ProcessGroup* pg_;
-  bool full_format_;
-  FullyShardedDataParallel fsdp_;
-  // by Complete(), for Restore()
-  std::vector<std::map<std::string, torch::Tensor>> verified_;
-};
-
-std::unique_ptr<Strategy> MakeStrategy(
-    std::shared_ptr<torch::nn::SequentialImpl> model, ProcessGroup* pg,
-    const TrainConfig& c) {
-  if (c.strategy == "fsdp") return std::make_unique<FsdpStrategy>(model, pg, c);
-  return std::make_unique<DdpStrategy>(model, pg, c);  // "ddp" (validated)
-}
-
 torch::Device DeviceOf(const Distributed& dist) {
   if (!dist.uses_cuda()) return torch::Device(torch::kCPU);
   return torch::Device(torch::kCUDA,
@@ -397,11 +156,11 @@ torch::Device DeviceOf(const Distributed& dist) {
 }
 
 Dataset LoadDataset(const TrainConfig& c) {
-  if (c.data == "synthetic") {
+  if (c.data == DataSource::kSynthetic) {
     return MakeSynthetic(c.synthetic_samples, c.synthetic_features,
                          c.synthetic_classes, c.seed);
   }
-  auto loaded = LoadDigits(c.digits_path);  // "digits" (validated)
+  auto loaded = LoadDigits(c.digits_path);  // kDigits
   if (!loaded.ok()) throw Error(loaded.status().message());
   return std::move(*loaded);
 }
@@ -418,8 +177,7 @@ class Trainer {
 
  private:
   int64_t Resume();
-  void RestoreRng(const std::map<std::string, torch::Tensor>& main,
-                  int64_t start);
+  void RestoreRng(const StepFile& file);
   double Step(int64_t step);
   double MicroBatch(int64_t micro, bool last);
   void Checkpoint(int64_t done);
@@ -499,39 +257,41 @@ int Trainer::Run() {
 // to start from (0 when there is none).
 int64_t Trainer::Resume() {
   std::vector<std::string> skipped;
-  std::map<std::string, torch::Tensor> main;
+  StepFile file;
   auto loaded =
       ckpt_->LoadLatest(&skipped, [&](const CheckpointDir::Loaded& l) {
-        main = Deserialize(l.payload);
-        return strategy_->Complete(main, *ckpt_, l.step);
+        auto tensors = DecodeTensors(l.payload);
+        auto parsed = tensors.ok() ? StepFile::FromTensors(std::move(*tensors))
+                                   : Result<StepFile>(tensors.status());
+        if (!parsed.ok()) return parsed.status();
+        file = std::move(*parsed);
+        return strategy_->Complete(file.parts, *ckpt_, l.step);
       });
   if (rank_ == 0) {
     for (const auto& s : skipped)
       std::fprintf(stderr, "checkpoint skipped: %s\n", s.c_str());
   }
   if (!loaded) return 0;
-  strategy_->Restore(main, *ckpt_, loaded->step, *opt_);
-  const int64_t start = main.at("step").item<int64_t>();
-  RestoreRng(main, start);
+  strategy_->Restore(file.parts, *opt_);
+  RestoreRng(file);
   if (rank_ == 0) {
     std::printf("resumed from %s at step %lld (saved on %lld ranks)\n",
-                loaded->path.c_str(), (long long)start,
-                (long long)main.at("world_size").item<int64_t>());
+                loaded->path.c_str(), (long long)file.step,
+                (long long)file.world_size);
   }
-  return start;
+  return file.step;
 }
 
 // Bitwise resume needs each rank's generator exactly where it was (dropout
 // draws from it). On another world size rank r's saved stream belongs to a
 // different slice of the batch, so the ranks reseed from the step instead.
-void Trainer::RestoreRng(const std::map<std::string, torch::Tensor>& main,
-                         int64_t start) {
-  const std::string mine = "rng_" + std::to_string(rank_);
-  if (main.at("world_size").item<int64_t>() == world_ && main.count(mine)) {
+void Trainer::RestoreRng(const StepFile& file) {
+  if (file.world_size == world_ &&
+      static_cast<size_t>(rank_) < file.rng.size()) {
     at::Generator gen = at::detail::getDefaultCPUGenerator();
-    gen.set_state(main.at(mine));
+    gen.set_state(file.rng[static_cast<size_t>(rank_)]);
   } else {
-    torch::manual_seed(RankSeed(c_, rank_, start));
+    torch::manual_seed(RankSeed(c_, rank_, file.step));
   }
 }
 
@@ -567,23 +327,21 @@ double Trainer::MicroBatch(int64_t micro, bool last) {
 // once that file exists, so a crash anywhere before leaves the previous
 // checkpoint the newest that loads.
 void Trainer::Checkpoint(int64_t done) {
-  auto main = strategy_->Save(*opt_, *ckpt_, done);
+  StepFile file;
+  file.parts = strategy_->Save(*opt_, *ckpt_, done);
   // The generators as the next step finds them: restored, a resumed run's
   // dropout masks are those of an unbroken one.
-  auto rng = GatherRngStates(dist_->pg(), device_);
+  file.rng = GatherRngStates(dist_->pg(), device_);
   if (rank_ == 0) {
-    main["step"] = torch::tensor(done);
-    main["world_size"] = torch::tensor(int64_t{world_});
-    for (int r = 0; r < world_; ++r)
-      main["rng_" + std::to_string(r)] = rng[static_cast<size_t>(r)];
-    Status s = ckpt_->Write(done, Serialize(main));
+    file.step = done;
+    file.world_size = world_;
+    Status s = ckpt_->Write(done, EncodeTensors(file.ToTensors()));
     if (!s.ok())
       throw Error("checkpoint at step " + std::to_string(done) + ": " +
                   s.message());
   }
-  dist_->pg()
-      .barrier()
-      ->wait();  // nobody runs ahead of a checkpoint in progress
+  // nobody runs ahead of a checkpoint in progress
+  dist_->pg().barrier()->wait();
 }
 
 void Trainer::Log(int64_t done, double lr) {

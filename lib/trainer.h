@@ -6,21 +6,46 @@
 
 namespace dtrun::train {
 
+// The config's choices, each read from its TOML string by ParseChoice.
+enum class ModelKind { kMlp, kCnn };               // model.type
+enum class DataSource { kDigits, kSynthetic };     // data.source
+enum class StrategyKind { kDdp, kFsdp };           // strategy.type
+enum class OptimizerKind { kSgd, kAdam, kAdamW };  // optimizer.type
+enum class Schedule { kConstant, kCosine };        // schedule.type
+enum class CheckpointFormat { kSharded, kFull };   // checkpoint.format
+
+// Sets *out to the choice named `value` (as in TOML: "ddp", "adamw", ...)
+// and returns "", or returns what is wrong, naming `key` and the choices
+// ("strategy.type 'zero': use \"ddp\" or \"fsdp\""). Pure.
+std::string ParseChoice(const std::string& key, const std::string& value,
+                        ModelKind* out);
+std::string ParseChoice(const std::string& key, const std::string& value,
+                        DataSource* out);
+std::string ParseChoice(const std::string& key, const std::string& value,
+                        StrategyKind* out);
+std::string ParseChoice(const std::string& key, const std::string& value,
+                        OptimizerKind* out);
+std::string ParseChoice(const std::string& key, const std::string& value,
+                        Schedule* out);
+std::string ParseChoice(const std::string& key, const std::string& value,
+                        CheckpointFormat* out);
+
 // Everything a training run needs; train_cfg fills it from TOML. Defaults in
 // brackets.
 struct TrainConfig {
   // model
-  std::string model = "mlp";           // mlp [mlp] | cnn (for 8x8 images)
+  ModelKind model = ModelKind::kMlp;   // mlp [mlp] | cnn (for 8x8 images)
   std::vector<int> hidden = {64, 64};  // MLP hidden layer widths
   double dropout = 0.0;  // MLP: dropout after each hidden layer [0]
   // data
-  std::string data = "digits";  // digits (sklearn's 8x8 digits) | synthetic
+  // digits (sklearn's 8x8 digits) [digits] | synthetic
+  DataSource data = DataSource::kDigits;
   std::string digits_path =
       "/usr/lib/python3/dist-packages/sklearn/datasets/data/digits.csv.gz";
   int synthetic_samples = 2048, synthetic_features = 32, synthetic_classes = 4;
   double test_fraction = 0.2;  // held out for evaluation [0.2]
   // strategy
-  std::string strategy = "ddp";  // ddp | fsdp
+  StrategyKind strategy = StrategyKind::kDdp;  // ddp [ddp] | fsdp
   // gloo | nccl | auto (nccl if built and a GPU is visible)
   std::string backend = "auto";
   double bucket_cap_mb = 25;          // ddp
@@ -31,9 +56,9 @@ struct TrainConfig {
               reduce_dtype = "float32";  // fsdp mixed precision
   bool cpu_offload = false;              // fsdp, GPU builds
   // optimizer and schedule
-  std::string optimizer = "sgd";  // sgd | adam | adamw
+  OptimizerKind optimizer = OptimizerKind::kSgd;  // sgd [sgd] | adam | adamw
   double lr = 0.05, momentum = 0.9, weight_decay = 0.0;
-  std::string schedule = "constant";  // constant | cosine
+  Schedule schedule = Schedule::kConstant;  // constant [constant] | cosine
   int warmup_steps = 0;
   // loop
   int batch_size = 32;  // per rank
@@ -45,8 +70,8 @@ struct TrainConfig {
   // checkpoints
   std::string checkpoint_dir;  // empty: no checkpoints
   int checkpoint_every = 50, keep_checkpoints = 2;
-  // fsdp: sharded (each rank its shard) | full
-  std::string checkpoint_format = "sharded";
+  // fsdp: sharded (each rank its shard) [sharded] | full
+  CheckpointFormat checkpoint_format = CheckpointFormat::kSharded;
   // stop (as if preempted) after this step; -1 never
   int64_t stop_after_step = -1;
   // fault injection for demos and tests: rank `kill_rank` SIGKILLs itself
@@ -60,8 +85,9 @@ struct TrainConfig {
   std::string metrics_path;  // JSON lines; empty: none
 };
 
-// The first thing wrong with a config's choices ("strategy.type 'x': use
-// \"ddp\" or \"fsdp\""), or "" when it is fine. Pure; Train() checks too.
+// The first thing wrong with a config's values (a backend or dtype that is
+// not a choice, a number out of range), or "" when it is fine. Pure; Train()
+// checks too.
 std::string ValidateConfig(const TrainConfig& config);
 
 // Runs (or resumes, from the newest good checkpoint) a data-parallel (DDP) or

@@ -11,6 +11,7 @@
 #include "apps/dtrun/endpoint.h"
 #include "apps/dtrun/error_report.h"
 #include "apps/dtrun/exit_code.h"
+#include "apps/dtrun/interactive_protocol.h"
 #include "rendezvous/util/log.h"
 #include "rendezvous/util/os_util.h"
 #include "rendezvous/store_client.h"
@@ -33,7 +34,8 @@ ElasticJob::ElasticJob(const LaunchConfig& config, WorkerGroup* workers,
   group_.on_worker_crash = [this](const WorkerCrash& crash) {
     // Beside the session's round key, on the store the console attaches to.
     Status s =
-        PublishCrash(rdzv_client_.get(), "dtrun/i/" + config_.rdzv_id + "/",
+        PublishCrash(rdzv_client_.get(),
+                     interactive_protocol::NodesCrashPrefix(config_.rdzv_id),
                      crash, ++crashes_);
     if (!s.ok())
       Logger("dtrun.agent")
@@ -153,10 +155,10 @@ Status ElasticJob::SetUpWorkerStore() {
     Status s = rdzv_client_->Set(key, addr);
     // The interactive console follows the session from round to round here.
     if (s.ok() && config_.interactive) {
-      s = rdzv_client_->Set("dtrun/i/" + config_.rdzv_id + "/current",
-                            std::to_string(assignment_.round) + " " +
-                                std::to_string(assignment_.world_size) + " " +
-                                addr);
+      s = rdzv_client_->Set(
+          interactive_protocol::CurrentRoundKey(config_.rdzv_id),
+          interactive_protocol::CurrentRoundValue(
+              assignment_.round, assignment_.world_size, addr));
     }
     if (!s.ok()) return s;
   } else {

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "apps/dtrun/exit_code.h"
+#include "apps/dtrun/interactive_protocol.h"
 #include "apps/dtrun/worker_env.h"
 #include "rendezvous/util/os_util.h"
 #include "dtrun_python_files.h"
@@ -136,7 +137,8 @@ Result<Session> PrepareSession(const LaunchConfig& config) {
   // workers' store of the current round is named under `rdzv_key` there.
   s.nodes = s.launch.uses_rendezvous();
   s.world = s.launch.nproc_per_node * (s.nodes ? s.launch.max_nodes : 1);
-  if (s.nodes) s.rdzv_key = "dtrun/i/" + s.launch.rdzv_id + "/current";
+  if (s.nodes)
+    s.rdzv_key = interactive_protocol::CurrentRoundKey(s.launch.rdzv_id);
   if (s.nodes && !s.launch.local_addr.empty()) {
     setenv("DTRUN_NODE_ADDR", s.launch.local_addr.c_str(), 1);
   }
@@ -147,9 +149,9 @@ Result<Session> PrepareSession(const LaunchConfig& config) {
 int RunHeadless(const Session& s, const RunJobFn& run_job) {
   int rc = run_job(s.launch, [&](const std::string& host, uint16_t port,
                                  const std::string&) {
-    std::printf("dtrun-interactive: host %s port %u world %d dir %s%s%s\n",
-                host.c_str(), port, s.world, s.dir.c_str(),
-                s.nodes ? " key " : "", s.rdzv_key.c_str());
+    std::printf("%s\n", interactive_protocol::SessionLine(host, port, s.world,
+                                                          s.dir, s.rdzv_key)
+                            .c_str());
     std::fflush(stdout);
   });
   if (rc == kExitSuccess)

@@ -5,6 +5,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "apps/dtrun/interactive_protocol.h"
+
 #include "rendezvous/store_client.h"
 
 namespace dtrun::agent {
@@ -24,8 +26,10 @@ Status PublishCrash(rendezvous::TcpStoreClient* store,
   // The record before the count: a console that sees the count finds it.
   // The count is SET, not ADDed: the job keeps it and publishes both again
   // after clearing the store for a new attempt, which must not count twice.
-  Status s = store->Set(prefix + "crash", j.dump());
-  if (s.ok()) s = store->Set(prefix + "crash_count", std::to_string(count));
+  Status s = store->Set(prefix + interactive_protocol::kCrash, j.dump());
+  if (s.ok())
+    s = store->Set(prefix + interactive_protocol::kCrashCount,
+                   std::to_string(count));
   return s;
 }
 

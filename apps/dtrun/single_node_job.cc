@@ -4,6 +4,7 @@
 #include "apps/dtrun/single_node_job.h"
 
 #include "apps/dtrun/exit_code.h"
+#include "apps/dtrun/interactive_protocol.h"
 #include "rendezvous/util/log.h"
 #include "rendezvous/util/os_util.h"
 #include "rendezvous/store_client.h"
@@ -97,7 +98,8 @@ void SingleNodeJob::PublishLastCrash() {
     console_link_ = std::move(*client);
   }
   Status s =
-      PublishCrash(console_link_.get(), "dtrun/", *last_crash_, crashes_);
+      PublishCrash(console_link_.get(), interactive_protocol::kLocalCrashPrefix,
+                   *last_crash_, crashes_);
   if (!s.ok())
     Logger("dtrun.agent")
         ->warn("cannot publish the crash for the console: {}", s.message());

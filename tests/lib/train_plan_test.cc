@@ -91,7 +91,7 @@ TEST_F(TrainPlanTest, WarmupRisesLinearlyThenStaysConstant) {
 
 TEST_F(TrainPlanTest, CosineFallsFromPeakToZeroAfterWarmup) {
   c_.lr = 0.1;
-  c_.schedule = "cosine";
+  c_.schedule = Schedule::kCosine;
   c_.warmup_steps = 10;
   EXPECT_DOUBLE_EQ(LearningRate(c_, 10), 0.1);
   EXPECT_NEAR(LearningRate(c_, 55), 0.05,
@@ -118,12 +118,32 @@ TEST(ValidateConfigTest, DefaultsAreValid) {
 
 TEST(ValidateConfigTest, NamesTheKeyAndTheChoices) {
   TrainConfig c;
-  c.strategy = "zero";
-  EXPECT_EQ(ValidateConfig(c), "strategy.type 'zero': use \"ddp\" or \"fsdp\"");
-  c = TrainConfig();
-  c.optimizer = "lamb";
-  EXPECT_EQ(ValidateConfig(c),
+  EXPECT_EQ(ParseChoice("strategy.type", "zero", &c.strategy),
+            "strategy.type 'zero': use \"ddp\" or \"fsdp\"");
+  EXPECT_EQ(c.strategy, StrategyKind::kDdp);  // untouched
+  EXPECT_EQ(ParseChoice("optimizer.type", "lamb", &c.optimizer),
             "optimizer.type 'lamb': use \"sgd\" or \"adam\" or \"adamw\"");
+  c.backend = "mpi";
+  EXPECT_EQ(ValidateConfig(c),
+            "strategy.backend 'mpi': use \"auto\" or \"gloo\" or \"nccl\"");
+}
+
+TEST(ValidateConfigTest, EveryChoiceParsesToItsEnum) {
+  TrainConfig c;
+  EXPECT_EQ(ParseChoice("model.type", "cnn", &c.model), "");
+  EXPECT_EQ(c.model, ModelKind::kCnn);
+  EXPECT_EQ(ParseChoice("data.source", "synthetic", &c.data), "");
+  EXPECT_EQ(c.data, DataSource::kSynthetic);
+  EXPECT_EQ(ParseChoice("strategy.type", "fsdp", &c.strategy), "");
+  EXPECT_EQ(c.strategy, StrategyKind::kFsdp);
+  EXPECT_EQ(ParseChoice("optimizer.type", "adamw", &c.optimizer), "");
+  EXPECT_EQ(c.optimizer, OptimizerKind::kAdamW);
+  EXPECT_EQ(ParseChoice("schedule.type", "cosine", &c.schedule), "");
+  EXPECT_EQ(c.schedule, Schedule::kCosine);
+  EXPECT_EQ(ParseChoice("checkpoint.format", "full", &c.checkpoint_format), "");
+  EXPECT_EQ(c.checkpoint_format, CheckpointFormat::kFull);
+  // Exactly as written: TOML strings are case-sensitive.
+  EXPECT_NE(ParseChoice("optimizer.type", "SGD", &c.optimizer), "");
 }
 
 TEST(ValidateConfigTest, RefusesOutOfRangeNumbers) {

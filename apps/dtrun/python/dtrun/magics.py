@@ -11,6 +11,7 @@ from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 from IPython.display import publish_display_data
 
+from dtrun import protocol
 from dtrun.session import (LabelledLines, Session, SessionError, format_results,
                            parse_ranks)
 
@@ -49,19 +50,21 @@ def _start(num_processes, python=None, dtrun=None, gpu_ids=None, timeout=300.0, 
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True,
                             start_new_session=True, preexec_fn=_die_with_parent)
     line = proc.stdout.readline()
-    fields = line.split()
-    if not line.startswith("dtrun-interactive:") or len(fields) < 9:
+    try:
+        started = protocol.parse_session_line(line)
+    except ValueError:
+        started = None
+    if started is None:
         proc.kill()
         rc = proc.wait()
         log.seek(0)
         said = log.read().strip()[-2000:]
         raise _usage(f"dtrun did not start a session (exit code {rc})" +
                      (f": {said}" if said else f"; run {shlex.join(cmd)} in a terminal to see why"))
-    host, port, world = fields[2], int(fields[4]), int(fields[6])
     # Across nodes the line ends "key K": the store named is the rendezvous
     # store, and K names the current round's workers' store there.
-    rdzv_key = fields[10] if len(fields) >= 11 and fields[9] == "key" else None
-    session = Session(host, port, world, session_dir=fields[8], rdzv_key=rdzv_key)
+    session = Session(started["host"], started["port"], started["world"],
+                      session_dir=started["dir"], rdzv_key=started["key"])
     session.stream = True
     try:
         session.wait_ready(timeout=timeout)

@@ -1,22 +1,7 @@
 """The client side of an interactive dtrun session: what the console and the
 Jupyter extension use to run cells on the workers.
 
-Everything travels through the dtrun store, under the prefix "dtrun/i/":
-  ready                  counter; each worker adds 1 once it serves cells
-  status/<rank>          JSON {pid, host, attempt, busy, last_cell, rss_mb, ...}
-  cell/<n>               JSON {kind: "cell"|"status"|"reset_pg"|"shutdown", code, ranks, stream}
-  statusn/<n>            counter of ranks that refreshed their status for cell n
-  result/<n>/<rank>      JSON {ok, out, err, value?, error?, interrupted?, abandoned?}
-  interrupt/<n>          counter; the client adds 1 to interrupt cell n
-  restart/<attempt>      counter; > 0: the workers of that attempt exit (a busy
-                         one polls it, an idle one gets a "restart" cell) and
-                         dtrun starts a fresh group, wherever the ranks run
-  has_status/<rank>      counter; > 0 once status/<rank> exists (Torch 1.13's
-                         Python store has no check())
-  stream/<n>/<rank>/<k>  JSON [which, text]: output chunk k, with streaming on
-  streamn/<n>/<rank>     counter of those chunks
-  data/<n>/<k>           chunk k of the pickled {name: value} a "push" cell sets
-  data/<n>/<rank>/<k>    chunk k of the pickled {name: value} a "pull" cell returns
+Everything travels through the dtrun store; protocol.py lists every key.
 Cells of kind "push" (names, chunks), "pull" (names) and "complete" (text)
 move variables between the client and the ranks and complete names; values
 travel pickled, in chunks under the store's limit on one value (64 MiB).
@@ -28,7 +13,8 @@ the worker group) and answers those that select its rank.
 
 With several nodes, each rendezvous round has a workers' store of its own:
 the client is handed the rendezvous store, where dtrun keeps
-"<round> <world> <host>:<port>" of the current round under `rdzv_key`, and
+"<round> <world> <host>:<port>" of the current round under `rdzv_key`
+(protocol.current_round_key), and
 moves to the new store when the round changes (a %restart, a dead worker on
 any node).
 """
@@ -46,48 +32,10 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-PREFIX = "dtrun/i/"
-READY = PREFIX + "ready"
-
-
-def cell_key(n):
-    return f"{PREFIX}cell/{n}"
-
-
-def result_key(n, rank):
-    return f"{PREFIX}result/{n}/{rank}"
-
-
-def status_key(rank):
-    return f"{PREFIX}status/{rank}"
-
-
-def interrupt_key(n):
-    return f"{PREFIX}interrupt/{n}"
-
-
-def restart_key(attempt):
-    return f"{PREFIX}restart/{attempt}"
-
-
-def status_answers_key(n):
-    return f"{PREFIX}statusn/{n}"
-
-
-def has_status_key(rank):
-    return f"{PREFIX}has_status/{rank}"
-
-
-def stream_key(n, rank, k):
-    return f"{PREFIX}stream/{n}/{rank}/{k}"
-
-
-def stream_count_key(n, rank):
-    return f"{PREFIX}streamn/{n}/{rank}"
-
-
-def data_key(n, k, rank=None):
-    return f"{PREFIX}data/{n}/{k}" if rank is None else f"{PREFIX}data/{n}/{rank}/{k}"
+from dtrun.protocol import (PREFIX, READY, cell_key, data_key, has_status_key,  # noqa: F401
+                            interrupt_key, restart_key, result_key, status_answers_key,
+                            status_key, stream_count_key, stream_key)
+from dtrun import protocol
 
 
 CHUNK = 16 << 20  # bytes per stored chunk of pickled data
@@ -246,9 +194,9 @@ class Session:
     # -- rounds (several nodes) -------------------------------------------
     def _current_round(self):
         """(round, world, host, port) of the workers' store dtrun names now."""
-        rnd, world, addr = self.rdzv.get(self.rdzv_key).decode().split(" ")
+        rnd, world, addr = protocol.parse_current_round(self.rdzv.get(self.rdzv_key).decode())
         host, port = addr.rsplit(":", 1)
-        return int(rnd), int(world), host.strip("[]"), int(port)
+        return rnd, world, host.strip("[]"), int(port)
 
     def _round_moved(self):
         return self.rdzv is not None and self._current_round()[0] != self.round
@@ -329,17 +277,17 @@ class Session:
         """The store and key prefix where dtrun publishes worker crashes: the
         workers' store on one node, the rendezvous store across nodes."""
         if self.rdzv is not None:
-            return self.rdzv, self.rdzv_key.rsplit("/", 1)[0] + "/"
-        return self.store, "dtrun/"
+            return self.rdzv, protocol.crash_prefix(protocol.run_id_of(self.rdzv_key))
+        return self.store, protocol.crash_prefix()
 
     def last_crash(self):
         """The latest worker crash dtrun published (a dict: attempt, rank,
         how, host, addr, stderr_file, stderr_tail), or None."""
         store, prefix = self._crash_store()
         try:
-            if store is None or store.add(prefix + "crash_count", 0) == 0:
+            if store is None or store.add(prefix + protocol.CRASH_COUNT, 0) == 0:
                 return None
-            return get_record(store, prefix + "crash")
+            return get_record(store, prefix + protocol.CRASH)
         except RuntimeError:  # the round's store is gone; the next one tells
             return None
 

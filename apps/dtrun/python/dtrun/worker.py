@@ -31,6 +31,7 @@ warnings.filterwarnings("ignore", message=".*non-interactive, and thus cannot be
 import torch
 import torch.distributed as dist
 
+from dtrun import protocol
 from dtrun import session as proto
 
 RANK = int(os.environ["RANK"])
@@ -281,7 +282,7 @@ class Worker:
         retired = dist.group.WORLD
         self.abandoned.append((None, retired))
         dist.destroy_process_group()
-        store = dist.PrefixStore(f"{proto.PREFIX}pg/{self.pg_generation}", self.store)
+        store = dist.PrefixStore(protocol.pg_prefix(self.pg_generation), self.store)
         dist.init_process_group(self.backend, store=store, rank=RANK, world_size=WORLD)
         return {"ok": True, "out": "", "err": ""}
 

@@ -1,0 +1,208 @@
+#include "lib/strategy.h"
+
+#include <sstream>
+
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+
+#include "lib/ddp.h"
+#include "lib/fsdp.h"
+#include "lib/process_group.h"
+#include "rendezvous/util/check.h"
+
+namespace dtrun::train {
+namespace {
+
+// Step-file keys of each strategy (lib/README.md, "Checkpoint format").
+constexpr char kModel[] = "model";
+constexpr char kOptimizer[] = "optimizer";
+constexpr char kFsdpShards[] = "fsdp_shards";
+
+// DDP's checkpoint is the model's and the optimizer's own archives, as
+// bytes in the step's file: every rank holds the full state.
+class DdpStrategy : public Strategy {
+ public:
+  DdpStrategy(std::shared_ptr<torch::nn::SequentialImpl> model,
+              ProcessGroup* pg, const TrainConfig& c)
+      : model_(model), ddp_(model, pg, Options(c)) {}
+
+  torch::Tensor Forward(const torch::Tensor& x) override {
+    return model_->forward(x);
+  }
+  // Only the step's last micro-batch all-reduces; the others accumulate in
+  // .grad under NoSync, and the last one's hooks add them into the buckets.
+  void Backward(const torch::Tensor& loss, bool last) override {
+    if (last) {
+      loss.backward();
+      ddp_.SyncGradients();
+    } else {
+      DistributedDataParallel::NoSync no_sync(ddp_);
+      loss.backward();
+    }
+  }
+  std::vector<torch::Tensor> OptimizerParams() override {
+    return model_->parameters();
+  }
+  std::vector<torch::Tensor> FullParams() override {
+    return model_->parameters();
+  }
+  bool CollectiveEval() const override { return false; }
+
+  TensorMap Save(torch::optim::Optimizer& opt, const CheckpointDir&,
+                 int64_t) override {
+    torch::serialize::OutputArchive m, o;
+    model_->save(m);
+    opt.save(o);
+    std::ostringstream ms, os;
+    m.save_to(ms);
+    o.save_to(os);
+    return {{kModel, BytesTensor(ms.str())},
+            {kOptimizer, BytesTensor(os.str())}};
+  }
+  Status Complete(const TensorMap& parts, const CheckpointDir& dir,
+                  int64_t) override {
+    if (!parts.count(kModel) || !parts.count(kOptimizer)) {
+      throw Error(
+          dir.dir() +
+          " holds checkpoints of an FSDP run (strategy = \"fsdp\"); resume "
+          "it with strategy.type=\"fsdp\" or give this DDP run another "
+          "checkpoint.dir");
+    }
+    return Status::Ok();
+  }
+  void Restore(const TensorMap& parts, torch::optim::Optimizer& opt) override {
+    torch::Device device = model_->parameters().front().device();
+    torch::serialize::InputArchive m, o;
+    std::istringstream ms(TensorBytes(parts.at(kModel))),
+        os(TensorBytes(parts.at(kOptimizer)));
+    m.load_from(ms, device);
+    o.load_from(os, device);
+    model_->load(m);
+    opt.load(o);
+  }
+
+ private:
+  static DdpOptions Options(const TrainConfig& c) {
+    DdpOptions o;
+    o.bucket_cap_mb = c.bucket_cap_mb;
+    return o;
+  }
+
+  std::shared_ptr<torch::nn::SequentialImpl> model_;
+  DistributedDataParallel ddp_;
+};
+
+// FSDP's checkpoint is sharded (each rank's own file, ckpt_<step>.shard_<r>,
+// so no rank ever holds the full state) or full (the whole state dict in
+// the step's file). "fsdp_shards" says which: the shard count, 0 for full.
+class FsdpStrategy : public Strategy {
+ public:
+  FsdpStrategy(std::shared_ptr<torch::nn::SequentialImpl> model,
+               ProcessGroup* pg, const TrainConfig& c)
+      : pg_(pg),
+        full_format_(c.checkpoint_format == CheckpointFormat::kFull),
+        fsdp_(model, pg, Options(c)) {}
+
+  torch::Tensor Forward(const torch::Tensor& x) override {
+    return fsdp_.Forward(x);
+  }
+  void Backward(const torch::Tensor& loss, bool) override {
+    loss.backward();
+    // every micro-batch's gradients accumulate in the shards
+    fsdp_.SyncGradients();
+  }
+  std::vector<torch::Tensor> OptimizerParams() override {
+    return fsdp_.ShardParameters();
+  }
+  std::vector<torch::Tensor> FullParams() override {
+    return fsdp_.FullParameters();
+  }
+  bool CollectiveEval() const override { return true; }
+
+  TensorMap Save(torch::optim::Optimizer& opt, const CheckpointDir& dir,
+                 int64_t step) override {
+    if (full_format_) {
+      TensorMap state = fsdp_.StateDict(opt, /*full=*/true);
+      state[kFsdpShards] = torch::tensor(int64_t{0});
+      return state;
+    }
+    const std::string path = dir.ShardPath(step, pg_->getRank());
+    Status s = WriteCheckpointFile(
+        path, EncodeTensors(fsdp_.StateDict(opt, /*full=*/false)));
+    if (!s.ok())
+      throw Error("rank " + std::to_string(pg_->getRank()) + ": " +
+                  s.message());
+    // every shard is durable before the step's file names them
+    pg_->barrier()->wait();
+    return {{kFsdpShards, torch::tensor(int64_t{pg_->getSize()})}};
+  }
+  Status Complete(const TensorMap& parts, const CheckpointDir& dir,
+                  int64_t step) override {
+    if (!parts.count(kFsdpShards)) {
+      throw Error(
+          dir.dir() +
+          " holds checkpoints of a DDP run (strategy = \"ddp\"); resume it "
+          "with strategy.type=\"ddp\" or give this FSDP run another "
+          "checkpoint.dir");
+    }
+    // Read and verified once; Restore() loads what this kept.
+    verified_.clear();
+    const int64_t shards = parts.at(kFsdpShards).item<int64_t>();
+    if (shards == 0) verified_.push_back(parts);  // full: all in the step's
+    for (int64_t j = 0; j < shards; ++j) {
+      Status s = LoadShard(dir.ShardPath(step, static_cast<int>(j)));
+      if (!s.ok()) {
+        verified_.clear();
+        return s;
+      }
+    }
+    return Status::Ok();
+  }
+  void Restore(const TensorMap&, torch::optim::Optimizer& opt) override {
+    DTRUN_CHECK(!verified_.empty())
+        << "FSDP Restore() without a Complete() that accepted";
+    fsdp_.LoadStateDicts(verified_, opt);
+    verified_.clear();
+  }
+
+ private:
+  static FsdpOptions Options(const TrainConfig& c) {
+    FsdpOptions o;
+    o.min_unit_params = c.min_unit_params;
+    o.reshard_after_forward = c.reshard_after_forward;
+    o.prefetch = c.prefetch;
+    o.param_dtype = c.param_dtype;
+    o.reduce_dtype = c.reduce_dtype;
+    o.cpu_offload = c.cpu_offload;
+    return o;
+  }
+  // Reads, verifies and decodes one shard file into verified_.
+  Status LoadShard(const std::string& path) {
+    auto shard = ReadCheckpointFile(path);
+    auto decoded =
+        shard.ok() ? DecodeTensors(*shard) : Result<TensorMap>(shard.status());
+    if (!decoded.ok()) {
+      return Status::Invalid("its shard " + path +
+                             " does not load: " + decoded.status().message());
+    }
+    verified_.push_back(std::move(*decoded));
+    return Status::Ok();
+  }
+
+  ProcessGroup* pg_;
+  bool full_format_;
+  FullyShardedDataParallel fsdp_;
+  // by Complete(), for Restore()
+  std::vector<TensorMap> verified_;
+};
+
+}  // namespace
+
+std::unique_ptr<Strategy> MakeStrategy(
+    std::shared_ptr<torch::nn::SequentialImpl> model, ProcessGroup* pg,
+    const TrainConfig& c) {
+  if (c.strategy == StrategyKind::kFsdp)
+    return std::make_unique<FsdpStrategy>(model, pg, c);
+  return std::make_unique<DdpStrategy>(model, pg, c);
+}
+
+}  // namespace dtrun::train

@@ -1,0 +1,53 @@
+#pragma once
+
+// What differs between DDP and FSDP in the training loop and in its
+// checkpoints, behind one interface, so that trainer.cc holds the loop
+// alone and each strategy is tested on its own (tests/lib/strategy_test.cc).
+
+#include <torch/torch.h>
+
+#include <memory>
+#include <vector>
+
+#include "lib/checkpoint.h"
+#include "lib/checkpoint_payload.h"
+#include "lib/torch_compat.h"
+#include "lib/trainer.h"
+#include "rendezvous/util/status.h"
+
+namespace dtrun::train {
+
+class Strategy {
+ public:
+  virtual ~Strategy() = default;
+  virtual torch::Tensor Forward(const torch::Tensor& x) = 0;
+  // One micro-batch's backward; `last`: the step's last micro-batch.
+  virtual void Backward(const torch::Tensor& loss, bool last) = 0;
+  virtual std::vector<torch::Tensor> OptimizerParams() = 0;
+  // Full parameters in model->parameters() order (collective for FSDP).
+  virtual std::vector<torch::Tensor> FullParams() = 0;
+  // Whether evaluation is collective (every rank runs it).
+  virtual bool CollectiveEval() const = 0;
+  // Checkpoint (collective): writes any per-rank files of `step` in `dir`,
+  // durable on every rank when it returns, then returns this strategy's
+  // parts of the step's file (StepFile::parts), which rank 0 writes last.
+  virtual TensorMap Save(torch::optim::Optimizer& opt, const CheckpointDir& dir,
+                         int64_t step) = 0;
+  // Whether a checkpoint's other files are there and verify (every rank
+  // reaches the same verdict: they read the same files). Throws Error when
+  // `parts` were saved by the other strategy (the folder belongs to another
+  // run). Restore() follows the Complete() that accepted, for the same step.
+  virtual Status Complete(const TensorMap& parts, const CheckpointDir& dir,
+                          int64_t step) = 0;
+  virtual void Restore(const TensorMap& parts,
+                       torch::optim::Optimizer& opt) = 0;
+};
+
+// The strategy the config names, around `model` (already on its device),
+// over `pg`, which must outlive it. DDP broadcasts rank 0's parameters;
+// FSDP shards them (`model` keeps no full copy).
+std::unique_ptr<Strategy> MakeStrategy(
+    std::shared_ptr<torch::nn::SequentialImpl> model, ProcessGroup* pg,
+    const TrainConfig& config);
+
+}  // namespace dtrun::train

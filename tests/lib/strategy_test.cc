@@ -1,0 +1,149 @@
+// Each strategy on its own, in a process group of one rank (gloo over an
+// in-process store on loopback): what it saves is what it restores, into a
+// fresh model and optimizer, and it refuses the other strategy's folder.
+#include "lib/strategy.h"
+
+#include <gtest/gtest.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include "lib/process_group.h"
+#include "rendezvous/store_server.h"
+#include "rendezvous/util/os_util.h"
+
+namespace dtrun::train {
+namespace {
+
+bool Exists(const std::string& path) { return access(path.c_str(), F_OK) == 0; }
+
+class StrategyTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    auto server = rendezvous::StoreServer::Start({});
+    ASSERT_TRUE(server.ok());
+    server_ = server->release();
+    server_->RunInBackground();
+    setenv("MASTER_ADDR", "127.0.0.1", 1);
+    setenv("MASTER_PORT", std::to_string(server_->port()).c_str(), 1);
+    setenv("RANK", "0", 1);
+    setenv("WORLD_SIZE", "1", 1);
+    ProcessGroupOptions o;
+    o.backend = "gloo";
+    dist_ = Distributed::FromEnv(o).release();
+  }
+  static void TearDownTestSuite() {
+    delete dist_;
+    delete server_;
+  }
+  void SetUp() override {
+    auto dir = os::MakeTempDir("strategy_test");
+    ASSERT_TRUE(dir.ok());
+    dir_ = *dir;
+  }
+  void TearDown() override { os::RemoveTree(dir_); }
+
+  // A small MLP with the given seed, and SGD with momentum over `params`.
+  static std::shared_ptr<torch::nn::SequentialImpl> Model(int seed) {
+    torch::manual_seed(seed);
+    auto m = std::make_shared<torch::nn::SequentialImpl>();
+    m->push_back(torch::nn::Linear(6, 8));
+    m->push_back(torch::nn::ReLU());
+    m->push_back(torch::nn::Linear(8, 3));
+    return m;
+  }
+  static std::unique_ptr<torch::optim::SGD> Sgd(std::vector<torch::Tensor> p) {
+    return std::make_unique<torch::optim::SGD>(
+        p, torch::optim::SGDOptions(0.1).momentum(0.9));
+  }
+  // One step, so the optimizer has momentum to save.
+  static void TrainStep(Strategy& s, torch::optim::Optimizer& opt) {
+    torch::manual_seed(9);
+    auto x = torch::randn({4, 6});
+    auto y = torch::tensor({0, 1, 2, 1}, torch::kLong);
+    opt.zero_grad();
+    s.Backward(torch::cross_entropy_loss(s.Forward(x), y), /*last=*/true);
+    opt.step();
+  }
+  // Saves a trained strategy's state, restores it into a fresh one built
+  // from another seed, and checks that parameters and the next step agree.
+  void RoundTrip(const TrainConfig& c) {
+    CheckpointDir dir(dir_, 2);
+    auto a = MakeStrategy(Model(1), &dist_->pg(), c);
+    auto opt_a = Sgd(a->OptimizerParams());
+    TrainStep(*a, *opt_a);
+    TensorMap parts = a->Save(*opt_a, dir, 1);
+    auto b = MakeStrategy(Model(2), &dist_->pg(), c);
+    auto opt_b = Sgd(b->OptimizerParams());
+    ASSERT_TRUE(b->Complete(parts, dir, 1).ok());
+    b->Restore(parts, *opt_b);
+    auto pa = a->FullParams(), pb = b->FullParams();
+    ASSERT_EQ(pa.size(), pb.size());
+    for (size_t i = 0; i < pa.size(); ++i)
+      EXPECT_TRUE(torch::equal(pa[i], pb[i])) << "parameter " << i;
+    TrainStep(*a, *opt_a);  // momentum restored: the next step agrees too
+    TrainStep(*b, *opt_b);
+    pa = a->FullParams();
+    pb = b->FullParams();
+    for (size_t i = 0; i < pa.size(); ++i)
+      EXPECT_TRUE(torch::equal(pa[i], pb[i])) << "after a step, " << i;
+  }
+
+  static rendezvous::StoreServer* server_;
+  static Distributed* dist_;
+  std::string dir_;
+};
+
+rendezvous::StoreServer* StrategyTest::server_ = nullptr;
+Distributed* StrategyTest::dist_ = nullptr;
+
+TEST_F(StrategyTest, DdpSavesWhatItRestores) {
+  TrainConfig c;
+  RoundTrip(c);
+}
+
+TEST_F(StrategyTest, FsdpShardedSavesWhatItRestores) {
+  TrainConfig c;
+  c.strategy = StrategyKind::kFsdp;
+  RoundTrip(c);
+  EXPECT_TRUE(Exists(CheckpointDir(dir_, 2).ShardPath(1, 0)));
+}
+
+TEST_F(StrategyTest, FsdpFullSavesWhatItRestoresInTheStepFile) {
+  TrainConfig c;
+  c.strategy = StrategyKind::kFsdp;
+  c.checkpoint_format = CheckpointFormat::kFull;
+  RoundTrip(c);
+  EXPECT_FALSE(Exists(CheckpointDir(dir_, 2).ShardPath(1, 0)));
+}
+
+TEST_F(StrategyTest, EachRefusesTheOthersCheckpoints) {
+  CheckpointDir dir(dir_, 2);
+  TrainConfig ddp, fsdp;
+  fsdp.strategy = StrategyKind::kFsdp;
+  auto d = MakeStrategy(Model(1), &dist_->pg(), ddp);
+  auto f = MakeStrategy(Model(1), &dist_->pg(), fsdp);
+  auto opt = Sgd(d->OptimizerParams());
+  TensorMap ddp_parts = d->Save(*opt, dir, 1);
+  EXPECT_THROW(f->Complete(ddp_parts, dir, 1), Error);
+  TensorMap fsdp_parts = {{"fsdp_shards", torch::tensor(int64_t{1})}};
+  EXPECT_THROW(d->Complete(fsdp_parts, dir, 1), Error);
+}
+
+TEST_F(StrategyTest, FsdpNamesAShardThatDoesNotLoad) {
+  CheckpointDir dir(dir_, 2);
+  TrainConfig c;
+  c.strategy = StrategyKind::kFsdp;
+  auto f = MakeStrategy(Model(1), &dist_->pg(), c);
+  TensorMap parts = {{"fsdp_shards", torch::tensor(int64_t{1})}};
+  Status missing = f->Complete(parts, dir, 5);
+  EXPECT_EQ(missing.code(), Status::Code::kInvalid);
+  EXPECT_NE(missing.message().find(dir.ShardPath(5, 0)), std::string::npos)
+      << missing.message();
+  ASSERT_TRUE(WriteCheckpointFile(dir.ShardPath(5, 0), "not tensors").ok());
+  Status garbage = f->Complete(parts, dir, 5);
+  EXPECT_NE(garbage.message().find("not a tensor archive"), std::string::npos)
+      << garbage.message();
+}
+
+}  // namespace
+}  // namespace dtrun::train
