@@ -72,6 +72,51 @@ std::string Spelling(const FlagSpec& flag, const std::string& prefix) {
   return flag.names.back();
 }
 
+// Reads the flag at args[*i], and its value (attached, or the next word,
+// when *i moves on to it), into out->flags in a spelling CLI11 knows. False
+// with out->error set for a flag dtrun does not know or a missing value.
+bool TakeFlag(const std::vector<std::string>& args, size_t* i,
+              const std::vector<FlagSpec>& flags, SplitArgv* out) {
+  const std::string& a = args[*i];
+  const FlagSpec* flag = nullptr;
+  std::string word = a, value;
+  bool has_value = false;
+  if (a[1] == '-') {
+    size_t eq = a.find('=');
+    std::string name = a.substr(0, eq);
+    has_value = eq != std::string::npos;
+    if (has_value) value = a.substr(eq + 1);
+    flag = Exact(name, flags);
+    if (!flag) {
+      out->error = Resolve(name, flags, &flag);
+      if (!out->error.empty()) return false;
+      name = Spelling(*flag, name);
+    }
+    word = has_value ? name + "=" + value : name;
+  } else {
+    // A short flag, its value either attached (-r3) or the next word.
+    flag = Exact(a.substr(0, 2), flags);
+    if (!flag || (a.size() > 2 && !flag->takes_value)) {
+      out->error = "unknown flag '" + a + "' (see dtrun --help)";
+      return false;
+    }
+    if (a.size() > 2) {
+      out->flags.push_back(a.substr(0, 2));
+      word = a.substr(2);
+      has_value = true;
+    }
+  }
+  out->flags.push_back(word);
+  if (flag->takes_value && !has_value) {
+    if (*i + 1 >= args.size()) {
+      out->error = "flag '" + a + "' expects a value";
+      return false;
+    }
+    out->flags.push_back(args[++*i]);
+  }
+  return true;
+}
+
 }  // namespace
 
 SplitArgv SplitAtProgram(const std::vector<std::string>& args,
@@ -87,46 +132,7 @@ SplitArgv SplitAtProgram(const std::vector<std::string>& args,
       positional_only = true;
       continue;
     }
-    const FlagSpec* flag = nullptr;
-    std::string word = a, value;
-    bool has_value = false;
-    if (a[1] == '-') {
-      size_t eq = a.find('=');
-      std::string name = a.substr(0, eq);
-      has_value = eq != std::string::npos;
-      if (has_value) value = a.substr(eq + 1);
-      flag = Exact(name, flags);
-      if (!flag) {
-        out.error = Resolve(name, flags, &flag);
-        if (!out.error.empty()) return out;
-        name = Spelling(*flag, name);
-      }
-      word = has_value ? name + "=" + value : name;
-    } else {
-      // A short flag, its value either attached (-r3) or the next word.
-      flag = Exact(a.substr(0, 2), flags);
-      if (!flag) {
-        out.error = "unknown flag '" + a + "' (see dtrun --help)";
-        return out;
-      }
-      if (a.size() > 2) {
-        if (!flag->takes_value) {
-          out.error = "unknown flag '" + a + "' (see dtrun --help)";
-          return out;
-        }
-        out.flags.push_back(a.substr(0, 2));
-        word = a.substr(2);
-        has_value = true;
-      }
-    }
-    out.flags.push_back(word);
-    if (flag->takes_value && !has_value) {
-      if (i + 1 >= args.size()) {
-        out.error = "flag '" + a + "' expects a value";
-        return out;
-      }
-      out.flags.push_back(args[++i]);
-    }
+    if (!TakeFlag(args, &i, flags, &out)) return out;
   }
   out.entrypoint.assign(args.begin() + static_cast<long>(i), args.end());
   // torchrun's argparse drops a "--" between the script and its arguments

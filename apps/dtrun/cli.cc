@@ -26,7 +26,7 @@ namespace {
 // Raw text of the flags whose values need more than CLI11's conversions.
 struct RawFlags {
   std::string nproc = "1", nnodes = "1:1", redirects = "0", tee = "0",
-              rdzv_conf;
+              rdzv_conf, rdzv_backend = "static", rdzv_endpoint;
   std::string local_ranks_filter;
   std::string signals_to_handle, duplicate_stdout_filters,
       duplicate_stderr_filters, logs_specs;
@@ -151,10 +151,10 @@ void AddRendezvousFlags(CLI::App& app, LaunchConfig& c, RawFlags& raw) {
        "store port (default: a free port on a single node, else 29500)", rdzv);
   Switch(app, "--standalone", c.standalone,
          "single-node job on free ports, with a fresh run id", rdzv);
-  Flag(app, "--rdzv-backend", c.rdzv_backend,
+  Flag(app, "--rdzv-backend", raw.rdzv_backend,
        "static or c10d (etcd and etcd-v2 are refused: not built yet)", rdzv)
       ->capture_default_str();
-  Flag(app, "--rdzv-endpoint", c.rdzv_endpoint,
+  Flag(app, "--rdzv-endpoint", raw.rdzv_endpoint,
        "host[:port] of the rendezvous store", rdzv);
   Flag(app, "--rdzv-id", c.rdzv_id, "job id (TORCHELASTIC_RUN_ID)", rdzv)
       ->capture_default_str();
@@ -350,15 +350,15 @@ std::string ApplyTorchrunExtras(const RawFlags& raw, LaunchConfig* c) {
   return "";
 }
 
-// Applies the raw flags to the config; returns a message naming the bad flag.
-std::string ApplyRaw(const RawFlags& raw, const std::optional<SlurmJob>& job,
-                     LaunchConfig* c) {
+// --nnodes and --nproc-per-node. Under SLURM, "cpu"/"gpu"/"auto" count the
+// job's share of the node: the machine's own counts would overcommit a node
+// shared with other jobs.
+std::string ApplySizes(const RawFlags& raw, const std::optional<SlurmJob>& job,
+                       LaunchConfig* c) {
   if (!ParseNnodes(raw.nnodes, &c->min_nodes, &c->max_nodes)) {
     return "--nnodes: '" + raw.nnodes +
            "' is not N or MIN:MAX with 0 < MIN <= MAX";
   }
-  // Under SLURM, "cpu"/"gpu"/"auto" count the job's share of the node: the
-  // machine's own counts would overcommit a node shared with other jobs.
   int cpus = job && job->cpus_on_node > 0
                  ? job->cpus_on_node
                  : static_cast<int>(std::thread::hardware_concurrency());
@@ -373,6 +373,58 @@ std::string ApplyRaw(const RawFlags& raw, const std::optional<SlurmJob>& job,
   auto nproc = ParseNprocPerNode(raw.nproc, devices);
   if (!nproc.ok()) return nproc.status().message();
   c->nproc_per_node = *nproc;
+  return "";
+}
+
+// --rdzv-backend, --rdzv-endpoint, --rdzv-conf and --master-port, each
+// parsed once into its type.
+std::string ApplyRendezvous(const RawFlags& raw, LaunchConfig* c) {
+  auto rdzv_conf = ParseRdzvConf(raw.rdzv_conf);
+  if (!rdzv_conf.ok()) return rdzv_conf.status().message();
+  c->rdzv_conf = *rdzv_conf;
+  auto backend = ParseRdzvBackend(raw.rdzv_backend);
+  if (!backend.ok()) return backend.status().message();
+  c->rdzv_backend = *backend;
+  auto endpoint = ParseEndpoint(raw.rdzv_endpoint);
+  if (!endpoint) {
+    return "--rdzv-endpoint: '" + raw.rdzv_endpoint +
+           "' is not host[:port] (a port is 0-65535; IPv6 in brackets)";
+  }
+  c->rdzv_endpoint = *endpoint;
+  if (raw.master_port > 65535 || raw.master_port < -1) {
+    return "--master-port: " + std::to_string(raw.master_port) +
+           " is not a port (0-65535)";
+  }
+  if (raw.master_port >= 0)
+    c->master_port = static_cast<uint16_t>(raw.master_port);
+  return "";
+}
+
+// Seconds as a double, as torchrun takes them: fractions are useful in
+// tests and for fast hang detection. Stored as milliseconds.
+std::string ApplyTimeouts(const RawFlags& raw, LaunchConfig* c) {
+  if (raw.term_timeout_s < 0) return "--term-timeout must be >= 0 seconds";
+  if (raw.hang_timeout_s < 0)
+    return "--hang-timeout must be >= 0 seconds (0: off)";
+  if (raw.hang_first_beat_s < 0)
+    return "--hang-first-beat must be >= 0 seconds";
+  auto ms = [](double seconds) {
+    return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
+  };
+  c->term_timeout = ms(raw.term_timeout_s);
+  c->hang_timeout = ms(raw.hang_timeout_s);
+  c->hang_first_beat = ms(raw.hang_first_beat_s);
+  return "";
+}
+
+// Applies the raw flags to the config; returns a message naming the bad flag.
+std::string ApplyRaw(const RawFlags& raw, const std::optional<SlurmJob>& job,
+                     LaunchConfig* c) {
+  for (const std::string& error :
+       {ApplySizes(raw, job, c), ApplyRendezvous(raw, c),
+        ApplyTimeouts(raw, c)}) {
+    if (!error.empty()) return error;
+  }
   if (!ParseStreamSpec(raw.redirects, &c->redirects)) {
     return "--redirects: '" + raw.redirects +
            "' is not 0-3 or LOCAL_RANK:0-3,...";
@@ -380,28 +432,6 @@ std::string ApplyRaw(const RawFlags& raw, const std::optional<SlurmJob>& job,
   if (!ParseStreamSpec(raw.tee, &c->tee)) {
     return "--tee: '" + raw.tee + "' is not 0-3 or LOCAL_RANK:0-3,...";
   }
-  auto rdzv_conf = ParseRdzvConf(raw.rdzv_conf);
-  if (!rdzv_conf.ok()) return rdzv_conf.status().message();
-  c->rdzv_conf = *rdzv_conf;
-  if (raw.master_port > 65535 || raw.master_port < -1) {
-    return "--master-port: " + std::to_string(raw.master_port) +
-           " is not a port (0-65535)";
-  }
-  if (raw.master_port >= 0)
-    c->master_port = static_cast<uint16_t>(raw.master_port);
-  // Seconds as a double, as torchrun takes them: fractions are useful in
-  // tests and for fast hang detection. Stored as milliseconds.
-  if (raw.term_timeout_s < 0) return "--term-timeout must be >= 0 seconds";
-  c->term_timeout = std::chrono::milliseconds(
-      static_cast<int64_t>(raw.term_timeout_s * 1000));
-  if (raw.hang_timeout_s < 0)
-    return "--hang-timeout must be >= 0 seconds (0: off)";
-  if (raw.hang_first_beat_s < 0)
-    return "--hang-first-beat must be >= 0 seconds";
-  c->hang_timeout = std::chrono::milliseconds(
-      static_cast<int64_t>(raw.hang_timeout_s * 1000));
-  c->hang_first_beat = std::chrono::milliseconds(
-      static_cast<int64_t>(raw.hang_first_beat_s * 1000));
   std::string error = ApplyTorchrunExtras(raw, c);
   if (!error.empty()) return error;
   return ParseLocalRanksFilter(raw.local_ranks_filter, &c->local_ranks_filter);
@@ -477,6 +507,48 @@ std::string VersionText(const std::string& program) {
   return program + " " DTRUN_VERSION " (git " DTRUN_GIT_COMMIT ")";
 }
 
+namespace {
+
+// --print-completion SHELL: the script on stdout; returns the exit code.
+int PrintCompletion(const std::string& shell, CLI::App& app) {
+  std::string script = CompletionScript(shell, FlagSpecs(app));
+  if (script.empty()) {
+    std::fprintf(stderr,
+                 "dtrun: --print-completion: unknown shell '%s'; use bash, "
+                 "zsh or tcsh\n",
+                 shell.c_str());
+    return 2;
+  }
+  std::fputs(script.c_str(), stdout);
+  return 0;
+}
+
+// A usage error on stderr, as every bad flag or value is reported; 2.
+int UsageError(const std::string& message) {
+  std::fprintf(stderr, "dtrun: %s\nRun with --help for more information.\n",
+               message.c_str());
+  return 2;
+}
+
+// After CLI11 read the flags: SLURM's values, then the raw flags parsed
+// into their types, then Validate(). A message naming what is wrong, or "".
+std::string Complete(CLI::App& app, RawFlags raw, LaunchConfig* c) {
+  std::string error;
+  // SLURM first: it supplies raw values (node count, port) that ApplyRaw then
+  // parses and checks like typed ones.
+  std::optional<SlurmJob> job = ReadSlurmJob(ProcessEnvironment(), &error);
+  if (job) ApplySlurm(app, *job, &raw, c);
+  c->node_rank_given = Given(app, "--node-rank") || (job && job->node_id >= 0);
+  if (error.empty()) error = ApplyRaw(raw, job, c);
+  if (error.empty()) {
+    Status s = Validate(c);
+    if (!s.ok()) error = s.message();
+  }
+  return error;
+}
+
+}  // namespace
+
 CliResult ParseCommandLine(int argc, const char* const* argv) {
   CliResult result;
   LaunchConfig& c = result.config;
@@ -500,9 +572,7 @@ CliResult ParseCommandLine(int argc, const char* const* argv) {
       std::vector<std::string>(argv + std::min(argc, 1), argv + argc),
       FlagSpecs(app));
   if (!split.error.empty()) {
-    std::fprintf(stderr, "dtrun: %s\nRun with --help for more information.\n",
-                 split.error.c_str());
-    result.exit_code = 2;
+    result.exit_code = UsageError(split.error);
     return result;
   }
   std::vector<const char*> flag_argv = {argc > 0 ? argv[0] : "dtrun"};
@@ -512,41 +582,17 @@ CliResult ParseCommandLine(int argc, const char* const* argv) {
   } catch (const CLI::ParseError& e) {
     // app.exit prints --help/--version (rc 0) or the error; every usage error
     // becomes 2 whatever CLI11's own code for it is.
-    int rc = app.exit(e);
-    result.exit_code = rc == 0 ? 0 : 2;
+    result.exit_code = app.exit(e) == 0 ? 0 : 2;
     return result;
   }
   // Handled before the program checks: printing a completion needs none.
   if (!completion_shell.empty()) {
-    std::string script = CompletionScript(completion_shell, FlagSpecs(app));
-    if (script.empty()) {
-      std::fprintf(
-          stderr,
-          "dtrun: --print-completion: unknown shell '%s'; use bash, zsh or "
-          "tcsh\n",
-          completion_shell.c_str());
-    }
-    std::fputs(script.c_str(), stdout);
-    result.exit_code = script.empty() ? 2 : 0;
+    result.exit_code = PrintCompletion(completion_shell, app);
     return result;
   }
   c.entrypoint = split.entrypoint;
-  std::string error;
-  // SLURM first: it supplies raw values (node count, port) that ApplyRaw then
-  // parses and checks like typed ones.
-  std::optional<SlurmJob> job = ReadSlurmJob(ProcessEnvironment(), &error);
-  if (job) ApplySlurm(app, *job, &raw, &c);
-  c.node_rank_given = Given(app, "--node-rank") || (job && job->node_id >= 0);
-  if (error.empty()) error = ApplyRaw(raw, job, &c);
-  if (error.empty()) {
-    Status s = Validate(&c);
-    if (!s.ok()) error = s.message();
-  }
-  if (!error.empty()) {
-    std::fprintf(stderr, "dtrun: %s\nRun with --help for more information.\n",
-                 error.c_str());
-    result.exit_code = 2;
-  }
+  std::string error = Complete(app, raw, &c);
+  if (!error.empty()) result.exit_code = UsageError(error);
   return result;
 }
 

@@ -89,18 +89,19 @@ Result<std::unique_ptr<rendezvous::TcpStoreClient>> ElasticJob::ConnectUntil(
 }
 
 Status ElasticJob::ConnectRendezvous() {
-  bool is_static = config_.rdzv_backend == "static";
-  std::string host = config_.master_addr;
-  uint16_t port = is_static ? config_.master_port.value_or(29500) : 29400;
-  if (!is_static && config_.rdzv_endpoint.empty()) {
+  const bool is_static = config_.rdzv_backend == RdzvBackend::kStatic;
+  const Endpoint& endpoint = config_.rdzv_endpoint;
+  if (!is_static && endpoint.empty()) {
     return Status::Invalid(
         "--rdzv-backend=c10d needs --rdzv-endpoint=HOST[:PORT]");
   }
-  if (!config_.rdzv_endpoint.empty() &&
-      !SplitEndpoint(config_.rdzv_endpoint, port, &host, &port)) {
-    return Status::Invalid("--rdzv-endpoint: '" + config_.rdzv_endpoint +
-                           "' is not host[:port]");
-  }
+  // Static: node 0's --master-addr:--master-port unless an endpoint names
+  // the store; c10d: the endpoint, port 29400 by default.
+  const uint16_t default_port =
+      is_static ? config_.master_port.value_or(29500) : 29400;
+  const std::string host =
+      endpoint.empty() ? config_.master_addr : endpoint.host;
+  const uint16_t port = endpoint.PortOr(default_port);
   const RdzvConfig& rc = config_.rdzv_conf;
   bool explicit_host = !is_static && rc.is_host.has_value();
   bool hosting = is_static ? config_.node_rank == 0
@@ -184,7 +185,7 @@ rendezvous::RendezvousOptions ElasticJob::RendezvousOptionsOf(
   rendezvous::RendezvousOptions ro;
   ro.run_id = run_id;
   ro.node_id = rendezvous::MakeNodeId();
-  bool is_static = config_.rdzv_backend == "static";
+  bool is_static = config_.rdzv_backend == RdzvBackend::kStatic;
   ro.node_rank = is_static ? config_.node_rank : -1;
   ro.preferred_rank =
       !is_static && config_.node_rank_given ? config_.node_rank : -1;

@@ -12,38 +12,49 @@
 
 namespace dtrun::agent {
 
-bool SplitEndpoint(const std::string& text, uint16_t default_port,
-                   std::string* host, uint16_t* port) {
+std::optional<Endpoint> ParseEndpoint(const std::string& text) {
+  Endpoint e;
+  e.text = text;
+  if (text.empty()) return e;
   // Brackets are the only way to give an IPv6 address with a port, since the
-  // address itself holds colons; "[::1]" alone keeps the default port.
+  // address itself holds colons; "[::1]" alone has no port.
   std::string rest = text;
-  *port = default_port;
-  if (!rest.empty() && rest[0] == '[') {
+  if (rest[0] == '[') {
     auto close = rest.find(']');
-    if (close == std::string::npos) return false;
-    *host = rest.substr(1, close - 1);
+    if (close == std::string::npos) return std::nullopt;
+    e.host = rest.substr(1, close - 1);
     rest = rest.substr(close + 1);
-    if (rest.empty()) return true;
-    if (rest[0] != ':') return false;
+    if (rest.empty()) return e.host.empty() ? std::nullopt : std::optional(e);
+    if (rest[0] != ':') return std::nullopt;
     rest = rest.substr(1);
   } else {
     // The last colon separates the port. A bare IPv6 literal without brackets
     // is therefore misread; torchrun's parser has the same limitation.
     auto colon = rest.rfind(':');
     if (colon == std::string::npos) {
-      *host = rest;
-      return !host->empty();
+      e.host = rest;
+      return e;
     }
-    *host = rest.substr(0, colon);
+    e.host = rest.substr(0, colon);
     rest = rest.substr(colon + 1);
   }
   // strtol plus the end check rejects "29500x" and an empty port ("host:"),
   // which atoi would silently read as a number.
   char* end = nullptr;
   long p = std::strtol(rest.c_str(), &end, 10);
-  if (rest.empty() || *end || p < 0 || p > 65535) return false;
-  *port = static_cast<uint16_t>(p);
-  return !host->empty();
+  if (rest.empty() || *end || p < 0 || p > 65535 || e.host.empty())
+    return std::nullopt;
+  e.port = static_cast<uint16_t>(p);
+  return e;
+}
+
+bool SplitEndpoint(const std::string& text, uint16_t default_port,
+                   std::string* host, uint16_t* port) {
+  auto e = ParseEndpoint(text);
+  if (!e || e->empty()) return false;
+  *host = e->host;
+  *port = e->PortOr(default_port);
+  return true;
 }
 
 bool IsThisHost(const std::string& host) {

@@ -23,6 +23,7 @@
 #include "apps/dtrun/exit_code.h"
 #include "apps/dtrun/interactive_protocol.h"
 #include "apps/dtrun/worker_env.h"
+#include "rendezvous/util/environment.h"
 #include "rendezvous/util/os_util.h"
 #include "dtrun_python_files.h"
 
@@ -40,19 +41,19 @@ std::string WritePackage(const std::string& dir) {
   return "";
 }
 
-void PrependPythonPath(const std::string& dir) {
-  const char* old = std::getenv("PYTHONPATH");
-  std::string value = dir + (old && *old ? std::string(":") + old : "");
-  setenv("PYTHONPATH", value.c_str(), 1);
+// `dir` first on env's PYTHONPATH.
+void PrependPythonPath(const std::string& dir, EnvMap* env) {
+  const std::string& old = (*env)["PYTHONPATH"];
+  (*env)["PYTHONPATH"] = dir + (old.empty() ? "" : ":" + old);
 }
 
 // GPUs the workers can address: CUDA_VISIBLE_DEVICES' entries when set (the
 // ids are indices into it, as CUDA numbers them), else the host's devices.
-int VisibleGpus() {
-  const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
-  if (!visible) return CountGpus();
+int VisibleGpus(const EnvMap& env) {
+  auto visible = env.find("CUDA_VISIBLE_DEVICES");
+  if (visible == env.end()) return CountGpus();
   int listed = 0;
-  for (std::string rest = visible; !rest.empty();) {
+  for (std::string rest = visible->second; !rest.empty();) {
     size_t comma = rest.find(',');
     std::string item = rest.substr(0, comma);
     if (item == "-1") break;  // CUDA stops at an invalid entry
@@ -64,7 +65,8 @@ int VisibleGpus() {
 
 }  // namespace
 
-std::string CheckGpuIds(const std::string& ids, int nproc, int visible) {
+std::string CheckGpuIds(const std::string& ids, int nproc, int visible,
+                        bool through_cuda_visible_devices) {
   std::vector<int> seen;
   size_t start = 0;
   while (start <= ids.size()) {
@@ -80,9 +82,8 @@ std::string CheckGpuIds(const std::string& ids, int nproc, int visible) {
       return "--gpu-ids: unknown GPU " + item + ": this host shows " +
              std::to_string(visible) + " GPU(s)" +
              (visible ? " (ids 0-" + std::to_string(visible - 1) + ")" : "") +
-             (std::getenv("CUDA_VISIBLE_DEVICES")
-                  ? " through CUDA_VISIBLE_DEVICES"
-                  : "");
+             (through_cuda_visible_devices ? " through CUDA_VISIBLE_DEVICES"
+                                           : "");
     }
     for (int s : seen) {
       if (s == id)
@@ -103,10 +104,15 @@ std::string CheckGpuIds(const std::string& ids, int nproc, int visible) {
 namespace {
 
 // What every session needs before its launcher starts: the folder, the
-// Python package in it, the console's torch shim, the launch config.
+// Python package in it, the console's torch shim, the launch config, and
+// the console's environment. Nothing is passed through this process's own
+// environment: the launcher gets launch.worker_env, the console `env`.
 struct Session {
   std::string dir;
   LaunchConfig launch;
+  // The console's environment: this process's, read once, with the
+  // package, the shim and the variables dtrun.worker reads.
+  EnvMap env;
   // several nodes: the console attaches to the rendezvous store
   bool nodes = false;
   int world = 0;
@@ -115,23 +121,33 @@ struct Session {
 };
 
 Result<Session> PrepareSession(const LaunchConfig& config) {
+  Session s;
+  s.env = ProcessEnvironment();
+  s.launch = config;
+  // Variables the workers read (dtrun.worker), set for them and the console.
+  auto share = [&s](const std::string& name, const std::string& value) {
+    s.env[name] = value;
+    s.launch.worker_env[name] = value;
+  };
   if (!config.gpu_ids.empty()) {
     std::string err =
-        CheckGpuIds(config.gpu_ids, config.nproc_per_node, VisibleGpus());
+        CheckGpuIds(config.gpu_ids, config.nproc_per_node, VisibleGpus(s.env),
+                    s.env.count("CUDA_VISIBLE_DEVICES") > 0);
     if (!err.empty()) return Status::Invalid(err);
-    setenv("DTRUN_GPU_IDS", config.gpu_ids.c_str(), 1);  // read by dtrun.worker
+    share("DTRUN_GPU_IDS", config.gpu_ids);
   }
   auto dir = os::MakeTempDir("dtrun-interactive-");
   if (!dir.ok()) return dir.status();
-  Session s;
   s.dir = *dir;
   if (std::string err = WritePackage(s.dir); !err.empty())
     return Status::Io(err);
-  PrependPythonPath(s.dir + "/py");
-  // The console talks to the store too: it and the workers share one shim.
-  if (Status st = InstallTorchShimInProcess(s.dir + "/shim"); !st.ok())
+  PrependPythonPath(s.dir + "/py", &s.env);
+  // The console talks to the store too: it and the workers share one shim
+  // (the workers see it in place and add no second copy).
+  if (Status st = InstallTorchShim(s.dir + "/shim", &s.env); !st.ok())
     return st;
-  s.launch = config;
+  share("PYTHONPATH", s.env["PYTHONPATH"]);
+  if (s.env.count(kTorchShimDir)) share(kTorchShimDir, s.env[kTorchShimDir]);
   if (s.launch.log_dir.empty()) s.launch.log_dir = s.dir + "/logs";
   // With several nodes the address handed on is the rendezvous store's; the
   // workers' store of the current round is named under `rdzv_key` there.
@@ -139,9 +155,8 @@ Result<Session> PrepareSession(const LaunchConfig& config) {
   s.world = s.launch.nproc_per_node * (s.nodes ? s.launch.max_nodes : 1);
   if (s.nodes)
     s.rdzv_key = interactive_protocol::CurrentRoundKey(s.launch.rdzv_id);
-  if (s.nodes && !s.launch.local_addr.empty()) {
-    setenv("DTRUN_NODE_ADDR", s.launch.local_addr.c_str(), 1);
-  }
+  if (s.nodes && !s.launch.local_addr.empty())
+    share("DTRUN_NODE_ADDR", s.launch.local_addr);
   return s;
 }
 
@@ -249,7 +264,13 @@ int ExecConsole(const Session& s, pid_t launcher, const std::string& address,
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
-  execv(python.c_str(), argv.data());
+  std::vector<std::string> env_text;
+  for (const auto& [name, value] : s.env)
+    env_text.push_back(name + "=" + value);
+  std::vector<char*> envp;
+  for (auto& e : env_text) envp.push_back(e.data());
+  envp.push_back(nullptr);
+  execve(python.c_str(), argv.data(), envp.data());
   std::fprintf(stderr, "dtrun: cannot run the console with %s: %s\n",
                python.c_str(), std::strerror(errno));
   kill(launcher, SIGTERM);

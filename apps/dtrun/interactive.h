@@ -24,6 +24,7 @@ int RunInteractive(const LaunchConfig& config, const RunJobFn& run_job);
 
 // --gpu-ids: "" if `ids` (comma-separated) names `nproc` or more distinct
 // GPUs below `visible`, else what is wrong with it.
-std::string CheckGpuIds(const std::string& ids, int nproc, int visible);
+std::string CheckGpuIds(const std::string& ids, int nproc, int visible,
+                        bool through_cuda_visible_devices = false);
 
 }  // namespace dtrun::agent

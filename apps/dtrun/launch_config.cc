@@ -15,6 +15,23 @@
 #include "rendezvous/util/os_util.h"
 
 namespace dtrun::agent {
+
+const char* RdzvBackendName(RdzvBackend backend) {
+  return backend == RdzvBackend::kC10d ? "c10d" : "static";
+}
+
+Result<RdzvBackend> ParseRdzvBackend(const std::string& name) {
+  if (name == "static") return RdzvBackend::kStatic;
+  if (name == "c10d") return RdzvBackend::kC10d;
+  if (name == "etcd" || name == "etcd-v2") {
+    return Status::Invalid("--rdzv-backend=" + name +
+                           ": dtrun has no etcd rendezvous yet; use c10d "
+                           "(--rdzv-backend=c10d --rdzv-endpoint=HOST:PORT) "
+                           "or static");
+  }
+  return Status::Invalid("--rdzv-backend: unknown backend '" + name +
+                         "'; use static or c10d");
+}
 namespace {
 
 // strtol with the end and range checks atoi lacks: "2x" or "" as a flag value
@@ -328,17 +345,6 @@ Status CheckCombinations(const LaunchConfig& c) {
 // Flags whose values come from a fixed set, checked as torchrun checks them
 // (argparse choices) or where torchrun would fail later, or worse, go on.
 Status CheckChoices(const LaunchConfig& c) {
-  const std::string& b = c.rdzv_backend;
-  if (b == "etcd" || b == "etcd-v2") {
-    return Status::Invalid("--rdzv-backend=" + b +
-                           ": dtrun has no etcd rendezvous yet; use c10d "
-                           "(--rdzv-backend=c10d --rdzv-endpoint=HOST:PORT) "
-                           "or static");
-  }
-  if (b != "static" && b != "c10d") {
-    return Status::Invalid("--rdzv-backend: unknown backend '" + b +
-                           "'; use static or c10d");
-  }
   const std::string& m = c.start_method;
   if (m != "spawn" && m != "fork" && m != "forkserver") {
     return Status::Invalid("--start-method: invalid choice '" + m +
@@ -366,23 +372,19 @@ Status CheckChoices(const LaunchConfig& c) {
 // --standalone): one node hosts the store on a free port of HOST. Several
 // nodes could not find a port chosen on one of them.
 Status ApplyFreePortEndpoint(LaunchConfig* c) {
-  if (c->standalone || c->rdzv_backend != "c10d") return Status::Ok();
-  std::string host;
-  uint16_t port = 29400;
-  if (!SplitEndpoint(c->rdzv_endpoint, 29400, &host, &port)) {
-    return Status::Invalid("--rdzv-endpoint: '" + c->rdzv_endpoint +
-                           "' is not host[:port]");
-  }
-  if (port != 0 || c->rdzv_endpoint.empty()) return Status::Ok();
+  if (c->standalone || c->rdzv_backend != RdzvBackend::kC10d)
+    return Status::Ok();
+  const Endpoint& e = c->rdzv_endpoint;
+  if (e.empty() || e.port != 0) return Status::Ok();
   if (c->multi_node()) {
     return Status::Invalid(
-        "--rdzv-endpoint=" + c->rdzv_endpoint +
+        "--rdzv-endpoint=" + e.text +
         ": port 0 (a free port) works for one node only; with --nnodes=" +
         std::to_string(c->min_nodes) + ":" + std::to_string(c->max_nodes) +
         " give the port every node connects to");
   }
   c->free_port_store = true;
-  c->master_addr = host;
+  c->master_addr = e.host;
   c->master_port = 0;
   return Status::Ok();
 }

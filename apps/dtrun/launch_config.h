@@ -7,10 +7,19 @@
 #include <string>
 #include <vector>
 
+#include "apps/dtrun/endpoint.h"
 #include "apps/dtrun/rdzv_config.h"
 #include "rendezvous/util/status.h"
 
 namespace dtrun::agent {
+
+// --rdzv-backend: fixed ranks over node 0's store, or c10d's elastic rounds.
+enum class RdzvBackend { kStatic, kC10d };
+// "static" or "c10d", as torchrun spells them (events, messages).
+const char* RdzvBackendName(RdzvBackend backend);
+// The backend named `name`; Invalid naming the flag and the choices (etcd
+// and etcd-v2 get their own message: not built yet).
+Result<RdzvBackend> ParseRdzvBackend(const std::string& name);
 
 // Which of a worker's streams go to files (redirect) or to files and the
 // console (tee). Bit 1 = stdout, bit 2 = stderr, as torchrun's 0..3.
@@ -53,11 +62,11 @@ struct LaunchConfig {
   // Set by Validate(): c10d at HOST:0 on one node, the store on a free port
   // of HOST (master_addr), as with --standalone but keeping --rdzv-id.
   bool free_port_store = false;
-  std::string rdzv_backend = "static";  // --rdzv-backend
-  std::string rdzv_endpoint;            // --rdzv-endpoint host[:port]
-  std::string rdzv_id = "none";         // --rdzv-id
-  RdzvConfig rdzv_conf;                 // --rdzv-conf k=v,k=v, typed
-  std::string local_addr;               // --local-addr
+  RdzvBackend rdzv_backend = RdzvBackend::kStatic;  // --rdzv-backend
+  Endpoint rdzv_endpoint;        // --rdzv-endpoint host[:port], parsed
+  std::string rdzv_id = "none";  // --rdzv-id
+  RdzvConfig rdzv_conf;          // --rdzv-conf k=v,k=v, typed
+  std::string local_addr;        // --local-addr
 
   // Failures and signals.
   int max_restarts = 0;                           // --max-restarts
@@ -99,6 +108,10 @@ struct LaunchConfig {
   // lines in torch's event schema).
   std::string event_log_handler = "null";
 
+  // Variables every worker gets on top of dtrun's own environment (an
+  // interactive session's package path and the values dtrun.worker reads).
+  std::map<std::string, std::string> worker_env;
+
   // The resolved command each worker runs (argv), set by Validate().
   std::vector<std::string> worker_argv;
   // Set by Validate(): worker_argv runs the --python interpreter.
@@ -109,7 +122,7 @@ struct LaunchConfig {
   // c10d backend), rather than one node with its own store.
   bool uses_rendezvous() const {
     return !standalone && !free_port_store &&
-           (multi_node() || rdzv_backend == "c10d");
+           (multi_node() || rdzv_backend == RdzvBackend::kC10d);
   }
 };
 

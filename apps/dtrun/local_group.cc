@@ -75,6 +75,7 @@ Status LocalGroup::Prepare(const std::string& run_id) {
   attempt_.signals_to_handle = config_.signals_to_handle;
   attempt_.virtual_local_rank = config_.virtual_local_rank;
   base_env_ = ProcessEnvironment();
+  for (const auto& [name, value] : config_.worker_env) base_env_[name] = value;
   if (config_.nproc_per_node > 1 && !base_env_.count("OMP_NUM_THREADS")) {
     Logger("dtrun.agent")
         ->warn(
@@ -526,7 +527,8 @@ void LocalGroup::RecordEvents(bool succeeded) {
   e.run_id = attempt_.run_id;
   e.role = config_.role;
   e.hostname = os::HostName();
-  e.rdzv_backend = config_.uses_rendezvous() ? config_.rdzv_backend : "static";
+  e.rdzv_backend = RdzvBackendName(
+      config_.uses_rendezvous() ? config_.rdzv_backend : RdzvBackend::kStatic);
   const std::string& program = config_.entrypoint[0];
   e.entry_point = program.substr(program.rfind('/') + 1);
   e.group_rank = assignment_.group_rank;

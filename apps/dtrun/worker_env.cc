@@ -41,6 +41,42 @@ std::string ErrorFilePath(const AttemptEnv& attempt, int local_rank) {
          "/error.json";
 }
 
+namespace {
+
+// --virtual-local-rank: each worker's GPU becomes its device 0, so code that
+// picks cuda:LOCAL_RANK (torch.compile caches, one-GPU scripts) needs no
+// edit. The local rank's entry of CUDA_VISIBLE_DEVICES when it is set.
+std::string VirtualDevice(const EnvMap& base, int local_rank) {
+  std::string visible = Get(base, "CUDA_VISIBLE_DEVICES");
+  if (visible.empty()) return std::to_string(local_rank);
+  std::vector<std::string> list;
+  for (size_t start = 0;;) {
+    size_t comma = visible.find(',', start);
+    list.push_back(visible.substr(start, comma - start));
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  return list[static_cast<size_t>(local_rank) % list.size()];
+}
+
+// What dtrun sets for torch's sake unless the user did: one OpenMP thread
+// per worker, NCCL's async error handling.
+void SetTorchDefaults(const EnvMap& base, const WorkerPlace& p, EnvMap* env) {
+  // torchrun's guard against oversubscription: N workers each starting one
+  // OpenMP thread per core would thrash. A value the user set is kept.
+  if (p.local_world_size > 1 && !base.count("OMP_NUM_THREADS"))
+    (*env)["OMP_NUM_THREADS"] = "1";
+  // Async error handling makes a NCCL collective with a dead peer abort the
+  // worker instead of blocking forever, which is what lets a restart happen.
+  // 1.13 reads the first name, 2.x the second; both are set, as torchrun does.
+  for (const char* key :
+       {"NCCL_ASYNC_ERROR_HANDLING", "TORCH_NCCL_ASYNC_ERROR_HANDLING"}) {
+    if (!base.count(key)) (*env)[key] = "1";
+  }
+}
+
+}  // namespace
+
 EnvMap WorkerEnv(const EnvMap& base, const AttemptEnv& a,
                  const WorkerPlace& p) {
   // Workers inherit the agent's whole environment, as under torchrun; the
@@ -72,36 +108,12 @@ EnvMap WorkerEnv(const EnvMap& base, const AttemptEnv& a,
   // must connect as a client rather than try to bind that port itself.
   set("TORCHELASTIC_USE_AGENT_STORE", "True");
   set("TORCHELASTIC_ERROR_FILE", ErrorFilePath(a, p.local_rank));
-  // torchrun's guard against oversubscription: N workers each starting one
-  // OpenMP thread per core would thrash. A value the user set is kept.
-  if (p.local_world_size > 1 && !base.count("OMP_NUM_THREADS"))
-    set("OMP_NUM_THREADS", "1");
-  // Async error handling makes a NCCL collective with a dead peer abort the
-  // worker instead of blocking forever, which is what lets a restart happen.
-  // 1.13 reads the first name, 2.x the second; both are set, as torchrun does.
-  for (const char* key :
-       {"NCCL_ASYNC_ERROR_HANDLING", "TORCH_NCCL_ASYNC_ERROR_HANDLING"}) {
-    if (!base.count(key)) set(key, "1");
-  }
+  SetTorchDefaults(base, p, &env);
   if (!a.signals_to_handle.empty())
     set("TORCHELASTIC_SIGNALS_TO_HANDLE", a.signals_to_handle);
   if (a.virtual_local_rank) {
-    // Each worker's GPU becomes its device 0: code that picks
-    // cuda:LOCAL_RANK (torch.compile caches, one-GPU scripts) needs no edit.
     set("LOCAL_RANK", "0");
-    std::string visible = Get(base, "CUDA_VISIBLE_DEVICES");
-    std::string device = std::to_string(p.local_rank);
-    if (!visible.empty()) {
-      std::vector<std::string> list;
-      for (size_t start = 0;;) {
-        size_t comma = visible.find(',', start);
-        list.push_back(visible.substr(start, comma - start));
-        if (comma == std::string::npos) break;
-        start = comma + 1;
-      }
-      device = list[static_cast<size_t>(p.local_rank) % list.size()];
-    }
-    set("CUDA_VISIBLE_DEVICES", device);
+    set("CUDA_VISIBLE_DEVICES", VirtualDevice(base, p.local_rank));
   }
   return env;
 }
@@ -160,18 +172,6 @@ Status InstallTorchShim(const std::string& dir, EnvMap* env) {
     }
   }
   *env = WithTorchShim(*env, dir);
-  return Status::Ok();
-}
-
-Status InstallTorchShimInProcess(const std::string& dir) {
-  EnvMap env = ProcessEnvironment();
-  if (!WantsTorchShim(env)) return Status::Ok();
-  Status s = InstallTorchShim(dir, &env);
-  if (!s.ok()) return s;
-  // Exported into this process so the console dtrun starts gets it, and so
-  // the workers' later WantsTorchShim sees it in place and adds no second copy.
-  setenv("PYTHONPATH", env["PYTHONPATH"].c_str(), 1);
-  setenv(kTorchShimDir, dir.c_str(), 1);
   return Status::Ok();
 }
 

@@ -79,8 +79,4 @@ EnvMap WithTorchShim(const EnvMap& env, const std::string& dir);
 // and applies WithTorchShim to *env. The error names the file.
 Status InstallTorchShim(const std::string& dir, EnvMap* env);
 
-// The same for this process's own environment, so that Python programs it
-// runs (the interactive console) and its workers share one shim.
-Status InstallTorchShimInProcess(const std::string& dir);
-
 }  // namespace dtrun::agent
