@@ -8,6 +8,8 @@
 namespace dtrun::train {
 namespace {
 
+// The round constants: the first 32 bits of the fractional parts of the
+// cube roots of the first 64 primes (FIPS 180-4, 4.2.2).
 constexpr uint32_t kK[64] = {
     0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1,
     0x923f82a4, 0xab1c5ed5, 0xd807aa98, 0x12835b01, 0x243185be, 0x550c7dc3,
@@ -25,10 +27,14 @@ uint32_t Rotr(uint32_t x, int n) { return (x >> n) | (x << (32 - n)); }
 
 }  // namespace
 
+// The initial hash value: the first 32 bits of the fractional parts of the
+// square roots of the first 8 primes (5.3.3).
 Sha256::Sha256()
     : h_{0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a,
          0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19} {}
 
+// One 64-byte block into the state (6.2.2): the message schedule w, then
+// 64 rounds over the working variables a..h, added back into h_.
 void Sha256::Block(const uint8_t* p) {
   uint32_t w[64];
   for (int i = 0; i < 16; ++i) {
@@ -66,6 +72,8 @@ void Sha256::Block(const uint8_t* p) {
   h_[7] += h;
 }
 
+// Buffers bytes until a block is full; any split of the input into Update
+// calls gives the same digest.
 void Sha256::Update(const void* data, size_t size) {
   const uint8_t* p = static_cast<const uint8_t*>(data);
   total_ += size;

@@ -139,6 +139,10 @@ void SplitRecord(const std::string& text, int64_t* number, std::string* rest) {
   *rest = space == std::string::npos ? "" : text.substr(space + 1);
 }
 
+// Every node computes nothing here but the closer: one sort of the joiners
+// by (hint, slot), whose result it writes for all. Each node then reads
+// only its own rank record, so the order needs no agreement beyond the
+// store's replies the closer read.
 RankTable OrderRanks(const std::vector<std::string>& node_records,
                      const std::vector<std::string>& preferences) {
   const int count = static_cast<int>(node_records.size());
@@ -168,6 +172,10 @@ std::string RankRecord(const RankEntry& entry) {
   return std::to_string(entry.rank) + " " + entry.next_node;
 }
 
+// A joiner's view once `final` is read: the closer's count says whether its
+// slot made it in (slots past the count queue for the next round), and its
+// rank record where. World size and base rank follow from the node count,
+// since every node runs the same number of workers (the config check).
 Placement PlaceInRound(const StateDoc& doc, int64_t slot,
                        const std::string& final_value,
                        const std::string& rank_record, int nproc_per_node,
@@ -187,6 +195,9 @@ Placement PlaceInRound(const StateDoc& doc, int64_t slot,
   return Placement::kAssigned;
 }
 
+// The node in the last slot closes at once; any other only after the
+// shared deadline, and only once: after its try, the closing key decides
+// whether it or another node closed the round.
 bool LastCall::MayClose(int64_t now_unix_ms) const {
   if (close_tried) return false;
   return slot == max_nodes || (deadline_ms > 0 && now_unix_ms >= deadline_ms);

@@ -12,7 +12,7 @@ packages=(
   python3-sklearn
   tmux jupyter-core jupyter-nbconvert python3-nbclient python3-ipykernel python3-matplotlib
   iproute2 procps util-linux
-  help2man dpkg-dev debootstrap
+  help2man dpkg-dev debootstrap universal-ctags
   libhwloc-dev hwloc
   slurmctld slurmd slurm-client munge
 )

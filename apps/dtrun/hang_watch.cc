@@ -92,6 +92,8 @@ void HangWatch::Reset(int nproc, const std::string& attempt_dir,
   next_check_ = clock_->Now();
 }
 
+// Milliseconds until the next look at the beat files, -1 when there is
+// nothing to watch (no --hang-timeout, or no worker running).
 int HangWatch::NextCheckMs(bool running) const {
   if (!enabled() || !running) return -1;
   auto left =
@@ -102,7 +104,7 @@ int HangWatch::NextCheckMs(bool running) const {
 void HangWatch::ReadBeats(TimePoint now) {
   // A beat is a rewrite of the file: its mtime is when it happened (on the
   // wall clock, mapped to the steady clock here), its content the step.
-  auto wall_now = std::chrono::system_clock::now().time_since_epoch();
+  const nanoseconds wall_now = std::chrono::milliseconds(clock_->UnixMillis());
   for (size_t lr = 0; lr < monitor_.beats().size(); ++lr) {
     std::string path =
         RankDir(attempt_dir_, static_cast<int>(lr)) + "/heartbeat";
@@ -164,6 +166,9 @@ void HangWatch::Snapshot(TimePoint now, const std::map<int, int>& pids,
   }
 }
 
+// Native stacks (eu-stack, else gdb) of the silent workers, all at once
+// with a time limit, each into its rank's stack.txt; for a worker that is
+// not Python, or whose Python is stuck below the interpreter.
 void HangWatch::CaptureNativeStacks() {
   std::vector<ToolRun> tools;
   for (RankStack& r : stacks_) {
@@ -183,6 +188,9 @@ void HangWatch::CaptureNativeStacks() {
   }
 }
 
+// The hang report, once per hang, after the stacks are in: Python workers'
+// fault-handler dumps are cut out of their stderr logs (the SIGABRT that
+// made them is the Agent's first action), native ones were captured before.
 void HangWatch::Report() {
   if (reported_ || stacks_.empty()) return;
   reported_ = true;

@@ -143,6 +143,8 @@ Status LocalGroup::PlanCpus() {
   return Status::Ok();
 }
 
+// The entry points below turn an event into the Agent's call with the time
+// of now, and carry out what it answers (Apply). None of them blocks.
 void LocalGroup::Start() { Apply(agent_.Start(clock_->Now())); }
 
 void LocalGroup::StartRound(int round) {
@@ -154,12 +156,18 @@ void LocalGroup::StopForNewRound() {
   Apply(agent_.StopForNewRound(clock_->Now()));
 }
 
+// The one blocking entry: SIGTERM, then the Agent's own escalation (SIGKILL
+// after --term-timeout) runs in PollOnce until every worker is reaped.
 void LocalGroup::StopAndWait() {
   if (agent_.alive() == 0) return;
   Apply(agent_.OnSignal(SIGTERM, clock_->Now()));
   while (agent_.alive() > 0) PollOnce(100);
 }
 
+// How long poll(2) may sleep: the caller's limit, cut to the soonest of
+// the Agent's deadline (escalation, restart delay), the hang monitor's next
+// check, the timer pipe's next expiry and the D-state check. Nothing else
+// can change without a file descriptor waking the poll.
 int LocalGroup::PollTimeout(int timeout_ms) const {
   int timeout = timeout_ms;
   auto sooner = [&timeout](int ms) {
@@ -180,6 +188,9 @@ int LocalGroup::PollTimeout(int timeout_ms) const {
   return timeout;
 }
 
+// One turn of the loop: wait on the signalfd, the timer pipe and every
+// worker's output pipe, forward output, then handle signals (SIGCHLD reaps
+// exits) and the time-driven checks.
 void LocalGroup::PollOnce(int timeout_ms) {
   std::vector<pollfd> fds;
   if (signals_) fds.push_back({signals_->fd(), POLLIN, 0});
@@ -205,6 +216,8 @@ void LocalGroup::PollOnce(int timeout_ms) {
   OnTick();
 }
 
+// What a signal does is decided by signals.cc (UseOf) from the job's
+// --signals-to-handle; this only carries it out.
 void LocalGroup::OnSignal(int signo) {
   auto log = Logger("dtrun.agent");
   switch (UseOf(signo, config_.handled_signals)) {
@@ -237,6 +250,9 @@ void LocalGroup::OnStopSignal(int signo) {
   Apply(agent_.OnSignal(signo, clock_->Now()));
 }
 
+// Reaps every exited worker. A failure while the group runs is logged and
+// published for an interactive console before the Agent hears of it, so the
+// crash record is in the store by the time the group is stopped.
 void LocalGroup::OnChildExits() {
   for (const WorkerExit& e : workers_->Reap()) {
     if (abandoned_.erase(e.pid)) continue;  // counted as gone already
@@ -254,6 +270,9 @@ void LocalGroup::OnChildExits() {
   }
 }
 
+// The time-driven checks, each skipped once an earlier one ended the
+// attempt: the Agent's deadlines, hung workers (--hang-timeout), workers
+// stuck in D state, and torch's FileTimer requests.
 void LocalGroup::OnTick() {
   if (outcome_ != Outcome::kRunning) return;
   Apply(agent_.OnTick(clock_->Now()));
@@ -266,6 +285,10 @@ void LocalGroup::OnTick() {
     timer_.Check(pids_, PythonWorkers(config_));
 }
 
+// TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT: a worker in D state cannot
+// be killed, so a restart would leave it behind holding its GPU. Reading
+// /proc every kDStateCheck, a worker seen in D for the whole timeout makes
+// the group unhealthy: stopped, named, and not restarted.
 void LocalGroup::CheckUninterruptible() {
   if (config_.uninterruptible_timeout.count() <= 0 ||
       agent_.phase() != Phase::kRunning)
@@ -298,6 +321,9 @@ void LocalGroup::CheckUninterruptible() {
   }
 }
 
+// For the waits outside the poll loop (rendezvous, store connect): drains
+// the signalfd and says whether a stop signal came. A forwarded signal has
+// no worker to go to then, which the log says.
 bool LocalGroup::Interrupted() {
   if (signals_) {
     for (int signo : signals_->Read()) {
@@ -314,6 +340,7 @@ bool LocalGroup::Interrupted() {
   return stop_signal_ != 0;
 }
 
+// Carries out the Agent's actions in order, on the real workers.
 void LocalGroup::Apply(const std::vector<Action>& actions) {
   for (const Action& a : actions) {
     // A hung group's report waits until its stack dumps are in (the
@@ -340,6 +367,8 @@ void LocalGroup::Apply(const std::vector<Action>& actions) {
   }
 }
 
+// The attempt is over: how, for the job (which may restart it, or join a
+// new round when elastic) and for the log.
 void LocalGroup::OnFinished(const Action& finish) {
   stop_signal_ = finish.signo;
   outcome_ = finish.signo    ? Outcome::kSignaled
@@ -355,6 +384,10 @@ void LocalGroup::OnFinished(const Action& finish) {
   }
 }
 
+// Where one stream (stream_bit 1: stdout, 2: stderr) of one worker goes:
+// the console (unless redirected or filtered out by --local-ranks-filter),
+// a file under the attempt's folder (redirected or tee'd), a prefix for
+// console lines, and the filtered copy (--duplicate-*-filters).
 OutputRoute LocalGroup::Route(int local_rank, int stream_bit,
                               const std::string& attempt_dir) const {
   OutputRoute route;
@@ -396,6 +429,9 @@ OutputRoute LocalGroup::Route(int local_rank, int stream_bit,
   return route;
 }
 
+// Everything the WorkerGroup needs to start local rank `lr`: argv, the
+// environment (torchrun's variables, the hang beat file, the timer pipe),
+// its two output routes and its CPUs (--numa-binding).
 WorkerSpec LocalGroup::SpecFor(int lr, const std::string& attempt_dir) {
   (void)os::MakeDirs(attempt_dir + "/" + std::to_string(lr));
   // A stale error file would name the wrong failure.
@@ -422,6 +458,9 @@ WorkerSpec LocalGroup::SpecFor(int lr, const std::string& attempt_dir) {
   return spec;
 }
 
+// Starts attempt `restart_count` in its own folder. A worker that cannot be
+// spawned does not stop the others: its exit (127) fails the attempt like
+// any other failure, with the spawn error as its message.
 void LocalGroup::StartWorkers(int restart_count) {
   auto log = Logger("dtrun.agent");
   if (before_start) before_start(restart_count);
@@ -453,6 +492,8 @@ void LocalGroup::StartWorkers(int restart_count) {
             config_.nproc_per_node, pid_list);
 }
 
+// The Agent gave up waiting for workers that outlived SIGKILL: their later
+// exits are ignored, so a new attempt is not confused by them.
 void LocalGroup::AbandonSurvivors() {
   for (const auto& [local_rank, pid] : pids_) {
     if (exit_time_.count(pid)) continue;
@@ -482,6 +523,9 @@ void LocalGroup::PublishCrash(const WorkerExit& e, const std::string& how) {
   on_worker_crash(crash);
 }
 
+// The failure summary of a failed attempt (hung ranks, a D-state worker,
+// failed exits with their error files), the root cause's error file for
+// --error-file, and the exit code that root cause maps to.
 int LocalGroup::ReportFailure() {
   std::vector<WorkerFailure> failures;
   if (agent_.hung()) failures = hang_.Failures();
@@ -521,6 +565,8 @@ int LocalGroup::ReportFailure() {
   return ExitCodeFor(root);
 }
 
+// --event-log-handler: one event per worker and one for the agent, in the
+// fields and states torch's elastic events use.
 void LocalGroup::RecordEvents(bool succeeded) {
   if (config_.event_log_handler == "null") return;
   ElasticEvent e;

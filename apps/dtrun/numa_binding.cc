@@ -16,6 +16,8 @@ namespace {
 
 using TopologyPtr = std::unique_ptr<hwloc_topology, void (*)(hwloc_topology_t)>;
 
+// The OS numbers of the processing units (hardware threads) in `set`,
+// sorted: what sched_setaffinity takes.
 std::vector<int> CpusOf(hwloc_topology_t topo, hwloc_const_cpuset_t set) {
   std::vector<int> out;
   hwloc_obj_t pu = nullptr;
@@ -27,6 +29,8 @@ std::vector<int> CpusOf(hwloc_topology_t topo, hwloc_const_cpuset_t set) {
   return out;
 }
 
+// The CPUs of each object of `type` (core, L3 cache, package) inside `set`:
+// the units that "exclusive" and "core-complex" hand out whole.
 std::vector<std::vector<int>> GroupsInside(hwloc_topology_t topo,
                                            hwloc_const_cpuset_t set,
                                            hwloc_obj_type_t type) {
@@ -39,6 +43,8 @@ std::vector<std::vector<int>> GroupsInside(hwloc_topology_t topo,
   return out;
 }
 
+// One NUMA node as the planner sees it: its CPUs, its package (for
+// "socket") and the groups "exclusive" and "core-complex" split it into.
 NumaNodeInfo DescribeNode(hwloc_topology_t topo, hwloc_obj_t node) {
   NumaNodeInfo info;
   info.os_index = static_cast<int>(node->os_index);
