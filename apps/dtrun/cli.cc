@@ -298,9 +298,9 @@ std::string ParseLocalRanksFilter(const std::string& text,
 // The newer torchrun flags and the variables that stand in for them: the
 // flag, then PET_*, then torchrun's own variable, then the default.
 std::string ApplyTorchrunExtras(const RawFlags& raw, LaunchConfig* c) {
-  auto env = [](const char* name) {
-    const char* v = std::getenv(name);
-    return std::string(v ? v : "");
+  auto env = [c](const char* name) {
+    auto v = c->environment.find(name);
+    return v == c->environment.end() ? std::string() : v->second;
   };
   std::string signals = raw.signals_to_handle;
   if (signals.empty()) signals = env("TORCHELASTIC_SIGNALS_TO_HANDLE");
@@ -367,7 +367,8 @@ std::string ApplySizes(const RawFlags& raw, const std::optional<SlurmJob>& job,
   DeviceCounts devices;
   devices.cpu = cpus;
   if (raw.nproc.find_first_not_of("0123456789") != std::string::npos) {
-    int gpus = job && job->gpus_on_node > 0 ? job->gpus_on_node : CountGpus();
+    int gpus = job && job->gpus_on_node > 0 ? job->gpus_on_node
+                                            : CountGpus(c->environment);
     devices = CountDevices(cpus, gpus);
   }
   auto nproc = ParseNprocPerNode(raw.nproc, devices);
@@ -536,7 +537,7 @@ std::string Complete(CLI::App& app, RawFlags raw, LaunchConfig* c) {
   std::string error;
   // SLURM first: it supplies raw values (node count, port) that ApplyRaw then
   // parses and checks like typed ones.
-  std::optional<SlurmJob> job = ReadSlurmJob(ProcessEnvironment(), &error);
+  std::optional<SlurmJob> job = ReadSlurmJob(c->environment, &error);
   if (job) ApplySlurm(app, *job, &raw, c);
   c->node_rank_given = Given(app, "--node-rank") || (job && job->node_id >= 0);
   if (error.empty()) error = ApplyRaw(raw, job, c);
@@ -552,9 +553,12 @@ std::string Complete(CLI::App& app, RawFlags raw, LaunchConfig* c) {
 CliResult ParseCommandLine(int argc, const char* const* argv) {
   CliResult result;
   LaunchConfig& c = result.config;
-  // torchrun's PYTHON_EXEC sets the default interpreter; set before parsing
-  // so an explicit --python still wins.
-  if (const char* exec = std::getenv("PYTHON_EXEC")) c.python = exec;
+  // The environment is read here once; everything below takes it from the
+  // config. torchrun's PYTHON_EXEC sets the default interpreter; set before
+  // parsing so an explicit --python still wins.
+  c.environment = ProcessEnvironment();
+  if (c.environment.count("PYTHON_EXEC"))
+    c.python = c.environment["PYTHON_EXEC"];
   CLI::App app{
       "dtrun: launch one worker per slot with torchrun's environment, "
       "host the store, restart failed groups."};

@@ -236,7 +236,8 @@ int ElasticJob::Run() {
   ro.open_watch = [opts = watch_opts_] {
     return rendezvous::TcpStoreClient::Connect(opts);
   };
-  rdzv_ = std::make_unique<rendezvous::Rendezvous>(rdzv_client_.get(), ro);
+  rdzv_ =
+      std::make_unique<rendezvous::Rendezvous>(rdzv_client_.get(), ro, *clock_);
   log->info("node {} joining rendezvous '{}' at {} ({}..{} nodes); logs in {}",
             ro.node_id, ro.run_id, rdzv_client_->address(), ro.min_nodes,
             ro.max_nodes, group_.run_dir());

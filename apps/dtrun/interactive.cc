@@ -23,7 +23,6 @@
 #include "apps/dtrun/exit_code.h"
 #include "apps/dtrun/interactive_protocol.h"
 #include "apps/dtrun/worker_env.h"
-#include "rendezvous/util/environment.h"
 #include "rendezvous/util/os_util.h"
 #include "dtrun_python_files.h"
 
@@ -51,7 +50,7 @@ void PrependPythonPath(const std::string& dir, EnvMap* env) {
 // ids are indices into it, as CUDA numbers them), else the host's devices.
 int VisibleGpus(const EnvMap& env) {
   auto visible = env.find("CUDA_VISIBLE_DEVICES");
-  if (visible == env.end()) return CountGpus();
+  if (visible == env.end()) return CountGpus(env);
   int listed = 0;
   for (std::string rest = visible->second; !rest.empty();) {
     size_t comma = rest.find(',');
@@ -104,15 +103,13 @@ std::string CheckGpuIds(const std::string& ids, int nproc, int visible,
 namespace {
 
 // What every session needs before its launcher starts: the folder, the
-// Python package in it, the console's torch shim, the launch config, and
-// the console's environment. Nothing is passed through this process's own
-// environment: the launcher gets launch.worker_env, the console `env`.
+// Python package in it, the console's torch shim, the launch config. Nothing
+// goes through this process's own environment: launch.environment, with the
+// package, the shim and the variables dtrun.worker reads, is the workers'
+// (through the launcher) and the console's (through execve).
 struct Session {
   std::string dir;
   LaunchConfig launch;
-  // The console's environment: this process's, read once, with the
-  // package, the shim and the variables dtrun.worker reads.
-  EnvMap env;
   // several nodes: the console attaches to the rendezvous store
   bool nodes = false;
   int world = 0;
@@ -122,32 +119,24 @@ struct Session {
 
 Result<Session> PrepareSession(const LaunchConfig& config) {
   Session s;
-  s.env = ProcessEnvironment();
   s.launch = config;
-  // Variables the workers read (dtrun.worker), set for them and the console.
-  auto share = [&s](const std::string& name, const std::string& value) {
-    s.env[name] = value;
-    s.launch.worker_env[name] = value;
-  };
+  EnvMap& env = s.launch.environment;
   if (!config.gpu_ids.empty()) {
     std::string err =
-        CheckGpuIds(config.gpu_ids, config.nproc_per_node, VisibleGpus(s.env),
-                    s.env.count("CUDA_VISIBLE_DEVICES") > 0);
+        CheckGpuIds(config.gpu_ids, config.nproc_per_node, VisibleGpus(env),
+                    env.count("CUDA_VISIBLE_DEVICES") > 0);
     if (!err.empty()) return Status::Invalid(err);
-    share("DTRUN_GPU_IDS", config.gpu_ids);
+    env["DTRUN_GPU_IDS"] = config.gpu_ids;  // read by dtrun.worker
   }
   auto dir = os::MakeTempDir("dtrun-interactive-");
   if (!dir.ok()) return dir.status();
   s.dir = *dir;
   if (std::string err = WritePackage(s.dir); !err.empty())
     return Status::Io(err);
-  PrependPythonPath(s.dir + "/py", &s.env);
+  PrependPythonPath(s.dir + "/py", &env);
   // The console talks to the store too: it and the workers share one shim
   // (the workers see it in place and add no second copy).
-  if (Status st = InstallTorchShim(s.dir + "/shim", &s.env); !st.ok())
-    return st;
-  share("PYTHONPATH", s.env["PYTHONPATH"]);
-  if (s.env.count(kTorchShimDir)) share(kTorchShimDir, s.env[kTorchShimDir]);
+  if (Status st = InstallTorchShim(s.dir + "/shim", &env); !st.ok()) return st;
   if (s.launch.log_dir.empty()) s.launch.log_dir = s.dir + "/logs";
   // With several nodes the address handed on is the rendezvous store's; the
   // workers' store of the current round is named under `rdzv_key` there.
@@ -156,7 +145,7 @@ Result<Session> PrepareSession(const LaunchConfig& config) {
   if (s.nodes)
     s.rdzv_key = interactive_protocol::CurrentRoundKey(s.launch.rdzv_id);
   if (s.nodes && !s.launch.local_addr.empty())
-    share("DTRUN_NODE_ADDR", s.launch.local_addr);
+    env["DTRUN_NODE_ADDR"] = s.launch.local_addr;  // read by dtrun.worker
   return s;
 }
 
@@ -265,7 +254,7 @@ int ExecConsole(const Session& s, pid_t launcher, const std::string& address,
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
   std::vector<std::string> env_text;
-  for (const auto& [name, value] : s.env)
+  for (const auto& [name, value] : s.launch.environment)
     env_text.push_back(name + "=" + value);
   std::vector<char*> envp;
   for (auto& e : env_text) envp.push_back(e.data());

@@ -241,11 +241,11 @@ std::vector<std::string> ParseCommaList(const std::string& text) {
   return out;
 }
 
-int CountGpus() {
+int CountGpus(const std::map<std::string, std::string>& environment) {
   // Counting /dev/nvidiaN nodes needs no CUDA library: dtrun links none and
   // must start in milliseconds on machines without drivers. The numeric
   // suffix test skips nvidiactl, nvidia-uvm and nvidia-modeset.
-  const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
+  auto visible = environment.find("CUDA_VISIBLE_DEVICES");
   int devices = 0;
   if (DIR* dir = opendir("/dev")) {
     while (dirent* e = readdir(dir)) {
@@ -256,12 +256,12 @@ int CountGpus() {
     }
     closedir(dir);
   }
-  if (!visible) return devices;
+  if (visible == environment.end()) return devices;
   // CUDA_VISIBLE_DEVICES entries (indices or GPU-UUIDs) are counted, not
   // matched: it can only narrow what exists. "-1", the usual "hide every
   // GPU", and an empty value count as none.
   int listed = 0;
-  for (const auto& item : Split(visible, ',')) {
+  for (const auto& item : Split(visible->second, ',')) {
     if (!item.empty() && item != "-1") ++listed;
   }
   return std::min(listed, devices);

@@ -108,9 +108,10 @@ struct LaunchConfig {
   // lines in torch's event schema).
   std::string event_log_handler = "null";
 
-  // Variables every worker gets on top of dtrun's own environment (an
-  // interactive session's package path and the values dtrun.worker reads).
-  std::map<std::string, std::string> worker_env;
+  // dtrun's environment as it started, read once by ParseCommandLine. The
+  // workers inherit it (under torchrun's variables); an interactive session
+  // adds its package path and the values dtrun.worker reads.
+  std::map<std::string, std::string> environment;
 
   // The resolved command each worker runs (argv), set by Validate().
   std::vector<std::string> worker_argv;
@@ -156,6 +157,6 @@ std::vector<std::string> ParseCommaList(const std::string& text);
 // Number of usable NVIDIA GPUs on this host (honours CUDA_VISIBLE_DEVICES),
 // without loading any CUDA library: counts /dev/nvidiaN, so it reads 0 in a
 // container that does not expose the device nodes.
-int CountGpus();
+int CountGpus(const std::map<std::string, std::string>& environment);
 
 }  // namespace dtrun::agent

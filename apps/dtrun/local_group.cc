@@ -17,7 +17,6 @@
 #include "apps/dtrun/exit_code.h"
 #include "apps/dtrun/numa_binding.h"
 #include "rendezvous/util/check.h"
-#include "rendezvous/util/environment.h"
 #include "rendezvous/util/log.h"
 #include "rendezvous/util/os_util.h"
 
@@ -74,8 +73,7 @@ Status LocalGroup::Prepare(const std::string& run_id) {
   attempt_.max_restarts = config_.max_restarts;
   attempt_.signals_to_handle = config_.signals_to_handle;
   attempt_.virtual_local_rank = config_.virtual_local_rank;
-  base_env_ = ProcessEnvironment();
-  for (const auto& [name, value] : config_.worker_env) base_env_[name] = value;
+  base_env_ = config_.environment;
   if (config_.nproc_per_node > 1 && !base_env_.count("OMP_NUM_THREADS")) {
     Logger("dtrun.agent")
         ->warn(

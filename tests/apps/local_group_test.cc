@@ -262,9 +262,8 @@ TEST_F(LocalGroupTest, AnUnlistedSignalStopsTheJobWithSigterm) {
 
 TEST_F(LocalGroupTest, VirtualLocalRankGivesEachWorkerOneGpu) {
   config_.virtual_local_rank = true;
-  setenv("CUDA_VISIBLE_DEVICES", "4,5,7", 1);
+  config_.environment["CUDA_VISIBLE_DEVICES"] = "4,5,7";
   Make().Start();
-  unsetenv("CUDA_VISIBLE_DEVICES");
   const WorkerSpec& w = workers_.spawned[2];
   EXPECT_EQ(EnvOf(w, "LOCAL_RANK"), "0");
   EXPECT_EQ(EnvOf(w, "RANK"), "2");
