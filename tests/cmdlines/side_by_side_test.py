@@ -34,9 +34,11 @@ if len(sys.argv) > 1 and sys.argv[1] == "wait-term":
     signal.signal(signal.SIGTERM, on_term)
     open(os.path.join(sys.argv[2], "ready_" + rank), "w").close()
     time.sleep(60)
+# One write(2) per line: two workers sharing a console (torchrun's plain
+# stderr) then interleave whole lines only, whatever Python's buffering.
 for i in range(3):
-    print(f"out {i} from rank {rank} of {os.environ['WORLD_SIZE']}", flush=True)
-print(f"err from rank {rank}", file=sys.stderr, flush=True)
+    os.write(1, f"out {i} from rank {rank} of {os.environ['WORLD_SIZE']}\n".encode())
+os.write(2, f"err from rank {rank}\n".encode())
 '''
 
 
