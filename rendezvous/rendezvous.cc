@@ -568,10 +568,13 @@ Result<RoundEvent> Rendezvous::WatchNext(const Assignment& current,
 // ChangeDoc applies the change only while the state is still at this round,
 // so when every node of a failed round reports, the failure counts once.
 Result<int> Rendezvous::ReportFailure(const Assignment& current,
-                                      const std::string& why) {
+                                      const std::string& why, bool give_up) {
   auto doc = ChangeDoc(current.round, [&](StateDoc& d) {
     ++d.failures;
-    if (d.failures > opts_.max_restarts) {
+    if (give_up) {
+      d.Close(EndReason::kNoProgress,
+              "workers failed on node " + opts_.node_id + " (" + why + ")");
+    } else if (d.failures > opts_.max_restarts) {
       d.Close(EndReason::kWorkersFailed,
               "workers failed on node " + opts_.node_id + " (" + why +
                   ") after " + std::to_string(opts_.max_restarts) +

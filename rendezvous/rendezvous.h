@@ -85,10 +85,11 @@ class Rendezvous {
   }
 
   // This node's workers failed: start a new round counting a failure, or,
-  // past max_restarts, close the job as failed. Returns the failure count
-  // after the call; a round already moved on by another node is not
-  // counted twice.
-  Result<int> ReportFailure(const Assignment& current, const std::string& why);
+  // past max_restarts or when `give_up` (no progress), close the job as
+  // failed (kWorkersFailed, kNoProgress). Returns the failure count after
+  // the call; a round already moved on by another node is not counted twice.
+  Result<int> ReportFailure(const Assignment& current, const std::string& why,
+                            bool give_up = false);
 
   // This node's workers all succeeded in `current`'s round.
   Status MarkDone(const Assignment& current);

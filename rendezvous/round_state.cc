@@ -32,6 +32,7 @@ constexpr struct {
     {EndReason::kConfigMismatch, "config_mismatch"},
     {EndReason::kDuplicateNodeRank, "duplicate_node_rank"},
     {EndReason::kForeignState, "foreign_state"},
+    {EndReason::kNoProgress, "no_progress"},
 };
 
 // A closed record from a dtrun that wrote no "end": the reason is read from

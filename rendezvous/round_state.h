@@ -42,6 +42,9 @@ enum class EndReason {
   // The state key holds something that is not dtrun's (another program on
   // the same --rdzv-id). Seen by this node only; nothing is closed. Exit 2.
   kForeignState,
+  // A node's restarts made no progress (--max-restarts-without-progress):
+  // every node exits 93, "do not requeue".
+  kNoProgress,
 };
 
 // Stable lower-case name as stored in the state document ("workers_failed").

@@ -148,7 +148,7 @@ std::vector<Action> Agent::GroupGone() {
   }
   // A hang uses up a restart like a failed exit. A new round (kRestarting,
   // above) does not: membership changes are not the job's fault.
-  if (restart_count_ < opts_.max_restarts && !unhealthy_) {
+  if (restart_count_ < opts_.max_restarts && !unhealthy_ && !give_up_) {
     ++restart_count_;
     phase_ = Phase::kRunning;
     return {{Action::Kind::kStartGroup, restart_count_}};

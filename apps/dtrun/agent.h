@@ -95,6 +95,11 @@ class Agent {
   // and, as under torchrun, not restarted. -> SignalGroup(SIGKILL), then
   // Finish(failed) once the group is gone or abandoned.
   std::vector<Action> OnUnhealthy(TimePoint now);
+  // The attempt now failing must not be restarted, whatever restarts are
+  // left (no progress: --max-restarts-without-progress). Its end is
+  // Finish(failed).
+  void GiveUp() { give_up_ = true; }
+  bool gave_up() const { return give_up_; }
   // Call at deadline() (or later): escalates a stop to SIGKILL.
   std::vector<Action> OnTick(TimePoint now);
 
@@ -123,6 +128,7 @@ class Agent {
   bool killed_ = false;
   bool hung_ = false;
   bool unhealthy_ = false;
+  bool give_up_ = false;
   TimePoint kill_at_{};
   TimePoint abandon_at_{};
   std::vector<WorkerExit> failures_;

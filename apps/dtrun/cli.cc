@@ -193,6 +193,12 @@ void AddFailureFlags(CLI::App& app, LaunchConfig& c, RawFlags& raw) {
        "with --hang-timeout: seconds a worker may take to its first beat "
        "(default max(60, 10 x --hang-timeout))",
        fail);
+  Flag(app, "--max-restarts-without-progress", c.max_restarts_without_progress,
+       "stop with exit code 93 (do not requeue) after this many restarts in "
+       "a row whose workers beat no step past the highest before (default "
+       "0: off)",
+       fail)
+      ->check(CLI::NonNegativeNumber);
 }
 
 void AddLoggingFlags(CLI::App& app, LaunchConfig& c, RawFlags& raw) {
@@ -469,12 +475,23 @@ std::vector<std::string> Choices(const std::string& name) {
 // dtrun's own flags, which torchrun lacks: argv_rules.h prefers torchrun's
 // flags when a prefix matches both.
 bool IsDtrunOnly(const std::string& name) {
-  static const char* kOwn[] = {
-      "--interactive",  "--no-console",      "--no_console",
-      "--gpu-ids",      "--gpu_ids",         "--python",
-      "--term-timeout", "--term_timeout",    "--hang-timeout",
-      "--hang_timeout", "--hang-first-beat", "--hang_first_beat",
-      "--log-level",    "--version",         "--label-ranks"};
+  static const char* kOwn[] = {"--interactive",
+                               "--no-console",
+                               "--no_console",
+                               "--gpu-ids",
+                               "--gpu_ids",
+                               "--python",
+                               "--term-timeout",
+                               "--term_timeout",
+                               "--hang-timeout",
+                               "--hang_timeout",
+                               "--hang-first-beat",
+                               "--hang_first_beat",
+                               "--log-level",
+                               "--version",
+                               "--label-ranks",
+                               "--max-restarts-without-progress",
+                               "--max_restarts_without_progress"};
   for (const char* own : kOwn) {
     if (name == own) return true;
   }

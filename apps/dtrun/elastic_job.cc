@@ -346,7 +346,10 @@ std::optional<ElasticJob::RoundEnd> ElasticJob::Carry(const RoundStep& step,
                 assignment_.round);
       return std::nullopt;
     case RoundStep::Kind::kReportFailure: {
-      auto failures = rdzv_->ReportFailure(assignment_, "local group failed");
+      auto failures =
+          group_.gave_up()
+              ? rdzv_->ReportFailure(assignment_, group_.why_gave_up(), true)
+              : rdzv_->ReportFailure(assignment_, "local group failed");
       bool goes_on =
           failures.ok() && rdzv_->end_reason() == rendezvous::EndReason::kNone;
       if (goes_on) {
@@ -365,6 +368,13 @@ std::optional<ElasticJob::RoundEnd> ElasticJob::Carry(const RoundStep& step,
       return RoundEnd{false, group_.ReportFailure()};
     case RoundStep::Kind::kExit:
       break;
+  }
+  // A job closed because restarts made no progress is not to be requeued,
+  // on every node.
+  if (step.exit_code == kExitFailedElsewhere &&
+      rdzv_->end_reason() == rendezvous::EndReason::kNoProgress) {
+    log->error("{}: {}", step.why, rdzv_->closed_reason());
+    return RoundEnd{false, kExitNoProgress};
   }
   if (step.exit_code == kExitSuccess) {
     log->info("{}", step.why);

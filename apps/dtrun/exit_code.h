@@ -18,6 +18,9 @@ enum ExitCode : int {
   // Interactive: the session's folder, console or launcher could not be set
   // up.
   kExitSetup = 4,
+  // --max-restarts-without-progress: restarts in a row made no progress;
+  // a scheduler should not requeue the job (nvidia-resiliency-ext's code).
+  kExitNoProgress = 93,
   // The last attempt hung (no heartbeat within --hang-timeout).
   kExitHung = 124,
 };

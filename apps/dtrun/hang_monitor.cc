@@ -74,22 +74,39 @@ std::optional<TimePoint> HangMonitor::deadline() const {
   return first;
 }
 
-size_t HangRootCause(const std::vector<RankSilence>& ranks) {
-  // Ordered by: never beat, lower step, longer silence. In a collective every
-  // rank blocks on the slowest, so the rank that never reached its first step
-  // (or reached the fewest) is the one the others wait for; among equals, the
-  // one silent longest stopped first. Exited ranks go last: they are not hung.
-  auto before = [](const RankSilence& a, const RankSilence& b) {
+size_t HangRootCause(const std::vector<RankSilence>& ranks,
+                     double same_silence_s) {
+  // First by: never beat, lower step. In a collective every rank blocks on
+  // the slowest, so the rank that never reached its first step (or reached
+  // the fewest) is the one the others wait for. Exited ranks go last: they
+  // are not hung.
+  auto earlier = [](const RankSilence& a, const RankSilence& b) {
     if (a.exited != b.exited) return !a.exited;
     if (a.beaten != b.beaten) return !a.beaten;
-    if (a.step != b.step) return a.step < b.step;
-    return a.silent_s > b.silent_s;
+    return a.step < b.step;
   };
   size_t best = 0;
   for (size_t i = 1; i < ranks.size(); ++i) {
-    if (before(ranks[i], ranks[best])) best = i;
+    if (earlier(ranks[i], ranks[best]) ||
+        (!earlier(ranks[best], ranks[i]) &&
+         ranks[i].silent_s > ranks[best].silent_s)) {
+      best = i;
+    }
   }
-  return best;
+  // Among equals the one silent longest stopped first, unless the beats are
+  // too close to tell: then a rank outside a collective is the one the
+  // others (inside, waiting) wait for.
+  if (!ranks[best].in_collective) return best;
+  size_t outside = best;
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    const RankSilence& r = ranks[i];
+    bool equal = !earlier(r, ranks[best]) && !earlier(ranks[best], r);
+    if (!equal || r.in_collective ||
+        ranks[best].silent_s - r.silent_s > same_silence_s)
+      continue;
+    if (outside == best || r.silent_s > ranks[outside].silent_s) outside = i;
+  }
+  return outside;
 }
 
 size_t MarkWaiting(std::vector<RankSilence>* ranks) {
@@ -98,8 +115,10 @@ size_t MarkWaiting(std::vector<RankSilence>* ranks) {
   // Only ranks that beat carry a step to compare: a rank that never beat keeps
   // its own verdict, and if the root cause never beat, no step shows anyone
   // waiting for it.
-  for (RankSilence& s : *ranks) {
+  for (size_t i = 0; i < ranks->size(); ++i) {
+    RankSilence& s = (*ranks)[i];
     if (r.beaten && s.beaten && s.step > r.step) s.hung = false;
+    if (i != root && s.in_collective) s.hung = false;
   }
   return root;
 }

@@ -36,6 +36,10 @@ struct RankSilence {
   int64_t step = -1;
   bool hung = false;    // past its deadline
   bool exited = false;  // had exited already
+  // Its stack waits inside a collective, a process-group wait or a store
+  // wait (StackWaits, hang_report.h): it waits for another rank. Known once
+  // the stacks are in; false before.
+  bool in_collective = false;
 };
 
 // Decides which workers are hung from their heartbeats. Pure: beats and
@@ -68,14 +72,23 @@ class HangMonitor {
   std::vector<BeatState> beats_;
 };
 
-// Index (into `ranks`) of a collective hang's root cause: among workers that
-// beat, the one at the lowest step, then the one silent longest; a worker
-// that never beat comes first. `ranks` must not be empty.
-size_t HangRootCause(const std::vector<RankSilence>& ranks);
+// Silences closer than this do not tell which rank stopped first: ranks
+// leave a collective together, and their beats after it land within a few
+// milliseconds (more on a loaded host). Then the stacks decide.
+constexpr double kSameSilenceS = 1.0;
+
+// Index (into `ranks`) of a collective hang's root cause: a worker that
+// never beat, else the one at the lowest step. Among those at that step,
+// the one silent longest, unless others were silent about as long
+// (within `same_silence_s`): then one whose stack is not waiting in a
+// collective comes first, since the ranks that are wait for it.
+// `ranks` must not be empty.
+size_t HangRootCause(const std::vector<RankSilence>& ranks,
+                     double same_silence_s = kSameSilenceS);
 
 // Marks as waiting (hung = false) every worker at a later step than the
-// root cause: in a collective it waits for the root cause. Returns the
-// root cause's index.
+// root cause, and every other worker whose stack waits in a collective:
+// both wait for the root cause. Returns the root cause's index.
 size_t MarkWaiting(std::vector<RankSilence>* ranks);
 
 // A last beat of "done": the worker is past its loop (tearing down, which

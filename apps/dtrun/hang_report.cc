@@ -125,6 +125,27 @@ std::vector<std::string> FirstFrames(const std::string& stack, size_t n) {
   return out;
 }
 
+bool StackWaits(const std::string& stack) {
+  std::vector<std::string> frames = FirstFrames(stack, 4);
+  if (frames.empty()) return false;
+  if (frames[0].rfind("File \"", 0) == 0) {
+    // Python, most recent call first: the call that blocks is the first.
+    // Only that one: torch.distributed frames further down (the elastic
+    // @record wrapper around main) say nothing about where the rank is.
+    return frames[0].find("/torch/distributed/") != std::string::npos;
+  }
+  for (const std::string& f : frames) {
+    if (IsRuntimeFrame(f)) continue;
+    // dtrun's own DDP waits for its buckets' all-reduces in SyncGradients.
+    for (const char* place :
+         {"c10d::", "gloo::", "nccl", "ProcessGroup", "TCPStore",
+          "TcpStoreClient::", "ShmAllReduce", "SyncGradients"}) {
+      if (f.find(place) != std::string::npos) return true;
+    }
+  }
+  return false;
+}
+
 std::string HangTraceback(const RankStack& r, size_t frames) {
   std::string out = State(r.silence);
   for (const std::string& f : FirstFrames(r.stack, frames)) out += "\n  " + f;

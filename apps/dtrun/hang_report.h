@@ -31,6 +31,13 @@ std::string ExtractFaulthandlerDump(const std::string& stderr_text);
 // backtrace ("#0 ..."). Leading blanks trimmed.
 std::vector<std::string> FirstFrames(const std::string& stack, size_t n);
 
+// Whether a stack shows its rank waiting for other ranks: the current
+// thread's innermost Python frame is in torch.distributed (a collective, a
+// process-group or store wait), or one of the first native frames above the
+// C runtime's is c10d's, gloo's, NCCL's or a store client's. Such a rank is
+// not a hang's root cause while another rank at its step is elsewhere.
+bool StackWaits(const std::string& stack);
+
 // The report printed when a hang stops a group: the root cause first (see
 // HangRootCause), marked hung or waiting, silence, step, first frames and
 // the stack file of each rank. `timeout_s` is --hang-timeout in seconds,

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 
 #include "apps/dtrun/log_mux.h"
 #include "rendezvous/heartbeat.h"
@@ -76,7 +77,7 @@ HangWatch::HangWatch(const LaunchConfig& config, const Clock* clock,
 
 void HangWatch::AddEnv(int local_rank, const std::string& attempt_dir,
                        EnvMap* env) const {
-  if (!enabled()) return;
+  if (!beats()) return;
   std::string path = RankDir(attempt_dir, local_rank) + "/heartbeat";
   ::unlink(path.c_str());  // a beat of the last attempt must not count
   (*env)[rendezvous::Heartbeat::kEnv] = path;
@@ -209,10 +210,36 @@ void HangWatch::Report() {
     r.stack_file = dir + "/stack.txt";
     (void)os::WriteFile(r.stack_file, r.stack);
   }
+  ClassifyStacks();
   double timeout_s =
       std::chrono::duration<double>(config_.hang_timeout).count();
   WriteAll(2,
            FormatHangReport(stacks_, timeout_s, restart_count_, kReportFrames));
+}
+
+// With the stacks in, a rank waiting in a collective is waiting, whatever
+// its beats said, and the root cause is chosen again (HangRootCause).
+void HangWatch::ClassifyStacks() {
+  std::vector<RankSilence> silences;
+  for (RankStack& r : stacks_) {
+    r.silence.in_collective = StackWaits(r.stack);
+    silences.push_back(r.silence);
+  }
+  MarkWaiting(&silences);
+  for (size_t i = 0; i < stacks_.size(); ++i)
+    stacks_[i].silence.hung = silences[i].hung;
+}
+
+int64_t HangWatch::HighestStep() const {
+  int64_t highest = -1;
+  for (size_t lr = 0; lr < monitor_.beats().size(); ++lr) {
+    std::string text = os::ReadFileOrEmpty(
+        RankDir(attempt_dir_, static_cast<int>(lr)) + "/heartbeat");
+    int64_t step = ParseBeatStep(text);
+    if (step == kBeatDone) step = INT64_MAX;
+    highest = std::max(highest, step);
+  }
+  return highest;
 }
 
 std::vector<WorkerFailure> HangWatch::Failures() const {

@@ -25,6 +25,11 @@ class HangWatch {
             WorkerGroup* workers);
 
   bool enabled() const { return config_.hang_timeout.count() > 0; }
+  // Whether workers get a heartbeat file: to find hangs, or to measure
+  // progress across restarts (--max-restarts-without-progress).
+  bool beats() const {
+    return enabled() || config_.max_restarts_without_progress > 0;
+  }
   // A worker's heartbeat file (DTRUN_HEARTBEAT_FILE) and Python's fault
   // handler, so its stack can be had with SIGABRT.
   void AddEnv(int local_rank, const std::string& attempt_dir,
@@ -43,6 +48,9 @@ class HangWatch {
   // Prints the report of the latest hang, once (after the group stopped:
   // Python stacks are in the workers' stderr logs by then).
   void Report();
+  // The highest step any worker of the attempt beat so far (kBeatDone's
+  // workers count as past every step: INT64_MAX); -1 without beats.
+  int64_t HighestStep() const;
   // The latest hang's ranks as failures for the failure summary.
   std::vector<WorkerFailure> Failures() const;
 
@@ -50,6 +58,8 @@ class HangWatch {
   void ReadBeats(TimePoint now);
   void Snapshot(TimePoint now, const std::map<int, int>& pids, int base_rank);
   void CaptureNativeStacks();
+  // Marks the ranks whose stacks wait in a collective, and who is hung.
+  void ClassifyStacks();
 
   const LaunchConfig& config_;
   const Clock* clock_;

@@ -75,6 +75,9 @@ struct LaunchConfig {
   std::chrono::milliseconds hang_timeout{0};      // --hang-timeout, s; 0: off
   // --hang-first-beat, s; 0: the default.
   std::chrono::milliseconds hang_first_beat{0};
+  // --max-restarts-without-progress: after this many restarts in a row
+  // that beat no step past the highest one before, stop (exit 93); 0: off.
+  int max_restarts_without_progress = 0;
   // $TORCHELASTIC_ENABLE_FILE_TIMER=1: serve torch's watchdog.
   bool file_timer = false;
   // $TORCHELASTIC_TIMER_FILE; empty: one in the run folder.

@@ -263,6 +263,7 @@ void LocalGroup::OnChildExits() {
           ->warn("worker local_rank {} (pid {}) failed: {}", e.local_rank,
                  e.pid, how);
       PublishCrash(e, how);
+      CheckProgress();
     }
     Apply(agent_.OnWorkerExit(e, clock_->Now()));
   }
@@ -277,7 +278,10 @@ void LocalGroup::OnTick() {
   if (outcome_ != Outcome::kRunning) return;
   int signo = hang_.Check(agent_.phase() == Phase::kRunning, pids_,
                           assignment_.base_rank);
-  if (signo) Apply(agent_.OnHang(signo, clock_->Now()));
+  if (signo) {
+    CheckProgress();
+    Apply(agent_.OnHang(signo, clock_->Now()));
+  }
   if (outcome_ == Outcome::kRunning) CheckUninterruptible();
   if (outcome_ == Outcome::kRunning)
     timer_.Check(pids_, PythonWorkers(config_));
@@ -521,6 +525,31 @@ void LocalGroup::PublishCrash(const WorkerExit& e, const std::string& how) {
   on_worker_crash(crash);
 }
 
+// --max-restarts-without-progress, when an attempt fails: progress is a
+// beat past the highest step any earlier attempt beat (a resumed run redoes
+// the steps after its checkpoint, which is no progress by itself). After
+// that many restarts in a row without, the Agent gives up.
+void LocalGroup::CheckProgress() {
+  const int limit = config_.max_restarts_without_progress;
+  if (limit <= 0) return;
+  const int64_t step = hang_.HighestStep();
+  if (step > highest_step_) {
+    highest_step_ = step;
+    restarts_without_progress_ = 0;
+    return;
+  }
+  if (agent_.restart_count() == 0) return;  // the first attempt is no restart
+  if (++restarts_without_progress_ < limit) return;
+  no_progress_ = "restarts made no progress: " + std::to_string(limit) +
+                 " restart(s) in a row beat no step past " +
+                 (highest_step_ < 0 ? std::string("the start (no beat)")
+                                    : "step " + std::to_string(highest_step_)) +
+                 " (--max-restarts-without-progress=" + std::to_string(limit) +
+                 "); not restarting, exit code 93: do not requeue";
+  Logger("dtrun.agent")->error("{}", no_progress_);
+  agent_.GiveUp();
+}
+
 // The failure summary of a failed attempt (hung ranks, a D-state worker,
 // failed exits with their error files), the root cause's error file for
 // --error-file, and the exit code that root cause maps to.
@@ -560,6 +589,10 @@ int LocalGroup::ReportFailure() {
   const WorkerFailure& root = failures[RootCause(failures)];
   if (!config_.error_file.empty())
     (void)os::WriteFile(config_.error_file, RootCauseJson(root));
+  if (agent_.gave_up()) {
+    WriteAll(2, "dtrun: " + no_progress_ + "\n");
+    return kExitNoProgress;
+  }
   return ExitCodeFor(root);
 }
 

@@ -101,6 +101,10 @@ class LocalGroup {
   // Prints the failure summary of the attempt that ended last and writes
   // $TORCHELASTIC_ERROR_FILE; returns the root cause's exit code.
   int ReportFailure();
+  // Whether the attempt that failed last is not to be restarted because
+  // restarts made no progress (--max-restarts-without-progress), and why.
+  bool gave_up() const { return agent_.gave_up(); }
+  const std::string& why_gave_up() const { return no_progress_; }
   // Forwards the workers' last output and closes their pipes; removes a
   // temporary run folder when the job `succeeded`.
   void Finish(bool succeeded);
@@ -122,6 +126,8 @@ class LocalGroup {
   void CheckUninterruptible();
   // --numa-binding: each local rank's CPUs from hwloc's topology.
   Status PlanCpus();
+  // --max-restarts-without-progress, when an attempt fails.
+  void CheckProgress();
   int PollTimeout(int timeout_ms) const;
 
   LaunchConfig config_;
@@ -140,9 +146,15 @@ class LocalGroup {
   double started_at_ = 0;  // unix seconds, at Prepare
   static constexpr std::chrono::milliseconds kDStateCheck{1000};
   TimePoint next_d_check_{};
-  std::map<int, TimePoint> d_since_;        // pid -> first seen in D state
-  std::string d_report_;                    // why the group was unhealthy
-  int d_rank_ = 0;                          // local rank of that worker
+  std::map<int, TimePoint> d_since_;  // pid -> first seen in D state
+  std::string d_report_;              // why the group was unhealthy
+  int d_rank_ = 0;                    // local rank of that worker
+  // --max-restarts-without-progress: the highest step beaten by any attempt,
+  // the failed restarts in a row that beat none past it, and why the job
+  // gave up ("" while it has not).
+  int64_t highest_step_ = -1;
+  int restarts_without_progress_ = 0;
+  std::string no_progress_;
   std::vector<std::vector<int>> cpu_plan_;  // --numa-binding, by local rank
   std::string attempt_dir_;
   Outcome outcome_ = Outcome::kRunning;

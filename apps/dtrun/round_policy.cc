@@ -95,6 +95,7 @@ int JoinFailedExitCode(const Status& status, rendezvous::EndReason reason,
       // The job was closed before this node could join: by failures past
       // --max-restarts (like any node of a failed job), or by a
       // configuration the nodes disagree on.
+      if (reason == rendezvous::EndReason::kNoProgress) return kExitNoProgress;
       return reason == rendezvous::EndReason::kWorkersFailed
                  ? kExitFailedElsewhere
                  : kExitUsage;

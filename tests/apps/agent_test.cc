@@ -33,6 +33,19 @@ class AgentTest : public ::testing::Test {
   TimePoint now_{};
 };
 
+TEST_F(AgentTest, AGroupThatGaveUpIsNotRestartedWithRestartsLeft) {
+  StartRunning();
+  Exit(1, 7);
+  agent_.GiveUp();  // no progress: --max-restarts-without-progress
+  Exit(0, 0, SIGTERM);
+  auto a = Exit(2, 0, SIGTERM);
+  ASSERT_EQ(a.size(), 1u);
+  EXPECT_EQ(a[0].kind, Kind::kFinish);
+  EXPECT_TRUE(a[0].failed);
+  EXPECT_TRUE(agent_.gave_up());
+  EXPECT_EQ(agent_.restart_count(), 0);  // one restart was left
+}
+
 TEST_F(AgentTest, StartsAttemptZero) {
   auto a = agent_.Start(now_);
   ASSERT_EQ(a.size(), 1u);

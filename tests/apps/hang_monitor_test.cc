@@ -92,6 +92,42 @@ TEST(HangRootCauseTest, RanksAtALaterStepAreWaitingNotHung) {
   EXPECT_TRUE(ranks[2].hung);  // same step: hung as well
 }
 
+// Beats after the collective: every rank last beat the same step, at
+// nearly the same time. The stacks decide: the rank outside the collective
+// is the one the others wait for, whatever the order of their silences.
+TEST(HangRootCauseTest, SameStepTheRankOutsideTheCollectiveIsTheCause) {
+  std::vector<RankSilence> ranks = {{0, true, 3.02, 19, true},
+                                    {1, true, 3.01, 19, true},
+                                    {2, true, 3.00, 19, true}};
+  EXPECT_EQ(HangRootCause(ranks), 0u);  // no stacks yet: silent longest
+  ranks[0].in_collective = true;
+  ranks[1].in_collective = true;
+  EXPECT_EQ(HangRootCause(ranks), 2u);
+  EXPECT_EQ(MarkWaiting(&ranks), 2u);
+  EXPECT_FALSE(ranks[0].hung);
+  EXPECT_FALSE(ranks[1].hung);
+  EXPECT_TRUE(ranks[2].hung);
+}
+
+TEST(HangRootCauseTest, StacksDecideOnlyWhenTheBeatsDoNot) {
+  // Rank 0 was silent 5 s longer: it stopped first, even in a collective.
+  std::vector<RankSilence> ranks = {{0, true, 8.0, 19, true, false, true},
+                                    {1, true, 3.0, 19, true}};
+  EXPECT_EQ(HangRootCause(ranks), 0u);
+  // A lower step decides before any stack.
+  ranks = {{0, true, 3.0, 18, true, false, true}, {1, true, 3.0, 19, true}};
+  EXPECT_EQ(HangRootCause(ranks), 0u);
+  // Everyone in a collective (a network fault): the longest silence.
+  ranks = {{0, true, 3.0, 19, true, false, true},
+           {1, true, 3.5, 19, true, false, true}};
+  EXPECT_EQ(HangRootCause(ranks), 1u);
+  // Two outside: the one silent longer of them.
+  ranks = {{0, true, 3.4, 19, true, false, true},
+           {1, true, 3.1, 19, true},
+           {2, true, 3.2, 19, true}};
+  EXPECT_EQ(HangRootCause(ranks), 2u);
+}
+
 TEST(ParseBeatStepTest, FirstLineIntegerElseMinusOne) {
   EXPECT_EQ(ParseBeatStep("170\n"), 170);
   EXPECT_EQ(ParseBeatStep("99\n0\n"), 99);  // a shorter beat over a longer one
@@ -161,6 +197,48 @@ TEST(HangReportTest, NativeFramesSkipTheRuntimesFramesAtTheTop) {
       5);
   ASSERT_EQ(idle.size(), 2u);
   EXPECT_EQ(idle[0], "#0  0x00007f epoll_wait");
+}
+
+TEST(HangReportTest, APythonRankInsideTorchDistributedWaits) {
+  // torch 1.13: the blocking call is the innermost frame.
+  const char* in_all_reduce =
+      "Fatal Python error: Aborted\n\n"
+      "Current thread 0x00007f0000000002 (most recent call first):\n"
+      "  File \"/usr/lib/python3/dist-packages/torch/distributed/"
+      "distributed_c10d.py\", line 1536 in all_reduce\n"
+      "  File \"/tmp/w.py\", line 20 in train\n";
+  EXPECT_TRUE(StackWaits(in_all_reduce));
+  // torch 2.x wraps it in c10d_logger; and a store wait.
+  EXPECT_TRUE(
+      StackWaits("Current thread 0x1 (most recent call first):\n"
+                 "  File \"/usr/lib/python3/dist-packages/torch/distributed/"
+                 "c10d_logger.py\", line 81 in wrapper\n"
+                 "  File \"/tmp/w.py\", line 20 in train\n"));
+  // Asleep in its own code: not waiting, even under the elastic @record
+  // wrapper further down.
+  EXPECT_FALSE(StackWaits(
+      "Current thread 0x1 (most recent call first):\n"
+      "  File \"/tmp/w.py\", line 12 in diverged\n"
+      "  File \"/usr/lib/python3/dist-packages/torch/distributed/elastic/"
+      "multiprocessing/errors/__init__.py\", line 346 in wrapper\n"));
+  EXPECT_FALSE(StackWaits(kDump));
+  EXPECT_FALSE(StackWaits(""));
+}
+
+TEST(HangReportTest, ANativeRankInGlooOrTheStoreWaits) {
+  EXPECT_TRUE(
+      StackWaits("TID 7:\n#0  0x00007f __futex_abstimed_wait_common\n"
+                 "#1  0x00007f std::condition_variable::wait\n"
+                 "#2  0x00007f gloo::transport::tcp::UnboundBuffer::waitRecv\n"
+                 "#3  0x00007f c10d::ProcessGroupGloo::AsyncWork::wait\n"
+                 "#4  0x00007f main\n"));
+  EXPECT_TRUE(
+      StackWaits("TID 7:\n#0  0x00007f poll\n"
+                 "#1  0x00007f dtrun::rendezvous::TcpStoreClient::Wait\n"
+                 "#2  0x00007f main\n"));
+  EXPECT_FALSE(
+      StackWaits("TID 7:\n#0  0x00007f nanosleep\n#1  0x00007f Wedged\n"
+                 "#2  0x00007f main\n"));
 }
 
 TEST(HangReportTest, ReportPutsTheRootCauseFirstAndNamesStackFiles) {

@@ -119,6 +119,56 @@ TEST_F(LocalGroupTest, FailsWithTheRootCausesCodeOnceRestartsAreUsedUp) {
   EXPECT_NE(summary.find("exit code : 7"), std::string::npos) << summary;
 }
 
+// Each attempt's rank 1 beats `step`, then fails; the others are stopped.
+void FailAttemptAfterBeat(LocalGroup* group, FakeWorkerGroup* workers,
+                          int attempt, int64_t step) {
+  std::string dir = group->run_dir() + "/attempt_" + std::to_string(attempt);
+  ASSERT_TRUE(
+      os::WriteFile(dir + "/1/heartbeat", std::to_string(step) + "\n").ok());
+  workers->Exit(FakeWorkerGroup::kFirstPid + 3 * attempt + 1, 7);
+  group->OnChildExits();
+  workers->KillAll(SIGTERM);
+  group->OnChildExits();
+}
+
+TEST_F(LocalGroupTest, RestartsWithoutProgressStopTheJobWithExit93) {
+  config_.max_restarts = 10;
+  config_.max_restarts_without_progress = 2;
+  Make().Start();
+  EXPECT_NE(EnvOf(workers_.spawned[0], "DTRUN_HEARTBEAT_FILE"), "");
+  FailAttemptAfterBeat(group_.get(), &workers_, 0, 5);  // progress: 5
+  FailAttemptAfterBeat(group_.get(), &workers_, 1, 8);  // progress: 8
+  FailAttemptAfterBeat(group_.get(), &workers_, 2, 8);  // none: 1 of 2
+  ASSERT_EQ(group_->outcome(), GroupOutcome::kRunning);
+  FailAttemptAfterBeat(group_.get(), &workers_, 3, 6);  // none: 2 of 2
+  ASSERT_EQ(group_->outcome(), GroupOutcome::kFailed);
+  EXPECT_EQ(workers_.spawned.size(), 12u);  // 4 attempts of 3, not 11
+  ::testing::internal::CaptureStderr();
+  EXPECT_EQ(group_->ReportFailure(), kExitNoProgress);
+  std::string err = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(err.find("2 restart(s) in a row beat no step past step 8"),
+            std::string::npos)
+      << err;
+  EXPECT_NE(err.find("exit code : 7"), std::string::npos) << err;
+}
+
+TEST_F(LocalGroupTest, WithoutBeatsNoRestartIsProgress) {
+  config_.max_restarts = 10;
+  config_.max_restarts_without_progress = 1;
+  Make().Start();
+  workers_.Exit(FakeWorkerGroup::kFirstPid, 1);  // attempt 0: no beat
+  group_->OnChildExits();
+  workers_.KillAll(SIGTERM);
+  group_->OnChildExits();
+  ASSERT_EQ(group_->outcome(), GroupOutcome::kRunning);  // not a restart
+  workers_.Exit(FakeWorkerGroup::kFirstPid + 3, 1);      // attempt 1: none
+  group_->OnChildExits();
+  workers_.KillAll(SIGTERM);
+  group_->OnChildExits();
+  EXPECT_EQ(group_->outcome(), GroupOutcome::kFailed);
+  EXPECT_TRUE(group_->gave_up());
+}
+
 TEST_F(LocalGroupTest, AWorkerThatCannotStartIsReportedWithTheReason) {
   config_.max_restarts = 0;
   workers_.fail_exec = {1};

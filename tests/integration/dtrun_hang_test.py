@@ -92,6 +92,48 @@ class HangTest(unittest.TestCase):
         self.assertIn("in all_reduce", waiting)
         self.assertIn("finished rank 1 attempt 1", out)
 
+    @unittest.skipUnless(has_torch(), "needs torch")
+    def test_beats_after_the_collective_the_stacks_name_the_sleeper(self):
+        # Every rank last beat the same step: the beats cannot tell. The
+        # sleeper's stack is in its own code, the others' in all_reduce.
+        for nproc, sleeper in ((2, 1), (3, 0), (3, 2)):
+            with self.subTest(nproc=nproc, sleeper=sleeper):
+                rc, out, err, _ = self.dtrun(f"--nproc-per-node={nproc}", "--hang-timeout=3",
+                                             "--max-restarts=1", WORKER, "after", "5",
+                                             str(sleeper), timeout=200)
+                self.assertEqual(rc, 0, err)
+                report = err[err.index("HANG on attempt 0"):]
+                root = report[report.index("Root cause"):]
+                self.assertTrue(root.startswith(
+                    f"Root cause (stopped first / lowest step): rank {sleeper}"), report)
+                self.assertIn("in diverged", root.split("\nrank ")[0])
+                for rank in set(range(nproc)) - {sleeper}:
+                    block = report[report.index(f"\nrank {rank} "):]
+                    self.assertRegex(block, r"^\nrank \d+ .*\n  waiting: no heartbeat for "
+                                     r"[\d.]+ s, last step 4", report)
+                    self.assertIn("in all_reduce", block.split("\nrank ")[1])
+                for rank in range(nproc):
+                    self.assertIn(f"finished rank {rank} attempt 1", out)
+
+    def test_a_crash_loop_stops_after_restarts_without_progress_with_93(self):
+        rc, out, err, _ = self.dtrun("--nproc-per-node=2", "--max-restarts=10",
+                                     "--max-restarts-without-progress=2", "--term-timeout=2",
+                                     WORKER, "crash", "5", "0")
+        self.assertEqual(rc, 93, err)
+        self.assertIn("2 restart(s) in a row beat no step past step 5", err)
+        self.assertIn("do not requeue", err)
+        # attempt 0 reached step 5, attempts 1 and 2 did not pass it: 3 in all
+        self.assertIn("restarting the worker group: attempt 3 of 11", err)
+        self.assertNotIn("attempt 4 of 11", err)
+
+    def test_restarts_that_get_further_are_progress(self):
+        rc, out, err, _ = self.dtrun("--nproc-per-node=2", "--max-restarts=3",
+                                     "--max-restarts-without-progress=1", "--term-timeout=2",
+                                     WORKER, "crash", "5", "2")
+        self.assertEqual(rc, 1, err)  # the restarts ran out: the worker's code
+        self.assertIn("restarting the worker group: attempt 4 of 4", err)
+        self.assertNotIn("no progress", err)
+
     def test_hang_on_node_1_restarts_the_round_on_both_nodes(self):
         with socket.socket() as sock:
             sock.bind(("127.0.0.1", 0))

@@ -8,6 +8,13 @@ usage: hang_worker.py MODE [ARGS]
   env                               print the hang variables dtrun set
   collective HUNG_STEP              gloo all_reduce each step; rank 1 sleeps in
                                     diverged() before HUNG_STEP's beat
+  after HUNG_STEP SLEEPER           gloo all_reduce each step, then the beat;
+                                    SLEEPER sleeps in diverged() before
+                                    HUNG_STEP's all_reduce, so every rank's
+                                    last beat is HUNG_STEP - 1
+  crash STEP GROWTH                  beat each step, rank 1 exits 1 after STEP +
+                                    GROWTH x attempt (GROWTH 0: the same step
+                                    every attempt, a crash loop)
   timer                             torch's FileTimerClient: expires(after=1)
                                     around a sleep in stuck_here()
 """
@@ -73,6 +80,32 @@ def collective(hung_step):
     print(f"finished rank {RANK} attempt {ATTEMPT}", flush=True)
 
 
+def after(hung_step, sleeper):
+    import torch
+    import torch.distributed as dist
+    dist.init_process_group("gloo")
+    t = torch.ones(4)
+    for step in range(hung_step + 3):
+        if ATTEMPT == 0 and RANK == sleeper and step == hung_step:
+            diverged()
+        dist.all_reduce(t)
+        beat(step)
+    if hb is not None:
+        os.pwrite(hb, b"done\n", 0)
+    dist.destroy_process_group()
+    print(f"finished rank {RANK} attempt {ATTEMPT}", flush=True)
+
+
+def crash(step, growth):
+    last = step + growth * ATTEMPT
+    for s in range(last + 1):
+        beat(s)
+        time.sleep(0.01)
+    if RANK == 1:
+        sys.exit(1)
+    time.sleep(3600)  # stopped by dtrun when rank 1 fails
+
+
 def timer():
     from torch.distributed.elastic import timer as tt
     tt.configure(tt.FileTimerClient(os.environ["TORCHELASTIC_TIMER_FILE"]))
@@ -91,7 +124,8 @@ def main():
         for k in ("DTRUN_HEARTBEAT_FILE", "PYTHONFAULTHANDLER", "TORCHELASTIC_TIMER_FILE"):
             print(f"{k}={os.environ.get(k, '<unset>')}", flush=True)
         return
-    {"wedge": wedge, "silent": silent, "collective": collective, "timer": timer}[mode](*args)
+    {"wedge": wedge, "silent": silent, "collective": collective, "after": after,
+     "crash": crash, "timer": timer}[mode](*args)
 
 
 main()
