@@ -100,6 +100,8 @@ std::string ValidateConfig(const TrainConfig& c) {
   return "";
 }
 
+// What the loop does after step `done`: pure, so each cadence and fault is
+// tested without training (tests/lib/train_plan_test.cc).
 StepActions ActionsAfterStep(const TrainConfig& c, int64_t done, int rank,
                              bool first_attempt) {
   const bool last = done == c.steps;
@@ -116,6 +118,8 @@ StepActions ActionsAfterStep(const TrainConfig& c, int64_t done, int rank,
   return a;
 }
 
+// Linear warmup from lr/warmup to lr over the first warmup_steps, then
+// constant or a half cosine down to 0 at the last step.
 double LearningRate(const TrainConfig& c, int64_t step) {
   double lr = c.lr;
   if (c.warmup_steps > 0 && step < c.warmup_steps)

@@ -25,6 +25,8 @@ Result<std::string> MemoryStore::Get(const std::string& key) {
   return data_[key];
 }
 
+// A missing key counts as 0, and a value that is not a number is refused,
+// as the TCP store does, so tests over this store see the same errors.
 Result<int64_t> MemoryStore::Add(const std::string& key, int64_t delta) {
   int64_t value = 0;
   {

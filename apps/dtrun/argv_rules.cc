@@ -107,7 +107,10 @@ bool TakeFlag(const std::vector<std::string>& args, size_t* i,
     }
   }
   out->flags.push_back(word);
-  if (flag->takes_value && !has_value) {
+  const bool next_is_flag =
+      *i + 1 >= args.size() || args[*i + 1].rfind("-", 0) == 0;
+  if (flag->takes_value && !has_value &&
+      !(flag->optional_value && next_is_flag)) {
     if (*i + 1 >= args.size()) {
       out->error = "flag '" + a + "' expects a value";
       return false;

@@ -6,6 +6,7 @@
 
 #include "apps/dtrun/argv_rules.h"
 #include "apps/dtrun/completion.h"
+#include "apps/dtrun/job_status.h"
 #include "apps/dtrun/slurm_env.h"
 #include "rendezvous/util/environment.h"
 
@@ -491,7 +492,9 @@ bool IsDtrunOnly(const std::string& name) {
                                "--version",
                                "--label-ranks",
                                "--max-restarts-without-progress",
-                               "--max_restarts_without_progress"};
+                               "--max_restarts_without_progress",
+                               "--status",
+                               "--json"};
   for (const char* own : kOwn) {
     if (name == own) return true;
   }
@@ -510,6 +513,7 @@ std::vector<FlagSpec> FlagSpecs(const CLI::App& app) {
     if (spec.names.empty()) continue;
     // switches expect 0 values
     spec.takes_value = opt->get_expected_max() != 0;
+    spec.optional_value = opt->get_expected_min() == 0 && spec.takes_value;
     spec.help = opt->get_description();
     spec.choices = Choices(
         opt->get_lnames().empty() ? "" : "--" + opt->get_lnames().front());
@@ -588,6 +592,14 @@ CliResult ParseCommandLine(int argc, const char* const* argv) {
   app.add_option("--print-completion,--print_completion", completion_shell,
                  "print the bash, zsh or tcsh completion script and exit")
       ->type_name("SHELL");
+  std::string status_target;
+  bool json = false;
+  app.add_option("--status", status_target,
+                 "show the jobs running on this host, or one job (run id, "
+                 "log folder or store host:port) across its nodes, and exit")
+      ->expected(0, 1)
+      ->type_name("[RUN]");
+  app.add_flag("--json", json, "with --status: JSON for machines");
   // argparse's rules first (argv_rules.h); CLI11 then sees only the flags.
   SplitArgv split = SplitAtProgram(
       std::vector<std::string>(argv + std::min(argc, 1), argv + argc),
@@ -606,11 +618,13 @@ CliResult ParseCommandLine(int argc, const char* const* argv) {
     result.exit_code = app.exit(e) == 0 ? 0 : 2;
     return result;
   }
-  // Handled before the program checks: printing a completion needs none.
+  // Handled before the program checks: a completion or a status needs none.
   if (!completion_shell.empty()) {
     result.exit_code = PrintCompletion(completion_shell, app);
-    return result;
+  } else if (app.get_option("--status")->count() > 0) {
+    result.exit_code = RunStatusCommand(status_target, json, c.environment);
   }
+  if (result.exit_code >= 0) return result;
   c.entrypoint = split.entrypoint;
   std::string error = Complete(app, raw, &c);
   if (!error.empty()) result.exit_code = UsageError(error);

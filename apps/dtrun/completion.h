@@ -12,6 +12,9 @@ struct FlagSpec {
   std::string help;                  // one line
   std::vector<std::string> choices;  // values to offer; empty: any (files)
   bool torchrun = true;  // torchrun has it too (false: dtrun's own flag)
+  // The value may be left out (`--status` alone): then the next word is
+  // not taken as its value when it starts with '-'.
+  bool optional_value = false;
 };
 
 // Completion scripts for `dtrun --print-completion bash|zsh|tcsh`, generated

@@ -5,6 +5,8 @@
 // host (c10d), which lingers at the end until every node read the result.
 #include "apps/dtrun/elastic_job.h"
 
+#include <unistd.h>
+
 #include <cstdlib>
 #include <thread>
 
@@ -12,6 +14,7 @@
 #include "apps/dtrun/error_report.h"
 #include "apps/dtrun/exit_code.h"
 #include "apps/dtrun/interactive_protocol.h"
+#include "apps/dtrun/job_status.h"
 #include "rendezvous/util/log.h"
 #include "rendezvous/util/os_util.h"
 #include "rendezvous/store_client.h"
@@ -232,6 +235,11 @@ int ElasticJob::Run() {
     return kExitUsage;
   }
   NotifyStoreReady();
+  Registration registered(
+      RegistryDir(config_.environment),
+      RegistryEntry{getpid(), config_.rdzv_id, group_.run_dir(),
+                    rdzv_client_->address(), true, os::UnixNow()});
+  group_.on_status = [this](const std::string& json) { PublishStatus(json); };
   rendezvous::RendezvousOptions ro = RendezvousOptionsOf(config_.rdzv_id);
   ro.open_watch = [opts = watch_opts_] {
     return rendezvous::TcpStoreClient::Connect(opts);
@@ -261,6 +269,7 @@ int ElasticJob::JoinRounds() {
                                 group_.stop_signal());
     }
     assignment_ = *joined;
+    joined_ = true;
     group_.set_assignment(assignment_);
     Status s = SetUpWorkerStore();
     if (!s.ok()) {
@@ -282,6 +291,23 @@ int ElasticJob::JoinRounds() {
       return end.exit_code;
     }
   }
+}
+
+// A SET a second per node (three on group rank 0): the store's load from
+// status stays flat however long the job runs. A failed SET only leaves the
+// previous record; the job does not depend on it.
+void ElasticJob::PublishStatus(const std::string& json) {
+  if (!joined_) return;
+  const std::string& run = config_.rdzv_id;
+  Status s =
+      rdzv_client_->Set(NodeStatusKey(run, assignment_.group_rank), json);
+  if (s.ok() && assignment_.group_rank == 0) {
+    s = rdzv_client_->Set(StatusRoundKey(run),
+                          std::to_string(assignment_.group_world_size));
+    if (s.ok()) s = rdzv_client_->Set(kLastRunKey, run);
+  }
+  if (!s.ok())
+    Logger("dtrun.rdzv")->debug("status not published: {}", s.message());
 }
 
 void ElasticJob::Linger() {

@@ -48,6 +48,10 @@ class ElasticJob : public Job {
   void WaitTurn(const RoundPolicy& policy, TimePoint* next_check);
   void Linger();
   void NotifyStoreReady();
+  // This node's status in the rendezvous store (NodeStatusKey), so that
+  // `dtrun --status` on any host sees every node; rank 0 also names the
+  // node count and the run.
+  void PublishStatus(const std::string& json);
 
   LaunchConfig config_;
   const Clock* clock_;
@@ -62,6 +66,7 @@ class ElasticJob : public Job {
   rendezvous::StoreClientOptions watch_opts_;  // Check's push connection
   std::unique_ptr<rendezvous::Rendezvous> rdzv_;
   rendezvous::Assignment assignment_;
+  bool joined_ = false;  // assignment_ is a round's (status is published)
   int64_t crashes_ = 0;
 };
 

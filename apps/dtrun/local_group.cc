@@ -183,6 +183,11 @@ int LocalGroup::PollTimeout(int timeout_ms) const {
       agent_.phase() == Phase::kRunning) {
     sooner(static_cast<int>(kDStateCheck.count()));
   }
+  if (agent_.phase() != Phase::kIdle && agent_.phase() != Phase::kFinished) {
+    auto left =
+        std::chrono::duration_cast<milliseconds>(next_status_ - clock_->Now());
+    sooner(static_cast<int>(std::max<int64_t>(0, left.count()) + 1));
+  }
   return timeout;
 }
 
@@ -273,6 +278,7 @@ void LocalGroup::OnChildExits() {
 // attempt: the Agent's deadlines, hung workers (--hang-timeout), workers
 // stuck in D state, and torch's FileTimer requests.
 void LocalGroup::OnTick() {
+  if (clock_->Now() >= next_status_) PublishStatus();
   if (outcome_ != Outcome::kRunning) return;
   Apply(agent_.OnTick(clock_->Now()));
   if (outcome_ != Outcome::kRunning) return;
@@ -490,6 +496,8 @@ void LocalGroup::StartWorkers(int restart_count) {
   }
   agent_.OnGroupStarted();
   hang_.Reset(config_.nproc_per_node, attempt_dir_, restart_count);
+  sampler_.Reset();
+  next_status_ = clock_->Now();  // the new pids at once
   log->info("attempt {}: started {} worker(s), pids {}", restart_count,
             config_.nproc_per_node, pid_list);
 }
@@ -523,6 +531,46 @@ void LocalGroup::PublishCrash(const WorkerExit& e, const std::string& how) {
     crash.stderr_tail = os::ReadTail(crash.stderr_file, 8);
   }
   on_worker_crash(crash);
+}
+
+// What /proc and the beat files say of each worker of the attempt.
+std::vector<WorkerObservation> LocalGroup::Observe() const {
+  std::vector<WorkerObservation> out;
+  for (const auto& [local_rank, pid] : pids_) {
+    WorkerObservation w;
+    w.local_rank = local_rank;
+    w.rank = assignment_.base_rank + local_rank;
+    w.pid = pid;
+    w.state = exit_time_.count(pid) ? "exited" : "running";
+    if (agent_.phase() == Phase::kStopping && !exit_time_.count(pid))
+      w.state = "stopping";
+    ObserveBeat(attempt_dir_ + "/" + std::to_string(local_rank) + "/heartbeat",
+                &w);
+    if (!exit_time_.count(pid)) ObserveProcess(pid, &w);
+    out.push_back(w);
+  }
+  return out;
+}
+
+// The status is written whole (a temporary file, then a rename), so a
+// reader never sees half of it.
+void LocalGroup::PublishStatus() {
+  next_status_ = clock_->Now() + kStatusEvery;
+  if (run_dir_.empty()) return;
+  const double now = os::UnixNow();
+  NodeFacts facts{attempt_.run_id,
+                  os::HostName(),
+                  assignment_.group_rank,
+                  assignment_.group_world_size,
+                  attempt_.restart_count,
+                  config_.max_restarts,
+                  started_at_};
+  std::string json =
+      NodeStatusJson(facts, sampler_.Sample(Observe(), now), now).dump();
+  std::string path = run_dir_ + "/status.json";
+  if (os::WriteFile(path + ".tmp", json).ok())
+    std::rename((path + ".tmp").c_str(), path.c_str());
+  if (on_status) on_status(json);
 }
 
 // --max-restarts-without-progress, when an attempt fails: progress is a

@@ -14,6 +14,7 @@
 #include "apps/dtrun/agent.h"
 #include "apps/dtrun/error_report.h"
 #include "apps/dtrun/hang_watch.h"
+#include "apps/dtrun/job_status.h"
 #include "apps/dtrun/launch_config.h"
 #include "apps/dtrun/signals.h"
 #include "apps/dtrun/timer_pipe.h"
@@ -71,6 +72,9 @@ class LocalGroup {
   std::function<void(int restart_count)> before_start;
   // Called when a worker fails while the group runs.
   std::function<void(const WorkerCrash&)> on_worker_crash;
+  // Called every second with this node's status (NodeStatusJson, dumped),
+  // after it was written to <run folder>/status.json.
+  std::function<void(const std::string& json)> on_status;
 
   // Single node: starts attempt 0; restarts follow failures by themselves.
   void Start();
@@ -128,6 +132,9 @@ class LocalGroup {
   Status PlanCpus();
   // --max-restarts-without-progress, when an attempt fails.
   void CheckProgress();
+  // Every second: this node's status to status.json and on_status.
+  void PublishStatus();
+  std::vector<WorkerObservation> Observe() const;
   int PollTimeout(int timeout_ms) const;
 
   LaunchConfig config_;
@@ -152,6 +159,9 @@ class LocalGroup {
   // --max-restarts-without-progress: the highest step beaten by any attempt,
   // the failed restarts in a row that beat none past it, and why the job
   // gave up ("" while it has not).
+  StatusSampler sampler_;
+  static constexpr std::chrono::milliseconds kStatusEvery{1000};
+  TimePoint next_status_{};
   int64_t highest_step_ = -1;
   int restarts_without_progress_ = 0;
   std::string no_progress_;

@@ -3,8 +3,11 @@
 // so workers keep MASTER_PORT across restarts as torchrun's do.
 #include "apps/dtrun/single_node_job.h"
 
+#include <unistd.h>
+
 #include "apps/dtrun/exit_code.h"
 #include "apps/dtrun/interactive_protocol.h"
+#include "apps/dtrun/job_status.h"
 #include "rendezvous/util/log.h"
 #include "rendezvous/util/os_util.h"
 #include "rendezvous/store_client.h"
@@ -62,6 +65,12 @@ int SingleNodeJob::Run() {
             config_.entrypoint[0], group_.run_dir());
   if (on_store_ready)
     on_store_ready(a.master_addr, a.master_port, group_.run_dir());
+  // `dtrun --status` finds the job here while it runs.
+  Registration registered(
+      RegistryDir(config_.environment),
+      RegistryEntry{getpid(), a.run_id, group_.run_dir(),
+                    a.master_addr + ":" + std::to_string(a.master_port), false,
+                    os::UnixNow()});
   group_.Start();
   while (group_.outcome() == GroupOutcome::kRunning) group_.PollOnce(-1);
   int rc = kExitSuccess;

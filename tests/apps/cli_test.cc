@@ -150,6 +150,23 @@ TEST(CliTest, RepeatedFlagsKeepTheLastValue) {
   EXPECT_EQ(a.config.nproc_per_node, 3);
 }
 
+// --status needs no program; its run is optional, so "--json" after it is
+// a flag, not the run.
+TEST(CliTest, StatusTakesAnOptionalRunAndNeedsNoProgram) {
+  ::testing::internal::CaptureStdout();
+  auto all = Parse({"--status", "--json"});
+  std::string out = ::testing::internal::GetCapturedStdout();
+  EXPECT_EQ(all.exit_code, 0);
+  EXPECT_NE(out.find("\"jobs\""), std::string::npos) << out;
+  ::testing::internal::CaptureStderr();
+  auto none = Parse({"--status", "no-such-run"});
+  std::string err = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(none.exit_code, 2);
+  EXPECT_NE(err.find("no dtrun job on this host matches 'no-such-run'"),
+            std::string::npos)
+      << err;
+}
+
 TEST(CliTest, UnambiguousPrefixesAreTheFlag) {
   auto a = Parse(
       {"--nnode=2", "--nproc=2", "--master-ad", "h1", "--node_r", "1", "true"});

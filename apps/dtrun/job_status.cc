@@ -1,0 +1,369 @@
+// Live status: the sampler (pure), the JSON and table formats (pure), the
+// host's job registry and `dtrun --status` (files, /proc, the store).
+#include "apps/dtrun/job_status.h"
+
+#include <dirent.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <sstream>
+
+#include "apps/dtrun/endpoint.h"
+#include "apps/dtrun/hang_monitor.h"
+#include "rendezvous/store_client.h"
+#include "rendezvous/util/os_util.h"
+
+namespace dtrun::agent {
+namespace {
+
+double Median(std::vector<double> v) {
+  if (v.empty()) return -1;
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// "12.3" for a value, "-" for none (negative).
+std::string Cell(double v, const char* format) {
+  if (v < 0) return "-";
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), format, v);
+  return buf;
+}
+
+std::string Pad(std::string text, size_t width) {
+  if (text.size() < width) text.append(width - text.size(), ' ');
+  return text;
+}
+
+// A folder without its trailing slashes, for comparing paths as given.
+std::string Folder(std::string path) {
+  while (path.size() > 1 && path.back() == '/') path.pop_back();
+  return path;
+}
+
+}  // namespace
+
+// Step time comes from the steps done between two observations (a second
+// apart), not from single beats: a beat per step of 10 ms would need the
+// agent to read every one of them.
+std::vector<WorkerStatus> StatusSampler::Sample(
+    const std::vector<WorkerObservation>& seen, double now_unix) {
+  std::vector<WorkerStatus> out;
+  for (const WorkerObservation& w : seen) {
+    WorkerStatus s;
+    s.seen = w;
+    if (w.beat_unix > 0) s.beat_age_s = std::max(0.0, now_unix - w.beat_unix);
+    History& h = history_[w.local_rank];
+    if (h.pid == w.pid && h.seen_unix > 0) {
+      double wall = now_unix - h.seen_unix;
+      if (wall > 0) s.cpu_pct = 100 * (w.cpu_seconds - h.cpu_seconds) / wall;
+      if (w.step > h.step && h.step >= 0 && w.beat_unix > h.beat_unix) {
+        h.step_times.push_back((w.beat_unix - h.beat_unix) /
+                               static_cast<double>(w.step - h.step));
+        if (h.step_times.size() > window_)
+          h.step_times.erase(h.step_times.begin());
+      }
+    } else {
+      h = History{};  // a new worker in this slot
+    }
+    if (w.step > h.step || h.step < 0) {
+      h.step = w.step;
+      h.beat_unix = w.beat_unix;
+    }
+    h.pid = w.pid;
+    h.cpu_seconds = w.cpu_seconds;
+    h.seen_unix = now_unix;
+    if (!h.step_times.empty()) s.step_time_last_s = h.step_times.back();
+    s.step_time_median_s = Median(h.step_times);
+    out.push_back(s);
+  }
+  return out;
+}
+
+// Field names are the interface of `dtrun --status --json`: keep them. A
+// value that is not known yet is -1 (a step before the first beat, a step
+// time before two observations with steps between them).
+nlohmann::json NodeStatusJson(const NodeFacts& f,
+                              const std::vector<WorkerStatus>& workers,
+                              double now_unix) {
+  nlohmann::json ranks = nlohmann::json::array();
+  for (const WorkerStatus& w : workers) {
+    ranks.push_back({{"rank", w.seen.rank},
+                     {"local_rank", w.seen.local_rank},
+                     {"pid", w.seen.pid},
+                     {"state", w.seen.state},
+                     {"step", w.seen.step},
+                     {"beat_age_s", w.beat_age_s},
+                     {"step_time_last_s", w.step_time_last_s},
+                     {"step_time_median_s", w.step_time_median_s},
+                     {"rss_mb", w.seen.rss_mb},
+                     {"cpu_pct", w.cpu_pct}});
+  }
+  return {{"run_id", f.run_id},
+          {"host", f.host},
+          {"group_rank", f.group_rank},
+          {"group_world_size", f.group_world_size},
+          {"attempt", f.attempt},
+          {"restarts", f.attempt},
+          {"max_restarts", f.max_restarts},
+          {"started_unix", f.started_unix},
+          {"updated_unix", now_unix},
+          {"ranks", ranks}};
+}
+
+// Reads the records leniently (value() with defaults): a node of another
+// dtrun version may lack a field, and the table should still print.
+std::string FormatJobStatus(const std::vector<nlohmann::json>& nodes) {
+  std::string out;
+  for (const nlohmann::json& n : nodes) {
+    out += "node " + std::to_string(n.value("group_rank", 0)) + " of " +
+           std::to_string(n.value("group_world_size", 1)) + " on " +
+           n.value("host", std::string("?")) + ": attempt " +
+           std::to_string(n.value("attempt", 0)) + ", " +
+           std::to_string(n.value("restarts", 0)) + " restart(s)\n";
+    out +=
+        "  rank  pid      state                  step      beat  "
+        "step(last/median)  rss_mb  cpu%\n";
+    for (const nlohmann::json& r : n.value("ranks", nlohmann::json::array())) {
+      out += "  " + Pad(std::to_string(r.value("rank", 0)), 6) +
+             Pad(std::to_string(r.value("pid", 0)), 9) +
+             Pad(r.value("state", std::string()), 23) +
+             Pad(r.value("step", int64_t{-1}) < 0
+                     ? "-"
+                     : std::to_string(r.value("step", int64_t{-1})),
+                 10) +
+             Pad(Cell(r.value("beat_age_s", -1.0), "%.1fs"), 6) +
+             Pad(Cell(r.value("step_time_last_s", -1.0), "%.4f") + "/" +
+                     Cell(r.value("step_time_median_s", -1.0), "%.4f"),
+                 19) +
+             Pad(Cell(r.value("rss_mb", -1.0), "%.0f"), 8) +
+             Cell(r.value("cpu_pct", -1.0), "%.0f") + "\n";
+    }
+  }
+  return out;
+}
+
+void ObserveBeat(const std::string& beat_file, WorkerObservation* w) {
+  struct stat st {};
+  if (stat(beat_file.c_str(), &st) != 0 || st.st_size == 0) return;
+  int64_t step = ParseBeatStep(os::ReadFileOrEmpty(beat_file));
+  if (step >= 0) w->step = step;
+  w->beat_unix = st.st_mtim.tv_sec + st.st_mtim.tv_nsec * 1e-9;
+}
+
+// /proc/<pid>/stat's fields 14 and 15 (utime, stime, in clock ticks) come
+// after the command name, which may hold spaces: counted from its ')'.
+void ObserveProcess(int pid, WorkerObservation* w) {
+  const std::string proc = "/proc/" + std::to_string(pid);
+  std::string stat = os::ReadFileOrEmpty(proc + "/stat");
+  size_t close = stat.rfind(')');
+  if (close != std::string::npos) {
+    std::istringstream in(stat.substr(close + 2));
+    std::string field;
+    double utime = 0, stime = 0;
+    for (int i = 3; i <= 15 && in >> field; ++i) {
+      if (i == 14) utime = std::atof(field.c_str());
+      if (i == 15) stime = std::atof(field.c_str());
+    }
+    w->cpu_seconds =
+        (utime + stime) / static_cast<double>(sysconf(_SC_CLK_TCK));
+  }
+  std::istringstream statm(os::ReadFileOrEmpty(proc + "/statm"));
+  double size = 0, resident = 0;
+  if (statm >> size >> resident)
+    w->rss_mb =
+        resident * static_cast<double>(sysconf(_SC_PAGESIZE)) / (1 << 20);
+}
+
+// Per user, so that one user's jobs are not listed (or removed) by another;
+// the runtime folder is the systemd session's, /tmp the fallback.
+std::string RegistryDir(const std::map<std::string, std::string>& env) {
+  auto runtime = env.find("XDG_RUNTIME_DIR");
+  if (runtime != env.end() && !runtime->second.empty())
+    return runtime->second + "/dtrun";
+  return "/tmp/dtrun-" + std::to_string(getuid());
+}
+
+nlohmann::json RegistryJson(const RegistryEntry& e) {
+  return {{"pid", e.pid},         {"run_id", e.run_id},
+          {"run_dir", e.run_dir}, {"store", e.store},
+          {"elastic", e.elastic}, {"started_unix", e.started_unix}};
+}
+
+std::vector<RegistryEntry> ReadRegistry(const std::string& dir) {
+  std::vector<RegistryEntry> out;
+  DIR* d = opendir(dir.c_str());
+  if (!d) return out;
+  while (dirent* f = readdir(d)) {
+    std::string name = f->d_name;
+    if (name.size() < 6 || name.substr(name.size() - 5) != ".json") continue;
+    auto j = nlohmann::json::parse(os::ReadFileOrEmpty(dir + "/" + name),
+                                   nullptr, false);
+    if (!j.is_object()) continue;
+    RegistryEntry e;
+    e.pid = j.value("pid", 0);
+    // A job whose dtrun is gone (killed with -9) left its file behind.
+    if (e.pid <= 0 || (kill(e.pid, 0) != 0 && errno == ESRCH)) continue;
+    e.run_id = j.value("run_id", std::string());
+    e.run_dir = j.value("run_dir", std::string());
+    e.store = j.value("store", std::string());
+    e.elastic = j.value("elastic", false);
+    e.started_unix = j.value("started_unix", 0.0);
+    out.push_back(e);
+  }
+  closedir(d);
+  std::sort(out.begin(), out.end(),
+            [](const auto& a, const auto& b) { return a.pid < b.pid; });
+  return out;
+}
+
+std::string FormatJobList(const std::vector<RegistryEntry>& jobs,
+                          double now_unix) {
+  if (jobs.empty()) return "no dtrun job runs on this host\n";
+  std::string out =
+      "pid      run id                  running  store"
+      "                  log folder\n";
+  for (const RegistryEntry& e : jobs) {
+    out += Pad(std::to_string(e.pid), 9) + Pad(e.run_id, 24) +
+           Pad(Cell(now_unix - e.started_unix, "%.0fs"), 9) +
+           Pad(e.store.empty() ? "-" : e.store, 23) + e.run_dir + "\n";
+  }
+  return out;
+}
+
+// Written whole (a temporary name, then a rename), so a concurrent
+// `dtrun --status` never reads half an entry.
+Registration::Registration(const std::string& dir, const RegistryEntry& e) {
+  if (!os::MakeDirs(dir).ok()) return;  // status is best effort
+  path_ = dir + "/" + std::to_string(e.pid) + ".json";
+  std::string tmp = path_ + ".tmp";
+  if (os::WriteFile(tmp, RegistryJson(e).dump()).ok())
+    std::rename(tmp.c_str(), path_.c_str());
+}
+
+Registration::~Registration() {
+  if (!path_.empty()) ::unlink(path_.c_str());
+}
+
+std::string NodeStatusKey(const std::string& run_id, int group_rank) {
+  return "dtrun/status/" + run_id + "/node/" + std::to_string(group_rank);
+}
+
+std::string StatusRoundKey(const std::string& run_id) {
+  return "dtrun/status/" + run_id + "/nodes";
+}
+
+namespace {
+
+// The job `target` names among this host's: its run id, its run folder or
+// the log folder above it, or its store's address.
+const RegistryEntry* Match(const std::vector<RegistryEntry>& jobs,
+                           const std::string& target) {
+  const std::string folder = Folder(target);
+  for (const RegistryEntry& e : jobs) {
+    std::string parent = e.run_dir.substr(0, e.run_dir.rfind('/'));
+    if (e.run_id == target || e.run_dir == folder || parent == folder ||
+        (!e.store.empty() && e.store == target))
+      return &e;
+  }
+  return nullptr;
+}
+
+// Every node's record, from the store at `address` (several nodes). An
+// empty `run_id` means the run that published there last.
+Result<std::vector<nlohmann::json>> NodesFromStore(const std::string& address,
+                                                   std::string run_id) {
+  auto endpoint = ParseEndpoint(address);
+  if (!endpoint || endpoint->empty() || !endpoint->port)
+    return Status::Invalid("'" + address + "' is not host:port");
+  rendezvous::StoreClientOptions o;
+  o.host = endpoint->host;
+  o.port = *endpoint->port;
+  o.timeout = std::chrono::seconds(5);
+  o.connect_timeout = std::chrono::seconds(5);
+  auto store = rendezvous::TcpStoreClient::Connect(o);
+  if (!store.ok()) return store.status();
+  if (run_id.empty()) {
+    auto last = (*store)->Get(kLastRunKey);
+    if (!last.ok())
+      return Status::Invalid("no dtrun job published its status at " + address);
+    run_id = *last;
+  }
+  auto nodes = (*store)->Get(StatusRoundKey(run_id));
+  if (!nodes.ok()) return nodes.status();
+  std::vector<std::string> keys;
+  for (int g = 0; g < std::atoi(nodes->c_str()); ++g)
+    keys.push_back(NodeStatusKey(run_id, g));
+  auto records = (*store)->MultiGet(keys);
+  if (!records.ok()) return records.status();
+  std::vector<nlohmann::json> out;
+  for (const std::string& r : *records) {
+    auto j = nlohmann::json::parse(r, nullptr, false);
+    if (j.is_object()) out.push_back(j);
+  }
+  return out;
+}
+
+// One node's record, from its run folder.
+Result<std::vector<nlohmann::json>> NodesFromFolder(const std::string& dir) {
+  auto j = nlohmann::json::parse(os::ReadFileOrEmpty(dir + "/status.json"),
+                                 nullptr, false);
+  if (!j.is_object())
+    return Status::Unavailable(dir + "/status.json holds no status yet");
+  return std::vector<nlohmann::json>{j};
+}
+
+// The job as a table, or as {"nodes": [...]} for machines.
+int PrintJob(const std::vector<nlohmann::json>& nodes, bool json) {
+  if (json) {
+    std::printf("%s\n", nlohmann::json{{"nodes", nodes}}.dump(2).c_str());
+  } else {
+    std::fputs(FormatJobStatus(nodes).c_str(), stdout);
+  }
+  return 0;
+}
+
+}  // namespace
+
+// A job of this host is read where it keeps its status: a single node's
+// folder, or the rendezvous store every node of an elastic job publishes
+// to. A host:port that matches no job here is another host's store.
+int RunStatusCommand(const std::string& target, bool json,
+                     const std::map<std::string, std::string>& env) {
+  std::vector<RegistryEntry> jobs = ReadRegistry(RegistryDir(env));
+  if (target.empty()) {
+    if (!json) {
+      std::fputs(FormatJobList(jobs, os::UnixNow()).c_str(), stdout);
+      return 0;
+    }
+    nlohmann::json list = nlohmann::json::array();
+    for (const RegistryEntry& e : jobs) list.push_back(RegistryJson(e));
+    std::printf("%s\n", nlohmann::json{{"jobs", list}}.dump(2).c_str());
+    return 0;
+  }
+  const RegistryEntry* job = Match(jobs, target);
+  Result<std::vector<nlohmann::json>> nodes =
+      Status::Invalid("no dtrun job on this host matches '" + target + "'");
+  if (job && job->elastic) {
+    nodes = NodesFromStore(job->store, job->run_id);
+  } else if (job) {
+    nodes = NodesFromFolder(job->run_dir);
+  } else if (target.find(':') != std::string::npos) {
+    nodes = NodesFromStore(target, "");  // another host's job
+  }
+  if (!nodes.ok()) {
+    std::fprintf(stderr,
+                 "dtrun --status: %s; give a run id, a log folder or a "
+                 "store's host:port (dtrun --status lists this host's jobs)\n",
+                 nodes.status().message().c_str());
+    return 2;
+  }
+  return PrintJob(*nodes, json);
+}
+
+}  // namespace dtrun::agent

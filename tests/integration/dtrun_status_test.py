@@ -1,0 +1,140 @@
+"""dtrun --status against live jobs: the jobs on this host, one job by its
+run id, its log folder or its store, on one node and on two loopback nodes;
+the status' steps move while the job runs."""
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+
+p = argparse.ArgumentParser()
+p.add_argument("--dtrun", required=True)
+p.add_argument("--python", default="/usr/bin/python3")
+ARGS, REST = p.parse_known_args()
+HERE = os.path.dirname(os.path.abspath(__file__))
+WORKER = os.path.join(HERE, "hang_worker.py")
+FAST = "keep_alive_interval=0.2,keep_alive_max_attempt=5,last_call_timeout=0.5,join_timeout=30"
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class StatusTest(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory()
+        # A registry of this test's own, so other jobs on the host do not show.
+        self.env = dict(os.environ, XDG_RUNTIME_DIR=self.tmp.name)
+        self.procs = []
+
+    def tearDown(self):
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    proc.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+        self.tmp.cleanup()
+
+    def launch(self, *flags):
+        # Beats are on with --hang-timeout; the workers beat every 50 ms.
+        cmd = [ARGS.dtrun, "--python", ARGS.python, "--hang-timeout=60", *flags,
+               WORKER, "wedge", "100000", "99", "99"]
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                text=True, env=self.env)
+        self.procs.append(proc)
+        return proc
+
+    def status(self, *args):
+        p = subprocess.run([ARGS.dtrun, "--status", *args], capture_output=True, text=True,
+                           env=self.env, timeout=30)
+        return p.returncode, p.stdout, p.stderr
+
+    def wait_for(self, what, check, timeout=60):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            got = check()
+            if got:
+                return got
+            time.sleep(0.2)
+        self.fail(f"no {what} within {timeout} s")
+
+    def job_json(self, target):
+        rc, out, err = self.status(target, "--json")
+        if rc != 0:
+            return None
+        nodes = json.loads(out)["nodes"]
+        ranks = [r for n in nodes for r in n["ranks"]]
+        return nodes if ranks and all(r["step"] >= 0 for r in ranks) else None
+
+    def test_one_node_by_run_id_log_folder_and_in_the_list(self):
+        logs = os.path.join(self.tmp.name, "logs")
+        proc = self.launch("--nproc-per-node=2", "--rdzv-id=statusjob", "--log-dir", logs)
+        nodes = self.wait_for("status with steps", lambda: self.job_json("statusjob"))
+        self.assertEqual(len(nodes), 1)
+        ranks = nodes[0]["ranks"]
+        self.assertEqual(sorted(r["rank"] for r in ranks), [0, 1])
+        for r in ranks:
+            self.assertEqual(r["state"], "running")
+            self.assertGreater(r["pid"], 0)
+            self.assertGreater(r["rss_mb"], 1)
+            self.assertLess(r["beat_age_s"], 5)
+        first = {r["rank"]: r["step"] for r in ranks}
+        moved = self.wait_for("moving steps", lambda: (
+            lambda n: n and all(r["step"] > first[r["rank"]] and r["step_time_median_s"] > 0
+                                for r in n[0]["ranks"]) and n)(self.job_json(logs)))
+        for r in moved[0]["ranks"]:  # hang_worker sleeps 50 ms a step
+            self.assertGreater(r["step_time_median_s"], 0.04)
+            self.assertLess(r["step_time_median_s"], 1.0)
+        rc, out, _ = self.status()
+        self.assertEqual(rc, 0)
+        self.assertIn("statusjob", out)
+        self.assertIn(str(proc.pid), out)
+        rc, out, _ = self.status("statusjob")
+        self.assertEqual(rc, 0)
+        self.assertIn("node 0 of 1", out)
+        self.assertIn("running", out)
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+        rc, out, _ = self.status()
+        self.assertNotIn("statusjob", out)  # its entry went with it
+
+    def test_two_nodes_through_the_rendezvous_store(self):
+        port = free_port()
+        for addr in ("127.0.0.2", "127.0.0.3"):
+            self.launch("--nnodes=2", "--nproc-per-node=2", "--rdzv-backend=c10d",
+                        f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=twonodes",
+                        f"--rdzv-conf={FAST}", f"--local-addr={addr}",
+                        "--log-dir", os.path.join(self.tmp.name, addr))
+        def four_ranks(target):
+            nodes = self.job_json(target)
+            return nodes if nodes and len(nodes) == 2 else None
+        for target in (f"127.0.0.1:{port}", "twonodes"):
+            nodes = self.wait_for(f"both nodes through {target}", lambda: four_ranks(target))
+            ranks = sorted(r["rank"] for n in nodes for r in n["ranks"])
+            self.assertEqual(ranks, [0, 1, 2, 3])
+            self.assertEqual(sorted(n["group_rank"] for n in nodes), [0, 1])
+        rc, out, _ = self.status(f"127.0.0.1:{port}")
+        self.assertEqual(rc, 0)
+        self.assertIn("node 0 of 2", out)
+        self.assertIn("node 1 of 2", out)
+
+    def test_a_run_that_is_not_there_exits_2_saying_so(self):
+        rc, _, err = self.status("nosuchrun")
+        self.assertEqual(rc, 2)
+        self.assertIn("no dtrun job on this host matches 'nosuchrun'", err)
+        rc, out, _ = self.status()
+        self.assertEqual((rc, out), (0, "no dtrun job runs on this host\n"))
+
+
+if __name__ == "__main__":
+    unittest.main(argv=[sys.argv[0]] + REST)
