@@ -141,6 +141,9 @@ std::string TcpStoreClient::K(const std::string& key) const {
   return opts_.c10d_key_prefix ? "/" + key : key;
 }
 
+// Connects to the first address that answers, retrying refused or
+// unreachable ones with exponential backoff and jitter until the deadline,
+// then shakes hands in the dialect asked for.
 Status TcpStoreClient::Open() {
   auto started = Clock::now();
   // The first connection may wait for the store to come up; a reconnect
@@ -222,6 +225,8 @@ Status TcpStoreClient::Handshake(Deadline deadline) {
   return Status::Ok();
 }
 
+// A connection that failed mid-request cannot be trusted to be at a frame
+// boundary: it is closed, and the next call reconnects.
 Status TcpStoreClient::Fail(Status s) {
   if (fd_ >= 0) ::close(fd_);
   fd_ = -1;
@@ -348,6 +353,8 @@ Status TcpStoreClient::WaitLocked(const std::vector<std::string>& keys, Op op,
   return timed_out;
 }
 
+// One request and its reply (none, a fixed size, or length-prefixed),
+// bounded by the client's timeout; errors name `what` and the time waited.
 Status TcpStoreClient::Call(const Request& req, const std::string& what,
                             int reply_size, std::string* reply) {
   auto started = Clock::now();
@@ -489,6 +496,8 @@ Result<int64_t> TcpStoreClient::NumKeys() {
 
 namespace dtrun::rendezvous {
 
+// One MULTI_GET frame in the 2.x dialect; 1.13's servers have none, so
+// there it is Store's key-by-key default.
 Result<std::vector<std::string>> TcpStoreClient::MultiGet(
     const std::vector<std::string>& keys) {
   if (opts_.dialect != Dialect::kTorch2) return Store::MultiGet(keys);
@@ -574,6 +583,8 @@ Status TcpStoreClient::ParsePushed(const std::string& what) {
   return Status::Ok();
 }
 
+// Registers a watch and waits for its acknowledgement; pushes that arrive
+// meanwhile are kept for TakeChanges, in order.
 Status TcpStoreClient::WatchKey(const std::string& key) {
   std::string what = "watch key '" + key + "'";
   if (opts_.dialect != Dialect::kTorch113) {

@@ -12,6 +12,7 @@
 
 #include "apps/dtrun/endpoint.h"
 #include "apps/dtrun/error_report.h"
+#include "apps/dtrun/events.h"
 #include "apps/dtrun/exit_code.h"
 #include "apps/dtrun/interactive_protocol.h"
 #include "apps/dtrun/job_status.h"
@@ -257,8 +258,10 @@ int ElasticJob::Run() {
 int ElasticJob::JoinRounds() {
   auto log = Logger("dtrun.rdzv");
   for (;;) {
+    RecordRdzv("next_rendezvous", "INIT", "joining the next round");
     auto joined = rdzv_->Join([this] { return group_.Interrupted(); });
     if (!joined.ok()) {
+      RecordRdzv("next_rendezvous", "FAILED", joined.status().message());
       if (joined.status().code() == Status::Code::kCanceled) {
         log->warn("stopped by {} while waiting for the rendezvous",
                   SignalName(group_.stop_signal()));
@@ -271,6 +274,11 @@ int ElasticJob::JoinRounds() {
     assignment_ = *joined;
     joined_ = true;
     group_.set_assignment(assignment_);
+    RecordRdzv("next_rendezvous", "RUNNING",
+               "round " + std::to_string(assignment_.round) +
+                   " complete: group rank " +
+                   std::to_string(assignment_.group_rank) + " of " +
+                   std::to_string(assignment_.group_world_size));
     Status s = SetUpWorkerStore();
     if (!s.ok()) {
       log->error("round {}: cannot set up the workers' store: {}",
@@ -287,6 +295,9 @@ int ElasticJob::JoinRounds() {
         group_.attempt().master_port);
     RoundEnd end = FollowRound();
     if (!end.rejoin) {
+      RecordRdzv(
+          "shutdown", end.exit_code == kExitSuccess ? "SUCCEEDED" : "FAILED",
+          "the job ended with exit code " + std::to_string(end.exit_code));
       Linger();
       return end.exit_code;
     }
@@ -296,6 +307,23 @@ int ElasticJob::JoinRounds() {
 // A SET a second per node (three on group rank 0): the store's load from
 // status stays flat however long the job runs. A failed SET only leaves the
 // previous record; the job does not depend on it.
+void ElasticJob::RecordRdzv(const std::string& name,
+                            const std::string& node_state,
+                            const std::string& message) {
+  if (config_.event_log_handler == "null") return;
+  RdzvRecord r;
+  r.name = name;
+  r.run_id = config_.rdzv_id;
+  r.message = message;
+  r.hostname = os::HostName();
+  r.pid = getpid();
+  r.node_state = node_state;
+  r.master_endpoint = rdzv_client_ ? rdzv_client_->address() : "";
+  r.rank = joined_ ? assignment_.group_rank : -1;
+  if (node_state == "FAILED") r.error_trace = message;
+  WriteEvent(config_.event_log_handler, RdzvEventJson(r));
+}
+
 void ElasticJob::PublishStatus(const std::string& json) {
   if (!joined_) return;
   const std::string& run = config_.rdzv_id;
@@ -382,6 +410,9 @@ std::optional<ElasticJob::RoundEnd> ElasticJob::Carry(const RoundStep& step,
         log->warn("round {} failed here; {} of {} restart(s) used",
                   assignment_.round, *failures, config_.max_restarts);
       }
+      RecordRdzv("report_failure", "FAILED",
+                 "round " + std::to_string(assignment_.round) +
+                     ": the workers failed here");
       return Carry(policy->OnFailureReported(goes_on), policy, next_check);
     }
     case RoundStep::Kind::kStopWorkers:

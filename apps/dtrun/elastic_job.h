@@ -52,6 +52,9 @@ class ElasticJob : public Job {
   // `dtrun --status` on any host sees every node; rank 0 also names the
   // node count and the run.
   void PublishStatus(const std::string& json);
+  // --event-log-handler: a rendezvous event in torch's RdzvEvent schema.
+  void RecordRdzv(const std::string& name, const std::string& node_state,
+                  const std::string& message);
 
   LaunchConfig config_;
   const Clock* clock_;

@@ -42,6 +42,38 @@ std::string EventJson(const ElasticEvent& e) {
   return j.dump();
 }
 
+std::string RdzvEventJson(const RdzvRecord& r) {
+  auto or_null = [](int v) {
+    return v < 0 ? nlohmann::json() : nlohmann::json(v);
+  };
+  return nlohmann::json{{"name", r.name},
+                        {"run_id", r.run_id},
+                        {"message", r.message},
+                        {"hostname", r.hostname},
+                        {"pid", r.pid},
+                        {"node_state", r.node_state},
+                        {"master_endpoint", r.master_endpoint},
+                        {"rank", or_null(r.rank)},
+                        {"local_id", nlohmann::json()},
+                        {"error_trace", r.error_trace}}
+      .dump();
+}
+
+// Shaped as torch's events (name, source, timestamp, metadata) so one
+// reader takes both; the name says it is dtrun's.
+std::string AttemptJson(const AttemptRecord& a) {
+  nlohmann::json md = {{"run_id", a.run_id},   {"hostname", a.hostname},
+                       {"attempt", a.attempt}, {"group_rank", a.group_rank},
+                       {"nodes", a.nodes},     {"ranks", a.ranks},
+                       {"start", a.start},     {"end", a.end},
+                       {"cause", a.cause}};
+  return nlohmann::json{{"name", "dtrun.attempt"},
+                        {"source", "AGENT"},
+                        {"timestamp", static_cast<int64_t>(a.end)},
+                        {"metadata", md}}
+      .dump();
+}
+
 void WriteEvent(const std::string& handler, const std::string& line) {
   if (handler == "console") {
     WriteAll(2, line + "\n");

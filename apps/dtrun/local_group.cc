@@ -370,6 +370,7 @@ void LocalGroup::Apply(const std::vector<Action>& actions) {
         break;
       case Action::Kind::kGroupStopped:
         outcome_ = Outcome::kStopped;
+        RecordAttempt("new round");
         break;
     }
   }
@@ -382,6 +383,8 @@ void LocalGroup::OnFinished(const Action& finish) {
   outcome_ = finish.signo    ? Outcome::kSignaled
              : finish.failed ? Outcome::kFailed
                              : Outcome::kSucceeded;
+  RecordAttempt(finish.signo ? "stopped by " + SignalName(finish.signo)
+                             : AttemptCause());
   if (elastic_) return;  // the rendezvous decides what happens next
   auto log = Logger("dtrun.agent");
   if (finish.signo) {
@@ -476,7 +479,9 @@ void LocalGroup::StartWorkers(int restart_count) {
     log->warn("restarting the worker group: attempt {} of {}",
               restart_count + 1, config_.max_restarts + 1);
   }
+  if (restart_count > 0 && !elastic_) RecordAttempt(AttemptCause());
   attempt_.restart_count = restart_count;
+  attempt_started_ = os::UnixNow();
   attempt_dir_ = run_dir_ + "/attempt_" + std::to_string(restart_count);
   attempt_.error_file_dir = attempt_dir_;
   timer_.Open(run_dir_);
@@ -642,6 +647,37 @@ int LocalGroup::ReportFailure() {
     return kExitNoProgress;
   }
   return ExitCodeFor(root);
+}
+
+// Why the attempt that just ended did: its first failure, a hang, an
+// unhealthy worker, no progress, or success.
+std::string LocalGroup::AttemptCause() const {
+  if (agent_.gave_up()) return "no progress: " + no_progress_;
+  if (agent_.unhealthy()) return "unhealthy: " + d_report_;
+  if (agent_.hung()) return "hung (no heartbeat within --hang-timeout)";
+  if (agent_.failures().empty()) return "succeeded";
+  const WorkerExit& e = agent_.failures().front();
+  return "failed: rank " +
+         std::to_string(assignment_.base_rank + e.local_rank) + " " +
+         (e.signal ? SignalName(e.signal)
+                   : "exit code " + std::to_string(e.exit_code));
+}
+
+// --event-log-handler: dtrun's record of the attempt that just ended.
+void LocalGroup::RecordAttempt(const std::string& cause) {
+  if (config_.event_log_handler == "null" || attempt_started_ == 0) return;
+  AttemptRecord a;
+  a.run_id = attempt_.run_id;
+  a.hostname = os::HostName();
+  a.attempt = attempt_.restart_count;
+  a.group_rank = assignment_.group_rank;
+  a.nodes = assignment_.group_world_size;
+  a.ranks = assignment_.world_size;
+  a.start = attempt_started_;
+  a.end = os::UnixNow();
+  a.cause = cause;
+  WriteEvent(config_.event_log_handler, AttemptJson(a));
+  attempt_started_ = 0;  // recorded once
 }
 
 // --event-log-handler: one event per worker and one for the agent, in the

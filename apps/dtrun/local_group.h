@@ -132,6 +132,9 @@ class LocalGroup {
   Status PlanCpus();
   // --max-restarts-without-progress, when an attempt fails.
   void CheckProgress();
+  // --event-log-handler: the attempt that ended, and why.
+  void RecordAttempt(const std::string& cause);
+  std::string AttemptCause() const;
   // Every second: this node's status to status.json and on_status.
   void PublishStatus();
   std::vector<WorkerObservation> Observe() const;
@@ -150,7 +153,8 @@ class LocalGroup {
   rendezvous::Assignment assignment_;
   std::string run_dir_;
   bool run_dir_is_temp_ = false;
-  double started_at_ = 0;  // unix seconds, at Prepare
+  double started_at_ = 0;       // unix seconds, at Prepare
+  double attempt_started_ = 0;  // unix seconds; 0 once recorded
   static constexpr std::chrono::milliseconds kDStateCheck{1000};
   TimePoint next_d_check_{};
   std::map<int, TimePoint> d_since_;  // pid -> first seen in D state

@@ -265,14 +265,20 @@ class Launcher(unittest.TestCase):
         self.assertEqual(rc, 4, err)
         with open(path) as f:
             events = [json.loads(l) for l in f]
-        names = sorted(e["name"] for e in events)
+        names = sorted(e["name"] for e in events if e["name"].startswith("torchelastic."))
         self.assertEqual(names, ["torchelastic.worker.status.FAILED"] * 2 +
                          ["torchelastic.worker.status.TERMINATED"])
+        # dtrun's own record of the one attempt: where, how big, why it ended.
+        (attempt,) = [e["metadata"] for e in events if e["name"] == "dtrun.attempt"]
+        self.assertEqual((attempt["run_id"], attempt["attempt"], attempt["ranks"]), ("ev1", 0, 2))
+        self.assertEqual(attempt["cause"], "failed: rank 1 exit code 4")
+        self.assertLessEqual(attempt["start"], attempt["end"])
         worker = [e for e in events if e["metadata"].get("global_rank") == 1][0]
         self.assertEqual(worker["source"], "WORKER")
         self.assertEqual(worker["metadata"]["run_id"], "ev1")
         self.assertEqual(worker["metadata"]["raw_error"], "exit code 4")
-        agent = [e for e in events if e["source"] == "AGENT"][0]
+        agent = [e for e in events if e["source"] == "AGENT"
+                 and e["name"].startswith("torchelastic.")][0]
         self.assertIsNone(agent["metadata"]["global_rank"])
         rc, out, err = self.run_dtrun(["--event-log-handler", "./plain.jsonl", ARGS.fake_worker])
         self.assertEqual(rc, 0, err)
@@ -280,6 +286,36 @@ class Launcher(unittest.TestCase):
             self.assertIn('"source":"AGENT"', f.read())
         rc, out, err = self.run_dtrun(["--event-log-handler=console", ARGS.fake_worker])
         self.assertIn('"name":"torchelastic.worker.status.SUCCEEDED"', err)
+
+    def test_event_log_records_every_attempt_and_the_rendezvous(self):
+        path = os.path.join(self.dir, "rounds.jsonl")
+        marks = os.path.join(self.dir, "marks")
+        os.makedirs(marks)
+        port = free_port()
+        rc, out, err = self.run_dtrun(
+            ["--nnodes=1", "--nproc-per-node=2", "--rdzv-backend=c10d",
+             f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=ev2", "--max-restarts=1",
+             f"--event-log-handler=file:{path}", ARGS.fake_worker,
+             "--only-rank", "1", "--fail-once", marks])
+        self.assertEqual(rc, 0, err)
+        with open(path) as f:
+            events = [json.loads(l) for l in f]
+        attempts = [e["metadata"] for e in events if e["name"] == "dtrun.attempt"]
+        self.assertEqual([(a["attempt"], a["cause"]) for a in attempts],
+                         [(0, "failed: rank 1 exit code 3"), (1, "succeeded")])
+        rdzv = [e for e in events if "node_state" in e]
+        self.assertEqual([(e["name"], e["node_state"]) for e in rdzv],
+                         [("next_rendezvous", "INIT"), ("next_rendezvous", "RUNNING"),
+                          ("report_failure", "FAILED"),
+                          ("next_rendezvous", "INIT"), ("next_rendezvous", "RUNNING"),
+                          ("shutdown", "SUCCEEDED")])
+        for e in rdzv:  # torch's RdzvEvent fields, all of them
+            self.assertEqual(set(e), {"name", "run_id", "message", "hostname", "pid",
+                                      "node_state", "master_endpoint", "rank", "local_id",
+                                      "error_trace"})
+            self.assertEqual(e["run_id"], "ev2")
+        self.assertEqual(rdzv[1]["rank"], 0)
+        self.assertIn("round 1 complete", rdzv[4]["message"])
 
     # --- entrypoints and placement -------------------------------------------
 
