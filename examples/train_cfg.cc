@@ -35,7 +35,9 @@ const std::map<std::string, std::set<std::string>> kKeys = {
      {"batch_size", "steps", "accumulate", "eval_every", "log_every", "seed",
       "stop_after_step", "drop_last"}},
     {"checkpoint", {"dir", "every", "keep", "format"}},
-    {"fault", {"kill_rank", "kill_at_step", "hang_rank", "hang_at_step"}},
+    {"fault",
+     {"kill_rank", "kill_at_step", "hang_rank", "hang_at_step", "slow_rank",
+      "slow_factor"}},
     {"metrics", {"path"}},
 };
 
@@ -161,6 +163,8 @@ TrainConfig ToConfig(const toml::table& t) {
   Read(t, "fault", "kill_at_step", &c.kill_at_step);
   Read(t, "fault", "hang_rank", &c.hang_rank);
   Read(t, "fault", "hang_at_step", &c.hang_at_step);
+  Read(t, "fault", "slow_rank", &c.slow_rank);
+  Read(t, "fault", "slow_factor", &c.slow_factor);
   Read(t, "metrics", "path", &c.metrics_path);
   return c;
 }

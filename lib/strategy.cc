@@ -33,7 +33,7 @@ class DdpStrategy : public Strategy {
   void Backward(const torch::Tensor& loss, bool last) override {
     if (last) {
       loss.backward();
-      ddp_.SyncGradients();
+      TimedSync([this] { ddp_.SyncGradients(); });
     } else {
       DistributedDataParallel::NoSync no_sync(ddp_);
       loss.backward();
@@ -108,7 +108,7 @@ class FsdpStrategy : public Strategy {
   void Backward(const torch::Tensor& loss, bool) override {
     loss.backward();
     // every micro-batch's gradients accumulate in the shards
-    fsdp_.SyncGradients();
+    TimedSync([this] { fsdp_.SyncGradients(); });
   }
   std::vector<torch::Tensor> OptimizerParams() override {
     return fsdp_.ShardParameters();

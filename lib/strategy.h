@@ -6,6 +6,7 @@
 
 #include <torch/torch.h>
 
+#include <chrono>
 #include <memory>
 #include <vector>
 
@@ -41,6 +42,28 @@ class Strategy {
                           int64_t step) = 0;
   virtual void Restore(const TensorMap& parts,
                        torch::optim::Optimizer& opt) = 0;
+
+  // Seconds spent waiting for gradient collectives (SyncGradients) since
+  // the last call: the loop subtracts them to time its own compute.
+  double TakeCollectiveSeconds() {
+    double s = collective_s_;
+    collective_s_ = 0;
+    return s;
+  }
+
+ protected:
+  // Runs `sync` (a gradient collective's wait) and counts its time.
+  template <typename F>
+  void TimedSync(F&& sync) {
+    auto start = std::chrono::steady_clock::now();
+    sync();
+    collective_s_ +=
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+            .count();
+  }
+
+ private:
+  double collective_s_ = 0;
 };
 
 // The strategy the config names, around `model` (already on its device),

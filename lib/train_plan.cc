@@ -92,6 +92,7 @@ std::string ValidateConfig(const TrainConfig& c) {
     return "train.batch_size, train.steps and train.accumulate must be >= 1";
   }
   if (c.dropout < 0 || c.dropout >= 1) return "model.dropout must be in [0, 1)";
+  if (c.slow_factor < 1) return "fault.slow_factor must be >= 1";
   if (c.checkpoint_every < 1 || c.keep_checkpoints < 1) {
     return "checkpoint.every and checkpoint.keep must be >= 1";
   }

@@ -11,6 +11,7 @@
 #include <fstream>
 #include <map>
 #include <sstream>
+#include <thread>
 
 #include "lib/checkpoint.h"
 #include "lib/checkpoint_payload.h"
@@ -199,6 +200,7 @@ class Trainer {
   std::unique_ptr<CheckpointDir> ckpt_;  // null without checkpoint_dir
   std::ofstream metrics_;                // rank 0, with metrics_path
   double loss_ = 0;                      // the last step's, averaged over ranks
+  double compute_s_ = 0;  // the last step's time outside collectives
   // Throughput since the last progress line.
   std::chrono::steady_clock::time_point window_start_;
   int64_t window_samples_ = 0;
@@ -243,7 +245,7 @@ int Trainer::Run() {
     if (actions.log) Log(done, LearningRate(c_, step));
     if (actions.eval && Evaluates()) Eval(done);
     InjectFaults(actions, done);
-    heartbeat.Beat(done);
+    heartbeat.Beat(done, compute_s_);
     if (actions.stop) {
       if (rank_ == 0) std::printf("stopped after step %lld\n", (long long)done);
       return 0;
@@ -297,7 +299,12 @@ void Trainer::RestoreRng(const StepFile& file) {
 
 // One optimizer step over `accumulate` micro-batches; the loss averaged
 // over the ranks (collective).
+// Also times the step's compute outside collectives (for the beat, which
+// dtrun scores for stragglers): the step's time less the gradient
+// collectives' waits, before the loss's all-reduce.
 double Trainer::Step(int64_t step) {
+  const auto start = std::chrono::steady_clock::now();
+  strategy_->TakeCollectiveSeconds();
   SetLearningRate(*opt_, LearningRate(c_, step));
   opt_->zero_grad();
   double step_loss = 0;
@@ -305,6 +312,15 @@ double Trainer::Step(int64_t step) {
     step_loss += MicroBatch(step * c_.accumulate + m, m + 1 == c_.accumulate);
   }
   opt_->step();
+  compute_s_ =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+          .count() -
+      strategy_->TakeCollectiveSeconds();
+  if (rank_ == c_.slow_rank && c_.slow_factor > 1) {  // [fault] slow_rank
+    std::this_thread::sleep_for(
+        std::chrono::duration<double>(compute_s_ * (c_.slow_factor - 1)));
+    compute_s_ *= c_.slow_factor;
+  }
   return AllMean(dist_->pg(), step_loss, device_);
 }
 

@@ -82,6 +82,10 @@ struct TrainConfig {
   // `hang_at_step`, on the first attempt only.
   int hang_rank = -1;
   int64_t hang_at_step = -1;
+  // rank `slow_rank`'s compute (outside collectives) takes `slow_factor`
+  // times as long, every step: a straggler for tests. 1: off.
+  int slow_rank = -1;
+  double slow_factor = 1.0;
   std::string metrics_path;  // JSON lines; empty: none
 };
 

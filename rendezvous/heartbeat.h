@@ -36,6 +36,16 @@ class Heartbeat {
         std::snprintf(buf, sizeof(buf), "%lld\n", static_cast<long long>(step));
     (void)!::pwrite(fd_, buf, static_cast<size_t>(n), 0);
   }
+  // The same with the seconds this step spent outside collectives (its own
+  // compute: a slow rank shows here, where the step time, evened out by
+  // the collectives, hides it): "<step> <seconds>\n".
+  void Beat(int64_t step, double compute_seconds) {
+    if (fd_ < 0) return;
+    char buf[48];
+    int n = std::snprintf(buf, sizeof(buf), "%lld %.6f\n",
+                          static_cast<long long>(step), compute_seconds);
+    (void)!::pwrite(fd_, buf, static_cast<size_t>(n), 0);
+  }
   // The loop is over: dtrun stops watching (teardown may take a while).
   void Done() {
     if (fd_ >= 0) (void)!::pwrite(fd_, "done\n", 5, 0);

@@ -77,11 +77,11 @@ HangWatch::HangWatch(const LaunchConfig& config, const Clock* clock,
 
 void HangWatch::AddEnv(int local_rank, const std::string& attempt_dir,
                        EnvMap* env) const {
-  if (!beats()) return;
   std::string path = RankDir(attempt_dir, local_rank) + "/heartbeat";
   ::unlink(path.c_str());  // a beat of the last attempt must not count
   (*env)[rendezvous::Heartbeat::kEnv] = path;
-  if (!env->count("PYTHONFAULTHANDLER")) (*env)["PYTHONFAULTHANDLER"] = "1";
+  if (enabled() && !env->count("PYTHONFAULTHANDLER"))
+    (*env)["PYTHONFAULTHANDLER"] = "1";
 }
 
 void HangWatch::Reset(int nproc, const std::string& attempt_dir,

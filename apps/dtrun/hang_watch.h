@@ -25,13 +25,10 @@ class HangWatch {
             WorkerGroup* workers);
 
   bool enabled() const { return config_.hang_timeout.count() > 0; }
-  // Whether workers get a heartbeat file: to find hangs, or to measure
-  // progress across restarts (--max-restarts-without-progress).
-  bool beats() const {
-    return enabled() || config_.max_restarts_without_progress > 0;
-  }
-  // A worker's heartbeat file (DTRUN_HEARTBEAT_FILE) and Python's fault
-  // handler, so its stack can be had with SIGABRT.
+  // A worker's heartbeat file (DTRUN_HEARTBEAT_FILE), always: its beats
+  // feed the live status, the straggler scores and the progress check.
+  // With --hang-timeout also Python's fault handler, so its stack can be
+  // had with SIGABRT.
   void AddEnv(int local_rank, const std::string& attempt_dir,
               EnvMap* env) const;
   // A new attempt's group started: every rank silent from now.

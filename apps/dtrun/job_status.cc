@@ -35,6 +35,12 @@ std::string Cell(double v, const char* format) {
   return buf;
 }
 
+// A straggler score, marked when it is under nvidia-resiliency-ext's 0.75.
+std::string Score(double score) {
+  if (score < 0) return "-";
+  return Cell(score, "%.2f") + (score < 0.75 ? " STRAGGLER" : "");
+}
+
 std::string Pad(std::string text, size_t width) {
   if (text.size() < width) text.append(width - text.size(), ' ');
   return text;
@@ -116,6 +122,30 @@ nlohmann::json NodeStatusJson(const NodeFacts& f,
           {"ranks", ranks}};
 }
 
+void AddScores(const std::vector<RankScore>& scores, nlohmann::json* node) {
+  for (nlohmann::json& r : (*node)["ranks"]) {
+    r["compute_median_s"] = -1.0;
+    r["straggler_score"] = -1.0;
+    for (const RankScore& s : scores) {
+      if (s.rank != r.value("rank", -1)) continue;
+      r["compute_median_s"] = s.median_s;
+      r["straggler_score"] = s.score;
+    }
+  }
+}
+
+// Medians come from each node's own window; the fastest of the whole job
+// sets every rank's score, so a slow node shows against the others.
+void ScoreJob(std::vector<nlohmann::json>* nodes) {
+  std::map<int, double> medians;
+  for (const nlohmann::json& n : *nodes) {
+    for (const nlohmann::json& r : n.value("ranks", nlohmann::json::array()))
+      medians[r.value("rank", 0)] = r.value("compute_median_s", -1.0);
+  }
+  std::vector<RankScore> scores = ScoreMedians(medians);
+  for (nlohmann::json& n : *nodes) AddScores(scores, &n);
+}
+
 // Reads the records leniently (value() with defaults): a node of another
 // dtrun version may lack a field, and the table should still print.
 std::string FormatJobStatus(const std::vector<nlohmann::json>& nodes) {
@@ -128,7 +158,7 @@ std::string FormatJobStatus(const std::vector<nlohmann::json>& nodes) {
            std::to_string(n.value("restarts", 0)) + " restart(s)\n";
     out +=
         "  rank  pid      state                  step      beat  "
-        "step(last/median)  rss_mb  cpu%\n";
+        "step(last/median)  rss_mb  cpu%  score\n";
     for (const nlohmann::json& r : n.value("ranks", nlohmann::json::array())) {
       out += "  " + Pad(std::to_string(r.value("rank", 0)), 6) +
              Pad(std::to_string(r.value("pid", 0)), 9) +
@@ -142,7 +172,8 @@ std::string FormatJobStatus(const std::vector<nlohmann::json>& nodes) {
                      Cell(r.value("step_time_median_s", -1.0), "%.4f"),
                  19) +
              Pad(Cell(r.value("rss_mb", -1.0), "%.0f"), 8) +
-             Cell(r.value("cpu_pct", -1.0), "%.0f") + "\n";
+             Pad(Cell(r.value("cpu_pct", -1.0), "%.0f"), 6) +
+             Score(r.value("straggler_score", -1.0)) + "\n";
     }
   }
   return out;
@@ -356,6 +387,7 @@ int RunStatusCommand(const std::string& target, bool json,
   } else if (target.find(':') != std::string::npos) {
     nodes = NodesFromStore(target, "");  // another host's job
   }
+  if (nodes.ok()) ScoreJob(&*nodes);
   if (!nodes.ok()) {
     std::fprintf(stderr,
                  "dtrun --status: %s; give a run id, a log folder or a "

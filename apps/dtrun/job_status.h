@@ -14,6 +14,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "apps/dtrun/straggler.h"
 #include "rendezvous/util/clock.h"
 #include "rendezvous/util/status.h"
 
@@ -83,6 +84,13 @@ struct NodeFacts {
 nlohmann::json NodeStatusJson(const NodeFacts& facts,
                               const std::vector<WorkerStatus>& workers,
                               double now_unix);
+
+// Each rank's compute median and straggler score into a node's record
+// ("compute_median_s", "straggler_score"; -1 when not known). Pure.
+void AddScores(const std::vector<RankScore>& scores, nlohmann::json* node);
+// Scores every rank of a job from its nodes' records (the medians they
+// carry) and writes them back: the job-wide view `--status` shows.
+void ScoreJob(std::vector<nlohmann::json>* nodes);
 
 // The table `dtrun --status RUN` prints for a job: one line per worker of
 // every node in `nodes` (NodeStatusJson records). Pure.

@@ -7,6 +7,7 @@
 #include <poll.h>
 #include <sched.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -183,11 +184,13 @@ int LocalGroup::PollTimeout(int timeout_ms) const {
       agent_.phase() == Phase::kRunning) {
     sooner(static_cast<int>(kDStateCheck.count()));
   }
-  if (agent_.phase() != Phase::kIdle && agent_.phase() != Phase::kFinished) {
-    auto left =
-        std::chrono::duration_cast<milliseconds>(next_status_ - clock_->Now());
-    sooner(static_cast<int>(std::max<int64_t>(0, left.count()) + 1));
-  }
+  auto until = [this](TimePoint t) {
+    auto left = std::chrono::duration_cast<milliseconds>(t - clock_->Now());
+    return static_cast<int>(std::max<int64_t>(0, left.count()) + 1);
+  };
+  if (agent_.phase() != Phase::kIdle && agent_.phase() != Phase::kFinished)
+    sooner(until(next_status_));
+  if (agent_.phase() == Phase::kRunning) sooner(until(next_beat_read_));
   return timeout;
 }
 
@@ -278,6 +281,8 @@ void LocalGroup::OnChildExits() {
 // attempt: the Agent's deadlines, hung workers (--hang-timeout), workers
 // stuck in D state, and torch's FileTimer requests.
 void LocalGroup::OnTick() {
+  if (agent_.phase() == Phase::kRunning && clock_->Now() >= next_beat_read_)
+    ReadComputeBeats();
   if (clock_->Now() >= next_status_) PublishStatus();
   if (outcome_ != Outcome::kRunning) return;
   Apply(agent_.OnTick(clock_->Now()));
@@ -503,6 +508,9 @@ void LocalGroup::StartWorkers(int restart_count) {
   hang_.Reset(config_.nproc_per_node, attempt_dir_, restart_count);
   sampler_.Reset();
   next_status_ = clock_->Now();  // the new pids at once
+  stragglers_.Reset();
+  beat_mtime_ns_.clear();
+  straggler_named_ = -1;
   log->info("attempt {}: started {} worker(s), pids {}", restart_count,
             config_.nproc_per_node, pid_list);
 }
@@ -557,6 +565,41 @@ std::vector<WorkerObservation> LocalGroup::Observe() const {
   return out;
 }
 
+// A beat is read only when its file changed (its mtime), so a step is
+// scored once however often this runs; the scores need no collective.
+void LocalGroup::ReadComputeBeats() {
+  // Often enough to see most steps of a fast loop from its first: a stat
+  // per worker 100 times a second, some microseconds of dtrun's time.
+  next_beat_read_ = clock_->Now() + kBeatReadEvery;
+  bool fresh = false;
+  for (const auto& [local_rank, pid] : pids_) {
+    std::string path =
+        attempt_dir_ + "/" + std::to_string(local_rank) + "/heartbeat";
+    struct stat st {};
+    if (stat(path.c_str(), &st) != 0 || st.st_size == 0) continue;
+    int64_t mtime =
+        int64_t(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
+    auto seen = beat_mtime_ns_.find(local_rank);
+    if (seen != beat_mtime_ns_.end() && seen->second == mtime) continue;
+    beat_mtime_ns_[local_rank] = mtime;
+    std::string text = os::ReadFileOrEmpty(path);
+    stragglers_.OnBeat(assignment_.base_rank + local_rank, ParseBeatStep(text),
+                       ParseBeatCompute(text));
+    fresh = true;
+  }
+  if (!fresh) return;
+  auto straggler = stragglers_.Check();
+  if (!straggler || straggler->rank == straggler_named_) return;
+  straggler_named_ = straggler->rank;
+  double fastest = straggler->median_s * straggler->score;
+  Logger("dtrun.agent")
+      ->warn(
+          "straggler: rank {} computes {:.4f} s a step outside collectives, "
+          "the fastest rank {:.4f} s (score {:.2f}, under {:.2f})",
+          straggler->rank, straggler->median_s, fastest, straggler->score,
+          stragglers_.threshold());
+}
+
 // The status is written whole (a temporary file, then a rename), so a
 // reader never sees half of it.
 void LocalGroup::PublishStatus() {
@@ -570,8 +613,10 @@ void LocalGroup::PublishStatus() {
                   attempt_.restart_count,
                   config_.max_restarts,
                   started_at_};
-  std::string json =
-      NodeStatusJson(facts, sampler_.Sample(Observe(), now), now).dump();
+  nlohmann::json node =
+      NodeStatusJson(facts, sampler_.Sample(Observe(), now), now);
+  AddScores(stragglers_.Scores(), &node);
+  std::string json = node.dump();
   std::string path = run_dir_ + "/status.json";
   if (os::WriteFile(path + ".tmp", json).ok())
     std::rename((path + ".tmp").c_str(), path.c_str());

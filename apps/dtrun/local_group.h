@@ -15,6 +15,7 @@
 #include "apps/dtrun/error_report.h"
 #include "apps/dtrun/hang_watch.h"
 #include "apps/dtrun/job_status.h"
+#include "apps/dtrun/straggler.h"
 #include "apps/dtrun/launch_config.h"
 #include "apps/dtrun/signals.h"
 #include "apps/dtrun/timer_pipe.h"
@@ -135,6 +136,9 @@ class LocalGroup {
   // --event-log-handler: the attempt that ended, and why.
   void RecordAttempt(const std::string& cause);
   std::string AttemptCause() const;
+  // Every 10 ms while the group runs: new beats' compute times into the
+  // straggler scores; a new straggler is logged.
+  void ReadComputeBeats();
   // Every second: this node's status to status.json and on_status.
   void PublishStatus();
   std::vector<WorkerObservation> Observe() const;
@@ -164,6 +168,11 @@ class LocalGroup {
   // the failed restarts in a row that beat none past it, and why the job
   // gave up ("" while it has not).
   StatusSampler sampler_;
+  StragglerScorer stragglers_;
+  static constexpr std::chrono::milliseconds kBeatReadEvery{10};
+  TimePoint next_beat_read_{};
+  std::map<int, int64_t> beat_mtime_ns_;  // local rank -> last beat read
+  int straggler_named_ = -1;              // rank last logged as straggler
   static constexpr std::chrono::milliseconds kStatusEvery{1000};
   TimePoint next_status_{};
   int64_t highest_step_ = -1;

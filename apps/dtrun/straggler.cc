@@ -1,0 +1,88 @@
+#include "apps/dtrun/straggler.h"
+
+#include <algorithm>
+#include <cstdlib>
+
+namespace dtrun::agent {
+namespace {
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+}  // namespace
+
+void StragglerScorer::OnBeat(int rank, int64_t step, double compute_s) {
+  Samples& s = samples_[rank];
+  if (compute_s < 0 || step <= s.last_step || step <= warmup_) return;
+  s.last_step = step;
+  s.compute_s.push_back(compute_s);
+  if (s.compute_s.size() > window_) s.compute_s.pop_front();
+}
+
+std::vector<RankScore> StragglerScorer::Scores() const {
+  std::map<int, double> medians;
+  for (const auto& [rank, s] : samples_) {
+    medians[rank] = s.compute_s.size() < min_samples_
+                        ? -1
+                        : Median(std::vector<double>(s.compute_s.begin(),
+                                                     s.compute_s.end()));
+  }
+  return ScoreMedians(medians);
+}
+
+std::optional<RankScore> StragglerScorer::Straggler() const {
+  std::optional<RankScore> worst;
+  for (const RankScore& r : Scores()) {
+    if (r.score >= 0 && r.score < threshold_ &&
+        (!worst || r.score < worst->score))
+      worst = r;
+  }
+  return worst;
+}
+
+std::optional<RankScore> StragglerScorer::Check() {
+  auto now = Straggler();
+  if (!now) {
+    streak_rank_ = -1;
+    streak_ = 0;
+    return std::nullopt;
+  }
+  streak_ = now->rank == streak_rank_ ? streak_ + 1 : 1;
+  streak_rank_ = now->rank;
+  if (streak_ < confirm_) return std::nullopt;
+  return now;
+}
+
+// No rank is scored until every rank has a median: with one rank missing,
+// the fastest could be the one not yet seen.
+std::vector<RankScore> ScoreMedians(const std::map<int, double>& medians) {
+  double fastest = -1;
+  bool all = !medians.empty();
+  for (const auto& [rank, m] : medians) {
+    if (m < 0) all = false;
+    if (m > 0 && (fastest < 0 || m < fastest)) fastest = m;
+  }
+  std::vector<RankScore> out;
+  for (const auto& [rank, m] : medians) {
+    RankScore r;
+    r.rank = rank;
+    r.median_s = m;
+    if (all && fastest > 0 && m > 0) r.score = fastest / m;
+    out.push_back(r);
+  }
+  return out;
+}
+
+double ParseBeatCompute(const std::string& text) {
+  size_t space = text.find(' ');
+  size_t end = text.find('\n');
+  if (space == std::string::npos || (end != std::string::npos && space > end))
+    return -1;
+  char* stop = nullptr;
+  double v = std::strtod(text.c_str() + space + 1, &stop);
+  return stop == text.c_str() + space + 1 || v < 0 ? -1 : v;
+}
+
+}  // namespace dtrun::agent

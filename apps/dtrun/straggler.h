@@ -1,0 +1,84 @@
+#pragma once
+
+// Straggler scores from the workers' beats: each beat carries the seconds
+// its step spent outside collectives (its own compute). A rank's score is
+// the fastest rank's median compute over its own, over a window of recent
+// steps; one under the threshold is a straggler (nvidia-resiliency-ext's
+// rule and threshold). Scored here, in the launcher, from data the workers
+// send anyway: no collective is added, so sub-groups cannot deadlock on it.
+
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace dtrun::agent {
+
+// One rank's place in the scores.
+struct RankScore {
+  int rank = 0;
+  double median_s = -1;  // median compute seconds per step; -1: too few
+  double score = -1;     // fastest median / own median; -1: not scored
+};
+
+class StragglerScorer {
+ public:
+  // `window`: the steps kept per rank; `min_samples`: needed per rank
+  // before any rank is scored; `threshold`: a score under it is a straggler;
+  // `warmup`: the first steps, slower on every rank (allocations, caches),
+  // are not scored; `confirm`: Check() names a straggler only once it is
+  // the same rank this many times in a row.
+  explicit StragglerScorer(size_t window = 20, size_t min_samples = 8,
+                           double threshold = 0.75, int64_t warmup = 3,
+                           int confirm = 10)
+      : window_(window),
+        min_samples_(min_samples),
+        threshold_(threshold),
+        warmup_(warmup),
+        confirm_(confirm) {}
+
+  // Rank `rank` beat `step` having computed `compute_s` in it. A beat of a
+  // step already seen, of a warm-up step, or without a compute time (< 0)
+  // is ignored.
+  void OnBeat(int rank, int64_t step, double compute_s);
+  // Forgets every rank (a new attempt).
+  void Reset() {
+    samples_.clear();
+    streak_rank_ = -1;
+    streak_ = 0;
+  }
+  // Call after new beats: the straggler once Straggler() has named the
+  // same rank `confirm` times in a row (one noisy window names nobody).
+  std::optional<RankScore> Check();
+  // Every rank seen, in rank order; scores only once every rank has
+  // min_samples.
+  std::vector<RankScore> Scores() const;
+  // The rank with the lowest score under the threshold, if any.
+  std::optional<RankScore> Straggler() const;
+  double threshold() const { return threshold_; }
+
+ private:
+  struct Samples {
+    int64_t last_step = -1;
+    std::deque<double> compute_s;
+  };
+  size_t window_, min_samples_;
+  double threshold_;
+  int64_t warmup_;
+  int confirm_;
+  std::map<int, Samples> samples_;
+  int streak_rank_ = -1;
+  int streak_ = 0;
+};
+
+// Scores from medians already known (each node's status record carries its
+// ranks' medians): `medians` by rank, -1 for too few. Pure.
+std::vector<RankScore> ScoreMedians(const std::map<int, double>& medians);
+
+// The compute seconds a beat's text carries after its step ("170 0.0123"),
+// -1 when it carries none.
+double ParseBeatCompute(const std::string& text);
+
+}  // namespace dtrun::agent
