@@ -28,6 +28,8 @@ Status TakeScalar(TensorMap* tensors, const char* key, int64_t* out) {
 
 }  // namespace
 
+// libtorch's serialize archive (a zip file), the format its own save and
+// load use: tensors of any dtype and device, no format of ours to keep.
 std::string EncodeTensors(const TensorMap& tensors) {
   torch::serialize::OutputArchive archive;
   for (const auto& [key, t] : tensors) archive.write(key, t);
@@ -36,6 +38,8 @@ std::string EncodeTensors(const TensorMap& tensors) {
   return out.str();
 }
 
+// The SHA-256 of the file already held, so bytes that are not an archive
+// here mean a file written by something else: an error, not an exception.
 Result<TensorMap> DecodeTensors(const std::string& payload) {
   std::istringstream in(payload);
   torch::serialize::InputArchive archive;
@@ -54,6 +58,7 @@ Result<TensorMap> DecodeTensors(const std::string& payload) {
   return out;
 }
 
+// A copy: the tensor owns its bytes, whatever becomes of `bytes`.
 torch::Tensor BytesTensor(const std::string& bytes) {
   auto t = torch::empty({static_cast<int64_t>(bytes.size())}, torch::kUInt8);
   std::memcpy(t.data_ptr(), bytes.data(), bytes.size());
@@ -66,6 +71,7 @@ std::string TensorBytes(const torch::Tensor& t) {
                      static_cast<size_t>(c.numel() * c.element_size()));
 }
 
+// The keys lib/README.md's "Checkpoint format" table lists.
 TensorMap StepFile::ToTensors() const {
   TensorMap out = parts;
   out[kStep] = torch::tensor(step);
@@ -74,6 +80,8 @@ TensorMap StepFile::ToTensors() const {
   return out;
 }
 
+// What is not the trainer's (step, world size, generators) is the
+// strategy's: it checks its own parts in Complete().
 Result<StepFile> StepFile::FromTensors(TensorMap tensors) {
   StepFile f;
   Status s = TakeScalar(&tensors, kStep, &f.step);

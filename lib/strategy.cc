@@ -197,6 +197,8 @@ class FsdpStrategy : public Strategy {
 
 }  // namespace
 
+// The one place that picks a concrete strategy: the trainer sees only the
+// interface.
 std::unique_ptr<Strategy> MakeStrategy(
     std::shared_ptr<torch::nn::SequentialImpl> model, ProcessGroup* pg,
     const TrainConfig& c) {

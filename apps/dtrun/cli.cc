@@ -494,7 +494,8 @@ bool IsDtrunOnly(const std::string& name) {
                                "--max-restarts-without-progress",
                                "--max_restarts_without_progress",
                                "--status",
-                               "--json"};
+                               "--json",
+                               "--stacks"};
   for (const char* own : kOwn) {
     if (name == own) return true;
   }
@@ -569,6 +570,45 @@ std::string Complete(CLI::App& app, RawFlags raw, LaunchConfig* c) {
   return error;
 }
 
+// The flags that ask something and exit instead of running a job: a
+// completion script, the jobs' status, a job's stacks.
+struct Queries {
+  std::string completion_shell;
+  std::string status_target;
+  bool json = false;
+  std::string stacks_target;
+};
+
+void AddQueryFlags(CLI::App& app, Queries* q) {
+  app.set_version_flag("--version", VersionText("dtrun"),
+                       "print dtrun's version and git commit");
+  app.add_option("--print-completion,--print_completion", q->completion_shell,
+                 "print the bash, zsh or tcsh completion script and exit")
+      ->type_name("SHELL");
+  app.add_option("--status", q->status_target,
+                 "show the jobs running on this host, or one job (run id, "
+                 "log folder or store host:port) across its nodes, and exit")
+      ->expected(0, 1)
+      ->type_name("[RUN]");
+  app.add_flag("--json", q->json, "with --status: JSON for machines");
+  app.add_option("--stacks", q->stacks_target,
+                 "print every rank's stack of a running job (run id, log "
+                 "folder or store host:port), which goes on, and exit")
+      ->type_name("RUN");
+}
+
+// Answers the query given, if any: its exit code, or -1 to go on. Before
+// the program checks: none of them needs a program.
+int AnswerQuery(CLI::App& app, const Queries& q, const LaunchConfig& c) {
+  if (!q.completion_shell.empty())
+    return PrintCompletion(q.completion_shell, app);
+  if (app.get_option("--status")->count() > 0)
+    return RunStatusCommand(q.status_target, q.json, c.environment);
+  if (!q.stacks_target.empty())
+    return RunStacksCommand(q.stacks_target, c.environment);
+  return -1;
+}
+
 }  // namespace
 
 CliResult ParseCommandLine(int argc, const char* const* argv) {
@@ -585,21 +625,9 @@ CliResult ParseCommandLine(int argc, const char* const* argv) {
       "host the store, restart failed groups."};
   app.formatter(std::make_shared<UsageFormatter>());
   RawFlags raw;
-  std::string completion_shell;
+  Queries queries;
   AddFlags(app, c, raw);
-  app.set_version_flag("--version", VersionText("dtrun"),
-                       "print dtrun's version and git commit");
-  app.add_option("--print-completion,--print_completion", completion_shell,
-                 "print the bash, zsh or tcsh completion script and exit")
-      ->type_name("SHELL");
-  std::string status_target;
-  bool json = false;
-  app.add_option("--status", status_target,
-                 "show the jobs running on this host, or one job (run id, "
-                 "log folder or store host:port) across its nodes, and exit")
-      ->expected(0, 1)
-      ->type_name("[RUN]");
-  app.add_flag("--json", json, "with --status: JSON for machines");
+  AddQueryFlags(app, &queries);
   // argparse's rules first (argv_rules.h); CLI11 then sees only the flags.
   SplitArgv split = SplitAtProgram(
       std::vector<std::string>(argv + std::min(argc, 1), argv + argc),
@@ -618,12 +646,7 @@ CliResult ParseCommandLine(int argc, const char* const* argv) {
     result.exit_code = app.exit(e) == 0 ? 0 : 2;
     return result;
   }
-  // Handled before the program checks: a completion or a status needs none.
-  if (!completion_shell.empty()) {
-    result.exit_code = PrintCompletion(completion_shell, app);
-  } else if (app.get_option("--status")->count() > 0) {
-    result.exit_code = RunStatusCommand(status_target, json, c.environment);
-  }
+  result.exit_code = AnswerQuery(app, queries, c);
   if (result.exit_code >= 0) return result;
   c.entrypoint = split.entrypoint;
   std::string error = Complete(app, raw, &c);

@@ -334,8 +334,25 @@ void ElasticJob::PublishStatus(const std::string& json) {
                           std::to_string(assignment_.group_world_size));
     if (s.ok()) s = rdzv_client_->Set(kLastRunKey, run);
   }
+  if (s.ok()) s = ServeStackRequest();
   if (!s.ok())
     Logger("dtrun.rdzv")->debug("status not published: {}", s.message());
+}
+
+// `dtrun --stacks` through the store: a request is the counter moving on;
+// this node answers it under its group rank. Requests made before this
+// node first looked are not answered.
+Status ElasticJob::ServeStackRequest() {
+  const std::string& run = config_.rdzv_id;
+  auto n = rdzv_client_->Add(StackRequestKey(run), 0);
+  if (!n.ok()) return n.status();
+  if (stacks_served_ < 0 || *n <= stacks_served_) {
+    stacks_served_ = *n;
+    return Status::Ok();
+  }
+  stacks_served_ = *n;
+  return rdzv_client_->Set(StackAnswerKey(run, *n, assignment_.group_rank),
+                           group_.StacksJson());
 }
 
 void ElasticJob::Linger() {

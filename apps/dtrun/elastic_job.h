@@ -52,6 +52,7 @@ class ElasticJob : public Job {
   // `dtrun --status` on any host sees every node; rank 0 also names the
   // node count and the run.
   void PublishStatus(const std::string& json);
+  Status ServeStackRequest();
   // --event-log-handler: a rendezvous event in torch's RdzvEvent schema.
   void RecordRdzv(const std::string& name, const std::string& node_state,
                   const std::string& message);
@@ -70,6 +71,7 @@ class ElasticJob : public Job {
   std::unique_ptr<rendezvous::Rendezvous> rdzv_;
   rendezvous::Assignment assignment_;
   bool joined_ = false;  // assignment_ is a round's (status is published)
+  int64_t stacks_served_ = -1;  // the last `dtrun --stacks` request answered
   int64_t crashes_ = 0;
 };
 

@@ -74,6 +74,8 @@ std::string AttemptJson(const AttemptRecord& a) {
       .dump();
 }
 
+// A file handler opens, appends and closes per event: events are rare
+// (a few per attempt), and O_APPEND keeps several dtruns' lines whole.
 void WriteEvent(const std::string& handler, const std::string& line) {
   if (handler == "console") {
     WriteAll(2, line + "\n");

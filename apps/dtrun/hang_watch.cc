@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <thread>
 
 #include "apps/dtrun/log_mux.h"
 #include "rendezvous/heartbeat.h"
@@ -59,6 +60,25 @@ std::vector<std::string> StackTool(int pid) {
   return {};
 }
 
+// The signal dtrun's stack handler answers: a real-time one, which no
+// library uses by default.
+int StackSignal() { return SIGRTMIN + 3; }
+
+// Reads what a worker's handler printed after `from`, once it has stopped
+// growing (the dump is written in pieces), within `limit`.
+std::string ReadDump(const std::string& path, size_t from, milliseconds limit) {
+  auto until = std::chrono::steady_clock::now() + limit;
+  std::string last;
+  while (std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(milliseconds(50));
+    std::string text = os::ReadFileOrEmpty(path);
+    std::string dump = text.size() > from ? text.substr(from) : "";
+    if (!dump.empty() && dump == last) return dump;
+    last = dump;
+  }
+  return last;
+}
+
 }  // namespace
 
 bool PythonWorkers(const LaunchConfig& config) {
@@ -80,6 +100,10 @@ void HangWatch::AddEnv(int local_rank, const std::string& attempt_dir,
   std::string path = RankDir(attempt_dir, local_rank) + "/heartbeat";
   ::unlink(path.c_str());  // a beat of the last attempt must not count
   (*env)[rendezvous::Heartbeat::kEnv] = path;
+  std::string stacks = RankDir(attempt_dir, local_rank) + "/live_stack.txt";
+  ::unlink(stacks.c_str());
+  (*env)["DTRUN_STACK_FILE"] = stacks;
+  (*env)["DTRUN_STACK_SIGNAL"] = std::to_string(StackSignal());
   if (enabled() && !env->count("PYTHONFAULTHANDLER"))
     (*env)["PYTHONFAULTHANDLER"] = "1";
 }
@@ -228,6 +252,39 @@ void HangWatch::ClassifyStacks() {
   MarkWaiting(&silences);
   for (size_t i = 0; i < stacks_.size(); ++i)
     stacks_[i].silence.hung = silences[i].hung;
+}
+
+std::map<int, std::string> HangWatch::LiveStacks(const std::map<int, int>& pids,
+                                                 int base_rank) {
+  std::map<int, std::string> out;
+  std::map<int, std::pair<std::string, size_t>> python;  // rank -> file, from
+  std::vector<ToolRun> tools;
+  std::map<int, std::string> tool_files;
+  for (const auto& [local_rank, pid] : pids) {
+    const int rank = base_rank + local_rank;
+    std::string file = RankDir(attempt_dir_, local_rank) + "/live_stack.txt";
+    std::string text = os::ReadFileOrEmpty(file);
+    if (text.rfind("dtrun stack handler", 0) == 0 &&
+        kill(pid, StackSignal()) == 0) {
+      python[rank] = {file, text.size()};
+      continue;
+    }
+    std::vector<std::string> argv = StackTool(pid);
+    if (argv.empty()) {
+      out[rank] =
+          "(no stack: neither eu-stack (Debian: elfutils) nor gdb is "
+          "installed)";
+      continue;
+    }
+    tool_files[rank] = RankDir(attempt_dir_, local_rank) + "/native_stack.txt";
+    tools.push_back(ToolRun{argv, tool_files[rank]});
+  }
+  if (!tools.empty()) workers_->RunTools(tools, kToolLimit);
+  for (const auto& [rank, file] : tool_files)
+    out[rank] = os::ReadFileOrEmpty(file);
+  for (const auto& [rank, where] : python)
+    out[rank] = ReadDump(where.first, where.second, milliseconds(3000));
+  return out;
 }
 
 int64_t HangWatch::HighestStep() const {

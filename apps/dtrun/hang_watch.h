@@ -45,6 +45,13 @@ class HangWatch {
   // Prints the report of the latest hang, once (after the group stopped:
   // Python stacks are in the workers' stderr logs by then).
   void Report();
+  // Every live worker's stack now, the job going on (dtrun --stacks), by
+  // global rank: a Python worker whose interpreter registered dtrun's stack
+  // signal (the torch shim does) prints its own; any other gets a native
+  // stack (eu-stack or gdb, which pause it for a moment). Blocks up to a
+  // few seconds.
+  std::map<int, std::string> LiveStacks(const std::map<int, int>& pids,
+                                        int base_rank);
   // The highest step any worker of the attempt beat so far (kBeatDone's
   // workers count as past every step: INT64_MAX); -1 without beats.
   int64_t HighestStep() const;

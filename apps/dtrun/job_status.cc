@@ -124,25 +124,25 @@ nlohmann::json NodeStatusJson(const NodeFacts& f,
 
 void AddScores(const std::vector<RankScore>& scores, nlohmann::json* node) {
   for (nlohmann::json& r : (*node)["ranks"]) {
-    r["compute_median_s"] = -1.0;
+    r["compute_typical_s"] = -1.0;
     r["straggler_score"] = -1.0;
     for (const RankScore& s : scores) {
       if (s.rank != r.value("rank", -1)) continue;
-      r["compute_median_s"] = s.median_s;
+      r["compute_typical_s"] = s.typical_s;
       r["straggler_score"] = s.score;
     }
   }
 }
 
-// Medians come from each node's own window; the fastest of the whole job
-// sets every rank's score, so a slow node shows against the others.
+// Typical times come from each node's own window; the fastest of the whole
+// job sets every rank's score, so a slow node shows against the others.
 void ScoreJob(std::vector<nlohmann::json>* nodes) {
-  std::map<int, double> medians;
+  std::map<int, double> typical;
   for (const nlohmann::json& n : *nodes) {
     for (const nlohmann::json& r : n.value("ranks", nlohmann::json::array()))
-      medians[r.value("rank", 0)] = r.value("compute_median_s", -1.0);
+      typical[r.value("rank", 0)] = r.value("compute_typical_s", -1.0);
   }
-  std::vector<RankScore> scores = ScoreMedians(medians);
+  std::vector<RankScore> scores = ScoreTypical(typical);
   for (nlohmann::json& n : *nodes) AddScores(scores, &n);
 }
 
@@ -226,6 +226,8 @@ nlohmann::json RegistryJson(const RegistryEntry& e) {
           {"elastic", e.elastic}, {"started_unix", e.started_unix}};
 }
 
+// Lenient: a file being written, or left by another version, is skipped
+// rather than failing the whole listing.
 std::vector<RegistryEntry> ReadRegistry(const std::string& dir) {
   std::vector<RegistryEntry> out;
   DIR* d = opendir(dir.c_str());
@@ -253,6 +255,7 @@ std::vector<RegistryEntry> ReadRegistry(const std::string& dir) {
   return out;
 }
 
+// One line per job: what a user needs to pick the RUN for --status.
 std::string FormatJobList(const std::vector<RegistryEntry>& jobs,
                           double now_unix) {
   if (jobs.empty()) return "no dtrun job runs on this host\n";
@@ -281,12 +284,24 @@ Registration::~Registration() {
   if (!path_.empty()) ::unlink(path_.c_str());
 }
 
+// The status keys live beside the rendezvous' own ("rdzv/<run id>/...")
+// in the same store, under dtrun's prefix.
 std::string NodeStatusKey(const std::string& run_id, int group_rank) {
   return "dtrun/status/" + run_id + "/node/" + std::to_string(group_rank);
 }
 
 std::string StatusRoundKey(const std::string& run_id) {
   return "dtrun/status/" + run_id + "/nodes";
+}
+
+std::string StackRequestKey(const std::string& run_id) {
+  return "dtrun/stacks/" + run_id + "/request";
+}
+
+std::string StackAnswerKey(const std::string& run_id, int64_t request,
+                           int group_rank) {
+  return "dtrun/stacks/" + run_id + "/" + std::to_string(request) + "/node/" +
+         std::to_string(group_rank);
 }
 
 namespace {
@@ -305,32 +320,47 @@ const RegistryEntry* Match(const std::vector<RegistryEntry>& jobs,
   return nullptr;
 }
 
-// Every node's record, from the store at `address` (several nodes). An
-// empty `run_id` means the run that published there last.
-Result<std::vector<nlohmann::json>> NodesFromStore(const std::string& address,
-                                                   std::string run_id) {
+// A job's rendezvous store at `address`, and its run id: `run_id`, or the
+// run that published its status there last when empty.
+struct JobStore {
+  std::unique_ptr<rendezvous::TcpStoreClient> client;
+  std::string run_id;
+  int nodes = 0;
+};
+Result<JobStore> OpenJobStore(const std::string& address, std::string run_id,
+                              std::chrono::milliseconds timeout) {
   auto endpoint = ParseEndpoint(address);
   if (!endpoint || endpoint->empty() || !endpoint->port)
     return Status::Invalid("'" + address + "' is not host:port");
   rendezvous::StoreClientOptions o;
   o.host = endpoint->host;
   o.port = *endpoint->port;
-  o.timeout = std::chrono::seconds(5);
+  o.timeout = timeout;
   o.connect_timeout = std::chrono::seconds(5);
-  auto store = rendezvous::TcpStoreClient::Connect(o);
-  if (!store.ok()) return store.status();
-  if (run_id.empty()) {
-    auto last = (*store)->Get(kLastRunKey);
+  auto client = rendezvous::TcpStoreClient::Connect(o);
+  if (!client.ok()) return client.status();
+  JobStore job{std::move(*client), std::move(run_id)};
+  if (job.run_id.empty()) {
+    auto last = job.client->Get(kLastRunKey);
     if (!last.ok())
       return Status::Invalid("no dtrun job published its status at " + address);
-    run_id = *last;
+    job.run_id = *last;
   }
-  auto nodes = (*store)->Get(StatusRoundKey(run_id));
+  auto nodes = job.client->Get(StatusRoundKey(job.run_id));
   if (!nodes.ok()) return nodes.status();
+  job.nodes = std::atoi(nodes->c_str());
+  return job;
+}
+
+// Every node's record, from the store at `address` (several nodes).
+Result<std::vector<nlohmann::json>> NodesFromStore(const std::string& address,
+                                                   std::string run_id) {
+  auto job = OpenJobStore(address, std::move(run_id), std::chrono::seconds(5));
+  if (!job.ok()) return job.status();
   std::vector<std::string> keys;
-  for (int g = 0; g < std::atoi(nodes->c_str()); ++g)
-    keys.push_back(NodeStatusKey(run_id, g));
-  auto records = (*store)->MultiGet(keys);
+  for (int g = 0; g < job->nodes; ++g)
+    keys.push_back(NodeStatusKey(job->run_id, g));
+  auto records = job->client->MultiGet(keys);
   if (!records.ok()) return records.status();
   std::vector<nlohmann::json> out;
   for (const std::string& r : *records) {
@@ -338,6 +368,43 @@ Result<std::vector<nlohmann::json>> NodesFromStore(const std::string& address,
     if (j.is_object()) out.push_back(j);
   }
   return out;
+}
+
+// One node's answer from its run folder: the request file, then the answer
+// the agent writes within a second or two (more while stacks are taken).
+Result<std::vector<std::string>> StacksFromFolder(const std::string& dir) {
+  const std::string id = std::to_string(getpid()) + "_" + os::RandomHex(6);
+  const std::string request = dir + "/" + kStackRequestFile;
+  Status s = os::WriteFile(request + ".tmp", id + "\n");
+  if (!s.ok()) return s;
+  std::rename((request + ".tmp").c_str(), request.c_str());
+  const std::string answer = dir + "/stacks." + id + ".json";
+  for (int i = 0; i < 300; ++i) {  // 30 s
+    std::string text = os::ReadFileOrEmpty(answer);
+    if (!text.empty()) {
+      ::unlink(answer.c_str());
+      return std::vector<std::string>{text};
+    }
+    usleep(100 * 1000);
+  }
+  ::unlink(request.c_str());
+  return Status::Timeout("the job's agent did not answer within 30 s");
+}
+
+// Every node's answer through the store: one more request on the counter,
+// then a WAIT for as many answers as the job has nodes.
+Result<std::vector<std::string>> StacksFromStore(const std::string& address,
+                                                 std::string run_id) {
+  auto job = OpenJobStore(address, std::move(run_id), std::chrono::seconds(30));
+  if (!job.ok()) return job.status();
+  auto n = job->client->Add(StackRequestKey(job->run_id), 1);
+  if (!n.ok()) return n.status();
+  std::vector<std::string> keys;
+  for (int g = 0; g < job->nodes; ++g)
+    keys.push_back(StackAnswerKey(job->run_id, *n, g));
+  Status s = job->client->Wait(keys, std::chrono::seconds(30));
+  if (!s.ok()) return s;
+  return job->client->MultiGet(keys);
 }
 
 // One node's record, from its run folder.
@@ -359,7 +426,50 @@ int PrintJob(const std::vector<nlohmann::json>& nodes, bool json) {
   return 0;
 }
 
+// Every rank's stack under a header naming it and its host, in rank order.
+int PrintStacks(const std::vector<std::string>& answers) {
+  std::map<int, std::pair<std::string, std::string>> by_rank;  // host, text
+  for (const std::string& a : answers) {
+    auto j = nlohmann::json::parse(a, nullptr, false);
+    if (!j.is_object()) continue;
+    std::string host = j.value("host", std::string("?"));
+    const nlohmann::json stacks = j.value("stacks", nlohmann::json::object());
+    for (const auto& [rank, text] : stacks.items()) {
+      if (text.is_string())
+        by_rank[std::atoi(rank.c_str())] = {host, text.get<std::string>()};
+    }
+  }
+  for (const auto& [rank, where] : by_rank) {
+    std::printf("=== rank %d on %s ===\n%s\n", rank, where.first.c_str(),
+                where.second.c_str());
+  }
+  return 0;
+}
+
 }  // namespace
+
+int RunStacksCommand(const std::string& target,
+                     const std::map<std::string, std::string>& env) {
+  std::vector<RegistryEntry> jobs = ReadRegistry(RegistryDir(env));
+  const RegistryEntry* job = Match(jobs, target);
+  Result<std::vector<std::string>> answers =
+      Status::Invalid("no dtrun job on this host matches '" + target + "'");
+  if (job && job->elastic) {
+    answers = StacksFromStore(job->store, job->run_id);
+  } else if (job) {
+    answers = StacksFromFolder(job->run_dir);
+  } else if (target.find(':') != std::string::npos) {
+    answers = StacksFromStore(target, "");
+  }
+  if (!answers.ok()) {
+    std::fprintf(stderr,
+                 "dtrun --stacks: %s; give a run id, a log folder or a "
+                 "store's host:port (dtrun --status lists this host's jobs)\n",
+                 answers.status().message().c_str());
+    return 2;
+  }
+  return PrintStacks(*answers);
+}
 
 // A job of this host is read where it keeps its status: a single node's
 // folder, or the rendezvous store every node of an elastic job publishes

@@ -86,7 +86,7 @@ nlohmann::json NodeStatusJson(const NodeFacts& facts,
                               double now_unix);
 
 // Each rank's compute median and straggler score into a node's record
-// ("compute_median_s", "straggler_score"; -1 when not known). Pure.
+// ("compute_typical_s", "straggler_score"; -1 when not known). Pure.
 void AddScores(const std::vector<RankScore>& scores, nlohmann::json* node);
 // Scores every rank of a job from its nodes' records (the medians they
 // carry) and writes them back: the job-wide view `--status` shows.
@@ -127,6 +127,20 @@ class Registration {
  private:
   std::string path_;
 };
+
+// `dtrun --stacks` on one node: the request file it leaves in the run
+// folder (its id inside); the agent answers with stacks.<id>.json.
+inline constexpr char kStackRequestFile[] = "stacks.request";
+// With several nodes: the request counter, and each node's answer to
+// request n.
+std::string StackRequestKey(const std::string& run_id);
+std::string StackAnswerKey(const std::string& run_id, int64_t request,
+                           int group_rank);
+
+// `dtrun --stacks RUN`: every rank's stack of a running job (run id, log
+// folder or store host:port), the job going on. Returns the exit code.
+int RunStacksCommand(const std::string& target,
+                     const std::map<std::string, std::string>& env);
 
 // Store keys of a job's status with several nodes, under the rendezvous
 // store: each node's record, and the run that published there last.

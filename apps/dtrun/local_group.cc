@@ -591,13 +591,39 @@ void LocalGroup::ReadComputeBeats() {
   auto straggler = stragglers_.Check();
   if (!straggler || straggler->rank == straggler_named_) return;
   straggler_named_ = straggler->rank;
-  double fastest = straggler->median_s * straggler->score;
+  double fastest = straggler->typical_s * straggler->score;
   Logger("dtrun.agent")
       ->warn(
           "straggler: rank {} computes {:.4f} s a step outside collectives, "
           "the fastest rank {:.4f} s (score {:.2f}, under {:.2f})",
-          straggler->rank, straggler->median_s, fastest, straggler->score,
+          straggler->rank, straggler->typical_s, fastest, straggler->score,
           stragglers_.threshold());
+}
+
+std::string LocalGroup::StacksJson() {
+  std::map<int, int> live;
+  for (const auto& [local_rank, pid] : pids_) {
+    if (!exit_time_.count(pid)) live[local_rank] = pid;
+  }
+  nlohmann::json stacks = nlohmann::json::object();
+  for (const auto& [rank, text] : hang_.LiveStacks(live, assignment_.base_rank))
+    stacks[std::to_string(rank)] = text;
+  // A stack may hold bytes that are not UTF-8 (a native frame's argument):
+  // replaced, not thrown on.
+  return nlohmann::json{{"host", os::HostName()}, {"stacks", stacks}}.dump(
+      -1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+void LocalGroup::ServeStackRequest() {
+  const std::string request = run_dir_ + "/" + kStackRequestFile;
+  std::string id = os::ReadFileOrEmpty(request);
+  if (id.empty()) return;
+  ::unlink(request.c_str());
+  while (!id.empty() && (id.back() == '\n' || id.back() == ' ')) id.pop_back();
+  if (id.find('/') != std::string::npos) return;  // not an id dtrun made
+  std::string answer = run_dir_ + "/stacks." + id + ".json";
+  if (os::WriteFile(answer + ".tmp", StacksJson()).ok())
+    std::rename((answer + ".tmp").c_str(), answer.c_str());
 }
 
 // The status is written whole (a temporary file, then a rename), so a
@@ -605,6 +631,7 @@ void LocalGroup::ReadComputeBeats() {
 void LocalGroup::PublishStatus() {
   next_status_ = clock_->Now() + kStatusEvery;
   if (run_dir_.empty()) return;
+  if (agent_.phase() == Phase::kRunning) ServeStackRequest();
   const double now = os::UnixNow();
   NodeFacts facts{attempt_.run_id,
                   os::HostName(),

@@ -106,6 +106,9 @@ class LocalGroup {
   // Prints the failure summary of the attempt that ended last and writes
   // $TORCHELASTIC_ERROR_FILE; returns the root cause's exit code.
   int ReportFailure();
+  // Every live worker's stack now, the job going on (dtrun --stacks), as
+  // JSON {"host", "stacks": {"<rank>": text}}. Blocks a few seconds.
+  std::string StacksJson();
   // Whether the attempt that failed last is not to be restarted because
   // restarts made no progress (--max-restarts-without-progress), and why.
   bool gave_up() const { return agent_.gave_up(); }
@@ -139,6 +142,9 @@ class LocalGroup {
   // Every 10 ms while the group runs: new beats' compute times into the
   // straggler scores; a new straggler is logged.
   void ReadComputeBeats();
+  // Every second: answers a `dtrun --stacks` request left in the run folder
+  // (stacks.request, holding its id) with stacks.<id>.json.
+  void ServeStackRequest();
   // Every second: this node's status to status.json and on_status.
   void PublishStatus();
   std::vector<WorkerObservation> Observe() const;

@@ -6,13 +6,17 @@
 namespace dtrun::agent {
 namespace {
 
-double Median(std::vector<double> v) {
+// The first quartile, not the median: a step the OS preempted is slow on
+// any rank, and a loaded host preempts often; a slow rank is slow in its
+// fastest steps too.
+double FirstQuartile(std::vector<double> v) {
   std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
+  return v[v.size() / 4];
 }
 
 }  // namespace
 
+// One sample per step: the same beat read twice (no new step) adds none.
 void StragglerScorer::OnBeat(int rank, int64_t step, double compute_s) {
   Samples& s = samples_[rank];
   if (compute_s < 0 || step <= s.last_step || step <= warmup_) return;
@@ -22,16 +26,18 @@ void StragglerScorer::OnBeat(int rank, int64_t step, double compute_s) {
 }
 
 std::vector<RankScore> StragglerScorer::Scores() const {
-  std::map<int, double> medians;
+  std::map<int, double> typical;
   for (const auto& [rank, s] : samples_) {
-    medians[rank] = s.compute_s.size() < min_samples_
+    typical[rank] = s.compute_s.size() < min_samples_
                         ? -1
-                        : Median(std::vector<double>(s.compute_s.begin(),
-                                                     s.compute_s.end()));
+                        : FirstQuartile(std::vector<double>(s.compute_s.begin(),
+                                                            s.compute_s.end()));
   }
-  return ScoreMedians(medians);
+  return ScoreTypical(typical);
 }
 
+// The worst of the ranks under the threshold: with several slow ranks, the
+// one the others wait for most.
 std::optional<RankScore> StragglerScorer::Straggler() const {
   std::optional<RankScore> worst;
   for (const RankScore& r : Scores()) {
@@ -57,24 +63,26 @@ std::optional<RankScore> StragglerScorer::Check() {
 
 // No rank is scored until every rank has a median: with one rank missing,
 // the fastest could be the one not yet seen.
-std::vector<RankScore> ScoreMedians(const std::map<int, double>& medians) {
+std::vector<RankScore> ScoreTypical(const std::map<int, double>& typical) {
   double fastest = -1;
-  bool all = !medians.empty();
-  for (const auto& [rank, m] : medians) {
+  bool all = !typical.empty();
+  for (const auto& [rank, m] : typical) {
     if (m < 0) all = false;
     if (m > 0 && (fastest < 0 || m < fastest)) fastest = m;
   }
   std::vector<RankScore> out;
-  for (const auto& [rank, m] : medians) {
+  for (const auto& [rank, m] : typical) {
     RankScore r;
     r.rank = rank;
-    r.median_s = m;
+    r.typical_s = m;
     if (all && fastest > 0 && m > 0) r.score = fastest / m;
     out.push_back(r);
   }
   return out;
 }
 
+// Only on the first line: a shorter beat written over a longer one leaves
+// the old tail on later lines.
 double ParseBeatCompute(const std::string& text) {
   size_t space = text.find(' ');
   size_t end = text.find('\n');

@@ -1,11 +1,13 @@
 #pragma once
 
 // Straggler scores from the workers' beats: each beat carries the seconds
-// its step spent outside collectives (its own compute). A rank's score is
-// the fastest rank's median compute over its own, over a window of recent
-// steps; one under the threshold is a straggler (nvidia-resiliency-ext's
-// rule and threshold). Scored here, in the launcher, from data the workers
-// send anyway: no collective is added, so sub-groups cannot deadlock on it.
+// its step spent outside collectives (its own compute). A rank's typical
+// compute is the first quartile of its recent steps (robust to the steps
+// the OS preempted); its score is the fastest rank's typical compute over
+// its own. One under the threshold is a straggler (nvidia-resiliency-ext's
+// rule and threshold, with medians there). Scored here, in the launcher, from
+// data the workers send anyway: no collective is added, so sub-groups cannot
+// deadlock on it.
 
 #include <cstdint>
 #include <deque>
@@ -19,8 +21,8 @@ namespace dtrun::agent {
 // One rank's place in the scores.
 struct RankScore {
   int rank = 0;
-  double median_s = -1;  // median compute seconds per step; -1: too few
-  double score = -1;     // fastest median / own median; -1: not scored
+  double typical_s = -1;  // typical compute seconds per step; -1: too few
+  double score = -1;      // fastest typical / own typical; -1: not scored
 };
 
 class StragglerScorer {
@@ -73,9 +75,9 @@ class StragglerScorer {
   int streak_ = 0;
 };
 
-// Scores from medians already known (each node's status record carries its
-// ranks' medians): `medians` by rank, -1 for too few. Pure.
-std::vector<RankScore> ScoreMedians(const std::map<int, double>& medians);
+// Scores from typical times already known (each node's status record
+// carries its ranks'): `typical` by rank, -1 for too few. Pure.
+std::vector<RankScore> ScoreTypical(const std::map<int, double>& typical);
 
 // The compute seconds a beat's text carries after its step ("170 0.0123"),
 // -1 when it carries none.

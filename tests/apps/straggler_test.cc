@@ -25,7 +25,7 @@ TEST(StragglerTest, ARankHalfAgainAsSlowIsNamed) {
   ASSERT_TRUE(straggler);
   EXPECT_EQ(straggler->rank, 1);
   EXPECT_NEAR(straggler->score, 0.667, 0.05);
-  EXPECT_NEAR(straggler->median_s, 0.015, 0.001);
+  EXPECT_NEAR(straggler->typical_s, 0.015, 0.001);
 }
 
 TEST(StragglerTest, EvenRanksAndSmallDifferencesAreNot) {
@@ -79,7 +79,7 @@ TEST(StragglerTest, AStepIsCountedOnceAndBeatsWithoutTimesAreIgnored) {
   s.OnBeat(1, 2, 0.010);
   auto scores = s.Scores();
   ASSERT_EQ(scores.size(), 2u);
-  EXPECT_DOUBLE_EQ(scores[0].median_s, 0.010);
+  EXPECT_DOUBLE_EQ(scores[0].typical_s, 0.010);
   EXPECT_DOUBLE_EQ(scores[0].score, 1.0);
 }
 
@@ -94,9 +94,9 @@ TEST(StragglerTest, TheWindowForgetsOldSteps) {
 }
 
 TEST(StragglerTest, MediansOfSeveralNodesScoreTogether) {
-  auto scores = ScoreMedians({{0, 0.010}, {1, 0.010}, {2, 0.020}, {3, -1}});
+  auto scores = ScoreTypical({{0, 0.010}, {1, 0.010}, {2, 0.020}, {3, -1}});
   EXPECT_EQ(scores[2].score, -1);  // rank 3 has too few steps: nobody yet
-  scores = ScoreMedians({{0, 0.010}, {1, 0.010}, {2, 0.020}});
+  scores = ScoreTypical({{0, 0.010}, {1, 0.010}, {2, 0.020}});
   EXPECT_DOUBLE_EQ(scores[2].score, 0.5);
   EXPECT_DOUBLE_EQ(scores[0].score, 1.0);
 }

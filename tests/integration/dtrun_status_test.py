@@ -15,6 +15,7 @@ import unittest
 p = argparse.ArgumentParser()
 p.add_argument("--dtrun", required=True)
 p.add_argument("--python", default="/usr/bin/python3")
+p.add_argument("--fake-worker", default="")
 ARGS, REST = p.parse_known_args()
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "hang_worker.py")
@@ -128,10 +129,66 @@ class StatusTest(unittest.TestCase):
         self.assertIn("node 0 of 2", out)
         self.assertIn("node 1 of 2", out)
 
+    def stacks(self, target):
+        p = subprocess.run([ARGS.dtrun, "--stacks", target], capture_output=True, text=True,
+                           env=self.env, timeout=90)
+        return p.returncode, p.stdout, p.stderr
+
+    def test_stacks_of_a_running_job_which_goes_on(self):
+        proc = self.launch("--nproc-per-node=2", "--rdzv-id=stacksjob", "--log-dir",
+                           os.path.join(self.tmp.name, "logs"))
+        before = self.wait_for("beats", lambda: self.job_json("stacksjob"))
+        rc, out, err = self.stacks("stacksjob")
+        self.assertEqual(rc, 0, err)
+        for rank in (0, 1):  # the interpreter's own dump, every thread
+            block = out.split(f"=== rank {rank} on ")[1].split("=== rank")[0]
+            self.assertIn("hang_worker.py", block)
+            self.assertIn("in wedge", block)
+        self.assertIsNone(proc.poll())  # the job goes on...
+        step = max(r["step"] for r in before[0]["ranks"])
+        self.wait_for("steps after the dump", lambda: (
+            lambda n: n and min(r["step"] for r in n[0]["ranks"]) > step)(
+                self.job_json("stacksjob")))  # ...and its workers too
+
+    @unittest.skipUnless(ARGS.fake_worker, "needs --fake-worker")
+    def test_stacks_of_native_workers_through_a_debugger(self):
+        import shutil
+        if not (shutil.which("eu-stack") or shutil.which("gdb")):
+            self.skipTest("neither eu-stack nor gdb is installed")
+        cmd = [ARGS.dtrun, "--nproc-per-node=2", "--rdzv-id=nativejob", ARGS.fake_worker,
+               "--hang"]
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                text=True, env=self.env)
+        self.procs.append(proc)
+        self.wait_for("the job", lambda: "nativejob" in self.status()[1])
+        rc, out, err = self.stacks("nativejob")
+        self.assertEqual(rc, 0, err)
+        self.assertIn("=== rank 1 on ", out)
+        self.assertIn("main", out)  # the worker's own frame
+        self.assertIsNone(proc.poll())
+
+    def test_stacks_of_two_nodes_through_the_store(self):
+        port = free_port()
+        for addr in ("127.0.0.2", "127.0.0.3"):
+            self.launch("--nnodes=2", "--nproc-per-node=2", "--rdzv-backend=c10d",
+                        f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=stacks2",
+                        f"--rdzv-conf={FAST}", f"--local-addr={addr}",
+                        "--log-dir", os.path.join(self.tmp.name, addr))
+        self.wait_for("both nodes", lambda: (
+            lambda n: n and len(n) == 2)(self.job_json(f"127.0.0.1:{port}")))
+        rc, out, err = self.stacks(f"127.0.0.1:{port}")
+        self.assertEqual(rc, 0, err)
+        for rank in range(4):
+            self.assertIn(f"=== rank {rank} on ", out)
+        self.assertEqual(out.count("in wedge"), 4, out)
+
     def test_a_run_that_is_not_there_exits_2_saying_so(self):
         rc, _, err = self.status("nosuchrun")
         self.assertEqual(rc, 2)
         self.assertIn("no dtrun job on this host matches 'nosuchrun'", err)
+        rc, _, err = self.stacks("nosuchrun")
+        self.assertEqual(rc, 2)
+        self.assertIn("dtrun --stacks: no dtrun job on this host matches", err)
         rc, out, _ = self.status()
         self.assertEqual((rc, out), (0, "no dtrun job runs on this host\n"))
 

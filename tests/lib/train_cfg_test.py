@@ -189,22 +189,6 @@ class TrainCfg(unittest.TestCase):
         self.assertNotEqual(rc, 0)
         self.assertIn("holds checkpoints of a DDP run", err)
 
-    def test_a_slow_rank_is_named_a_straggler_within_50_steps(self):
-        # hidden 256: a step long enough (milliseconds) to time reliably
-        short = ["train.steps=50", "model.hidden=[256, 256]", "train.eval_every=0"]
-        rc, out, err = train(2, self.ckpt("slow"), *short, "fault.slow_rank=1",
-                             "fault.slow_factor=1.5")
-        self.assertEqual(rc, 0, err)
-        named = re.findall(r"straggler: rank (\d+) computes", err)
-        self.assertEqual(named[:1], ["1"], err)
-
-    def test_no_straggler_in_undisturbed_runs(self):
-        short = ["train.steps=50", "model.hidden=[256, 256]", "train.eval_every=0"]
-        for run in range(10):
-            rc, out, err = train(2, self.ckpt(f"even{run}"), *short)
-            self.assertEqual(rc, 0, err)
-            self.assertNotIn("straggler:", err)
-
     def test_bad_values_exit_2_naming_them(self):
         for bad, says in [("strategy.type=zero", "strategy.type 'zero': use \"ddp\" or \"fsdp\""),
                           ('strategy.param_dtype="fp8"', "strategy.param_dtype 'fp8'"),

@@ -16,6 +16,13 @@ What this does, and nothing more:
 - The `sitecustomize` this one shadows (Debian's /etc/python3.X, or one
   on the user's PYTHONPATH) still runs, as `sitecustomize`.
 - DTRUN_TORCH_SHIM=0 turns the patch off.
+
+And one thing for `dtrun --stacks`: when dtrun names a stack file and a
+signal (DTRUN_STACK_FILE, DTRUN_STACK_SIGNAL), the interpreter's own
+faulthandler is registered on that signal, to print every thread's stack to
+the file and go on (faulthandler.register: no Python code runs in the
+handler). A first line in the file tells dtrun the handler is there, so a
+worker without it is never sent the signal.
 """
 import os
 import sys
@@ -122,5 +129,20 @@ def _chain():
     spec.loader.exec_module(module)
 
 
+def _register_stack_dump():
+    path, signum = os.environ.get("DTRUN_STACK_FILE"), os.environ.get("DTRUN_STACK_SIGNAL")
+    if not path or not signum:
+        return
+    try:
+        import faulthandler
+        out = open(path, "a", buffering=1)
+        faulthandler.register(int(signum), file=out, all_threads=True, chain=False)
+        out.write("dtrun stack handler %d\n" % os.getpid())
+        globals()["_stack_file"] = out  # kept open for the handler
+    except (OSError, ValueError, RuntimeError):
+        pass
+
+
 _install()
+_register_stack_dump()
 _chain()

@@ -1,0 +1,51 @@
+"""Stragglers under the real dtrun: train_cfg's [fault] slow_rank makes one
+rank compute 1.5 times as long; dtrun names it within 50 steps, from the
+beats alone, and names nobody in undisturbed runs. Timing-sensitive: the
+test runs alone (RUN_SERIAL), as a straggler is a rank slower than the
+others, which another program on the same cores can make any rank."""
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import unittest
+
+p = argparse.ArgumentParser()
+p.add_argument("--dtrun", required=True)
+p.add_argument("--train-cfg", required=True)
+ARGS, REST = p.parse_known_args()
+HERE = os.path.dirname(os.path.abspath(__file__))
+CONFIG = os.path.join(HERE, "..", "..", "examples", "configs", "digits_ddp.toml")
+# 50 steps of a 256-wide MLP: steps of milliseconds, long enough to time.
+SHORT = ["train.steps=50", "model.hidden=[256, 256]", "train.eval_every=0"]
+
+
+class Stragglers(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory()
+
+    def tearDown(self):
+        self.tmp.cleanup()
+
+    def train(self, name, *sets):
+        cmd = [ARGS.dtrun, "--nproc-per-node=2", ARGS.train_cfg, CONFIG, "--set",
+               f'checkpoint.dir="{os.path.join(self.tmp.name, name)}"']
+        for s in list(SHORT) + list(sets):
+            cmd += ["--set", s]
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        return re.findall(r"straggler: rank (\d+) computes", p.stderr), p.stderr
+
+    def test_a_slow_rank_is_named_within_50_steps(self):
+        named, err = self.train("slow", "fault.slow_rank=1", "fault.slow_factor=1.5")
+        self.assertEqual(named[:1], ["1"], err)
+
+    def test_nobody_in_10_undisturbed_runs(self):
+        for run in range(10):
+            named, err = self.train(f"even{run}")
+            self.assertEqual(named, [], err)
+
+
+if __name__ == "__main__":
+    unittest.main(argv=[sys.argv[0]] + REST)
