@@ -24,7 +24,8 @@ ninja -C "$b" dtrun dtstore fake_worker store_bench store_load_bench rdzv_sim_be
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 # DTRUN_BENCH_ONLY=store,launcher,... runs only those parts: store, store-load,
-# launcher, multinode, rdzv-sim, rdzv-scale, ddp, fsdp, interactive, hang.
+# launcher, multinode, rdzv-sim, rdzv-scale, ddp, fsdp, interactive, hang,
+# status.
 want() { [[ -z ${DTRUN_BENCH_ONLY:-} || ",$DTRUN_BENCH_ONLY," == *",$1,"* ]]; }
 
 torch2=${DTRUN_BENCH_TORCH2:-1}
@@ -179,4 +180,10 @@ if want hang; then
   echo "| measure | value |"
   echo "|---|---|"
   /usr/bin/python3 tests/bench/hang_bench.py --dtrun $b/apps/dtrun --cpp-bench $b/tests/bench/hang_bench
+fi
+
+if want status; then
+  echo
+  echo "== live status: dtrun --status against 64 and 512 ranks' records"
+  /usr/bin/python3 tests/bench/status_bench.py --dtrun $b/apps/dtrun --dtstore $b/apps/dtstore
 fi
