@@ -290,6 +290,9 @@ void LocalGroup::OnTick() {
   int signo = hang_.Check(agent_.phase() == Phase::kRunning, pids_,
                           assignment_.base_rank);
   if (signo) {
+    report_events_.push_back(
+        {os::UnixNow(), "hang",
+         "attempt " + std::to_string(attempt_.restart_count) + " hung", -1});
     CheckProgress();
     Apply(agent_.OnHang(signo, clock_->Now()));
   }
@@ -592,6 +595,11 @@ void LocalGroup::ReadComputeBeats() {
   if (!straggler || straggler->rank == straggler_named_) return;
   straggler_named_ = straggler->rank;
   double fastest = straggler->typical_s * straggler->score;
+  report_events_.push_back({os::UnixNow(), "straggler",
+                            "rank " + std::to_string(straggler->rank) +
+                                ", score " +
+                                std::to_string(straggler->score).substr(0, 4),
+                            straggler->rank});
   Logger("dtrun.agent")
       ->warn(
           "straggler: rank {} computes {:.4f} s a step outside collectives, "
@@ -640,8 +648,13 @@ void LocalGroup::PublishStatus() {
                   attempt_.restart_count,
                   config_.max_restarts,
                   started_at_};
-  nlohmann::json node =
-      NodeStatusJson(facts, sampler_.Sample(Observe(), now), now);
+  std::vector<WorkerStatus> workers = sampler_.Sample(Observe(), now);
+  for (const WorkerStatus& w : workers) {
+    report_samples_.push_back(
+        {now, w.seen.rank, w.seen.step, w.step_time_last_s});
+  }
+  Thin(&report_samples_, 2000);
+  nlohmann::json node = NodeStatusJson(facts, workers, now);
   AddScores(stragglers_.Scores(), &node);
   std::string json = node.dump();
   std::string path = run_dir_ + "/status.json";
@@ -737,7 +750,15 @@ std::string LocalGroup::AttemptCause() const {
 
 // --event-log-handler: dtrun's record of the attempt that just ended.
 void LocalGroup::RecordAttempt(const std::string& cause) {
-  if (config_.event_log_handler == "null" || attempt_started_ == 0) return;
+  if (attempt_started_ == 0) return;
+  report_events_.push_back(
+      {os::UnixNow(), "attempt",
+       "attempt " + std::to_string(attempt_.restart_count) + " ended: " + cause,
+       -1});
+  if (config_.event_log_handler == "null") {
+    attempt_started_ = 0;
+    return;
+  }
   AttemptRecord a;
   a.run_id = attempt_.run_id;
   a.hostname = os::HostName();
@@ -750,6 +771,19 @@ void LocalGroup::RecordAttempt(const std::string& cause) {
   a.cause = cause;
   WriteEvent(config_.event_log_handler, AttemptJson(a));
   attempt_started_ = 0;  // recorded once
+}
+
+// report.html in the run folder, whole (a temporary name, then a rename).
+void LocalGroup::WriteReport(bool succeeded) {
+  if (run_dir_.empty()) return;
+  report_events_.push_back({os::UnixNow(), "end",
+                            succeeded ? "the job succeeded" : "the job failed",
+                            -1});
+  std::string path = run_dir_ + "/report.html";
+  std::string html =
+      RunReportHtml(attempt_.run_id, report_samples_, report_events_);
+  if (os::WriteFile(path + ".tmp", html).ok())
+    std::rename((path + ".tmp").c_str(), path.c_str());
 }
 
 // --event-log-handler: one event per worker and one for the agent, in the
@@ -798,6 +832,7 @@ void LocalGroup::Finish(bool succeeded) {
   // dtrun alive: forward what is there for up to a second, then close.
   workers_->Drain(milliseconds(1000));
   RecordEvents(succeeded);
+  WriteReport(succeeded);
   // A temporary folder goes, unless it holds the filtered copies asked for.
   bool keep = !config_.duplicate_stdout_filters.empty() ||
               !config_.duplicate_stderr_filters.empty();

@@ -15,6 +15,7 @@
 #include "apps/dtrun/error_report.h"
 #include "apps/dtrun/hang_watch.h"
 #include "apps/dtrun/job_status.h"
+#include "apps/dtrun/run_report.h"
 #include "apps/dtrun/straggler.h"
 #include "apps/dtrun/launch_config.h"
 #include "apps/dtrun/signals.h"
@@ -136,6 +137,8 @@ class LocalGroup {
   Status PlanCpus();
   // --max-restarts-without-progress, when an attempt fails.
   void CheckProgress();
+  // report.html at the end of the job.
+  void WriteReport(bool succeeded);
   // --event-log-handler: the attempt that ended, and why.
   void RecordAttempt(const std::string& cause);
   std::string AttemptCause() const;
@@ -174,6 +177,9 @@ class LocalGroup {
   // the failed restarts in a row that beat none past it, and why the job
   // gave up ("" while it has not).
   StatusSampler sampler_;
+  // report.html: the status samples and the events of the whole run.
+  std::vector<ReportSample> report_samples_;
+  std::vector<ReportEvent> report_events_;
   StragglerScorer stragglers_;
   static constexpr std::chrono::milliseconds kBeatReadEvery{10};
   TimePoint next_beat_read_{};

@@ -28,8 +28,8 @@ class Stragglers(unittest.TestCase):
     def tearDown(self):
         self.tmp.cleanup()
 
-    def train(self, name, *sets):
-        cmd = [ARGS.dtrun, "--nproc-per-node=2", ARGS.train_cfg, CONFIG, "--set",
+    def train(self, name, *sets, flags=()):
+        cmd = [ARGS.dtrun, "--nproc-per-node=2", *flags, ARGS.train_cfg, CONFIG, "--set",
                f'checkpoint.dir="{os.path.join(self.tmp.name, name)}"']
         for s in list(SHORT) + list(sets):
             cmd += ["--set", s]
@@ -38,8 +38,17 @@ class Stragglers(unittest.TestCase):
         return re.findall(r"straggler: rank (\d+) computes", p.stderr), p.stderr
 
     def test_a_slow_rank_is_named_within_50_steps(self):
-        named, err = self.train("slow", "fault.slow_rank=1", "fault.slow_factor=1.5")
+        logs = os.path.join(self.tmp.name, "logs")
+        named, err = self.train("slow", "fault.slow_rank=1", "fault.slow_factor=1.5",
+                                flags=["--log-dir", logs])
         self.assertEqual(named[:1], ["1"], err)
+        # The run's picture names it too.
+        (run,) = os.listdir(logs)
+        with open(os.path.join(logs, run, "report.html")) as f:
+            html = f.read()
+        self.assertIn("<svg", html)
+        self.assertIn("straggler: rank 1", html)
+        self.assertIn("the job succeeded", html)
 
     def test_nobody_in_10_undisturbed_runs(self):
         for run in range(10):
