@@ -14,6 +14,7 @@ packages=(
   iproute2 procps util-linux
   help2man dpkg-dev debootstrap universal-ctags
   libhwloc-dev hwloc
+  prometheus
   slurmctld slurmd slurm-client munge
 )
 

@@ -194,6 +194,11 @@ void AddFailureFlags(CLI::App& app, LaunchConfig& c, RawFlags& raw) {
        "with --hang-timeout: seconds a worker may take to its first beat "
        "(default max(60, 10 x --hang-timeout))",
        fail);
+  Flag(app, "--metrics-port", c.metrics_port,
+       "serve Prometheus metrics of this node's workers on this port "
+       "(GET /metrics; 0: a free one, logged)",
+       fail)
+      ->check(CLI::Range(0, 65535));
   Flag(app, "--max-restarts-without-progress", c.max_restarts_without_progress,
        "stop with exit code 93 (do not requeue) after this many restarts in "
        "a row whose workers beat no step past the highest before (default "
@@ -302,21 +307,57 @@ std::string ParseLocalRanksFilter(const std::string& text,
   return "";
 }
 
+// The value of `name` in the environment dtrun started with, "" if unset.
+std::string EnvOf(const LaunchConfig& c, const char* name) {
+  auto v = c.environment.find(name);
+  return v == c.environment.end() ? std::string() : v->second;
+}
+
+// Variables of torch's elastic agent that switch features on: torch's file
+// timer, dtrun's own error file (a scheduler's: it gets the root cause),
+// the health check port, the D-state limit.
+std::string ApplyTorchelasticEnv(LaunchConfig* c) {
+  c->file_timer = EnvOf(*c, "TORCHELASTIC_ENABLE_FILE_TIMER") == "1";
+  if (!EnvOf(*c, "TORCHELASTIC_TIMER_FILE").empty())
+    c->timer_file = EnvOf(*c, "TORCHELASTIC_TIMER_FILE");
+  c->error_file = EnvOf(*c, "TORCHELASTIC_ERROR_FILE");
+  std::string health = EnvOf(*c, "TORCHELASTIC_HEALTH_CHECK_PORT");
+  if (!health.empty()) {
+    char* end = nullptr;
+    long port = std::strtol(health.c_str(), &end, 10);
+    if (*end || port < 0 || port > 65535) {
+      return "TORCHELASTIC_HEALTH_CHECK_PORT: '" + health +
+             "' is not a port (0-65535)";
+    }
+    c->health_check_port = static_cast<int>(port);
+  }
+  std::string d_state = EnvOf(*c, "TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT");
+  if (!d_state.empty()) {
+    char* end = nullptr;
+    double seconds = std::strtod(d_state.c_str(), &end);
+    if (*end || seconds < 0) {
+      return "TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT: '" + d_state +
+             "' is not a number of seconds";
+    }
+    c->uninterruptible_timeout =
+        std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
+  }
+  return "";
+}
+
 // The newer torchrun flags and the variables that stand in for them: the
 // flag, then PET_*, then torchrun's own variable, then the default.
 std::string ApplyTorchrunExtras(const RawFlags& raw, LaunchConfig* c) {
-  auto env = [c](const char* name) {
-    auto v = c->environment.find(name);
-    return v == c->environment.end() ? std::string() : v->second;
-  };
   std::string signals = raw.signals_to_handle;
-  if (signals.empty()) signals = env("TORCHELASTIC_SIGNALS_TO_HANDLE");
+  if (signals.empty()) signals = EnvOf(*c, "TORCHELASTIC_SIGNALS_TO_HANDLE");
   if (!signals.empty()) c->signals_to_handle = signals;
   auto handled = ParseSignalList(c->signals_to_handle);
   if (!handled.ok()) return handled.status().message();
   c->handled_signals = *handled;
-  if (c->log_line_prefix_template.empty())
-    c->log_line_prefix_template = env("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE");
+  if (c->log_line_prefix_template.empty()) {
+    c->log_line_prefix_template =
+        EnvOf(*c, "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE");
+  }
   // A path alone ("./events.jsonl") is a file handler too.
   const std::string& e = c->event_log_handler;
   if (e.rfind("file:", 0) != 0 && e.find('/') != std::string::npos)
@@ -329,7 +370,7 @@ std::string ApplyTorchrunExtras(const RawFlags& raw, LaunchConfig* c) {
            "load; drop the flag (dtrun's log layout is torchrun's default)";
   }
   // One GPU per worker from the list: a shorter list would share GPUs.
-  std::string visible = env("CUDA_VISIBLE_DEVICES");
+  std::string visible = EnvOf(*c, "CUDA_VISIBLE_DEVICES");
   int listed = visible.empty() ? 0 : 1;
   for (char ch : visible) listed += ch == ',';
   if (c->virtual_local_rank && listed > 0 && listed < c->nproc_per_node) {
@@ -337,24 +378,7 @@ std::string ApplyTorchrunExtras(const RawFlags& raw, LaunchConfig* c) {
            "' lists fewer GPUs than --nproc-per-node=" +
            std::to_string(c->nproc_per_node);
   }
-  // torch's file timer is switched on by the environment, as in torchrun;
-  // dtrun's own TORCHELASTIC_ERROR_FILE (a scheduler's) gets the root cause.
-  c->file_timer = env("TORCHELASTIC_ENABLE_FILE_TIMER") == "1";
-  if (!env("TORCHELASTIC_TIMER_FILE").empty())
-    c->timer_file = env("TORCHELASTIC_TIMER_FILE");
-  c->error_file = env("TORCHELASTIC_ERROR_FILE");
-  std::string d_state = env("TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT");
-  if (!d_state.empty()) {
-    char* end = nullptr;
-    double seconds = std::strtod(d_state.c_str(), &end);
-    if (*end || seconds < 0) {
-      return "TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT: '" + d_state +
-             "' is not a number of seconds";
-    }
-    c->uninterruptible_timeout =
-        std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
-  }
-  return "";
+  return ApplyTorchelasticEnv(c);
 }
 
 // --nnodes and --nproc-per-node. Under SLURM, "cpu"/"gpu"/"auto" count the
@@ -495,7 +519,9 @@ bool IsDtrunOnly(const std::string& name) {
                                "--max_restarts_without_progress",
                                "--status",
                                "--json",
-                               "--stacks"};
+                               "--stacks",
+                               "--metrics-port",
+                               "--metrics_port"};
   for (const char* own : kOwn) {
     if (name == own) return true;
   }

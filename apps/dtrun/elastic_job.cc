@@ -52,6 +52,9 @@ ElasticJob::~ElasticJob() {
   rdzv_client_.reset();  // before the servers it may talk to
 }
 
+// This node hosts the rendezvous store on `port` (static node 0, or the c10d
+// endpoint's host). With `must`, a port already in use is an error; else
+// another agent of this host already hosts it, and this one joins it.
 Status ElasticJob::HostRendezvousStore(uint16_t port, bool must) {
   rendezvous::StoreServerOptions opts;
   opts.port = port;
@@ -255,6 +258,8 @@ int ElasticJob::Run() {
   return rc;
 }
 
+// Joins rounds until the job ends: each round sets up its workers' store,
+// then follows the round (FollowRound) until it ends or a new one starts.
 int ElasticJob::JoinRounds() {
   auto log = Logger("dtrun.rdzv");
   for (;;) {

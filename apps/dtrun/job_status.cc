@@ -426,6 +426,30 @@ int PrintJob(const std::vector<nlohmann::json>& nodes, bool json) {
   return 0;
 }
 
+// Where a query for `target` goes: a job of this host to its rendezvous
+// store (several nodes) or its run folder (one), a host:port that matches
+// no job here to that store (another host's job).
+template <typename T, typename FromStore, typename FromFolder>
+Result<T> Ask(const std::string& target,
+              const std::map<std::string, std::string>& env,
+              FromStore from_store, FromFolder from_folder) {
+  std::vector<RegistryEntry> jobs = ReadRegistry(RegistryDir(env));
+  const RegistryEntry* job = Match(jobs, target);
+  if (job && job->elastic) return from_store(job->store, job->run_id);
+  if (job) return from_folder(job->run_dir);
+  if (target.find(':') != std::string::npos) return from_store(target, "");
+  return Status::Invalid("no dtrun job on this host matches '" + target + "'");
+}
+
+// A query that found no answer: what went wrong and what to give; exit 2.
+int Refuse(const char* flag, const Status& why) {
+  std::fprintf(stderr,
+               "dtrun %s: %s; give a run id, a log folder or a store's "
+               "host:port (dtrun --status lists this host's jobs)\n",
+               flag, why.message().c_str());
+  return 2;
+}
+
 // Every rank's stack under a header naming it and its host, in rank order.
 int PrintStacks(const std::vector<std::string>& answers) {
   std::map<int, std::pair<std::string, std::string>> by_rank;  // host, text
@@ -450,24 +474,9 @@ int PrintStacks(const std::vector<std::string>& answers) {
 
 int RunStacksCommand(const std::string& target,
                      const std::map<std::string, std::string>& env) {
-  std::vector<RegistryEntry> jobs = ReadRegistry(RegistryDir(env));
-  const RegistryEntry* job = Match(jobs, target);
-  Result<std::vector<std::string>> answers =
-      Status::Invalid("no dtrun job on this host matches '" + target + "'");
-  if (job && job->elastic) {
-    answers = StacksFromStore(job->store, job->run_id);
-  } else if (job) {
-    answers = StacksFromFolder(job->run_dir);
-  } else if (target.find(':') != std::string::npos) {
-    answers = StacksFromStore(target, "");
-  }
-  if (!answers.ok()) {
-    std::fprintf(stderr,
-                 "dtrun --stacks: %s; give a run id, a log folder or a "
-                 "store's host:port (dtrun --status lists this host's jobs)\n",
-                 answers.status().message().c_str());
-    return 2;
-  }
+  auto answers = Ask<std::vector<std::string>>(target, env, StacksFromStore,
+                                               StacksFromFolder);
+  if (!answers.ok()) return Refuse("--stacks", answers.status());
   return PrintStacks(*answers);
 }
 
@@ -487,24 +496,10 @@ int RunStatusCommand(const std::string& target, bool json,
     std::printf("%s\n", nlohmann::json{{"jobs", list}}.dump(2).c_str());
     return 0;
   }
-  const RegistryEntry* job = Match(jobs, target);
-  Result<std::vector<nlohmann::json>> nodes =
-      Status::Invalid("no dtrun job on this host matches '" + target + "'");
-  if (job && job->elastic) {
-    nodes = NodesFromStore(job->store, job->run_id);
-  } else if (job) {
-    nodes = NodesFromFolder(job->run_dir);
-  } else if (target.find(':') != std::string::npos) {
-    nodes = NodesFromStore(target, "");  // another host's job
-  }
-  if (nodes.ok()) ScoreJob(&*nodes);
-  if (!nodes.ok()) {
-    std::fprintf(stderr,
-                 "dtrun --status: %s; give a run id, a log folder or a "
-                 "store's host:port (dtrun --status lists this host's jobs)\n",
-                 nodes.status().message().c_str());
-    return 2;
-  }
+  auto nodes = Ask<std::vector<nlohmann::json>>(target, env, NodesFromStore,
+                                                NodesFromFolder);
+  if (!nodes.ok()) return Refuse("--status", nodes.status());
+  ScoreJob(&*nodes);
   return PrintJob(*nodes, json);
 }
 

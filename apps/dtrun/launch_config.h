@@ -75,6 +75,10 @@ struct LaunchConfig {
   std::chrono::milliseconds hang_timeout{0};      // --hang-timeout, s; 0: off
   // --hang-first-beat, s; 0: the default.
   std::chrono::milliseconds hang_first_beat{0};
+  // --metrics-port: Prometheus metrics on this port (0: a free one); -1 off.
+  int metrics_port = -1;
+  // $TORCHELASTIC_HEALTH_CHECK_PORT: liveness on this port; -1 off.
+  int health_check_port = -1;
   // --max-restarts-without-progress: after this many restarts in a row
   // that beat no step past the highest one before, stop (exit 93); 0: off.
   int max_restarts_without_progress = 0;

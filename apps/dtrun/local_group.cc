@@ -97,6 +97,7 @@ Status LocalGroup::Prepare(const std::string& run_id) {
     Status bound = PlanCpus();
     if (!bound.ok()) return bound;
   }
+  if (Status served = StartServers(); !served.ok()) return served;
   // Python workers get the torch compatibility shim (worker_env.h), once per
   // run.
   if (config_.python_worker)
@@ -290,6 +291,7 @@ void LocalGroup::OnTick() {
   int signo = hang_.Check(agent_.phase() == Phase::kRunning, pids_,
                           assignment_.base_rank);
   if (signo) {
+    ++counts_.hangs;
     report_events_.push_back(
         {os::UnixNow(), "hang",
          "attempt " + std::to_string(attempt_.restart_count) + " hung", -1});
@@ -568,6 +570,45 @@ std::vector<WorkerObservation> LocalGroup::Observe() const {
   return out;
 }
 
+// Started in Prepare, before any worker: a port that cannot be served is a
+// usage error, reported before the job costs anything.
+Status LocalGroup::StartServers() {
+  auto log = Logger("dtrun.agent");
+  if (config_.metrics_port >= 0) {
+    auto m = MetricsServer::Start(
+        "0.0.0.0", static_cast<uint16_t>(config_.metrics_port), false);
+    if (!m.ok())
+      return Status::Invalid("--metrics-port: " + m.status().message());
+    metrics_ = std::move(*m);
+    log->info("Prometheus metrics on port {} (GET /metrics)", metrics_->port());
+  }
+  if (config_.health_check_port >= 0) {
+    auto h = MetricsServer::Start(
+        "0.0.0.0", static_cast<uint16_t>(config_.health_check_port), true);
+    if (!h.ok()) {
+      return Status::Invalid("TORCHELASTIC_HEALTH_CHECK_PORT: " +
+                             h.status().message());
+    }
+    health_ = std::move(*h);
+    log->info("health check on port {}", health_->port());
+  }
+  return Status::Ok();
+}
+
+bool LocalGroup::Healthy(const std::vector<WorkerStatus>& workers) const {
+  const double limit =
+      config_.hang_timeout.count() > 0
+          ? std::chrono::duration<double>(config_.hang_timeout).count()
+          : 300.0;
+  bool beaten = false;
+  for (const WorkerStatus& w : workers) {
+    if (w.beat_age_s < 0) continue;
+    beaten = true;
+    if (w.beat_age_s <= limit) return true;
+  }
+  return !beaten;
+}
+
 // A beat is read only when its file changed (its mtime), so a step is
 // scored once however often this runs; the scores need no collective.
 void LocalGroup::ReadComputeBeats() {
@@ -594,6 +635,7 @@ void LocalGroup::ReadComputeBeats() {
   auto straggler = stragglers_.Check();
   if (!straggler || straggler->rank == straggler_named_) return;
   straggler_named_ = straggler->rank;
+  ++counts_.stragglers;
   double fastest = straggler->typical_s * straggler->score;
   report_events_.push_back({os::UnixNow(), "straggler",
                             "rank " + std::to_string(straggler->rank) +
@@ -656,6 +698,9 @@ void LocalGroup::PublishStatus() {
   Thin(&report_samples_, 2000);
   nlohmann::json node = NodeStatusJson(facts, workers, now);
   AddScores(stragglers_.Scores(), &node);
+  counts_.restarts = attempt_.restart_count;
+  if (metrics_) metrics_->Update(MetricsText(node, counts_));
+  if (health_) health_->SetHealthy(Healthy(workers));
   std::string json = node.dump();
   std::string path = run_dir_ + "/status.json";
   if (os::WriteFile(path + ".tmp", json).ok())

@@ -15,6 +15,7 @@
 #include "apps/dtrun/error_report.h"
 #include "apps/dtrun/hang_watch.h"
 #include "apps/dtrun/job_status.h"
+#include "apps/dtrun/metrics.h"
 #include "apps/dtrun/run_report.h"
 #include "apps/dtrun/straggler.h"
 #include "apps/dtrun/launch_config.h"
@@ -177,6 +178,14 @@ class LocalGroup {
   // the failed restarts in a row that beat none past it, and why the job
   // gave up ("" while it has not).
   StatusSampler sampler_;
+  // --metrics-port and TORCHELASTIC_HEALTH_CHECK_PORT, fed every second.
+  std::unique_ptr<MetricsServer> metrics_, health_;
+  JobCounts counts_;
+  // Starts them; Status names the port that cannot be served.
+  Status StartServers();
+  // Healthy: some worker beat within the hang timeout (else 300 s), or
+  // none beat yet.
+  bool Healthy(const std::vector<WorkerStatus>& workers) const;
   // report.html: the status samples and the events of the whole run.
   std::vector<ReportSample> report_samples_;
   std::vector<ReportEvent> report_events_;

@@ -90,12 +90,16 @@ void SingleNodeJob::BeforeAttempt(int restart_count) {
   if (last_crash_) PublishLastCrash();  // ... but the console still needs this
 }
 
+// Kept for the interactive console, which reads the latest crash and the
+// count from the store to stop a crash loop.
 void SingleNodeJob::OnCrash(const WorkerCrash& crash) {
   last_crash_ = crash;
   ++crashes_;
   PublishLastCrash();
 }
 
+// Through a client connection of its own to the workers' store, opened on
+// first use; a failure is logged and the job goes on.
 void SingleNodeJob::PublishLastCrash() {
   if (!console_link_) {
     rendezvous::StoreClientOptions opts;

@@ -90,6 +90,19 @@ def kill_all(pids):
             os.kill(pid, signal.SIGKILL)
 
 
+def stop_all(procs, timeout=30):
+    """SIGTERM to every process still running (dtrun stops its workers),
+    SIGKILL to one that outlives `timeout`."""
+    for proc in procs:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
 class WorkerTestCase(unittest.TestCase):
     """A temporary folder per test (self.dir); worker pids written there with
     --pid-dir are killed at the end."""

@@ -12,6 +12,8 @@ import tempfile
 import time
 import unittest
 
+from dtrun_proc import stop_all
+
 p = argparse.ArgumentParser()
 p.add_argument("--dtrun", required=True)
 p.add_argument("--python", default="/usr/bin/python3")
@@ -36,14 +38,7 @@ class StatusTest(unittest.TestCase):
         self.procs = []
 
     def tearDown(self):
-        for proc in self.procs:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-                try:
-                    proc.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
+        stop_all(self.procs)
         self.tmp.cleanup()
 
     def launch(self, *flags):

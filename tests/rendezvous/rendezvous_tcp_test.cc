@@ -14,6 +14,7 @@
 #include "rendezvous/store_client.h"
 #include "rendezvous/store_server.h"
 #include "tests/testing/fake_clock.h"
+#include "tests/testing/rendezvous_nodes.h"
 
 namespace dtrun::rendezvous {
 namespace {
@@ -21,25 +22,11 @@ namespace {
 using std::chrono::milliseconds;
 using testing::FakeClock;
 
+// Shared with the other rounds' tests (tests/testing/rendezvous_nodes.h).
 RendezvousOptions Options(const std::string& id, int min_nodes, int max_nodes) {
-  RendezvousOptions o;
-  o.run_id = "job";
-  o.node_id = id;
-  o.min_nodes = min_nodes;
-  o.max_nodes = max_nodes;
-  o.nproc_per_node = 2;
-  o.max_restarts = 1;
-  o.join_timeout = milliseconds(2000);
-  o.last_call_timeout = milliseconds(100);
-  o.keep_alive_interval = milliseconds(20);
-  o.keep_alive_max_attempt = 3;
-  o.poll_interval = milliseconds(5);
-  return o;
+  return testing::NodeOptions(id, min_nodes, max_nodes);
 }
-
-std::future<Result<Assignment>> JoinAsync(Rendezvous* r) {
-  return std::async(std::launch::async, [r] { return r->Join(nullptr); });
-}
+using testing::JoinAsync;
 
 // Many agents, each with its own connection to a real server (MULTI_GET and
 // MULTI_SET on the wire): distinct ranks, one ring of watched nodes, and a

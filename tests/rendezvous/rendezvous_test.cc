@@ -14,6 +14,7 @@
 
 #include "rendezvous/memory_store.h"
 #include "tests/testing/fake_clock.h"
+#include "tests/testing/rendezvous_nodes.h"
 #include "tests/testing/simulated_store.h"
 
 namespace dtrun::rendezvous {
@@ -21,25 +22,11 @@ namespace {
 
 using std::chrono::milliseconds;
 
+// Shared with the other rounds' tests (tests/testing/rendezvous_nodes.h).
 RendezvousOptions Options(const std::string& id, int min_nodes, int max_nodes) {
-  RendezvousOptions o;
-  o.run_id = "job";
-  o.node_id = id;
-  o.min_nodes = min_nodes;
-  o.max_nodes = max_nodes;
-  o.nproc_per_node = 2;
-  o.max_restarts = 1;
-  o.join_timeout = milliseconds(2000);
-  o.last_call_timeout = milliseconds(100);
-  o.keep_alive_interval = milliseconds(20);
-  o.keep_alive_max_attempt = 3;
-  o.poll_interval = milliseconds(5);
-  return o;
+  return testing::NodeOptions(id, min_nodes, max_nodes);
 }
-
-std::future<Result<Assignment>> JoinAsync(Rendezvous* r) {
-  return std::async(std::launch::async, [r] { return r->Join(nullptr); });
-}
+using testing::JoinAsync;
 
 using testing::FakeClock;
 using testing::SimulatedStore;
@@ -236,19 +223,7 @@ TEST(RendezvousTest, TwoNodesClaimingOneStaticRankCloseTheJob) {
 // Why the job ended is an enum in the state record, so every node (and the
 // launcher's exit code) gets it without reading the message.
 
-TEST(RendezvousEndTest, ReasonNamesRoundTrip) {
-  for (EndReason r :
-       {EndReason::kNone, EndReason::kSucceeded, EndReason::kWorkersFailed,
-        EndReason::kConfigMismatch, EndReason::kDuplicateNodeRank,
-        EndReason::kForeignState}) {
-    EndReason parsed = EndReason::kNone;
-    ASSERT_TRUE(ParseEndReason(EndReasonName(r), &parsed)) << EndReasonName(r);
-    EXPECT_EQ(parsed, r);
-  }
-  EndReason untouched = EndReason::kSucceeded;
-  EXPECT_FALSE(ParseEndReason("workers failed", &untouched));
-  EXPECT_EQ(untouched, EndReason::kSucceeded);
-}
+// The names round trip: round_state_test.cc, EndReasonTest.NamesRoundTrip.
 
 TEST(RendezvousEndTest, WorkersFailedPastMaxRestartsReachesEveryNode) {
   MemoryStore store;

@@ -1,0 +1,57 @@
+// The Prometheus text of a node's status record.
+#include "apps/dtrun/metrics.h"
+
+#include <gtest/gtest.h>
+
+namespace dtrun::agent {
+namespace {
+
+nlohmann::json Node() {
+  return {{"run_id", "job\"7"},
+          {"host", "node3"},
+          {"ranks",
+           {{{"rank", 4},
+             {"local_rank", 0},
+             {"state", "running"},
+             {"step", 120},
+             {"beat_age_s", 0.5},
+             {"step_time_median_s", 0.01},
+             {"compute_typical_s", 0.008},
+             {"straggler_score", 1.0},
+             {"rss_mb", 2.0},
+             {"cpu_pct", 50.0}},
+            {{"rank", 5},
+             {"local_rank", 1},
+             {"state", "exited"},
+             {"step", -1},
+             {"beat_age_s", -1.0},
+             {"rss_mb", 0.0},
+             {"cpu_pct", 0.0}}}}};
+}
+
+TEST(MetricsTextTest, OneSamplePerKnownValueWithItsLabels) {
+  std::string text = MetricsText(Node(), JobCounts{2, 1, 0});
+  const std::string labels =
+      "{run_id=\"job\\\"7\",host=\"node3\",rank=\"4\",local_rank=\"0\"}";
+  EXPECT_NE(text.find("dtrun_worker_step" + labels + " 120\n"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("dtrun_worker_up" + labels + " 1\n"), std::string::npos);
+  EXPECT_NE(text.find("dtrun_worker_resident_bytes" + labels + " 2097152\n"),
+            std::string::npos);
+  EXPECT_NE(text.find("dtrun_worker_cpu_ratio" + labels + " 0.5\n"),
+            std::string::npos);
+  EXPECT_NE(text.find("dtrun_restarts_total{run_id=\"job\\\"7\"} 2\n"),
+            std::string::npos);
+  EXPECT_NE(text.find("# TYPE dtrun_hangs_total counter\n"), std::string::npos);
+  // Rank 5 exited and never beat: up 0, and no step or beat-age sample.
+  EXPECT_NE(text.find("dtrun_worker_up{run_id=\"job\\\"7\",host=\"node3\","
+                      "rank=\"5\",local_rank=\"1\"} 0\n"),
+            std::string::npos);
+  EXPECT_EQ(text.find("dtrun_worker_step{run_id=\"job\\\"7\",host=\"node3\","
+                      "rank=\"5\""),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace dtrun::agent
