@@ -11,9 +11,13 @@ folder, rank = sys.argv[1], os.environ["RANK"]
 
 
 def on_usr1(signo, frame):
+    # SLURM may deliver the warning to the worker itself as well as through
+    # dtrun: a second SIGUSR1 during the interpreter's shutdown (which puts
+    # the default handlers back) would kill it. Ignore it, and leave at once.
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
     with open(os.path.join(folder, f"usr1_{rank}"), "w") as f:
         f.write(f"{signo} {os.environ['WORLD_SIZE']}\n")
-    sys.exit(0)
+    os._exit(0)
 
 
 signal.signal(signal.SIGUSR1, on_usr1)
