@@ -632,6 +632,8 @@ int AnswerQuery(CLI::App& app, const Queries& q, const LaunchConfig& c) {
     return RunStatusCommand(q.status_target, q.json, c.environment);
   if (!q.stacks_target.empty())
     return RunStacksCommand(q.stacks_target, c.environment);
+  // A flag of a query that was not asked is refused, not ignored.
+  if (q.json) return UsageError("--json: only with --status");
   return -1;
 }
 

@@ -485,8 +485,8 @@ int RunStacksCommand(const std::string& target,
 // to. A host:port that matches no job here is another host's store.
 int RunStatusCommand(const std::string& target, bool json,
                      const std::map<std::string, std::string>& env) {
-  std::vector<RegistryEntry> jobs = ReadRegistry(RegistryDir(env));
   if (target.empty()) {
+    std::vector<RegistryEntry> jobs = ReadRegistry(RegistryDir(env));
     if (!json) {
       std::fputs(FormatJobList(jobs, os::UnixNow()).c_str(), stdout);
       return 0;

@@ -165,6 +165,11 @@ TEST(CliTest, StatusTakesAnOptionalRunAndNeedsNoProgram) {
   EXPECT_NE(err.find("no dtrun job on this host matches 'no-such-run'"),
             std::string::npos)
       << err;
+  ::testing::internal::CaptureStderr();
+  auto stray = Parse({"--json", "true"});  // --json alone would be ignored
+  err = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(stray.exit_code, 2);
+  EXPECT_NE(err.find("--json: only with --status"), std::string::npos) << err;
 }
 
 TEST(CliTest, UnambiguousPrefixesAreTheFlag) {
