@@ -2,7 +2,9 @@
 here for the store at MASTER_ADDR:MASTER_PORT (init_process_group(store=)),
 the way to reach an outside store with torch 2.6 as Debian ships it: its
 env:// client for the agent store asks for libuv, which that build lacks.
-Gathers every rank and broadcasts from the last one; exits 1 when wrong."""
+Gathers every rank and broadcasts from the last one; exits 1 when wrong.
+GLOO_STORE_PREFIX names the keys, so that a second try on the same store
+never reads the addresses of the first."""
 import os
 import sys
 
@@ -16,7 +18,8 @@ def main() -> int:
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     store = tcp_store(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
                       world, timeout=60)
-    dist.init_process_group("gloo", store=dist.PrefixStore("gloo_store_rank", store),
+    prefix = os.environ.get("GLOO_STORE_PREFIX", "gloo_store_rank")
+    dist.init_process_group("gloo", store=dist.PrefixStore(prefix, store),
                             rank=rank, world_size=world)
     gathered = [torch.zeros(1) for _ in range(world)]
     dist.all_gather(gathered, torch.tensor([float(rank)]))

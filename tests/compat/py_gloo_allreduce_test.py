@@ -18,20 +18,25 @@ STORE_WORKER = os.path.join(HERE, "gloo_store_rank.py")
 
 class GlooThroughDtStore(unittest.TestCase):
     def run_ranks(self, worker, world=4):
-        """Runs `world` ranks of `worker` against a fresh dtstore; their
-        outputs, after checking every rank and dtstore exited 0. Ranks that
-        hang are shown (their Python stacks) and run once more: a rare hang
-        of torch 2.6's gloo ranks at start-up, seen with an older dtstore too,
-        is not yet understood; a second hang fails the test."""
+        """Runs `world` ranks of `worker` against dtstore (a fresh one per
+        try on the host; one for the whole script in the torch 2.6 root);
+        their outputs, after checking every rank and dtstore exited 0. Ranks
+        that hang are shown (their Python stacks) and run once more: a rare
+        hang of torch 2.6's gloo ranks, seen with an older dtstore too, is
+        not yet understood; a second hang fails the test. The last one
+        seen (CI, 2026-11-25) was one rank left in ProcessGroupGloo's
+        teardown after destroy_process_group, its peers gone. Each try has
+        keys of its own: the torch 2.6 run shares one dtstore for the whole
+        script, and gloo ranks that read the first try's addresses fail."""
         for attempt in (1, 2):
-            outputs = self.run_once(worker, world)
+            outputs = self.run_once(worker, world, f"try{attempt}-{os.getpid()}")
             if outputs is not None:
                 return outputs
             print(f"attempt {attempt}: the ranks hung for 60 s (stacks above)",
                   file=sys.stderr, flush=True)
         self.fail("the ranks hung twice (stacks above)")
 
-    def run_once(self, worker, world):
+    def run_once(self, worker, world, prefix):
         server = DtStore.from_args(ARGS)
         procs = []
         try:
@@ -41,6 +46,7 @@ class GlooThroughDtStore(unittest.TestCase):
                            MASTER_PORT=str(server.port),
                            TORCHELASTIC_USE_AGENT_STORE="True",
                            TORCHELASTIC_RESTART_COUNT="0", OMP_NUM_THREADS="1",
+                           GLOO_STORE_PREFIX=f"gloo_store_rank/{prefix}",
                            PYTHONFAULTHANDLER="1")
                 procs.append(subprocess.Popen([sys.executable, worker], env=env,
                                               stdout=subprocess.PIPE, text=True))
