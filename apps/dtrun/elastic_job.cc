@@ -26,6 +26,11 @@ namespace {
 
 using std::chrono::milliseconds;
 
+// How long a node that declared a hang waits for the other nodes' ranks: a
+// node answers on its next status tick (1 s), and its Python workers' stacks
+// take up to 3 s to come.
+constexpr milliseconds kShareWait{6000};
+
 }  // namespace
 
 ElasticJob::ElasticJob(const LaunchConfig& config, WorkerGroup* workers,
@@ -279,6 +284,11 @@ int ElasticJob::JoinRounds() {
     assignment_ = *joined;
     joined_ = true;
     group_.set_assignment(assignment_);
+    group_.set_hang_share(nullptr);
+    if (assignment_.group_world_size > 1) {
+      group_.set_hang_share(
+          [this](const std::string& mine) { return ShareHang(mine); });
+    }
     RecordRdzv("next_rendezvous", "RUNNING",
                "round " + std::to_string(assignment_.round) +
                    " complete: group rank " +
@@ -347,7 +357,7 @@ void ElasticJob::PublishStatus(const std::string& json) {
 // `dtrun --stacks` through the store: a request is the counter moving on;
 // this node answers it under its group rank. Requests made before this
 // node first looked are not answered.
-Status ElasticJob::ServeStackRequest() {
+Status ElasticJob::ServeStackRequest(const std::string* answer) {
   const std::string& run = config_.rdzv_id;
   auto n = rdzv_client_->Add(StackRequestKey(run), 0);
   if (!n.ok()) return n.status();
@@ -355,9 +365,51 @@ Status ElasticJob::ServeStackRequest() {
     stacks_served_ = *n;
     return Status::Ok();
   }
+  const std::string text = answer ? *answer : group_.StacksJson();
+  // Requests that came while this node was busy are answered alike: two
+  // nodes that declare the same hang at once each wait for the other's.
+  Status s = Status::Ok();
+  for (int64_t r = stacks_served_ + 1; r <= *n && s.ok(); ++r)
+    s = rdzv_client_->Set(StackAnswerKey(run, r, assignment_.group_rank), text);
   stacks_served_ = *n;
-  return rdzv_client_->Set(StackAnswerKey(run, *n, assignment_.group_rank),
-                           group_.StacksJson());
+  return s;
+}
+
+// The same request as `dtrun --stacks`: every node answers it within a
+// second or so (its status tick), or at once when it is sharing a hang of
+// its own. Nodes that do not answer in time are left out of the weighing.
+std::vector<std::string> ElasticJob::ShareHang(const std::string& mine) {
+  const std::string& run = config_.rdzv_id;
+  const int me = assignment_.group_rank;
+  auto n = rdzv_client_->Add(StackRequestKey(run), 1);
+  if (!n.ok() || !rdzv_client_->Set(StackAnswerKey(run, *n, me), mine).ok())
+    return {};
+  if (stacks_served_ == *n - 1) stacks_served_ = *n;  // this node's own
+  std::map<int, std::string> answers;
+  const TimePoint until = clock_->Now() + kShareWait;
+  while (static_cast<int>(answers.size()) + 1 < assignment_.group_world_size &&
+         clock_->Now() < until) {
+    (void)ServeStackRequest(&mine);
+    for (int g = 0; g < assignment_.group_world_size; ++g) {
+      if (g == me || answers.count(g)) continue;
+      const std::string key = StackAnswerKey(run, *n, g);
+      auto there = rdzv_client_->Check({key});
+      if (!there.ok() || !*there) continue;
+      auto text = rdzv_client_->Get(key);
+      if (text.ok()) answers[g] = *text;
+    }
+    std::this_thread::sleep_for(milliseconds(50));
+  }
+  if (static_cast<int>(answers.size()) + 1 < assignment_.group_world_size) {
+    Logger("dtrun.agent")
+        ->warn("hang: {} of {} other node(s) answered within {} s",
+               answers.size(), assignment_.group_world_size - 1,
+               std::chrono::duration_cast<std::chrono::seconds>(kShareWait)
+                   .count());
+  }
+  std::vector<std::string> out;
+  for (auto& [g, text] : answers) out.push_back(std::move(text));
+  return out;
 }
 
 void ElasticJob::Linger() {

@@ -52,7 +52,12 @@ class ElasticJob : public Job {
   // `dtrun --status` on any host sees every node; rank 0 also names the
   // node count and the run.
   void PublishStatus(const std::string& json);
-  Status ServeStackRequest();
+  // Answers the requests not answered yet with `answer`, else with the
+  // stacks taken now (LocalGroup::StacksJson).
+  Status ServeStackRequest(const std::string* answer = nullptr);
+  // A hang declared here (HangWatch::ShareFn): this node's ranks to the
+  // others, and theirs back, within kShareWait.
+  std::vector<std::string> ShareHang(const std::string& mine);
   // --event-log-handler: a rendezvous event in torch's RdzvEvent schema.
   void RecordRdzv(const std::string& name, const std::string& node_state,
                   const std::string& message);

@@ -3,9 +3,12 @@
 // shell that captures stacks and prints the report is hang_watch.cc.
 #include "apps/dtrun/hang_report.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <sstream>
+
+#include <nlohmann/json.hpp>
 
 namespace dtrun::agent {
 namespace {
@@ -168,7 +171,9 @@ std::string FormatHangReport(const std::vector<RankStack>& ranks,
     << thin << "\n";
   auto block = [&](const RankStack& r, const char* label) {
     o << label << "rank " << r.rank << " (local_rank: " << r.silence.local_rank
-      << ", pid: " << r.pid << ")\n  ";
+      << ", pid: " << r.pid;
+    if (!r.host.empty()) o << ", host: " << r.host;
+    o << ")\n  ";
     std::string text = HangTraceback(r, frames);
     // Continuation lines are indented so each rank reads as one block.
     for (char c : text) o << c << (c == '\n' ? "  " : "");
@@ -182,6 +187,62 @@ std::string FormatHangReport(const std::vector<RankStack>& ranks,
   }
   o << rule << "\n";
   return o.str();
+}
+
+// Stacks are keyed by global rank, as `dtrun --stacks` prints them; the
+// silences beside them let a node that declared a hang weigh every rank of
+// the job, not only its own.
+std::string StackAnswerJson(const std::string& host,
+                            const std::vector<RankStack>& ranks,
+                            double now_unix) {
+  nlohmann::json stacks = nlohmann::json::object();
+  nlohmann::json facts = nlohmann::json::object();
+  for (const RankStack& r : ranks) {
+    const std::string key = std::to_string(r.rank);
+    stacks[key] = r.stack;
+    facts[key] = {{"local_rank", r.silence.local_rank},
+                  {"pid", r.pid},
+                  {"step", r.silence.step},
+                  {"beaten", r.silence.beaten},
+                  {"silent_s", r.silence.silent_s},
+                  {"exited", r.silence.exited},
+                  {"at", now_unix}};
+  }
+  // A stack may hold bytes that are not UTF-8 (a native frame's argument):
+  // replaced, not thrown on.
+  return nlohmann::json{{"host", host}, {"stacks", stacks}, {"ranks", facts}}
+      .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+std::vector<RankStack> RanksOfStackAnswer(const std::string& json,
+                                          double now_unix, double timeout_s) {
+  auto j = nlohmann::json::parse(json, nullptr, false);
+  if (!j.is_object() || !j.contains("ranks") || !j["ranks"].is_object())
+    return {};
+  std::vector<RankStack> out;
+  for (const auto& [key, f] : j["ranks"].items()) {
+    RankStack r;
+    try {
+      r.rank = std::stoi(key);
+      r.pid = f.value("pid", 0);
+      r.host = j.value("host", std::string("?"));
+      r.stack = j["stacks"].value(key, std::string());
+      RankSilence& s = r.silence;
+      s.local_rank = f.value("local_rank", 0);
+      s.step = f.value("step", int64_t{-1});
+      s.beaten = f.value("beaten", false);
+      s.exited = f.value("exited", false);
+      // The answering node measured the silence at `at`; it has grown since.
+      s.silent_s = f.value("silent_s", 0.0) +
+                   std::max(0.0, now_unix - f.value("at", now_unix));
+    } catch (const std::exception&) {
+      continue;  // not a rank this version wrote: left out
+    }
+    r.silence.hung = !r.silence.exited && r.silence.silent_s > timeout_s;
+    r.silence.in_collective = StackWaits(r.stack);
+    out.push_back(std::move(r));
+  }
+  return out;
 }
 
 }  // namespace dtrun::agent

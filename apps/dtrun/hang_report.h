@@ -20,7 +20,27 @@ struct RankStack {
   std::string stack;         // the whole captured stack; empty when none
   std::string stack_file;    // where `stack` is kept; empty when none
   std::string why_no_stack;  // set when none could be captured
+  // The host of a rank of another node (shared through the store, see
+  // StackAnswerJson); empty for this node's ranks.
+  std::string host;
 };
+
+// One node's ranks as the JSON it answers a stacks request with (`dtrun
+// --stacks`, or another node's hang) through the store:
+//   {"host": H, "stacks": {"<rank>": text},
+//    "ranks": {"<rank>": {"local_rank", "pid", "step", "beaten",
+//                         "silent_s", "exited", "at"}}}
+// where `at` is `now_unix`, the moment the silences were measured. Pure.
+std::string StackAnswerJson(const std::string& host,
+                            const std::vector<RankStack>& ranks,
+                            double now_unix);
+
+// The ranks of another node's answer, their silences carried forward to
+// `now_unix`, each hung when silent past `timeout_s` and waiting in a
+// collective when its stack says so (StackWaits). An answer that is not
+// such JSON gives none. Pure.
+std::vector<RankStack> RanksOfStackAnswer(const std::string& json,
+                                          double now_unix, double timeout_s);
 
 // The last Python fault-handler dump in a worker's stderr text (from its
 // "Fatal Python error:" line to the end), or "" when there is none.

@@ -158,6 +158,7 @@ int HangWatch::Check(bool running, const std::map<int, int>& pids,
   if (monitor_.Hung(now).empty()) return 0;
   Snapshot(now, pids, base_rank);
   reported_ = false;
+  if (share_) ShareWithNodes(base_rank);
   if (PythonWorkers(config_)) {
     Logger("dtrun.agent")
         ->warn(
@@ -191,12 +192,51 @@ void HangWatch::Snapshot(TimePoint now, const std::map<int, int>& pids,
   }
 }
 
+// The workers of other nodes are still where they were: stopping ours
+// first would turn their collectives into connection errors. So the stacks
+// are taken live (the job going on, as for `dtrun --stacks`), shared, and
+// only then is anything stopped.
+void HangWatch::ShareWithNodes(int base_rank) {
+  std::map<int, int> live;
+  for (const RankStack& r : stacks_) {
+    if (!r.silence.exited && r.pid) live[r.silence.local_rank] = r.pid;
+  }
+  std::map<int, std::string> taken = LiveStacks(live, base_rank);
+  for (RankStack& r : stacks_) {
+    auto it = taken.find(r.rank);
+    if (it == taken.end() || it->second.empty()) continue;
+    r.stack = it->second;
+    r.stack_file = RankDir(attempt_dir_, r.silence.local_rank) + "/stack.txt";
+    (void)os::WriteFile(r.stack_file, r.stack);
+  }
+  const double now = os::UnixNow();
+  const double timeout_s =
+      std::chrono::duration<double>(config_.hang_timeout).count();
+  size_t nodes = 1;
+  for (const std::string& answer :
+       share_(StackAnswerJson(os::HostName(), stacks_, now))) {
+    std::vector<RankStack> theirs = RanksOfStackAnswer(answer, now, timeout_s);
+    nodes += !theirs.empty();
+    for (RankStack& r : theirs) stacks_.push_back(std::move(r));
+  }
+  ClassifyStacks();
+  std::vector<RankSilence> silences;
+  for (const RankStack& r : stacks_) silences.push_back(r.silence);
+  const RankStack& root = stacks_[HangRootCause(silences)];
+  Logger("dtrun.agent")
+      ->error("hang root cause, weighing {} ranks on {} node(s): rank {} on {}",
+              stacks_.size(), nodes, root.rank,
+              root.host.empty() ? "this node" : root.host);
+}
+
 // Native stacks (eu-stack, else gdb) of the silent workers, all at once
 // with a time limit, each into its rank's stack.txt; for a worker that is
 // not Python, or whose Python is stuck below the interpreter.
 void HangWatch::CaptureNativeStacks() {
   std::vector<ToolRun> tools;
   for (RankStack& r : stacks_) {
+    // Another node's, or one taken live already (ShareWithNodes).
+    if (!r.host.empty() || !r.stack.empty()) continue;
     if (!r.pid || r.silence.exited) continue;
     std::vector<std::string> argv = StackTool(r.pid);
     if (argv.empty()) {
@@ -223,8 +263,12 @@ void HangWatch::Report() {
   workers_->ReadPending(milliseconds(500));
   for (RankStack& r : stacks_) {
     std::string dir = RankDir(attempt_dir_, r.silence.local_rank);
-    if (!PythonWorkers(config_) || r.silence.exited) continue;
-    r.stack = ExtractFaulthandlerDump(os::ReadFileOrEmpty(dir + "/stderr.log"));
+    if (!PythonWorkers(config_) || r.silence.exited || !r.host.empty())
+      continue;
+    std::string dump =
+        ExtractFaulthandlerDump(os::ReadFileOrEmpty(dir + "/stderr.log"));
+    if (dump.empty() && !r.stack.empty()) continue;  // the live one stands
+    r.stack = dump;
     if (r.stack.empty()) {
       r.why_no_stack =
           "the worker printed no Python fault-handler dump (not Python, or it "
@@ -311,6 +355,7 @@ std::vector<WorkerFailure> HangWatch::Failures() const {
   std::vector<WorkerFailure> out;
   for (size_t i = 0; i < stacks_.size(); ++i) {
     const RankStack& r = stacks_[i];
+    if (!r.host.empty()) continue;  // another node's: its summary's
     WorkerFailure f;
     f.local_rank = r.silence.local_rank;
     f.rank = r.rank;

@@ -5,6 +5,7 @@
 // the root cause are HangMonitor's (pure) decisions. Owned by LocalGroup;
 // not thread-safe.
 
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -21,6 +22,12 @@ namespace dtrun::agent {
 
 class HangWatch {
  public:
+  // Shares this node's ranks (StackAnswerJson) with the other nodes of the
+  // round and returns their answers; blocks a few seconds at most. Set by
+  // a job with several nodes.
+  using ShareFn =
+      std::function<std::vector<std::string>(const std::string& mine)>;
+
   HangWatch(const LaunchConfig& config, const Clock* clock,
             WorkerGroup* workers);
 
@@ -52,6 +59,8 @@ class HangWatch {
   // few seconds.
   std::map<int, std::string> LiveStacks(const std::map<int, int>& pids,
                                         int base_rank);
+  // With several nodes: a hang declared here weighs every node's ranks.
+  void set_share(ShareFn share) { share_ = std::move(share); }
   // The highest step any worker of the attempt beat so far (kBeatDone's
   // workers count as past every step: INT64_MAX); -1 without beats.
   int64_t HighestStep() const;
@@ -64,6 +73,9 @@ class HangWatch {
   void CaptureNativeStacks();
   // Marks the ranks whose stacks wait in a collective, and who is hung.
   void ClassifyStacks();
+  // Before any worker is stopped: this node's live stacks, then the other
+  // nodes' ranks through share_, so that the root cause is the job's.
+  void ShareWithNodes(int base_rank);
 
   const LaunchConfig& config_;
   const Clock* clock_;
@@ -74,7 +86,9 @@ class HangWatch {
   // local rank -> heartbeat file's mtime
   std::map<int, int64_t> beat_mtime_ns_;
   TimePoint next_check_{};
-  std::vector<RankStack> stacks_;  // the latest hang's ranks
+  // The latest hang's ranks: this node's, then other nodes' (host set).
+  std::vector<RankStack> stacks_;
+  ShareFn share_;
   bool reported_ = true;
 };
 

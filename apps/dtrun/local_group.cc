@@ -655,13 +655,26 @@ std::string LocalGroup::StacksJson() {
   for (const auto& [local_rank, pid] : pids_) {
     if (!exit_time_.count(pid)) live[local_rank] = pid;
   }
-  nlohmann::json stacks = nlohmann::json::object();
-  for (const auto& [rank, text] : hang_.LiveStacks(live, assignment_.base_rank))
-    stacks[std::to_string(rank)] = text;
-  // A stack may hold bytes that are not UTF-8 (a native frame's argument):
-  // replaced, not thrown on.
-  return nlohmann::json{{"host", os::HostName()}, {"stacks", stacks}}.dump(
-      -1, ' ', false, nlohmann::json::error_handler_t::replace);
+  std::map<int, std::string> stacks =
+      hang_.LiveStacks(live, assignment_.base_rank);
+  // Each rank's step and silence beside its stack: a node that declared a
+  // hang weighs them with its own ranks'.
+  const double now = os::UnixNow();
+  std::vector<RankStack> ranks;
+  for (const WorkerObservation& w : Observe()) {
+    RankStack r;
+    r.rank = w.rank;
+    r.pid = w.pid;
+    r.silence.local_rank = w.local_rank;
+    r.silence.step = w.step;
+    r.silence.beaten = w.beat_unix > 0;
+    r.silence.silent_s =
+        w.beat_unix > 0 ? now - w.beat_unix : now - started_at_;
+    r.silence.exited = w.state == "exited";
+    r.stack = stacks[w.rank];
+    ranks.push_back(std::move(r));
+  }
+  return StackAnswerJson(os::HostName(), ranks, now);
 }
 
 void LocalGroup::ServeStackRequest() {

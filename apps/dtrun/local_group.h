@@ -109,8 +109,13 @@ class LocalGroup {
   // $TORCHELASTIC_ERROR_FILE; returns the root cause's exit code.
   int ReportFailure();
   // Every live worker's stack now, the job going on (dtrun --stacks), as
-  // JSON {"host", "stacks": {"<rank>": text}}. Blocks a few seconds.
+  // StackAnswerJson (hang_report.h). Blocks a few seconds.
   std::string StacksJson();
+  // With several nodes: how a hang declared here reaches the other nodes'
+  // ranks (HangWatch::ShareFn); empty on one node.
+  void set_hang_share(HangWatch::ShareFn share) {
+    hang_.set_share(std::move(share));
+  }
   // Whether the attempt that failed last is not to be restarted because
   // restarts made no progress (--max-restarts-without-progress), and why.
   bool gave_up() const { return agent_.gave_up(); }

@@ -242,8 +242,9 @@ TEST(HangReportTest, ANativeRankInGlooOrTheStoreWaits) {
 }
 
 TEST(HangReportTest, ReportPutsTheRootCauseFirstAndNamesStackFiles) {
-  RankStack r0{0, 100, {0, true, 2.0, 3, true}, "", "", "no stack tool"};
-  RankStack r1{1, 101, {1, true, 2.4, 2, true}, kDump, "/logs/1/stack.txt", ""};
+  RankStack r0{0, 100, {0, true, 2.0, 3, true}, "", "", "no stack tool", ""};
+  RankStack r1{1,  101, {1, true, 2.4, 2, true}, kDump, "/logs/1/stack.txt",
+               "", ""};
   std::string text = FormatHangReport({r0, r1}, 2.0, 0, 3);
   size_t root = text.find("Root cause");
   ASSERT_NE(root, std::string::npos);
@@ -254,6 +255,62 @@ TEST(HangReportTest, ReportPutsTheRootCauseFirstAndNamesStackFiles) {
   EXPECT_NE(text.find("in wedged"), std::string::npos);
   EXPECT_NE(text.find("whole stack: /logs/1/stack.txt"), std::string::npos);
   EXPECT_NE(text.find("no stack: no stack tool"), std::string::npos);
+}
+
+// Two nodes' ranks all last beat step 4: the sleeper is on the other node,
+// and only its stack (in user code) tells it from the waiting ones.
+TEST(HangReportTest, AnotherNodesSleeperIsTheRootCauseAcrossNodes) {
+  const std::string waits =
+      "Current thread 0x1 (most recent call first):\n"
+      "  File \"/usr/lib/python3/dist-packages/torch/distributed/"
+      "distributed_c10d.py\", line 1 in all_reduce\n"
+      "  File \"w.py\", line 9 in main\n";
+  const std::string sleeps =
+      "Current thread 0x2 (most recent call first):\n"
+      "  File \"w.py\", line 3 in diverged\n"
+      "  File \"w.py\", line 9 in main\n";
+  RankStack theirs_waiting{2, 300, {0, true, 3.1, 4, true}, waits, "", "", ""};
+  RankStack theirs_sleeping{3,  301, {1, true, 3.2, 4, true}, sleeps, "",
+                            "", ""};
+  // Measured 0.5 s before this node weighs it: the silences grow by that.
+  std::string answer =
+      StackAnswerJson("hostB", {theirs_waiting, theirs_sleeping}, 1000.0);
+  std::vector<RankStack> got = RanksOfStackAnswer(answer, 1000.5, 3.0);
+  ASSERT_EQ(got.size(), 2u);
+  EXPECT_EQ(got[1].rank, 3);
+  EXPECT_EQ(got[1].host, "hostB");
+  EXPECT_EQ(got[1].pid, 301);
+  EXPECT_EQ(got[1].silence.local_rank, 1);
+  EXPECT_EQ(got[1].silence.step, 4);
+  EXPECT_DOUBLE_EQ(got[1].silence.silent_s, 3.7);
+  EXPECT_TRUE(got[1].silence.hung);  // past the 3 s of this node
+  EXPECT_TRUE(got[0].silence.in_collective);
+  EXPECT_FALSE(got[1].silence.in_collective);
+
+  RankStack mine0{0,  100, {0, true, 3.6, 4, true, false, true}, waits, "",
+                  "", ""};
+  RankStack mine1{1,  101, {1, true, 3.8, 4, true, false, true}, waits, "",
+                  "", ""};
+  std::vector<RankStack> all{mine0, mine1, got[0], got[1]};
+  std::string text = FormatHangReport(all, 3.0, 0, 2);
+  EXPECT_NE(
+      text.find("Root cause (stopped first / lowest step): rank 3 (local_rank: "
+                "1, pid: 301, host: hostB)"),
+      std::string::npos)
+      << text;
+}
+
+TEST(HangReportTest, AnAnswerThatIsNotOneGivesNoRanks) {
+  EXPECT_TRUE(RanksOfStackAnswer("", 0, 1).empty());
+  EXPECT_TRUE(RanksOfStackAnswer("{\"host\": \"h\"}", 0, 1).empty());
+  EXPECT_TRUE(RanksOfStackAnswer("[1, 2]", 0, 1).empty());
+  // A rank with a key that is not a number is left out, the rest kept.
+  std::vector<RankStack> got = RanksOfStackAnswer(
+      R"({"host": "h", "stacks": {}, "ranks": {"x": {}, "5": {"step": 2}}})", 0,
+      1);
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].rank, 5);
+  EXPECT_EQ(got[0].silence.step, 2);
 }
 
 }  // namespace

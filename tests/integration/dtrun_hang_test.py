@@ -135,17 +135,20 @@ class HangTest(unittest.TestCase):
         self.assertIn("restarting the worker group: attempt 4 of 4", err)
         self.assertNotIn("no progress", err)
 
-    def test_hang_on_node_1_restarts_the_round_on_both_nodes(self):
+    def two_nodes(self, hang_timeout, *worker_args):
+        """Two loopback nodes of 2 workers each (global ranks 2 and 3 on the
+        second), restarted once; both must exit 0. Their stdout and stderr,
+        each joined."""
         with socket.socket() as sock:
             sock.bind(("127.0.0.1", 0))
             port = sock.getsockname()[1]
         fast = "keep_alive_interval=0.2,keep_alive_max_attempt=3,last_call_timeout=0.5,join_timeout=30"
         procs = []
-        for addr in ("127.0.0.2", "127.0.0.3"):
+        for node, addr in enumerate(("127.0.0.2", "127.0.0.3")):
             cmd = [ARGS.dtrun, "--python", ARGS.python, "--nnodes=2", "--nproc-per-node=2",
                    "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=hang",
-                   f"--rdzv-conf={fast}", f"--local-addr={addr}", "--max-restarts=1",
-                   "--hang-timeout=2", WORKER, "wedge", "100", "3", "5"]
+                   f"--rdzv-conf={fast}", f"--local-addr={addr}", f"--node-rank={node}",
+                   "--max-restarts=1", f"--hang-timeout={hang_timeout}", WORKER, *worker_args]
             procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                           text=True, env=self.env))
         results = []
@@ -156,13 +159,39 @@ class HangTest(unittest.TestCase):
                 if proc.poll() is None:
                     proc.kill()
                     proc.communicate()
-        self.assertEqual([p.returncode for p in procs], [0, 0], results[0][1] + results[1][1])
         out = results[0][0] + results[1][0]
         err = results[0][1] + results[1][1]
-        self.assertIn("HANG on attempt 0", err)
-        self.assertIn("Root cause (stopped first / lowest step): rank 3", err)
+        self.assertEqual([p.returncode for p in procs], [0, 0], err)
         for rank in range(4):
             self.assertIn(f"finished rank {rank} attempt 1", out)
+        return out, err
+
+    def test_hang_on_node_1_restarts_the_round_on_both_nodes(self):
+        _, err = self.two_nodes(2, "wedge", "100", "3", "5")
+        self.assertIn("HANG on attempt 0", err)
+        self.assertIn("Root cause (stopped first / lowest step): rank 3", err)
+
+    @unittest.skipUnless(has_torch(), "needs torch")
+    def test_two_nodes_the_sleeper_on_either_node_is_the_root_cause(self):
+        # Every rank of both nodes last beat step 4; the sleeper's node may
+        # not be the one that declares the hang: the nodes share their
+        # ranks' stacks through the store before anything is stopped.
+        for sleeper in (3, 0):
+            with self.subTest(sleeper=sleeper):
+                _, err = self.two_nodes(3, "after", "5", str(sleeper))
+                reports = re.findall(r"HANG on attempt 0.*?\n={60}", err, re.S)
+                self.assertTrue(reports, err)
+                for report in reports:
+                    root = report[report.index("Root cause"):]
+                    self.assertTrue(root.startswith(
+                        f"Root cause (stopped first / lowest step): rank {sleeper} "), report)
+                    self.assertIn("in diverged", root.split("\nrank ")[0])
+                    for rank in set(range(4)) - {sleeper}:
+                        block = report[report.index(f"\nrank {rank} "):].split("\nrank ")[1]
+                        self.assertIn("waiting: no heartbeat for", block, report)
+                        self.assertIn("in all_reduce", block, report)
+                self.assertRegex(err, r"hang root cause, weighing 4 ranks on 2 node\(s\): "
+                                 rf"rank {sleeper} ")
 
     @unittest.skipUnless(has_torch(), "needs torch")
     def test_torch_file_timer_kills_stuck_here_within_a_second_of_expiry(self):
