@@ -245,7 +245,7 @@ int Trainer::Run() {
     if (actions.log) Log(done, LearningRate(c_, step));
     if (actions.eval && Evaluates()) Eval(done);
     InjectFaults(actions, done);
-    heartbeat.Beat(done, compute_s_);
+    heartbeat.Beat(done, compute_s_, c_.steps);
     if (actions.stop) {
       if (rank_ == 0) std::printf("stopped after step %lld\n", (long long)done);
       return 0;

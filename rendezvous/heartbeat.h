@@ -46,6 +46,16 @@ class Heartbeat {
                           static_cast<long long>(step), compute_seconds);
     (void)!::pwrite(fd_, buf, static_cast<size_t>(n), 0);
   }
+  // The same with the steps the run will take in all, for dtrun's progress
+  // display (step N of M, the time left): "<step> <seconds> <total>\n".
+  void Beat(int64_t step, double compute_seconds, int64_t total_steps) {
+    if (fd_ < 0) return;
+    char buf[72];
+    int n = std::snprintf(buf, sizeof(buf), "%lld %.6f %lld\n",
+                          static_cast<long long>(step), compute_seconds,
+                          static_cast<long long>(total_steps));
+    (void)!::pwrite(fd_, buf, static_cast<size_t>(n), 0);
+  }
   // The loop is over: dtrun stops watching (teardown may take a while).
   void Done() {
     if (fd_ >= 0) (void)!::pwrite(fd_, "done\n", 5, 0);

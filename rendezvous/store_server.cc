@@ -145,6 +145,7 @@ class StoreServer::Impl : public ReplySink {
   std::string host_;
   uint16_t port_ = 0;
   StoreState state_;
+  uint64_t requests_ = 0;  // every request decoded, on the loop thread
   std::unordered_map<ConnId, std::shared_ptr<Session>> sessions_;
   std::vector<std::shared_ptr<Session>> dirty_;
   ConnId next_id_ = 1;
@@ -296,6 +297,7 @@ bool StoreServer::Impl::Process(Session* s) {
       return false;
     }
     ++s->requests;
+    ++requests_;
     log_->trace("connection {}: {}", s->id, OpName(req.op));
     Status status = state_.Apply(s->id, req, this);
     if (!status.ok()) {
@@ -505,6 +507,13 @@ void StoreServer::WithState(const std::function<void(StoreState&)>& fn) {
 
 size_t StoreServer::NumConnections() {
   return impl_->OnLoop([this] { return impl_->sessions_.size(); });
+}
+
+StoreServer::Counts StoreServer::GetCounts() {
+  return impl_->OnLoop([this] {
+    return Counts{impl_->sessions_.size(), impl_->state_.NumKeys(),
+                  impl_->requests_};
+  });
 }
 
 }  // namespace dtrun::rendezvous

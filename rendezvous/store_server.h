@@ -58,6 +58,14 @@ class StoreServer {
   // Connections now open (for tests and diagnostics).
   size_t NumConnections();
 
+  // What the server holds and has served, for metrics.
+  struct Counts {
+    size_t connections = 0;  // open now
+    size_t keys = 0;         // stored now
+    uint64_t requests = 0;   // answered since Start
+  };
+  Counts GetCounts();
+
   class Impl;
 
  private:

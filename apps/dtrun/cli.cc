@@ -243,6 +243,11 @@ void AddLoggingFlags(CLI::App& app, LaunchConfig& c, RawFlags& raw) {
                "dtrun's labelled view: every console line of a worker starts "
                "with [rankN]: (its global rank), tee'd or not")
       ->group(logs);
+  app.add_flag_callback(
+         "--no-progress", [&c] { c.progress = false; },
+         "no progress line at the bottom of the terminal (it is shown only "
+         "when stdout is one)")
+      ->group(logs);
   // dtrun's own flag, so no PET_ fallback; DTRUN_LOG_LEVEL is read where the
   // logger is set up.
   app.add_option(
@@ -515,6 +520,7 @@ bool IsDtrunOnly(const std::string& name) {
                                "--log-level",
                                "--version",
                                "--label-ranks",
+                               "--no-progress",
                                "--max-restarts-without-progress",
                                "--max_restarts_without_progress",
                                "--status",

@@ -16,6 +16,7 @@
 #include "apps/dtrun/exit_code.h"
 #include "apps/dtrun/interactive_protocol.h"
 #include "apps/dtrun/job_status.h"
+#include "apps/dtrun/metrics.h"
 #include "rendezvous/util/log.h"
 #include "rendezvous/util/os_util.h"
 #include "rendezvous/store_client.h"
@@ -249,6 +250,8 @@ int ElasticJob::Run() {
       RegistryEntry{getpid(), config_.rdzv_id, group_.run_dir(),
                     rdzv_client_->address(), true, os::UnixNow()});
   group_.on_status = [this](const std::string& json) { PublishStatus(json); };
+  group_.job_view = [this] { return JobView(); };
+  group_.store_metrics = [this] { return StoreMetrics(); };
   rendezvous::RendezvousOptions ro = RendezvousOptionsOf(config_.rdzv_id);
   ro.open_watch = [opts = watch_opts_] {
     return rendezvous::TcpStoreClient::Connect(opts);
@@ -373,6 +376,39 @@ Status ElasticJob::ServeStackRequest(const std::string* answer) {
     s = rdzv_client_->Set(StackAnswerKey(run, r, assignment_.group_rank), text);
   stacks_served_ = *n;
   return s;
+}
+
+// One MultiGet a second on one node: the store's load from the job-wide
+// view does not grow with the number of nodes that look. Until every node
+// of the round has published, the node shows its own ranks.
+std::vector<nlohmann::json> ElasticJob::JobView() {
+  if (!joined_ || assignment_.group_rank != 0) return {};
+  std::vector<std::string> keys;
+  for (int g = 0; g < assignment_.group_world_size; ++g)
+    keys.push_back(NodeStatusKey(config_.rdzv_id, g));
+  auto there = rdzv_client_->Check(keys);
+  if (!there.ok() || !*there) return {};
+  auto records = rdzv_client_->MultiGet(keys);
+  if (!records.ok()) return {};
+  std::vector<nlohmann::json> nodes;
+  for (const std::string& text : *records) {
+    auto j = nlohmann::json::parse(text, nullptr, false);
+    if (j.is_object()) nodes.push_back(std::move(j));
+  }
+  ScoreJob(&nodes);
+  return nodes;
+}
+
+// The rendezvous store lives on the node that bound its port; the
+// workers' store on the round's group rank 0. Each is counted where it is.
+std::string ElasticJob::StoreMetrics() {
+  std::vector<StoreSample> stores;
+  if (rdzv_store_)
+    stores.push_back(SampleStore("rendezvous", rdzv_store_.get()));
+  if (worker_store_)
+    stores.push_back(SampleStore("workers", worker_store_.get()));
+  return StoreMetricsText(stores, joined_ ? assignment_.round : -1,
+                          config_.rdzv_id);
 }
 
 // The same request as `dtrun --stacks`: every node answers it within a

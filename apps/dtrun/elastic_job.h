@@ -55,6 +55,12 @@ class ElasticJob : public Job {
   // Answers the requests not answered yet with `answer`, else with the
   // stacks taken now (LocalGroup::StacksJson).
   Status ServeStackRequest(const std::string* answer = nullptr);
+  // Group rank 0: every node's status record, scored as one job (the
+  // progress line and dtrun_job_* metrics); none elsewhere, or before every
+  // node of the round published one.
+  std::vector<nlohmann::json> JobView();
+  // The stores this node hosts and its round, for --metrics-port.
+  std::string StoreMetrics();
   // A hang declared here (HangWatch::ShareFn): this node's ranks to the
   // others, and theirs back, within kShareWait.
   std::vector<std::string> ShareHang(const std::string& mine);

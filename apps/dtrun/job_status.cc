@@ -104,6 +104,7 @@ nlohmann::json NodeStatusJson(const NodeFacts& f,
                      {"pid", w.seen.pid},
                      {"state", w.seen.state},
                      {"step", w.seen.step},
+                     {"total_steps", w.seen.total_steps},
                      {"beat_age_s", w.beat_age_s},
                      {"step_time_last_s", w.step_time_last_s},
                      {"step_time_median_s", w.step_time_median_s},
@@ -182,8 +183,10 @@ std::string FormatJobStatus(const std::vector<nlohmann::json>& nodes) {
 void ObserveBeat(const std::string& beat_file, WorkerObservation* w) {
   struct stat st {};
   if (stat(beat_file.c_str(), &st) != 0 || st.st_size == 0) return;
-  int64_t step = ParseBeatStep(os::ReadFileOrEmpty(beat_file));
+  const std::string text = os::ReadFileOrEmpty(beat_file);
+  int64_t step = ParseBeatStep(text);
   if (step >= 0) w->step = step;
+  w->total_steps = ParseBeatTotal(text);
   w->beat_unix = st.st_mtim.tv_sec + st.st_mtim.tv_nsec * 1e-9;
 }
 

@@ -26,10 +26,11 @@ struct WorkerObservation {
   int local_rank = 0;
   int rank = 0;
   int pid = 0;
-  std::string state;       // "running", "exited 0", "failed (exit code 1)"
-  int64_t step = -1;       // the beat file's step; -1 without one
-  double beat_unix = 0;    // when it was written (unix seconds); 0: never
-  double cpu_seconds = 0;  // user + system time so far
+  std::string state;        // "running", "exited 0", "failed (exit code 1)"
+  int64_t step = -1;        // the beat file's step; -1 without one
+  int64_t total_steps = 0;  // the steps of the whole run, if the beat says
+  double beat_unix = 0;     // when it was written (unix seconds); 0: never
+  double cpu_seconds = 0;   // user + system time so far
   double rss_mb = 0;
 };
 

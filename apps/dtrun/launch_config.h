@@ -108,6 +108,9 @@ struct LaunchConfig {
   // --label-ranks: every console line of a worker starts with "[rankN]:"
   // (global rank), tee'd or not; dtrun's own view, off by default.
   bool label_ranks = false;
+  // A progress line at the bottom of the terminal when stdout is one
+  // (--no-progress: never).
+  bool progress = true;
   // --duplicate-stdout-filters / --duplicate-stderr-filters: console lines
   // holding any of these also go to <attempt>/<lr>/filtered_std{out,err}.log.
   std::vector<std::string> duplicate_stdout_filters, duplicate_stderr_filters;

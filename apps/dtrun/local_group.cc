@@ -19,6 +19,7 @@
 #include "apps/dtrun/numa_binding.h"
 #include "rendezvous/util/check.h"
 #include "rendezvous/util/log.h"
+#include "rendezvous/util/console.h"
 #include "rendezvous/util/os_util.h"
 
 namespace dtrun::agent {
@@ -98,6 +99,10 @@ Status LocalGroup::Prepare(const std::string& run_id) {
     if (!bound.ok()) return bound;
   }
   if (Status served = StartServers(); !served.ok()) return served;
+  // The progress line shares the terminal with the workers' output, never
+  // with a session's console or a pipe.
+  progress_line_ =
+      config_.progress && !config_.interactive && console::EnableStatusLine(1);
   // Python workers get the torch compatibility shim (worker_env.h), once per
   // run.
   if (config_.python_worker)
@@ -711,14 +716,38 @@ void LocalGroup::PublishStatus() {
   Thin(&report_samples_, 2000);
   nlohmann::json node = NodeStatusJson(facts, workers, now);
   AddScores(stragglers_.Scores(), &node);
-  counts_.restarts = attempt_.restart_count;
-  if (metrics_) metrics_->Update(MetricsText(node, counts_));
-  if (health_) health_->SetHealthy(Healthy(workers));
   std::string json = node.dump();
   std::string path = run_dir_ + "/status.json";
   if (os::WriteFile(path + ".tmp", json).ok())
     std::rename((path + ".tmp").c_str(), path.c_str());
   if (on_status) on_status(json);
+  Present(node, workers, now);
+}
+
+// One node sees only its own ranks; the node that gathers every node's
+// record (job_view) shows and serves the job's progress.
+void LocalGroup::Present(const nlohmann::json& node,
+                         const std::vector<WorkerStatus>& workers, double now) {
+  std::vector<nlohmann::json> job =
+      job_view ? job_view() : std::vector<nlohmann::json>{};
+  const bool whole_job = !job.empty() || assignment_.group_world_size <= 1;
+  if (job.empty()) job.push_back(node);
+  const JobProgress progress = JobProgressOf(job);
+  counts_.restarts = attempt_.restart_count;
+  if (metrics_) {
+    std::string text = MetricsText(node, counts_);
+    if (whole_job) text += JobMetricsText(progress, attempt_.run_id);
+    if (store_metrics) text += store_metrics();
+    metrics_->Update(std::move(text));
+  }
+  if (health_) health_->SetHealthy(Healthy(workers));
+  if (progress_line_) {
+    std::string who =
+        whole_job
+            ? "dtrun: "
+            : "dtrun node " + std::to_string(assignment_.group_rank) + ": ";
+    console::SetStatusLine(who + ProgressText(progress, now - started_at_));
+  }
 }
 
 // --max-restarts-without-progress, when an attempt fails: progress is a
@@ -886,6 +915,7 @@ void LocalGroup::RecordEvents(bool succeeded) {
 }
 
 void LocalGroup::Finish(bool succeeded) {
+  console::DisableStatusLine();
   // Workers are gone, but a grandchild holding a pipe open must not keep
   // dtrun alive: forward what is there for up to a second, then close.
   workers_->Drain(milliseconds(1000));

@@ -78,6 +78,12 @@ class LocalGroup {
   // Called every second with this node's status (NodeStatusJson, dumped),
   // after it was written to <run folder>/status.json.
   std::function<void(const std::string& json)> on_status;
+  // Every node's status record, scored as one job (ScoreJob), when this
+  // node is the one that gathers them (elastic: group rank 0); else none.
+  // Feeds the progress line and the dtrun_job_* metrics.
+  std::function<std::vector<nlohmann::json>()> job_view;
+  // The families of the stores this node hosts (StoreMetricsText).
+  std::function<std::string()> store_metrics;
 
   // Single node: starts attempt 0; restarts follow failures by themselves.
   void Start();
@@ -156,6 +162,9 @@ class LocalGroup {
   void ServeStackRequest();
   // Every second: this node's status to status.json and on_status.
   void PublishStatus();
+  // Then what is made of it: metrics, health, the progress line.
+  void Present(const nlohmann::json& node,
+               const std::vector<WorkerStatus>& workers, double now);
   std::vector<WorkerObservation> Observe() const;
   int PollTimeout(int timeout_ms) const;
 
@@ -183,6 +192,7 @@ class LocalGroup {
   // the failed restarts in a row that beat none past it, and why the job
   // gave up ("" while it has not).
   StatusSampler sampler_;
+  bool progress_line_ = false;  // dtrun's stdout is a terminal
   // --metrics-port and TORCHELASTIC_HEALTH_CHECK_PORT, fed every second.
   std::unique_ptr<MetricsServer> metrics_, health_;
   JobCounts counts_;

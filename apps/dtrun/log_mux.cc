@@ -9,6 +9,8 @@
 #include <cerrno>
 #include <vector>
 
+#include "rendezvous/util/console.h"
+
 namespace dtrun::agent {
 
 void LineSplitter::Feed(std::string_view data, const Emit& emit) {
@@ -35,22 +37,7 @@ void LineSplitter::Flush(const Emit& emit) {
   partial_.clear();
 }
 
-void WriteAll(int fd, std::string_view data) {
-  while (!data.empty()) {
-    ssize_t n = write(fd, data.data(), data.size());
-    if (n > 0) {
-      data.remove_prefix(static_cast<size_t>(n));
-      // The console may be non-blocking: O_NONBLOCK belongs to the open file
-      // description, which dtrun shares with whoever else holds the terminal
-      // or pipe. Wait for room instead of dropping a worker's lines.
-    } else if (n < 0 && errno == EAGAIN) {
-      pollfd p{fd, POLLOUT, 0};
-      poll(&p, 1, 100);
-    } else if (n < 0 && errno != EINTR) {
-      return;  // console or file gone: nothing sensible left to do
-    }
-  }
-}
+void WriteAll(int fd, std::string_view data) { console::Write(fd, data); }
 
 LogMux::~LogMux() { CloseAll(); }
 

@@ -62,6 +62,8 @@ class LogMux {
 // Writes all of `data` to `fd`, retrying on EINTR/partial writes and polling
 // (100 ms at a time) while a non-blocking `fd` is full. Blocks until written;
 // gives up silently on any other error, since the destination is gone.
+// Console writes keep clear of dtrun's status line (rendezvous/util/
+// console.h).
 void WriteAll(int fd, std::string_view data);
 
 }  // namespace dtrun::agent

@@ -7,6 +7,8 @@
 
 #include <asio.hpp>
 
+#include "rendezvous/store_server.h"
+
 namespace dtrun::agent {
 namespace {
 
@@ -59,7 +61,83 @@ std::string Counter(const std::string& name, const std::string& help,
          "\n";
 }
 
+// A job-wide gauge: one sample, labelled with the run alone.
+std::string Gauge(const std::string& name, const std::string& help,
+                  const std::string& run, double value) {
+  return "# HELP " + name + " " + help + "\n# TYPE " + name + " gauge\n" +
+         name + "{run_id=\"" + Label(run) + "\"} " + Number(value) + "\n";
+}
+
+// A family with one sample per store this node hosts.
+std::string StoreFamily(const std::vector<StoreSample>& stores,
+                        const std::string& name, const std::string& help,
+                        const char* type, const std::string& run,
+                        double (*value)(const StoreSample&)) {
+  std::string out =
+      "# HELP " + name + " " + help + "\n# TYPE " + name + " " + type + "\n";
+  for (const StoreSample& s : stores) {
+    out += name + "{run_id=\"" + Label(run) + "\",store=\"" + Label(s.role) +
+           "\"} " + Number(value(s)) + "\n";
+  }
+  return out;
+}
+
 }  // namespace
+
+std::string JobMetricsText(const JobProgress& p, const std::string& run) {
+  return Gauge("dtrun_job_nodes", "Nodes whose status this node sees.", run,
+               p.nodes) +
+         Gauge("dtrun_job_ranks_running", "Workers running, on every node.",
+               run, p.running) +
+         Gauge("dtrun_job_step", "The lowest step any running rank beat.", run,
+               static_cast<double>(p.step)) +
+         Gauge("dtrun_job_steps_planned",
+               "The steps the run takes in all, when its beats say; else 0.",
+               run, static_cast<double>(p.total_steps)) +
+         Gauge("dtrun_job_step_seconds",
+               "The slowest rank's median seconds per step; -1 when unknown.",
+               run, p.step_time_s) +
+         Gauge("dtrun_job_eta_seconds",
+               "Seconds left at the current pace; -1 when unknown.", run,
+               p.eta_s) +
+         Gauge("dtrun_job_slowest_rank",
+               "The rank with the lowest straggler score (else the longest "
+               "step time); -1 when none.",
+               run, p.slowest_rank);
+}
+
+// The counts are read on the store's own loop (a posted task), so the
+// agent never touches the store's state from its thread.
+StoreSample SampleStore(const std::string& role,
+                        rendezvous::StoreServer* server) {
+  rendezvous::StoreServer::Counts c = server->GetCounts();
+  return StoreSample{role, c.connections, c.keys, c.requests};
+}
+
+std::string StoreMetricsText(const std::vector<StoreSample>& stores,
+                             int64_t round, const std::string& run) {
+  std::string out = Gauge("dtrun_rendezvous_round",
+                          "The rendezvous round this node is in; -1 without "
+                          "a rendezvous.",
+                          run, static_cast<double>(round));
+  if (stores.empty()) return out;
+  return out +
+         StoreFamily(stores, "dtrun_store_connections",
+                     "Connections open to a store this node hosts.", "gauge",
+                     run,
+                     [](const StoreSample& s) {
+                       return static_cast<double>(s.connections);
+                     }) +
+         StoreFamily(
+             stores, "dtrun_store_keys", "Keys in a store this node hosts.",
+             "gauge", run,
+             [](const StoreSample& s) { return static_cast<double>(s.keys); }) +
+         StoreFamily(stores, "dtrun_store_requests_total",
+                     "Requests a store this node hosts answered.", "counter",
+                     run, [](const StoreSample& s) {
+                       return static_cast<double>(s.requests);
+                     });
+}
 
 // The names follow Prometheus' conventions: base units (seconds, bytes,
 // ratios), _total for counters.

@@ -11,10 +11,16 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "apps/dtrun/progress.h"
 #include "rendezvous/util/status.h"
+
+namespace dtrun::rendezvous {
+class StoreServer;
+}
 
 namespace dtrun::agent {
 
@@ -28,6 +34,29 @@ struct JobCounts {
 // The text of one scrape from a node's status record (NodeStatusJson with
 // scores). Pure.
 std::string MetricsText(const nlohmann::json& node, const JobCounts& counts);
+
+// Families of the job as a whole (dtrun_job_*: nodes, running ranks, the
+// job's step, planned steps, step time, time left, slowest rank), served by
+// the node that sees every node's status (group rank 0). Pure.
+std::string JobMetricsText(const JobProgress& p, const std::string& run);
+
+// One store this node hosts, for StoreMetricsText.
+struct StoreSample {
+  std::string role;  // "rendezvous" or "workers"
+  size_t connections = 0;
+  size_t keys = 0;
+  uint64_t requests = 0;
+};
+
+// What `server` holds and has served now; blocks for a turn of its loop.
+StoreSample SampleStore(const std::string& role,
+                        rendezvous::StoreServer* server);
+
+// The families of the stores this node hosts (dtrun_store_*, labelled by
+// role) and of its rendezvous round (dtrun_rendezvous_round, -1: none, as
+// on one node). Pure.
+std::string StoreMetricsText(const std::vector<StoreSample>& stores,
+                             int64_t round, const std::string& run);
 
 // A small HTTP/1.0 server on its own thread: GET /metrics answers the last
 // text given to Update; with `health`, GET on any path answers 200 "ok"

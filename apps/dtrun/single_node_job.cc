@@ -10,6 +10,7 @@
 #include "apps/dtrun/job_status.h"
 #include "rendezvous/util/log.h"
 #include "rendezvous/util/os_util.h"
+#include "apps/dtrun/metrics.h"
 #include "rendezvous/store_client.h"
 #include "rendezvous/store_server.h"
 #include "rendezvous/store_state.h"
@@ -42,6 +43,10 @@ Status SingleNodeJob::StartStore() {
   if (!server.ok()) return server.status();
   store_ = std::move(*server);
   store_->RunInBackground();
+  group_.store_metrics = [this] {
+    return StoreMetricsText({SampleStore("workers", store_.get())}, -1,
+                            group_.attempt().run_id);
+  };
   group_.attempt().master_addr = config_.master_addr;
   group_.attempt().master_port = store_->port();
   return Status::Ok();

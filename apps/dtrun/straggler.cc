@@ -1,6 +1,7 @@
 #include "apps/dtrun/straggler.h"
 
 #include <algorithm>
+#include <sstream>
 #include <cstdlib>
 
 namespace dtrun::agent {
@@ -91,6 +92,16 @@ double ParseBeatCompute(const std::string& text) {
   char* stop = nullptr;
   double v = std::strtod(text.c_str() + space + 1, &stop);
   return stop == text.c_str() + space + 1 || v < 0 ? -1 : v;
+}
+
+// Only the first line counts: a shorter beat written over a longer one
+// leaves the older line's tail after its newline.
+int64_t ParseBeatTotal(const std::string& text) {
+  std::istringstream in(text.substr(0, text.find('\n')));
+  std::string step, compute;
+  long long total = 0;
+  if (!(in >> step >> compute >> total) || total < 0) return 0;
+  return total;
 }
 
 }  // namespace dtrun::agent

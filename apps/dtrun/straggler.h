@@ -83,4 +83,8 @@ std::vector<RankScore> ScoreTypical(const std::map<int, double>& typical);
 // -1 when it carries none.
 double ParseBeatCompute(const std::string& text);
 
+// The total steps a beat's text carries third ("170 0.0123 1000"), 0 when
+// it carries none.
+int64_t ParseBeatTotal(const std::string& text);
+
 }  // namespace dtrun::agent

@@ -3,7 +3,9 @@
 #include <cstdlib>
 #include <mutex>
 
-#include <spdlog/sinks/stdout_sinks.h>
+#include <spdlog/sinks/base_sink.h>
+
+#include "rendezvous/util/console.h"
 
 namespace dtrun {
 namespace {
@@ -14,6 +16,18 @@ namespace {
 std::mutex g_mu;
 spdlog::level::level_enum g_level = spdlog::level::info;
 bool g_level_set = false;
+
+// stderr through the console, so that log lines and a status line on the
+// terminal never mix (console.h).
+class ConsoleSink : public spdlog::sinks::base_sink<std::mutex> {
+ protected:
+  void sink_it_(const spdlog::details::log_msg& msg) override {
+    spdlog::memory_buf_t line;
+    formatter_->format(msg, line);
+    console::Write(2, std::string_view(line.data(), line.size()));
+  }
+  void flush_() override {}  // Write leaves nothing buffered
+};
 
 }  // namespace
 
@@ -30,8 +44,8 @@ std::shared_ptr<spdlog::logger> Logger(const std::string& name) {
     }
     g_level_set = true;
   }
-  auto logger = std::make_shared<spdlog::logger>(
-      name, std::make_shared<spdlog::sinks::stderr_sink_mt>());
+  auto logger =
+      std::make_shared<spdlog::logger>(name, std::make_shared<ConsoleSink>());
   logger->set_pattern("[%Y-%m-%d %H:%M:%S.%e] [%l] [%n] %v");
   logger->set_level(g_level);
   // Flush every line: the launcher may be killed, and its last lines are

@@ -93,23 +93,70 @@ class MetricsTest(unittest.TestCase):
         status, _ = get(f"http://127.0.0.1:{port}/other")
         self.assertEqual(status, 404)
 
-    @unittest.skipUnless(shutil.which("prometheus"), "needs the prometheus server")
-    def test_a_real_prometheus_scrapes_the_job(self):
-        port, web = free_port(), free_port()
+    def two_nodes(self):
+        """A 2-node job (2 workers each, on loopback hosts), each node with
+        its own metrics port; the ports."""
+        rdzv, ports = free_port(), [free_port(), free_port()]
+        for node, addr in enumerate(("127.0.0.2", "127.0.0.3")):
+            self.start([ARGS.dtrun, "--python", ARGS.python, "--nnodes=2", "--nproc-per-node=2",
+                        "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{rdzv}",
+                        "--rdzv-id=metrics2", f"--local-addr={addr}", f"--node-rank={node}",
+                        f"--metrics-port={ports[node]}", WORKER, "wedge", "100000", "99", "99"])
+        return ports
+
+    def test_a_single_node_serves_the_job_and_its_store(self):
+        port = free_port()
         self.job(port)
+        text = self.wait_for("the job's step", lambda: (
+            lambda r: 'dtrun_job_step{run_id="metricsjob"}' in r[1] and r[1])(
+                get(f"http://127.0.0.1:{port}/metrics")))
+        self.assertIn('dtrun_job_ranks_running{run_id="metricsjob"} 2\n', text)
+        self.assertIn('dtrun_rendezvous_round{run_id="metricsjob"} -1\n', text)
+        self.assertRegex(text, r'dtrun_store_connections\{run_id="metricsjob",store="workers"\} \d')
+
+    def test_two_nodes_the_first_adds_the_job_wide_view(self):
+        ports = self.two_nodes()
+        first = self.wait_for("the job-wide view on node 0", lambda: (
+            lambda r: 'dtrun_job_ranks_running{run_id="metrics2"} 4' in r[1] and r[1])(
+                get(f"http://127.0.0.1:{ports[0]}/metrics")))
+        self.assertIn('dtrun_job_nodes{run_id="metrics2"} 2\n', first)
+        self.assertRegex(first, r'dtrun_rendezvous_round\{run_id="metrics2"\} \d')
+        self.assertRegex(first, r'dtrun_store_keys\{run_id="metrics2",store="workers"\} \d')
+        promtool = shutil.which("promtool")
+        if promtool:
+            check = subprocess.run([promtool, "check", "metrics"], input=first,
+                                   capture_output=True, text=True)
+            self.assertEqual(check.returncode, 0, check.stdout + check.stderr)
+        second = self.wait_for("node 1's ranks", lambda: (
+            lambda r: 'rank="3"' in r[1] and r[1])(get(f"http://127.0.0.1:{ports[1]}/metrics")))
+        self.assertNotIn("dtrun_job_", second)  # one node speaks for the job
+        # Whichever node bound the endpoint's port first hosts the
+        # rendezvous store, and counts what it answered.
+        self.assertRegex(first + second, r'dtrun_store_requests_total\{run_id="metrics2",'
+                                         r'store="rendezvous"\} [1-9]')
+
+    @unittest.skipUnless(shutil.which("prometheus"), "needs the prometheus server")
+    def test_a_real_prometheus_scrapes_a_two_node_job(self):
+        ports, web = self.two_nodes(), free_port()
         config = os.path.join(self.tmp.name, "prometheus.yml")
+        targets = ", ".join(f"'127.0.0.1:{p}'" for p in ports)
         with open(config, "w") as f:
             f.write("global:\n  scrape_interval: 1s\nscrape_configs:\n"
                     f"  - job_name: dtrun\n    static_configs:\n"
-                    f"      - targets: ['127.0.0.1:{port}']\n")
+                    f"      - targets: [{targets}]\n")
         self.start(["prometheus", f"--config.file={config}",
                     f"--storage.tsdb.path={os.path.join(self.tmp.name, 'tsdb')}",
                     f"--web.listen-address=127.0.0.1:{web}"])
         query = f"http://127.0.0.1:{web}/api/v1/query?query=dtrun_worker_step"
-        result = self.wait_for("a scraped series", lambda: json.loads(get(query)[1])["data"][
-            "result"], timeout=90)
-        self.assertEqual(sorted(r["metric"]["rank"] for r in result), ["0", "1"])
-        self.assertGreater(float(result[0]["value"][1]), 0)
+        result = self.wait_for("every rank's series", lambda: (
+            lambda r: len(r) == 4 and r)(json.loads(get(query)[1])["data"]["result"]), timeout=90)
+        self.assertEqual(sorted(r["metric"]["rank"] for r in result), ["0", "1", "2", "3"])
+        self.assertGreater(max(float(r["value"][1]) for r in result), 0)
+        query = f"http://127.0.0.1:{web}/api/v1/query?query=dtrun_job_ranks_running"
+        job = self.wait_for("the job-wide series", lambda: (
+            lambda r: r and r[0]["value"][1] == "4" and r)(
+                json.loads(get(query)[1])["data"]["result"]), timeout=60)
+        self.assertEqual(len(job), 1)  # from node 0 alone
 
     def test_the_health_check_port_answers_while_workers_beat(self):
         port, health = free_port(), free_port()

@@ -72,6 +72,63 @@ class StatusTest(unittest.TestCase):
         ranks = [r for n in nodes for r in n["ranks"]]
         return nodes if ranks and all(r["step"] >= 0 for r in ranks) else None
 
+    def on_terminal(self, *flags, steps=150):
+        """Runs a 2-worker job under a new terminal (pty); all it printed."""
+        import pty
+        cmd = [ARGS.dtrun, "--python", ARGS.python, "--nproc-per-node=2", *flags,
+               WORKER, "progress", str(steps)]
+        pid, fd = pty.fork()
+        if pid == 0:
+            os.environ.update(self.env, TERM="xterm")
+            os.execv(cmd[0], cmd)
+        out = b""
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                chunk = os.read(fd, 65536)
+            except OSError:  # EIO: the job is gone
+                break
+            if not chunk:
+                break
+            out += chunk
+        _, status = os.waitpid(pid, 0)
+        os.close(fd)
+        self.assertEqual(os.waitstatus_to_exitcode(status), 0, out)
+        return out.decode()
+
+    def test_progress_line_on_a_terminal_never_splits_worker_lines(self):
+        out = self.on_terminal()
+        self.assertRegex(out, r"dtrun: step \d+/150 \(\d+%\)")
+        self.assertIn("2/2 up", out)
+        # Each erase starts a piece: whole lines, then at most one status
+        # line at its end, which the next erase takes away.
+        shown = []
+        for piece in out.split("\r\x1b[K"):
+            lines = piece.split("\r\n")
+            if lines[-1]:
+                self.assertTrue(lines[-1].startswith("dtrun"), repr(piece))
+            shown += lines[:-1]
+        for line in shown:
+            self.assertNotIn("dtrun: step", line)
+            if line.startswith("rank"):
+                self.assertRegex(line, r"^rank [01] (line|err) \d+$")
+        for rank in (0, 1):
+            for step in range(1, 151):
+                self.assertIn(f"rank {rank} line {step}", shown)
+            self.assertIn(f"rank {rank} err 150", shown)
+        self.assertTrue(out.endswith("\r\x1b[K"), repr(out[-200:]))  # erased at the end
+
+    def test_no_progress_line_when_asked_or_when_piped(self):
+        out = self.on_terminal("--no-progress", steps=20)
+        self.assertNotIn("\x1b", out)
+        self.assertIn("rank 1 line 20", out)
+        p = subprocess.run([ARGS.dtrun, "--python", ARGS.python, "--nproc-per-node=2",
+                            WORKER, "progress", "60"], capture_output=True, text=True,
+                           env=self.env, timeout=60)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertNotIn("\x1b", p.stdout + p.stderr)
+        self.assertIn("rank 1 line 60", p.stdout)
+
     def test_one_node_by_run_id_log_folder_and_in_the_list(self):
         logs = os.path.join(self.tmp.name, "logs")
         proc = self.launch("--nproc-per-node=2", "--rdzv-id=statusjob", "--log-dir", logs)

@@ -15,6 +15,9 @@ usage: hang_worker.py MODE [ARGS]
   crash STEP GROWTH                  beat each step, rank 1 exits 1 after STEP +
                                     GROWTH x attempt (GROWTH 0: the same step
                                     every attempt, a crash loop)
+  progress STEPS                    beat "<step> <compute> STEPS" every 20 ms,
+                                    print a line a step (every 10th also to
+                                    stderr)
   timer                             torch's FileTimerClient: expires(after=1)
                                     around a sleep in stuck_here()
 """
@@ -106,6 +109,15 @@ def crash(step, growth):
     time.sleep(3600)  # stopped by dtrun when rank 1 fails
 
 
+def progress(steps):
+    for step in range(1, steps + 1):
+        time.sleep(0.02)
+        os.pwrite(hb, b"%d 0.020000 %d\n" % (step, steps), 0)
+        print(f"rank {RANK} line {step}", flush=True)
+        if step % 10 == 0:
+            print(f"rank {RANK} err {step}", file=sys.stderr, flush=True)
+
+
 def timer():
     from torch.distributed.elastic import timer as tt
     tt.configure(tt.FileTimerClient(os.environ["TORCHELASTIC_TIMER_FILE"]))
@@ -125,7 +137,7 @@ def main():
             print(f"{k}={os.environ.get(k, '<unset>')}", flush=True)
         return
     {"wedge": wedge, "silent": silent, "collective": collective, "after": after,
-     "crash": crash, "timer": timer}[mode](*args)
+     "crash": crash, "timer": timer, "progress": progress}[mode](*args)
 
 
 main()
