@@ -20,7 +20,7 @@ configure=(-G Ninja -DDTRUN_BUILD_BENCHMARKS=ON -DDTRUN_BUILD_TESTS=ON -DDTRUN_F
   -DCMAKE_BUILD_TYPE=Release)
 cmake -S . -B "$b" "${configure[@]}" >/dev/null
 ninja -C "$b" dtrun dtstore fake_worker store_bench store_load_bench rdzv_sim_bench \
-  torch_store_host ddp_bench fsdp_bench hang_bench >/dev/null
+  torch_store_host ddp_bench fsdp_bench hang_bench status_cost_bench train_cfg >/dev/null
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 # DTRUN_BENCH_ONLY=store,launcher,... runs only those parts: store, store-load,
@@ -186,4 +186,11 @@ if want status; then
   echo
   echo "== live status: dtrun --status against 64 and 512 ranks' records"
   /usr/bin/python3 tests/bench/status_bench.py --dtrun $b/apps/dtrun --dtstore $b/apps/dtstore
+  echo
+  echo "== the job-wide view on group rank 0 (progress line, dtrun_job_* metrics)"
+  $b/tests/bench/status_cost_bench
+  echo
+  echo "== metrics scrapes, and train_cfg watched vs torchrun 1.13 (via torchrun_shim.py)"
+  /usr/bin/python3 tests/bench/observe_bench.py --dtrun $b/apps/dtrun \
+    --fake-worker $b/tests/apps/fake_worker --train-cfg $b/examples/train_cfg
 fi

@@ -18,6 +18,8 @@
 //   --sleep-ms N       sleep N ms
 //   --ignore-term      ignore SIGTERM from here on
 //   --hang             sleep until killed
+//   --beat-every-ms N  beat forever, every N ms: the step, 1 ms of compute
+//                      and 1000000 steps in all (for the metrics benchmark)
 //   --vfork-stall      vfork a child that sleeps: until it exits (killed
 //                      with the process group), this worker is in
 //                      uninterruptible sleep (D state, killable)
@@ -35,6 +37,8 @@
 #include <fstream>
 #include <string>
 #include <thread>
+
+#include "rendezvous/heartbeat.h"
 
 extern char** environ;
 
@@ -89,6 +93,14 @@ int main(int argc, char** argv) {
     }
     if (flag == "--hang") {
       for (;;) pause();
+    }
+    if (flag == "--beat-every-ms") {
+      dtrun::rendezvous::Heartbeat beat;
+      for (int64_t step = 1;; ++step) {
+        std::this_thread::sleep_for(
+            std::chrono::milliseconds(std::atoi(arg.c_str())));
+        beat.Beat(step, 0.001, 1000000);
+      }
     }
     if (flag == "--vfork-stall") {
       // The parent of a vfork waits in the kernel (wait_for_vfork_done) in

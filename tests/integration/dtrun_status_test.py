@@ -186,6 +186,28 @@ class StatusTest(unittest.TestCase):
                            env=self.env, timeout=90)
         return p.returncode, p.stdout, p.stderr
 
+    def test_status_and_stacks_of_torch_gloo_ranks_in_a_collective(self):
+        if subprocess.run([ARGS.python, "-c", "import torch"],
+                          capture_output=True).returncode != 0:
+            self.skipTest(f"{ARGS.python} has no torch")
+        # Rank 1 sleeps before step 5's all_reduce; rank 0 waits inside it.
+        cmd = [ARGS.dtrun, "--python", ARGS.python, "--nproc-per-node=2",
+               "--rdzv-id=torchstacks", "--hang-timeout=120", WORKER, "after", "5", "1"]
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                text=True, env=self.env)
+        self.procs.append(proc)
+        nodes = self.wait_for("both ranks at step 4", lambda: (
+            lambda n: n and all(r["step"] == 4 for r in n[0]["ranks"]) and n)(
+                self.job_json("torchstacks")), timeout=120)
+        self.assertEqual([r["state"] for r in nodes[0]["ranks"]], ["running", "running"])
+        rc, out, err = self.stacks("torchstacks")
+        self.assertEqual(rc, 0, err)
+        rank0 = out.split("=== rank 0 on ")[1].split("=== rank")[0]
+        rank1 = out.split("=== rank 1 on ")[1]
+        self.assertIn("in all_reduce", rank0)
+        self.assertIn("in diverged", rank1)
+        self.assertIsNone(proc.poll())  # stacks do not stop the job
+
     def test_stacks_of_a_running_job_which_goes_on(self):
         proc = self.launch("--nproc-per-node=2", "--rdzv-id=stacksjob", "--log-dir",
                            os.path.join(self.tmp.name, "logs"))
