@@ -64,16 +64,24 @@ std::vector<std::string> StackTool(int pid) {
 // library uses by default.
 int StackSignal() { return SIGRTMIN + 3; }
 
-// Reads what a worker's handler printed after `from`, once it has stopped
-// growing (the dump is written in pieces), within `limit`.
+// Reads what a worker's handler printed after `from`, once it is whole
+// (the dump is written in pieces, with no end marker: the handler runs no
+// Python code): it holds the thread that took the signal, and it has not
+// grown for two polls in a row. On a loaded host one quiet poll was seen
+// to cut a dump before its current thread. Within `limit`.
 std::string ReadDump(const std::string& path, size_t from, milliseconds limit) {
   auto until = std::chrono::steady_clock::now() + limit;
   std::string last;
+  int quiet = 0;
   while (std::chrono::steady_clock::now() < until) {
     std::this_thread::sleep_for(milliseconds(50));
     std::string text = os::ReadFileOrEmpty(path);
     std::string dump = text.size() > from ? text.substr(from) : "";
-    if (!dump.empty() && dump == last) return dump;
+    quiet = !dump.empty() && dump == last ? quiet + 1 : 0;
+    const bool has_current =
+        dump.find("Current thread") != std::string::npos ||
+        dump.find("Stack (most recent call first)") != std::string::npos;
+    if (quiet >= 2 && has_current) return dump;
     last = dump;
   }
   return last;
@@ -265,10 +273,12 @@ void HangWatch::Report() {
     std::string dir = RankDir(attempt_dir_, r.silence.local_rank);
     if (!PythonWorkers(config_) || r.silence.exited || !r.host.empty())
       continue;
-    std::string dump =
-        ExtractFaulthandlerDump(os::ReadFileOrEmpty(dir + "/stderr.log"));
-    if (dump.empty() && !r.stack.empty()) continue;  // the live one stands
-    r.stack = dump;
+    // A stack taken live (ShareWithNodes) is where the rank was when the
+    // hang was declared; by the time of the SIGABRT a rank may already have
+    // failed on a peer that another node stopped, and its last dump shows
+    // that instead.
+    if (!FirstFrames(r.stack, 1).empty()) continue;
+    r.stack = ExtractFaulthandlerDump(os::ReadFileOrEmpty(dir + "/stderr.log"));
     if (r.stack.empty()) {
       r.why_no_stack =
           "the worker printed no Python fault-handler dump (not Python, or it "
