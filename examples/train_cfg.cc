@@ -34,10 +34,10 @@ const std::map<std::string, std::set<std::string>> kKeys = {
     {"train",
      {"batch_size", "steps", "accumulate", "eval_every", "log_every", "seed",
       "stop_after_step", "drop_last"}},
-    {"checkpoint", {"dir", "every", "keep", "format"}},
+    {"checkpoint", {"dir", "every", "keep", "format", "mode"}},
     {"fault",
      {"kill_rank", "kill_at_step", "hang_rank", "hang_at_step", "slow_rank",
-      "slow_factor"}},
+      "slow_factor", "save_delay_ms"}},
     {"metrics", {"path"}},
 };
 
@@ -159,12 +159,14 @@ TrainConfig ToConfig(const toml::table& t) {
   Read(t, "checkpoint", "every", &c.checkpoint_every);
   Read(t, "checkpoint", "keep", &c.keep_checkpoints);
   ReadChoice(t, "checkpoint", "format", &c.checkpoint_format);
+  ReadChoice(t, "checkpoint", "mode", &c.checkpoint_mode);
   Read(t, "fault", "kill_rank", &c.kill_rank);
   Read(t, "fault", "kill_at_step", &c.kill_at_step);
   Read(t, "fault", "hang_rank", &c.hang_rank);
   Read(t, "fault", "hang_at_step", &c.hang_at_step);
   Read(t, "fault", "slow_rank", &c.slow_rank);
   Read(t, "fault", "slow_factor", &c.slow_factor);
+  Read(t, "fault", "save_delay_ms", &c.save_delay_ms);
   Read(t, "metrics", "path", &c.metrics_path);
   return c;
 }

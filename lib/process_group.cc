@@ -85,6 +85,7 @@ struct Distributed::Impl {
   DistEnv env;
   std::string backend;
   c10::intrusive_ptr<ProcessGroup> pg;
+  rendezvous::StoreClientOptions store_options;  // for ConnectStore
 };
 
 namespace {
@@ -145,6 +146,7 @@ std::unique_ptr<Distributed> Distributed::FromEnv(
   copts.connect_timeout = options.connect_timeout;
   // 1.13's dialect: torchrun's store answers it as well as dtrun's.
   copts.dialect = rendezvous::Dialect::kTorch113;
+  impl->store_options = copts;
   auto client = rendezvous::TcpStoreClient::Connect(copts);
   if (!client.ok()) {
     throw StoreError("rank " + std::to_string(env->rank) + ": " +
@@ -188,5 +190,18 @@ Distributed::~Distributed() = default;
 const DistEnv& Distributed::env() const { return impl_->env; }
 ProcessGroup& Distributed::pg() { return *impl_->pg; }
 const std::string& Distributed::backend() const { return impl_->backend; }
+
+std::string Distributed::attempt_prefix() const {
+  return "/worker/attempt_" + std::to_string(impl_->env.restart_count) + "/";
+}
+
+std::unique_ptr<rendezvous::TcpStoreClient> Distributed::ConnectStore() const {
+  auto client = rendezvous::TcpStoreClient::Connect(impl_->store_options);
+  if (!client.ok()) {
+    throw StoreError("rank " + std::to_string(impl_->env.rank) + ": " +
+                     client.status().message());
+  }
+  return std::move(*client);
+}
 
 }  // namespace dtrun::train

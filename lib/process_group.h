@@ -6,6 +6,7 @@
 #include <string>
 
 #include "lib/dist_env.h"
+#include "rendezvous/store_client.h"
 #include "lib/torch_compat.h"
 
 namespace dtrun::train {
@@ -55,6 +56,12 @@ class Distributed {
   // local_rank (device "cuda:<local_rank>").
   const std::string& backend() const;
   bool uses_cuda() const { return backend() == "nccl"; }
+  // A store connection of its own, for a thread other than the one that
+  // runs collectives (async checkpoints); keys are the caller's to prefix
+  // with attempt_prefix(). Throws StoreError naming the rank.
+  std::unique_ptr<rendezvous::TcpStoreClient> ConnectStore() const;
+  // "/worker/attempt_<n>/": this attempt's key space in the store.
+  std::string attempt_prefix() const;
 
   struct Impl;
 

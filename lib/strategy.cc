@@ -7,6 +7,7 @@
 #include "lib/ddp.h"
 #include "lib/fsdp.h"
 #include "lib/process_group.h"
+#include "lib/state_copy.h"
 #include "rendezvous/util/check.h"
 
 namespace dtrun::train {
@@ -49,14 +50,25 @@ class DdpStrategy : public Strategy {
 
   TensorMap Save(torch::optim::Optimizer& opt, const CheckpointDir&,
                  int64_t) override {
-    torch::serialize::OutputArchive m, o;
-    model_->save(m);
-    opt.save(o);
-    std::ostringstream ms, os;
-    m.save_to(ms);
-    o.save_to(os);
-    return {{kModel, BytesTensor(ms.str())},
-            {kOptimizer, BytesTensor(os.str())}};
+    return Serialize([&](auto& m) { model_->save(m); }, opt);
+  }
+  // Clones of the model's and the optimizer's tensors, serialized later
+  // into the same archives; an optimizer CopyOptimizer cannot copy is
+  // serialized now (the bytes are a copy too).
+  Snapshot Copy(torch::optim::Optimizer& opt) override {
+    auto module = std::make_shared<ModuleCopy>(CopyModule(*model_));
+    std::shared_ptr<torch::optim::Optimizer> optimizer =
+        CopyOptimizer(opt, module->AllParams());
+    if (!optimizer) {
+      return {
+          Serialize([&](auto& m) { model_->save(m); }, opt), std::nullopt, {}};
+    }
+    Snapshot s;
+    s.encode = [module, optimizer] {
+      return Serialize([&](auto& m) { SaveModuleCopy(*module, m); },
+                       *optimizer);
+    };
+    return s;
   }
   Status Complete(const TensorMap& parts, const CheckpointDir& dir,
                   int64_t) override {
@@ -81,6 +93,21 @@ class DdpStrategy : public Strategy {
   }
 
  private:
+  // The step file's parts: the model's archive (written by `save_model`)
+  // and the optimizer's, as bytes.
+  template <typename SaveModel>
+  static TensorMap Serialize(SaveModel save_model,
+                             torch::optim::Optimizer& opt) {
+    torch::serialize::OutputArchive m, o;
+    save_model(m);
+    opt.save(o);
+    std::ostringstream ms, os;
+    m.save_to(ms);
+    o.save_to(os);
+    return {{kModel, BytesTensor(ms.str())},
+            {kOptimizer, BytesTensor(os.str())}};
+  }
+
   static DdpOptions Options(const TrainConfig& c) {
     DdpOptions o;
     o.bucket_cap_mb = c.bucket_cap_mb;
@@ -134,6 +161,19 @@ class FsdpStrategy : public Strategy {
     // every shard is durable before the step's file names them
     pg_->barrier()->wait();
     return {{kFsdpShards, torch::tensor(int64_t{pg_->getSize()})}};
+  }
+  // The state dict's tensors may be views of the shards and the optimizer's
+  // state, which the next step changes in place: each is cloned.
+  Snapshot Copy(torch::optim::Optimizer& opt) override {
+    TensorMap state = fsdp_.StateDict(opt, /*full=*/full_format_);
+    for (auto& [name, t] : state) t = t.clone();
+    if (full_format_) {
+      state[kFsdpShards] = torch::tensor(int64_t{0});
+      return {std::move(state), std::nullopt, {}};
+    }
+    return {{{kFsdpShards, torch::tensor(int64_t{pg_->getSize()})}},
+            std::move(state),
+            {}};
   }
   Status Complete(const TensorMap& parts, const CheckpointDir& dir,
                   int64_t step) override {

@@ -7,7 +7,9 @@
 #include <torch/torch.h>
 
 #include <chrono>
+#include <functional>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "lib/checkpoint.h"
@@ -34,6 +36,20 @@ class Strategy {
   // parts of the step's file (StepFile::parts), which rank 0 writes last.
   virtual TensorMap Save(torch::optim::Optimizer& opt, const CheckpointDir& dir,
                          int64_t step) = 0;
+  // What Save writes, copied out of the live state and not written
+  // (collective for FSDP's full format): `parts` for the step's file, and
+  // this rank's shard file (CheckpointDir::ShardPath), when the strategy
+  // has one. Nothing of it shares memory with the model or the optimizer,
+  // so training may go on while another thread writes it (async
+  // checkpoints); the copy costs as much memory as the state.
+  struct Snapshot {
+    TensorMap parts;
+    std::optional<TensorMap> shard;
+    // When set, more of `parts`, made from the copy off the loop's thread
+    // (DDP: torch's serializer, several times slower than the copy).
+    std::function<TensorMap()> encode;
+  };
+  virtual Snapshot Copy(torch::optim::Optimizer& opt) = 0;
   // Whether a checkpoint's other files are there and verify (every rank
   // reaches the same verdict: they read the same files). Throws Error when
   // `parts` were saved by the other strategy (the folder belongs to another

@@ -76,6 +76,12 @@ std::string ParseChoice(const std::string& key, const std::string& value,
   return ParseNamed(key, value, kNames, out);
 }
 
+std::string ParseChoice(const std::string& key, const std::string& value,
+                        CheckpointMode* out) {
+  static const char* const kNames[] = {"sync", "async"};
+  return ParseNamed(key, value, kNames, out);
+}
+
 // Declared in trainer.h; defined here so that it builds and is tested
 // without libtorch.
 std::string ValidateConfig(const TrainConfig& c) {
@@ -93,6 +99,7 @@ std::string ValidateConfig(const TrainConfig& c) {
   }
   if (c.dropout < 0 || c.dropout >= 1) return "model.dropout must be in [0, 1)";
   if (c.slow_factor < 1) return "fault.slow_factor must be >= 1";
+  if (c.save_delay_ms < 0) return "fault.save_delay_ms must be >= 0";
   if (c.checkpoint_every < 1 || c.keep_checkpoints < 1) {
     return "checkpoint.every and checkpoint.keep must be >= 1";
   }

@@ -13,6 +13,7 @@
 #include <sstream>
 #include <thread>
 
+#include "lib/async_save.h"
 #include "lib/checkpoint.h"
 #include "lib/checkpoint_payload.h"
 #include "lib/data.h"
@@ -182,6 +183,11 @@ class Trainer {
   double Step(int64_t step);
   double MicroBatch(int64_t micro, bool last);
   void Checkpoint(int64_t done);
+  // [checkpoint] mode = "async": the write of `file` (and of this rank's
+  // `shard`) on the saver's thread; WaitForSave() before the next.
+  void StartSave(int64_t done, StepFile file, std::optional<TensorMap> shard,
+                 std::function<TensorMap()> encode);
+  void WaitForSave(int64_t due);
   void Log(int64_t done, double lr);
   void Eval(int64_t done);
   void InjectFaults(const StepActions& actions, int64_t done);
@@ -204,6 +210,10 @@ class Trainer {
   // Throughput since the last progress line.
   std::chrono::steady_clock::time_point window_start_;
   int64_t window_samples_ = 0;
+  // async checkpoints: the store connection of the saver's thread (made at
+  // the first), and the saver, last so that it is joined first
+  std::unique_ptr<rendezvous::TcpStoreClient> save_store_;
+  AsyncSave saver_;
 };
 
 Trainer::Trainer(const TrainConfig& c, std::unique_ptr<Distributed> dist)
@@ -247,6 +257,7 @@ int Trainer::Run() {
     InjectFaults(actions, done);
     heartbeat.Beat(done, compute_s_, c_.steps);
     if (actions.stop) {
+      WaitForSave(-1);  // the stop's checkpoint is durable before exit 0
       if (rank_ == 0) std::printf("stopped after step %lld\n", (long long)done);
       return 0;
     }
@@ -343,21 +354,110 @@ double Trainer::MicroBatch(int64_t micro, bool last) {
 // once that file exists, so a crash anywhere before leaves the previous
 // checkpoint the newest that loads.
 void Trainer::Checkpoint(int64_t done) {
+  const auto start = std::chrono::steady_clock::now();
+  const bool async = c_.checkpoint_mode == CheckpointMode::kAsync;
+  if (async) WaitForSave(done);
   StepFile file;
-  file.parts = strategy_->Save(*opt_, *ckpt_, done);
+  std::optional<TensorMap> shard;
+  std::function<TensorMap()> encode;
+  if (async) {
+    Strategy::Snapshot copy = strategy_->Copy(*opt_);
+    file.parts = std::move(copy.parts);
+    shard = std::move(copy.shard);
+    encode = std::move(copy.encode);
+  } else {
+    file.parts = strategy_->Save(*opt_, *ckpt_, done);
+  }
   // The generators as the next step finds them: restored, a resumed run's
   // dropout masks are those of an unbroken one.
   file.rng = GatherRngStates(dist_->pg(), device_);
-  if (rank_ == 0) {
-    file.step = done;
-    file.world_size = world_;
-    Status s = ckpt_->Write(done, EncodeTensors(file.ToTensors()));
-    if (!s.ok())
-      throw Error("checkpoint at step " + std::to_string(done) + ": " +
-                  s.message());
+  file.step = done;
+  file.world_size = world_;
+  if (async) {
+    StartSave(done, std::move(file), std::move(shard), std::move(encode));
+  } else {
+    if (rank_ == 0) {
+      Status s = ckpt_->Write(done, EncodeTensors(file.ToTensors()));
+      if (!s.ok())
+        throw Error("checkpoint at step " + std::to_string(done) + ": " +
+                    s.message());
+    }
+    // nobody runs ahead of a checkpoint in progress
+    dist_->pg().barrier()->wait();
   }
-  // nobody runs ahead of a checkpoint in progress
-  dist_->pg().barrier()->wait();
+  if (rank_ == 0) {
+    std::printf("checkpoint step %lld: training waited %.1f ms (%s)\n",
+                (long long)done,
+                std::chrono::duration<double, std::milli>(
+                    std::chrono::steady_clock::now() - start)
+                    .count(),
+                async ? "async: the copy; written in the background" : "sync");
+  }
+}
+
+// At most one write in flight: one still running when the next checkpoint
+// is due is waited for and said, never skipped; one that failed fails the
+// run as a sync write would (the last good checkpoint stays the newest).
+void Trainer::WaitForSave(int64_t due) {
+  const bool was_running = saver_.running();
+  AsyncSave::Finished f = saver_.Wait();
+  if (f.step < 0) return;
+  if (!f.status.ok()) {
+    throw Error("checkpoint at step " + std::to_string(f.step) +
+                " (written in the background): " + f.status.message());
+  }
+  if (rank_ != 0) return;
+  if (was_running) {
+    std::printf(
+        "checkpoint step %lld: still being written when %s; training waited "
+        "%.1f ms for it (write %.1f ms)\n",
+        (long long)f.step,
+        due < 0 ? "the run ended"
+                : ("step " + std::to_string(due) + " was due").c_str(),
+        f.waited_s * 1000, f.write_s * 1000);
+  } else {
+    std::printf("checkpoint step %lld: written in the background in %.1f ms\n",
+                (long long)f.step, f.write_s * 1000);
+  }
+}
+
+// Each rank's shard is durable before the step's file names it: the
+// saver's thread says so through the store (a key per rank and step), and
+// rank 0's thread waits for every rank's key before it writes the step's
+// file. No collective runs off the loop's thread.
+void Trainer::StartSave(int64_t done, StepFile file,
+                        std::optional<TensorMap> shard,
+                        std::function<TensorMap()> encode) {
+  if (shard && !save_store_) save_store_ = dist_->ConnectStore();
+  const std::string key = dist_->attempt_prefix() + "dtrun_ckpt/" +
+                          std::to_string(done) + "/durable/";
+  saver_.Start(
+      done,
+      [this, done, key, file = std::move(file), shard = std::move(shard),
+       encode = std::move(encode)]() mutable -> Status {
+        if (c_.save_delay_ms > 0) {  // [fault] save_delay_ms: a slow disk
+          std::this_thread::sleep_for(
+              std::chrono::milliseconds(c_.save_delay_ms));
+        }
+        if (shard) {
+          Status s = WriteCheckpointFile(ckpt_->ShardPath(done, rank_),
+                                         EncodeTensors(*shard));
+          if (s.ok()) s = save_store_->Set(key + std::to_string(rank_), "1");
+          if (!s.ok()) return s;
+        }
+        if (rank_ != 0) return Status::Ok();
+        if (encode) {
+          for (auto& [name, t] : encode()) file.parts[name] = std::move(t);
+        }
+        if (shard) {
+          std::vector<std::string> keys;
+          for (int r = 0; r < world_; ++r)
+            keys.push_back(key + std::to_string(r));
+          Status s = save_store_->Wait(keys, save_store_->timeout());
+          if (!s.ok()) return s;
+        }
+        return ckpt_->Write(done, EncodeTensors(file.ToTensors()));
+      });
 }
 
 void Trainer::Log(int64_t done, double lr) {
@@ -400,6 +500,7 @@ void Trainer::InjectFaults(const StepActions& actions, int64_t done) {
 // The final evaluation and the hash of the full parameters (collective for
 // FSDP), which tests compare across runs.
 int Trainer::Finish() {
+  WaitForSave(-1);  // the last checkpoint is durable before "done"
   const double acc = Evaluates() ? Evaluate() : 0;
   auto params = strategy_->FullParams();
   if (rank_ == 0) {

@@ -13,6 +13,7 @@ enum class StrategyKind { kDdp, kFsdp };           // strategy.type
 enum class OptimizerKind { kSgd, kAdam, kAdamW };  // optimizer.type
 enum class Schedule { kConstant, kCosine };        // schedule.type
 enum class CheckpointFormat { kSharded, kFull };   // checkpoint.format
+enum class CheckpointMode { kSync, kAsync };       // checkpoint.mode
 
 // Sets *out to the choice named `value` (as in TOML: "ddp", "adamw", ...)
 // and returns "", or returns what is wrong, naming `key` and the choices
@@ -29,6 +30,8 @@ std::string ParseChoice(const std::string& key, const std::string& value,
                         Schedule* out);
 std::string ParseChoice(const std::string& key, const std::string& value,
                         CheckpointFormat* out);
+std::string ParseChoice(const std::string& key, const std::string& value,
+                        CheckpointMode* out);
 
 // Everything a training run needs; train_cfg fills it from TOML. Defaults in
 // brackets.
@@ -72,6 +75,9 @@ struct TrainConfig {
   int checkpoint_every = 50, keep_checkpoints = 2;
   // fsdp: sharded (each rank its shard) [sharded] | full
   CheckpointFormat checkpoint_format = CheckpointFormat::kSharded;
+  // sync [sync]: the loop waits until the checkpoint is durable; async: it
+  // waits only for a copy of the state in memory, a thread writes it.
+  CheckpointMode checkpoint_mode = CheckpointMode::kSync;
   // stop (as if preempted) after this step; -1 never
   int64_t stop_after_step = -1;
   // fault injection for demos and tests: rank `kill_rank` SIGKILLs itself
@@ -86,6 +92,9 @@ struct TrainConfig {
   // times as long, every step: a straggler for tests. 1: off.
   int slow_rank = -1;
   double slow_factor = 1.0;
+  // async checkpoints: each background write first waits this long (a slow
+  // disk), so that a fault lands while a write is in flight. 0: off.
+  int save_delay_ms = 0;
   std::string metrics_path;  // JSON lines; empty: none
 };
 

@@ -125,6 +125,50 @@ class TrainCfg(unittest.TestCase):
         self.assertIn("resumed from", out)
         self.assertEqual(self.done(out), clean)
 
+    def test_async_checkpoints_end_where_sync_ones_do(self):
+        # A write slower than two checkpoints apart is waited for and said.
+        sets = ["train.steps=120", "checkpoint.every=20", "train.log_every=20"]
+        for config in (CONFIG, FSDP):
+            with self.subTest(config=os.path.basename(config)):
+                rc, out, err = train(2, self.ckpt("sync"), *sets, config=config)
+                self.assertEqual(rc, 0, err)
+                clean = self.done(out)
+                self.assertIn("checkpoint step 20: training waited", out)
+                self.assertIn("(sync)", out)
+                rc, out, err = train(2, self.ckpt("async"), *sets, 'checkpoint.mode="async"',
+                                     "fault.save_delay_ms=400", config=config)
+                self.assertEqual(rc, 0, err)
+                self.assertEqual(self.done(out), clean)
+                self.assertIn("(async: the copy; written in the background)", out)
+                self.assertRegex(out, r"checkpoint step 20: still being written when step 40 "
+                                      r"was due; training waited [\d.]+ ms for it")
+                self.assertRegex(out, r"checkpoint step 120: still being written when the run "
+                                      r"ended")
+                steps = sorted(os.listdir(os.path.join(self.tmp.name, "async")))
+                self.assertIn("ckpt_000000000120.dtck", steps)
+                shutil.rmtree(os.path.join(self.tmp.name, "sync"))
+                shutil.rmtree(os.path.join(self.tmp.name, "async"))
+
+    def test_async_write_killed_in_flight_resumes_from_the_last_durable_one(self):
+        # The writing rank dies while step 100's write sleeps (a slow disk):
+        # step 100 never lands, the restart resumes from step 50, and the
+        # run ends bitwise where an undisturbed one does.
+        sets = ["train.steps=150", "checkpoint.every=50", 'checkpoint.mode="async"']
+        for config, rank in ((CONFIG, 0), (FSDP, 1)):
+            with self.subTest(config=os.path.basename(config), killed=rank):
+                rc, out, err = train(2, self.ckpt("clean"), *sets, config=config)
+                self.assertEqual(rc, 0, err)
+                clean = self.done(out)
+                rc, out, err = train(2, self.ckpt("killed"), *sets, "fault.save_delay_ms=3000",
+                                     f"fault.kill_rank={rank}", "fault.kill_at_step=100",
+                                     restarts=1, config=config)
+                self.assertEqual(rc, 0, err)
+                self.assertIn("SIGKILL", err)
+                self.assertRegex(out, r"resumed from \S+ckpt_000000000050\.dtck at step 50")
+                self.assertEqual(self.done(out), clean)
+                shutil.rmtree(os.path.join(self.tmp.name, "clean"))
+                shutil.rmtree(os.path.join(self.tmp.name, "killed"))
+
     def losses(self, path):
         import json
         with open(path) as f:
