@@ -1,123 +1,49 @@
+// OpenSSL's EVP interface: it picks the fastest implementation the CPU
+// allows at run time.
 #include "lib/sha256.h"
 
-#include <cstring>
+#include <openssl/evp.h>
 
-// SHA-256 as FIPS 180-4 gives it, self-contained so that checkpoint
-// checksums and parameter hashes need no crypto library.
+#include <cstdio>
+#include <stdexcept>
 
 namespace dtrun::train {
-namespace {
 
-// The round constants: the first 32 bits of the fractional parts of the
-// cube roots of the first 64 primes (FIPS 180-4, 4.2.2).
-constexpr uint32_t kK[64] = {
-    0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1,
-    0x923f82a4, 0xab1c5ed5, 0xd807aa98, 0x12835b01, 0x243185be, 0x550c7dc3,
-    0x72be5d74, 0x80deb1fe, 0x9bdc06a7, 0xc19bf174, 0xe49b69c1, 0xefbe4786,
-    0x0fc19dc6, 0x240ca1cc, 0x2de92c6f, 0x4a7484aa, 0x5cb0a9dc, 0x76f988da,
-    0x983e5152, 0xa831c66d, 0xb00327c8, 0xbf597fc7, 0xc6e00bf3, 0xd5a79147,
-    0x06ca6351, 0x14292967, 0x27b70a85, 0x2e1b2138, 0x4d2c6dfc, 0x53380d13,
-    0x650a7354, 0x766a0abb, 0x81c2c92e, 0x92722c85, 0xa2bfe8a1, 0xa81a664b,
-    0xc24b8b70, 0xc76c51a3, 0xd192e819, 0xd6990624, 0xf40e3585, 0x106aa070,
-    0x19a4c116, 0x1e376c08, 0x2748774c, 0x34b0bcb5, 0x391c0cb3, 0x4ed8aa4a,
-    0x5b9cca4f, 0x682e6ff3, 0x748f82ee, 0x78a5636f, 0x84c87814, 0x8cc70208,
-    0x90befffa, 0xa4506ceb, 0xbef9a3f7, 0xc67178f2};
+struct Sha256::Context {
+  EVP_MD_CTX* md = nullptr;
+};
 
-uint32_t Rotr(uint32_t x, int n) { return (x >> n) | (x << (32 - n)); }
-
-}  // namespace
-
-// The initial hash value: the first 32 bits of the fractional parts of the
-// square roots of the first 8 primes (5.3.3).
-Sha256::Sha256()
-    : h_{0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a,
-         0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19} {}
-
-// One 64-byte block into the state (6.2.2): the message schedule w, then
-// 64 rounds over the working variables a..h, added back into h_.
-void Sha256::Block(const uint8_t* p) {
-  uint32_t w[64];
-  for (int i = 0; i < 16; ++i) {
-    w[i] = uint32_t(p[4 * i]) << 24 | uint32_t(p[4 * i + 1]) << 16 |
-           uint32_t(p[4 * i + 2]) << 8 | uint32_t(p[4 * i + 3]);
-  }
-  for (int i = 16; i < 64; ++i) {
-    uint32_t s0 = Rotr(w[i - 15], 7) ^ Rotr(w[i - 15], 18) ^ (w[i - 15] >> 3);
-    uint32_t s1 = Rotr(w[i - 2], 17) ^ Rotr(w[i - 2], 19) ^ (w[i - 2] >> 10);
-    w[i] = w[i - 16] + s0 + w[i - 7] + s1;
-  }
-  uint32_t a = h_[0], b = h_[1], c = h_[2], d = h_[3], e = h_[4], f = h_[5],
-           g = h_[6], h = h_[7];
-  for (int i = 0; i < 64; ++i) {
-    uint32_t t1 = h + (Rotr(e, 6) ^ Rotr(e, 11) ^ Rotr(e, 25)) +
-                  ((e & f) ^ (~e & g)) + kK[i] + w[i];
-    uint32_t t2 = (Rotr(a, 2) ^ Rotr(a, 13) ^ Rotr(a, 22)) +
-                  ((a & b) ^ (a & c) ^ (b & c));
-    h = g;
-    g = f;
-    f = e;
-    e = d + t1;
-    d = c;
-    c = b;
-    b = a;
-    a = t1 + t2;
-  }
-  h_[0] += a;
-  h_[1] += b;
-  h_[2] += c;
-  h_[3] += d;
-  h_[4] += e;
-  h_[5] += f;
-  h_[6] += g;
-  h_[7] += h;
+// Failures here mean libcrypto could not allocate a few bytes or does not
+// have SHA-256 at all: nothing a caller can do about, so they throw.
+Sha256::Sha256() : ctx_(std::make_unique<Context>()) {
+  ctx_->md = EVP_MD_CTX_new();
+  if (!ctx_->md || EVP_DigestInit_ex(ctx_->md, EVP_sha256(), nullptr) != 1)
+    throw std::runtime_error("SHA-256: libcrypto's EVP_DigestInit_ex failed");
 }
 
-// Buffers bytes until a block is full; any split of the input into Update
-// calls gives the same digest.
+Sha256::~Sha256() { EVP_MD_CTX_free(ctx_->md); }
+
 void Sha256::Update(const void* data, size_t size) {
-  const uint8_t* p = static_cast<const uint8_t*>(data);
-  total_ += size;
-  while (size > 0) {
-    size_t take = std::min(size, sizeof(buf_) - used_);
-    std::memcpy(buf_ + used_, p, take);
-    used_ += take;
-    p += take;
-    size -= take;
-    if (used_ == sizeof(buf_)) {
-      Block(buf_);
-      used_ = 0;
-    }
-  }
+  if (size > 0 && EVP_DigestUpdate(ctx_->md, data, size) != 1)
+    throw std::runtime_error("SHA-256: libcrypto's EVP_DigestUpdate failed");
 }
 
-// Padding: 0x80, zeros up to 56 bytes into a block, then the message length
-// in bits, big-endian.
 std::array<uint8_t, 32> Sha256::Digest() {
-  uint64_t bits = total_ * 8;
-  uint8_t pad = 0x80;
-  Update(&pad, 1);
-  uint8_t zero = 0;
-  while (used_ != 56) Update(&zero, 1);
-  uint8_t len[8];
-  for (int i = 0; i < 8; ++i)
-    len[i] = static_cast<uint8_t>(bits >> (56 - 8 * i));
-  Update(len, 8);
-  std::array<uint8_t, 32> out;
-  for (int i = 0; i < 8; ++i) {
-    for (int j = 0; j < 4; ++j)
-      out[4 * i + j] = static_cast<uint8_t>(h_[i] >> (24 - 8 * j));
-  }
+  std::array<uint8_t, 32> out{};
+  unsigned int n = 0;
+  if (EVP_DigestFinal_ex(ctx_->md, out.data(), &n) != 1 || n != out.size())
+    throw std::runtime_error("SHA-256: libcrypto's EVP_DigestFinal_ex failed");
   return out;
 }
 
 std::string Sha256::HexDigest() {
-  static const char* kHex = "0123456789abcdef";
-  std::string out;
+  std::string hex;
+  char buf[3];
   for (uint8_t b : Digest()) {
-    out += kHex[b >> 4];
-    out += kHex[b & 15];
+    std::snprintf(buf, sizeof(buf), "%02x", b);
+    hex += buf;
   }
-  return out;
+  return hex;
 }
 
 std::string Sha256Hex(std::string_view data) {

@@ -6,7 +6,7 @@ set -euo pipefail
 packages=(
   cmake ninja-build g++ ccache pkg-config
   libtorch-dev python3-torch libgloo-dev
-  libcli11-dev libspdlog-dev libasio-dev nlohmann-json3-dev libtomlplusplus-dev
+  libcli11-dev libspdlog-dev libasio-dev nlohmann-json3-dev libtomlplusplus-dev libssl-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   clang libclang-rt-14-dev clang-format
   python3-sklearn
