@@ -25,7 +25,7 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 # DTRUN_BENCH_ONLY=store,launcher,... runs only those parts: store, store-load,
 # launcher, multinode, rdzv-sim, rdzv-scale, ddp, fsdp, interactive, hang,
-# status.
+# status, checkpoint.
 want() { [[ -z ${DTRUN_BENCH_ONLY:-} || ",$DTRUN_BENCH_ONLY," == *",$1,"* ]]; }
 
 torch2=${DTRUN_BENCH_TORCH2:-1}
@@ -172,6 +172,15 @@ if want interactive; then
     env "$shim2" PET_PYTHON="$py2" /usr/bin/python3 tests/bench/interactive_bench.py \
       --dtrun $b/apps/dtrun --only console
   fi
+fi
+
+if want checkpoint; then
+  echo
+  echo "== checkpoints: the loop's wait, sync vs async, train_cfg vs PyTorch 2.6's DCP (96.4 M parameters)"
+  args=()
+  [[ $torch2 == 1 ]] && args=(--torch2-python "$py2" --torch2-shim "${shim2#PYTHONPATH=}")
+  /usr/bin/python3 tests/bench/checkpoint_bench.py --dtrun $b/apps/dtrun \
+    --train-cfg $b/examples/train_cfg "${args[@]}"
 fi
 
 if want hang; then
