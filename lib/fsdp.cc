@@ -592,8 +592,8 @@ std::map<std::string, at::Tensor> FullyShardedDataParallel::StateDict(
     // and where it begins, from which any world size can reassemble it.
     for (auto& [name, t] : tensors) {
       if (name == "step") {
-        out[pre + name] = t.to(at::kCPU);
-      } else if (full) {
+        out[pre + name] = t.to(at::kCPU).clone();
+      } else if (full) {  // gathered into a new tensor
         out[pre + name] = d.GatherFloat(t).narrow(0, 0, u.numel).to(at::kCPU);
       } else {
         out[pre + name] = t.detach().to(at::kCPU).clone();

@@ -83,7 +83,8 @@ class FullyShardedDataParallel {
   // plus "u<k>.begin", "u<k>.numel", "u<k>.padded"). Full: the same with
   // every range complete (gathered: collective; every rank gets it).
   // Optimizers: SGD (momentum buffer), Adam and AdamW (step, exp_avg,
-  // exp_avg_sq, max_exp_avg_sq with amsgrad).
+  // exp_avg_sq, max_exp_avg_sq with amsgrad). Every tensor is a copy of
+  // its own: training may go on while it is written (async checkpoints).
   std::map<std::string, at::Tensor> StateDict(torch::optim::Optimizer& opt,
                                               bool full);
   // Restores this rank's shards and optimizer state from one or more state

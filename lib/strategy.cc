@@ -24,7 +24,7 @@ class DdpStrategy : public Strategy {
  public:
   DdpStrategy(std::shared_ptr<torch::nn::SequentialImpl> model,
               ProcessGroup* pg, const TrainConfig& c)
-      : model_(model), ddp_(model, pg, Options(c)) {}
+      : model_(model), rank_(pg->getRank()), ddp_(model, pg, Options(c)) {}
 
   torch::Tensor Forward(const torch::Tensor& x) override {
     return model_->forward(x);
@@ -55,7 +55,10 @@ class DdpStrategy : public Strategy {
   // Clones of the model's and the optimizer's tensors, serialized later
   // into the same archives; an optimizer CopyOptimizer cannot copy is
   // serialized now (the bytes are a copy too).
+  // Every rank holds the same state and rank 0 alone writes it: the others
+  // copy nothing.
   Snapshot Copy(torch::optim::Optimizer& opt) override {
+    if (rank_ != 0) return {};
     auto module = std::make_shared<ModuleCopy>(CopyModule(*model_));
     std::shared_ptr<torch::optim::Optimizer> optimizer =
         CopyOptimizer(opt, module->AllParams());
@@ -115,6 +118,7 @@ class DdpStrategy : public Strategy {
   }
 
   std::shared_ptr<torch::nn::SequentialImpl> model_;
+  int rank_;  // only rank 0 writes DDP's checkpoint
   DistributedDataParallel ddp_;
 };
 
@@ -162,11 +166,10 @@ class FsdpStrategy : public Strategy {
     pg_->barrier()->wait();
     return {{kFsdpShards, torch::tensor(int64_t{pg_->getSize()})}};
   }
-  // The state dict's tensors may be views of the shards and the optimizer's
-  // state, which the next step changes in place: each is cloned.
+  // The state dict is already a copy (FullyShardedDataParallel::StateDict
+  // copies every tensor): cloning it again doubled FSDP's async stall.
   Snapshot Copy(torch::optim::Optimizer& opt) override {
     TensorMap state = fsdp_.StateDict(opt, /*full=*/full_format_);
-    for (auto& [name, t] : state) t = t.clone();
     if (full_format_) {
       state[kFsdpShards] = torch::tensor(int64_t{0});
       return {std::move(state), std::nullopt, {}};

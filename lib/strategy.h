@@ -41,7 +41,8 @@ class Strategy {
   // this rank's shard file (CheckpointDir::ShardPath), when the strategy
   // has one. Nothing of it shares memory with the model or the optimizer,
   // so training may go on while another thread writes it (async
-  // checkpoints); the copy costs as much memory as the state.
+  // checkpoints); the copy costs as much memory as the state. DDP's is on
+  // rank 0 only, which alone writes; the other ranks' Snapshot is empty.
   struct Snapshot {
     TensorMap parts;
     std::optional<TensorMap> shard;
