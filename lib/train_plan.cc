@@ -100,6 +100,10 @@ std::string ValidateConfig(const TrainConfig& c) {
   if (c.dropout < 0 || c.dropout >= 1) return "model.dropout must be in [0, 1)";
   if (c.slow_factor < 1) return "fault.slow_factor must be >= 1";
   if (c.save_delay_ms < 0) return "fault.save_delay_ms must be >= 0";
+  if (c.save_delay_ms > 0 && c.checkpoint_mode != CheckpointMode::kAsync) {
+    return "fault.save_delay_ms delays async writes only: set "
+           "checkpoint.mode = \"async\" or drop it";
+  }
   if (c.checkpoint_every < 1 || c.keep_checkpoints < 1) {
     return "checkpoint.every and checkpoint.keep must be >= 1";
   }

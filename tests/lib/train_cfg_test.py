@@ -238,7 +238,10 @@ class TrainCfg(unittest.TestCase):
                           ('strategy.param_dtype="fp8"', "strategy.param_dtype 'fp8'"),
                           ('train.steps="ten"', "train.steps must be an integer"),
                           ("model.dropout=1.5", "model.dropout must be in [0, 1)"),
-                          ("strategy.prefetch=3", "strategy.prefetch must be true or false")]:
+                          ("strategy.prefetch=3", "strategy.prefetch must be true or false"),
+                          ('checkpoint.mode="memory"',
+                           "checkpoint.mode 'memory': use \"sync\" or \"async\""),
+                          ("fault.save_delay_ms=500", "fault.save_delay_ms delays async writes")]:
             p = subprocess.run([ARGS.train_cfg, FSDP, "--set", bad], capture_output=True, text=True)
             self.assertEqual(p.returncode, 2, bad)
             self.assertIn(says, p.stderr)

@@ -142,8 +142,24 @@ TEST(ValidateConfigTest, EveryChoiceParsesToItsEnum) {
   EXPECT_EQ(c.schedule, Schedule::kCosine);
   EXPECT_EQ(ParseChoice("checkpoint.format", "full", &c.checkpoint_format), "");
   EXPECT_EQ(c.checkpoint_format, CheckpointFormat::kFull);
+  EXPECT_EQ(ParseChoice("checkpoint.mode", "async", &c.checkpoint_mode), "");
+  EXPECT_EQ(c.checkpoint_mode, CheckpointMode::kAsync);
+  EXPECT_EQ(ParseChoice("checkpoint.mode", "memory", &c.checkpoint_mode),
+            "checkpoint.mode 'memory': use \"sync\" or \"async\"");
   // Exactly as written: TOML strings are case-sensitive.
   EXPECT_NE(ParseChoice("optimizer.type", "SGD", &c.optimizer), "");
+}
+
+TEST(ValidateConfigTest, ASaveDelayWithoutAsyncWritesIsRefused) {
+  TrainConfig c;
+  c.save_delay_ms = 100;  // would delay nothing in sync mode
+  EXPECT_EQ(ValidateConfig(c),
+            "fault.save_delay_ms delays async writes only: set "
+            "checkpoint.mode = \"async\" or drop it");
+  c.checkpoint_mode = CheckpointMode::kAsync;
+  EXPECT_EQ(ValidateConfig(c), "");
+  c.save_delay_ms = -1;
+  EXPECT_EQ(ValidateConfig(c), "fault.save_delay_ms must be >= 0");
 }
 
 TEST(ValidateConfigTest, RefusesOutOfRangeNumbers) {
