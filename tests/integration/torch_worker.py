@@ -52,8 +52,13 @@ def main():
         time.sleep(60)
     elif mode == "hang":
         restart = os.environ["TORCHELASTIC_RESTART_COUNT"]
-        with open(os.path.join(sys.argv[2], f"pid_{rank}_{restart}"), "w") as f:
+        # Whole or absent, as fake_worker's: a hidden temporary, then a
+        # rename (the test reads the folder while workers start).
+        final = os.path.join(sys.argv[2], f"pid_{rank}_{restart}")
+        temp = os.path.join(sys.argv[2], f".pid_{rank}_{restart}")
+        with open(temp, "w") as f:
             f.write(str(os.getpid()))
+        os.rename(temp, final)
         dist.init_process_group("gloo")
         while True:
             time.sleep(1)
