@@ -34,10 +34,10 @@ const std::map<std::string, std::set<std::string>> kKeys = {
     {"train",
      {"batch_size", "steps", "accumulate", "eval_every", "log_every", "seed",
       "stop_after_step", "drop_last"}},
-    {"checkpoint", {"dir", "every", "keep", "format", "mode"}},
+    {"checkpoint", {"dir", "every", "keep", "format", "mode", "persist_every"}},
     {"fault",
-     {"kill_rank", "kill_at_step", "hang_rank", "hang_at_step", "slow_rank",
-      "slow_factor", "save_delay_ms"}},
+     {"kill_rank", "kill_at_step", "kill_in", "hang_rank", "hang_at_step",
+      "slow_rank", "slow_factor", "save_delay_ms"}},
     {"metrics", {"path"}},
 };
 
@@ -160,8 +160,10 @@ TrainConfig ToConfig(const toml::table& t) {
   Read(t, "checkpoint", "keep", &c.keep_checkpoints);
   ReadChoice(t, "checkpoint", "format", &c.checkpoint_format);
   ReadChoice(t, "checkpoint", "mode", &c.checkpoint_mode);
+  Read(t, "checkpoint", "persist_every", &c.persist_every);
   Read(t, "fault", "kill_rank", &c.kill_rank);
   Read(t, "fault", "kill_at_step", &c.kill_at_step);
+  ReadChoice(t, "fault", "kill_in", &c.kill_in);
   Read(t, "fault", "hang_rank", &c.hang_rank);
   Read(t, "fault", "hang_at_step", &c.hang_at_step);
   Read(t, "fault", "slow_rank", &c.slow_rank);

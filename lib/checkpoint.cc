@@ -24,9 +24,11 @@ std::string Errno(const std::string& what) {
   return what + ": " + std::strerror(errno);
 }
 
+}  // namespace
+
 // "DTCKPT1\n" | sha256(payload) | u64 length (LE). The length lets a reader
 // call a cut-off file truncated rather than merely corrupt.
-std::string Header(const std::string& payload) {
+std::string CheckpointHeader(const std::string& payload) {
   Sha256 sha;
   sha.Update(payload);
   auto digest = sha.Digest();
@@ -36,6 +38,8 @@ std::string Header(const std::string& payload) {
   header.append(reinterpret_cast<const char*>(&len), sizeof(len));
   return header;
 }
+
+namespace {
 
 Status WriteAllFd(int fd, const char* p, size_t n,
                   const std::function<void(size_t)>& on_chunk, size_t* written,
@@ -56,11 +60,11 @@ Status WriteAllFd(int fd, const char* p, size_t n,
 // Writes header and payload to `tmp` and fsyncs it: the data must be on disk
 // before the rename publishes it, or a crash could leave the final name
 // pointing at a file whose blocks never made it.
-Status WriteSynced(const std::string& tmp, const std::string& payload,
+Status WriteSynced(const std::string& tmp, const std::string& header,
+                   const std::string& payload,
                    const std::function<void(size_t)>& on_chunk) {
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) return Status::Io(Errno("creating " + tmp));
-  const std::string header = Header(payload);
   size_t written = 0;
   Status s =
       WriteAllFd(fd, header.data(), header.size(), on_chunk, &written, tmp);
@@ -111,12 +115,23 @@ void DeleteStaleShards(const std::string& dir, int64_t step,
 CheckpointDir::CheckpointDir(std::string dir, int keep_last)
     : dir_(std::move(dir)), keep_last_(std::max(1, keep_last)) {}
 
-std::string CheckpointDir::PathFor(int64_t step) const {
+// Zero-padded so that names sort as steps do.
+std::string CheckpointDir::StepName(int64_t step) {
   char name[64];
-  // Zero-padded so that names sort as steps do.
-  std::snprintf(name, sizeof(name), "/ckpt_%012lld.dtck",
+  std::snprintf(name, sizeof(name), "ckpt_%012lld.dtck",
                 static_cast<long long>(step));
-  return dir_ + name;
+  return name;
+}
+
+std::string CheckpointDir::ShardName(int64_t step, int rank) {
+  char name[80];
+  std::snprintf(name, sizeof(name), "ckpt_%012lld.shard_%d.dtck",
+                static_cast<long long>(step), rank);
+  return name;
+}
+
+std::string CheckpointDir::PathFor(int64_t step) const {
+  return dir_ + "/" + StepName(step);
 }
 
 // Temporary file, fsync, rename over the final name, fsync the folder: in
@@ -125,14 +140,17 @@ std::string CheckpointDir::PathFor(int64_t step) const {
 // never share one.
 Status WriteCheckpointFile(const std::string& final_path,
                            const std::string& payload,
-                           const std::function<void(size_t)>& on_chunk) {
+                           const std::function<void(size_t)>& on_chunk,
+                           const std::string& header) {
   const std::string dir = final_path.substr(0, final_path.rfind('/') + 1);
   if (!dir.empty()) {
     Status made = os::MakeDirs(dir);
     if (!made.ok()) return Status::Io("checkpoint: " + made.message());
   }
   const std::string tmp = final_path + ".tmp." + std::to_string(getpid());
-  Status s = WriteSynced(tmp, payload, on_chunk);
+  Status s =
+      WriteSynced(tmp, header.empty() ? CheckpointHeader(payload) : header,
+                  payload, on_chunk);
   if (s.ok() && ::rename(tmp.c_str(), final_path.c_str()) != 0) {
     s = Status::Io(Errno("renaming " + tmp));
   }
@@ -149,7 +167,10 @@ Status WriteCheckpointFile(const std::string& final_path,
 Result<std::string> ReadCheckpointFile(const std::string& path) {
   auto read = os::ReadFile(path);
   if (!read.ok()) return Status::Invalid(read.status().message());
-  const std::string& data = *read;
+  return VerifyCheckpointBytes(*read);
+}
+
+Result<std::string> VerifyCheckpointBytes(const std::string& data) {
   if (data.size() < kHeaderLen || data.compare(0, kMagicLen, kMagic) != 0) {
     return Status::Invalid("not a dtrun checkpoint (bad header)");
   }
@@ -169,10 +190,11 @@ Result<std::string> ReadCheckpointFile(const std::string& path) {
   return data.substr(kHeaderLen);
 }
 
-Status CheckpointDir::Write(int64_t step, const std::string& payload) {
+Status CheckpointDir::Write(int64_t step, const std::string& payload,
+                            const std::string& header) {
   Status s = os::MakeDirs(dir_);
   if (!s.ok()) return Status::Io("checkpoint: " + s.message());
-  s = WriteCheckpointFile(PathFor(step), payload, on_chunk);
+  s = WriteCheckpointFile(PathFor(step), payload, on_chunk, header);
   if (!s.ok()) return s;
   // Pruned only after the new file is durable: a crash in between leaves one
   // checkpoint too many, never one too few.
@@ -187,10 +209,7 @@ Status CheckpointDir::Write(int64_t step, const std::string& payload) {
 }
 
 std::string CheckpointDir::ShardPath(int64_t step, int rank) const {
-  char name[80];
-  std::snprintf(name, sizeof(name), "/ckpt_%012lld.shard_%d.dtck",
-                static_cast<long long>(step), rank);
-  return dir_ + name;
+  return dir_ + "/" + ShardName(step, rank);
 }
 
 std::vector<int64_t> CheckpointDir::Steps() const {

@@ -13,12 +13,20 @@ namespace dtrun::train {
 // One checkpoint file: writes `payload` to `path` crash-safely (temporary
 // file in the same folder, fsync, rename, folder fsync). on_chunk: see
 // CheckpointDir::on_chunk.
+// `header`: CheckpointHeader(payload) when the caller has it already ("":
+// computed here).
 Status WriteCheckpointFile(
     const std::string& path, const std::string& payload,
-    const std::function<void(size_t)>& on_chunk = nullptr);
+    const std::function<void(size_t)>& on_chunk = nullptr,
+    const std::string& header = "");
 // Reads and verifies one checkpoint file; the payload, or Status::Invalid
 // saying why it does not load ("truncated: ...", "checksum mismatch").
 Result<std::string> ReadCheckpointFile(const std::string& path);
+// The framing a file of `payload` starts with (magic, SHA-256, length).
+std::string CheckpointHeader(const std::string& payload);
+// The payload of a whole framed file's bytes, verified as
+// ReadCheckpointFile verifies a file's.
+Result<std::string> VerifyCheckpointBytes(const std::string& bytes);
 
 // A folder of checkpoints, each one file "ckpt_<step>.dtck":
 // clang-format off
@@ -33,8 +41,10 @@ class CheckpointDir {
   // keep_last: how many checkpoints to keep (older ones are deleted); >= 1.
   CheckpointDir(std::string dir, int keep_last);
 
-  // Writes `payload` as the checkpoint of `step`.
-  Status Write(int64_t step, const std::string& payload);
+  // Writes `payload` as the checkpoint of `step` (`header`: as for
+  // WriteCheckpointFile).
+  Status Write(int64_t step, const std::string& payload,
+               const std::string& header = "");
 
   struct Loaded {
     int64_t step;
@@ -57,6 +67,10 @@ class CheckpointDir {
   // exists, so shards of an unfinished checkpoint never load; Write()
   // deletes the shards of steps it no longer keeps.
   std::string ShardPath(int64_t step, int rank) const;
+  // The file names alone: "ckpt_<step, 12 digits>.dtck" and
+  // "ckpt_<step>.shard_<rank>.dtck".
+  static std::string StepName(int64_t step);
+  static std::string ShardName(int64_t step, int rank);
   const std::string& dir() const { return dir_; }
 
   // Test hook: called after each chunk written to the temporary file.

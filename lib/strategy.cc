@@ -55,10 +55,10 @@ class DdpStrategy : public Strategy {
   // Clones of the model's and the optimizer's tensors, serialized later
   // into the same archives; an optimizer CopyOptimizer cannot copy is
   // serialized now (the bytes are a copy too).
-  // Every rank holds the same state and rank 0 alone writes it: the others
-  // copy nothing.
-  Snapshot Copy(torch::optim::Optimizer& opt) override {
-    if (rank_ != 0) return {};
+  // Every rank holds the same state; those that write no step's file copy
+  // nothing.
+  Snapshot Copy(torch::optim::Optimizer& opt, bool whole) override {
+    if (!whole) return {};
     auto module = std::make_shared<ModuleCopy>(CopyModule(*model_));
     std::shared_ptr<torch::optim::Optimizer> optimizer =
         CopyOptimizer(opt, module->AllParams());
@@ -73,11 +73,11 @@ class DdpStrategy : public Strategy {
     };
     return s;
   }
-  Status Complete(const TensorMap& parts, const CheckpointDir& dir,
+  Status Complete(const TensorMap& parts, const ShardSource& shards,
                   int64_t) override {
     if (!parts.count(kModel) || !parts.count(kOptimizer)) {
       throw Error(
-          dir.dir() +
+          shards.where +
           " holds checkpoints of an FSDP run (strategy = \"fsdp\"); resume "
           "it with strategy.type=\"fsdp\" or give this DDP run another "
           "checkpoint.dir");
@@ -168,7 +168,7 @@ class FsdpStrategy : public Strategy {
   }
   // The state dict is already a copy (FullyShardedDataParallel::StateDict
   // copies every tensor): cloning it again doubled FSDP's async stall.
-  Snapshot Copy(torch::optim::Optimizer& opt) override {
+  Snapshot Copy(torch::optim::Optimizer& opt, bool) override {
     TensorMap state = fsdp_.StateDict(opt, /*full=*/full_format_);
     if (full_format_) {
       state[kFsdpShards] = torch::tensor(int64_t{0});
@@ -178,11 +178,11 @@ class FsdpStrategy : public Strategy {
             std::move(state),
             {}};
   }
-  Status Complete(const TensorMap& parts, const CheckpointDir& dir,
+  Status Complete(const TensorMap& parts, const ShardSource& source,
                   int64_t step) override {
     if (!parts.count(kFsdpShards)) {
       throw Error(
-          dir.dir() +
+          source.where +
           " holds checkpoints of a DDP run (strategy = \"ddp\"); resume it "
           "with strategy.type=\"ddp\" or give this FSDP run another "
           "checkpoint.dir");
@@ -192,7 +192,11 @@ class FsdpStrategy : public Strategy {
     const int64_t shards = parts.at(kFsdpShards).item<int64_t>();
     if (shards == 0) verified_.push_back(parts);  // full: all in the step's
     for (int64_t j = 0; j < shards; ++j) {
-      Status s = LoadShard(dir.ShardPath(step, static_cast<int>(j)));
+      const int r = static_cast<int>(j);
+      if (source.own_only && r != pg_->getRank()) continue;
+      Status s =
+          LoadShard(source.read(step, r),
+                    source.where + "/" + CheckpointDir::ShardName(step, r));
       if (!s.ok()) {
         verified_.clear();
         return s;
@@ -218,9 +222,8 @@ class FsdpStrategy : public Strategy {
     o.cpu_offload = c.cpu_offload;
     return o;
   }
-  // Reads, verifies and decodes one shard file into verified_.
-  Status LoadShard(const std::string& path) {
-    auto shard = ReadCheckpointFile(path);
+  // Decodes one shard file's verified payload into verified_.
+  Status LoadShard(const Result<std::string>& shard, const std::string& path) {
     auto decoded =
         shard.ok() ? DecodeTensors(*shard) : Result<TensorMap>(shard.status());
     if (!decoded.ok()) {
@@ -239,6 +242,15 @@ class FsdpStrategy : public Strategy {
 };
 
 }  // namespace
+
+Strategy::ShardSource Strategy::FolderShards(const CheckpointDir& dir) {
+  ShardSource source;
+  source.read = [&dir](int64_t step, int rank) {
+    return ReadCheckpointFile(dir.ShardPath(step, rank));
+  };
+  source.where = dir.dir();
+  return source;
+}
 
 // The one place that picks a concrete strategy: the trainer sees only the
 // interface.

@@ -40,9 +40,11 @@ class Strategy {
   // (collective for FSDP's full format): `parts` for the step's file, and
   // this rank's shard file (CheckpointDir::ShardPath), when the strategy
   // has one. Nothing of it shares memory with the model or the optimizer,
-  // so training may go on while another thread writes it (async
-  // checkpoints); the copy costs as much memory as the state. DDP's is on
-  // rank 0 only, which alone writes; the other ranks' Snapshot is empty.
+  // so training may go on while another thread writes it (async and memory
+  // checkpoints); the copy costs as much memory as the state. `whole`:
+  // whether this rank writes a step's file (DDP: its parts are the whole
+  // state, copied only by ranks that write one; the others' Snapshot is
+  // empty).
   struct Snapshot {
     TensorMap parts;
     std::optional<TensorMap> shard;
@@ -50,12 +52,24 @@ class Strategy {
     // (DDP: torch's serializer, several times slower than the copy).
     std::function<TensorMap()> encode;
   };
-  virtual Snapshot Copy(torch::optim::Optimizer& opt) = 0;
-  // Whether a checkpoint's other files are there and verify (every rank
-  // reaches the same verdict: they read the same files). Throws Error when
-  // `parts` were saved by the other strategy (the folder belongs to another
-  // run). Restore() follows the Complete() that accepted, for the same step.
-  virtual Status Complete(const TensorMap& parts, const CheckpointDir& dir,
+  virtual Snapshot Copy(torch::optim::Optimizer& opt, bool whole) = 0;
+  // Where Complete() reads a step's shard files from.
+  struct ShardSource {
+    // Shard `rank` of `step`: its payload, verified, or why not.
+    std::function<Result<std::string>(int64_t step, int rank)> read;
+    // Whether this rank's own shard is all it reads (copies in memory, of
+    // the same world size) or every shard the step names (the folder: any
+    // world size).
+    bool own_only = false;
+    std::string where;  // the folder, for messages
+  };
+  static ShardSource FolderShards(const CheckpointDir& dir);
+  // Whether a checkpoint's other files are there and verify (from the
+  // folder every rank reaches the same verdict: they read the same files).
+  // Throws Error when `parts` were saved by the other strategy (the folder
+  // belongs to another run). Restore() follows the Complete() that
+  // accepted, for the same step.
+  virtual Status Complete(const TensorMap& parts, const ShardSource& shards,
                           int64_t step) = 0;
   virtual void Restore(const TensorMap& parts,
                        torch::optim::Optimizer& opt) = 0;

@@ -78,7 +78,13 @@ std::string ParseChoice(const std::string& key, const std::string& value,
 
 std::string ParseChoice(const std::string& key, const std::string& value,
                         CheckpointMode* out) {
-  static const char* const kNames[] = {"sync", "async"};
+  static const char* const kNames[] = {"sync", "async", "memory"};
+  return ParseNamed(key, value, kNames, out);
+}
+
+std::string ParseChoice(const std::string& key, const std::string& value,
+                        KillPoint* out) {
+  static const char* const kNames[] = {"step", "copy", "write"};
   return ParseNamed(key, value, kNames, out);
 }
 
@@ -100,12 +106,32 @@ std::string ValidateConfig(const TrainConfig& c) {
   if (c.dropout < 0 || c.dropout >= 1) return "model.dropout must be in [0, 1)";
   if (c.slow_factor < 1) return "fault.slow_factor must be >= 1";
   if (c.save_delay_ms < 0) return "fault.save_delay_ms must be >= 0";
-  if (c.save_delay_ms > 0 && c.checkpoint_mode != CheckpointMode::kAsync) {
-    return "fault.save_delay_ms delays async writes only: set "
-           "checkpoint.mode = \"async\" or drop it";
+  const bool background = c.checkpoint_mode != CheckpointMode::kSync;
+  if (c.save_delay_ms > 0 && !background) {
+    return "fault.save_delay_ms delays background writes only: set "
+           "checkpoint.mode = \"async\" or \"memory\", or drop it";
   }
-  if (c.checkpoint_every < 1 || c.keep_checkpoints < 1) {
-    return "checkpoint.every and checkpoint.keep must be >= 1";
+  if (c.checkpoint_every < 1 || c.keep_checkpoints < 1 || c.persist_every < 1) {
+    return "checkpoint.every, checkpoint.keep and checkpoint.persist_every "
+           "must be >= 1";
+  }
+  if (c.checkpoint_mode == CheckpointMode::kMemory &&
+      c.strategy == StrategyKind::kFsdp &&
+      c.checkpoint_format == CheckpointFormat::kFull) {
+    return "checkpoint.mode = \"memory\" keeps each rank's shard in its "
+           "node's memory, and checkpoint.format = \"full\" gathers the "
+           "whole state on rank 0: use format = \"sharded\" with it";
+  }
+  if (c.kill_in != KillPoint::kStep) {
+    if (!background)
+      return "fault.kill_in = \"copy\" or \"write\" needs checkpoint.mode "
+             "= \"async\" or \"memory\" (a sync checkpoint has no copy)";
+    if (c.checkpoint_dir.empty() || (c.kill_at_step % c.checkpoint_every != 0 &&
+                                     c.kill_at_step != c.steps)) {
+      return "fault.kill_in = \"copy\" or \"write\" kills during the "
+             "checkpoint of fault.kill_at_step, which must be a checkpoint's "
+             "step (a multiple of checkpoint.every, with checkpoint.dir set)";
+    }
   }
   if (c.test_fraction <= 0 || c.test_fraction >= 1)
     return "data.test_fraction must be in (0, 1)";
@@ -124,7 +150,14 @@ StepActions ActionsAfterStep(const TrainConfig& c, int64_t done, int rank,
       !c.checkpoint_dir.empty() && (Every(done, c.checkpoint_every) || last);
   a.log = rank == 0 && (Every(done, c.log_every) || last);
   a.eval = Every(done, c.eval_every);
-  a.kill = first_attempt && rank == c.kill_rank && done == c.kill_at_step;
+  a.persist =
+      a.checkpoint && (c.checkpoint_mode != CheckpointMode::kMemory || last ||
+                       done == c.stop_after_step ||
+                       (done / c.checkpoint_every) % c.persist_every == 0);
+  const bool kill =
+      first_attempt && rank == c.kill_rank && done == c.kill_at_step;
+  a.kill = kill && c.kill_in == KillPoint::kStep;
+  a.kill_in_checkpoint = kill && a.checkpoint && c.kill_in != KillPoint::kStep;
   a.hang = first_attempt && rank == c.hang_rank && done == c.hang_at_step;
   a.stop = done == c.stop_after_step;
   return a;

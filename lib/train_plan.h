@@ -13,10 +13,14 @@ namespace dtrun::train {
 // What the loop does once a step is complete, in this order.
 struct StepActions {
   bool checkpoint = false;  // every rank takes part (collective)
-  bool log = false;         // rank 0 prints progress and metrics
+  // memory mode: this checkpoint also goes to disk (every other mode: always)
+  bool persist = false;
+  bool log = false;   // rank 0 prints progress and metrics
   bool eval = false;  // rank 0 evaluates, or every rank if the strategy's eval
                       // is collective
   bool kill = false;  // fault injection: this rank SIGKILLs itself
+  // fault injection: ... during this step's checkpoint (fault.kill_in)
+  bool kill_in_checkpoint = false;
   // fault injection: this rank stops beating and waits forever
   bool hang = false;
   bool stop = false;  // stop as if preempted (after the checkpoint, if any)

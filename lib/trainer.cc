@@ -17,6 +17,7 @@
 #include "lib/checkpoint.h"
 #include "lib/checkpoint_payload.h"
 #include "lib/data.h"
+#include "lib/node_copies.h"
 #include "lib/process_group.h"
 #include "lib/sha256.h"
 #include "lib/strategy.h"
@@ -137,6 +138,31 @@ double AllMean(ProcessGroup& pg, double v, torch::Device device) {
   return t[0].item<double>() / pg.getSize();
 }
 
+// The smallest of every rank's `v` (collective).
+int64_t AllMin(ProcessGroup& pg, int64_t v, torch::Device device) {
+  std::vector<torch::Tensor> t{torch::tensor({v}, torch::kLong).to(device)};
+  c10d::AllreduceOptions opts;
+  opts.reduceOp = c10d::ReduceOp::MIN;
+  pg.allreduce(t, opts)->wait();
+  return t[0].item<int64_t>();
+}
+
+[[noreturn]] void KillSelf(int rank, int64_t step, const char* where) {
+  std::fprintf(stderr,
+               "fault injection: rank %d kills itself %s of step %lld\n", rank,
+               where, (long long)step);
+  std::fflush(stderr);
+  raise(SIGKILL);
+  std::abort();
+}
+
+// Milliseconds since `start`.
+double MsSince(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double, std::milli>(
+             std::chrono::steady_clock::now() - start)
+      .count();
+}
+
 // Every rank's CPU generator state, gathered (collective).
 std::vector<torch::Tensor> GatherRngStates(ProcessGroup& pg,
                                            torch::Device device) {
@@ -179,14 +205,36 @@ class Trainer {
 
  private:
   int64_t Resume();
+  // mode = "memory": the step every rank resumed from its node's copies,
+  // or -1 (then from the folder). Collective.
+  int64_t ResumeFromMemory();
+  // The files rank `rank_` needs of `step` to resume from memory.
+  std::vector<std::string> MemoryFilesOf(int64_t step) const;
+  // Reads them and has the strategy check them; *file gets the step's.
+  Status LoadFromMemory(int64_t step, StepFile* file);
   void RestoreRng(const StepFile& file);
   double Step(int64_t step);
   double MicroBatch(int64_t micro, bool last);
-  void Checkpoint(int64_t done);
-  // [checkpoint] mode = "async": the write of `file` (and of this rank's
-  // `shard`) on the saver's thread; WaitForSave() before the next.
-  void StartSave(int64_t done, StepFile file, std::optional<TensorMap> shard,
-                 std::function<TensorMap()> encode);
+  void Checkpoint(int64_t done, const StepActions& actions);
+  // A background checkpoint (async, memory): what the saver's thread writes.
+  struct SaveJob {
+    int64_t step = 0;
+    bool persist = true;  // to disk too (memory mode: not every time)
+    bool kill = false;    // fault.kill_in = "write"
+    bool whole = false;   // this rank writes a step's file
+    StepFile file;
+    std::optional<TensorMap> shard;
+    std::function<TensorMap()> encode;
+  };
+  // Starts `job` on the saver's thread; WaitForSave() before the next.
+  void StartSave(SaveJob job);
+  // The saver's thread: memory copies (mode = "memory"), then the disk.
+  Status WriteSave(SaveJob& job);
+  Status WriteToDisk(const SaveJob& job, const std::string& shard_payload,
+                     const std::string& shard_header,
+                     const std::string& step_payload,
+                     const std::string& step_header,
+                     const std::function<void()>& halfway);
   void WaitForSave(int64_t due);
   void Log(int64_t done, double lr);
   void Eval(int64_t done);
@@ -204,6 +252,7 @@ class Trainer {
   std::unique_ptr<Strategy> strategy_;
   std::unique_ptr<torch::optim::Optimizer> opt_;
   std::unique_ptr<CheckpointDir> ckpt_;  // null without checkpoint_dir
+  std::unique_ptr<NodeCopies> copies_;   // mode = "memory" under dtrun
   std::ofstream metrics_;                // rank 0, with metrics_path
   double loss_ = 0;                      // the last step's, averaged over ranks
   double compute_s_ = 0;  // the last step's time outside collectives
@@ -238,6 +287,15 @@ int Trainer::Run() {
     ckpt_ =
         std::make_unique<CheckpointDir>(c_.checkpoint_dir, c_.keep_checkpoints);
   }
+  if (ckpt_ && c_.checkpoint_mode == CheckpointMode::kMemory) {
+    copies_ = NodeCopies::FromEnv(dist_->env().local_rank, c_.checkpoint_dir);
+    if (!copies_ && rank_ == 0) {
+      std::fprintf(stderr,
+                   "checkpoint.mode = \"memory\": this launcher keeps no "
+                   "shared-memory copies (dtrun does); checkpoints are "
+                   "written as in \"async\" mode\n");
+    }
+  }
   const int64_t start = ckpt_ ? Resume() : 0;
   if (rank_ == 0 && !c_.metrics_path.empty())
     metrics_.open(c_.metrics_path, std::ios::app);
@@ -251,7 +309,7 @@ int Trainer::Run() {
     const int64_t done = step + 1;
     const StepActions actions =
         ActionsAfterStep(c_, done, rank_, first_attempt);
-    if (actions.checkpoint) Checkpoint(done);
+    if (actions.checkpoint) Checkpoint(done, actions);
     if (actions.log) Log(done, LearningRate(c_, step));
     if (actions.eval && Evaluates()) Eval(done);
     InjectFaults(actions, done);
@@ -269,6 +327,11 @@ int Trainer::Run() {
 // The newest checkpoint that loads and whose other files verify; the step
 // to start from (0 when there is none).
 int64_t Trainer::Resume() {
+  if (c_.checkpoint_mode == CheckpointMode::kMemory) {
+    const int64_t step = ResumeFromMemory();
+    if (step >= 0) return step;
+  }
+  const auto start = std::chrono::steady_clock::now();
   std::vector<std::string> skipped;
   StepFile file;
   auto loaded =
@@ -278,7 +341,8 @@ int64_t Trainer::Resume() {
                                    : Result<StepFile>(tensors.status());
         if (!parsed.ok()) return parsed.status();
         file = std::move(*parsed);
-        return strategy_->Complete(file.parts, *ckpt_, l.step);
+        return strategy_->Complete(file.parts, Strategy::FolderShards(*ckpt_),
+                                   l.step);
       });
   if (rank_ == 0) {
     for (const auto& s : skipped)
@@ -288,11 +352,88 @@ int64_t Trainer::Resume() {
   strategy_->Restore(file.parts, *opt_);
   RestoreRng(file);
   if (rank_ == 0) {
-    std::printf("resumed from %s at step %lld (saved on %lld ranks)\n",
-                loaded->path.c_str(), (long long)file.step,
-                (long long)file.world_size);
+    std::printf(
+        "resumed from %s at step %lld (saved on %lld ranks; read in %.1f "
+        "ms)\n",
+        loaded->path.c_str(), (long long)file.step, (long long)file.world_size,
+        MsSince(start));
   }
   return file.step;
+}
+
+std::vector<std::string> Trainer::MemoryFilesOf(int64_t step) const {
+  std::vector<std::string> names{CheckpointDir::StepName(step)};
+  if (c_.strategy == StrategyKind::kFsdp)
+    names.push_back(CheckpointDir::ShardName(step, rank_));
+  return names;
+}
+
+// Every rank must find the same step on its node, none older than the
+// folder's newest: the step is the smallest of the ranks' newest, and any
+// rank that cannot read it sends every rank to the folder.
+// Two all-reduces decide it, so every rank takes the same path even when
+// the nodes' memories differ (a node that was replaced has none): a rank
+// that holds nothing says -1 and the whole group reads the folder. A copy
+// is trusted only after its SHA-256 verifies, as a file's would be.
+int64_t Trainer::ResumeFromMemory() {
+  const auto start = std::chrono::steady_clock::now();
+  const std::vector<int64_t> on_disk = ckpt_->Steps();
+  const int64_t disk = on_disk.empty() ? 0 : on_disk.front();
+  int64_t mine = -1;
+  if (copies_) {
+    copies_->Scan();
+    mine = copies_->Newest([this](int64_t s) { return MemoryFilesOf(s); },
+                           std::max<int64_t>(disk, 1), world_);
+    if (dist_->env().local_rank == 0) {
+      for (const auto& u : copies_->unusable())
+        std::fprintf(stderr, "checkpoint copy not used: %s\n", u.c_str());
+    }
+  }
+  const int64_t step = AllMin(dist_->pg(), mine, device_);
+  StepFile file;
+  Status loaded = Status::Invalid("not every rank holds a copy of a step");
+  if (step > 0) loaded = LoadFromMemory(step, &file);
+  if (!loaded.ok() && step > 0)
+    std::fprintf(stderr, "rank %d: memory copy of step %lld: %s\n", rank_,
+                 (long long)step, loaded.message().c_str());
+  if (AllMin(dist_->pg(), loaded.ok() ? 1 : 0, device_) == 0) {
+    if (rank_ == 0 && copies_ && dist_->env().restart_count > 0) {
+      std::printf(
+          "no memory copy to resume from (%s; the folder's newest "
+          "is step %lld): resuming from disk\n",
+          step > 0 ? "a rank's copy does not load"
+                   : "not every rank's node holds one",
+          (long long)disk);
+    }
+    return -1;
+  }
+  strategy_->Restore(file.parts, *opt_);
+  RestoreRng(file);
+  if (rank_ == 0) {
+    std::printf(
+        "resumed from memory at step %lld (copies in %s; the folder's newest "
+        "is step %lld; read in %.1f ms)\n",
+        (long long)step, copies_->where().c_str(), (long long)disk,
+        MsSince(start));
+  }
+  return step;
+}
+
+Status Trainer::LoadFromMemory(int64_t step, StepFile* file) {
+  auto payload = copies_->Read(step, CheckpointDir::StepName(step));
+  auto tensors = payload.ok() ? DecodeTensors(*payload)
+                              : Result<TensorMap>(payload.status());
+  auto parsed = tensors.ok() ? StepFile::FromTensors(std::move(*tensors))
+                             : Result<StepFile>(tensors.status());
+  if (!parsed.ok()) return parsed.status();
+  *file = std::move(*parsed);
+  Strategy::ShardSource source;
+  source.read = [this](int64_t s, int r) {
+    return copies_->Read(s, CheckpointDir::ShardName(s, r));
+  };
+  source.own_only = true;
+  source.where = copies_->where();
+  return strategy_->Complete(file->parts, source, step);
 }
 
 // Bitwise resume needs each rank's generator exactly where it was (dropout
@@ -352,32 +493,41 @@ double Trainer::MicroBatch(int64_t micro, bool last) {
 // The strategy writes its part first (FSDP: every shard, durable), then the
 // RNG gather, then rank 0 writes the step's file last: a step counts only
 // once that file exists, so a crash anywhere before leaves the previous
-// checkpoint the newest that loads.
-void Trainer::Checkpoint(int64_t done) {
+// checkpoint the newest that loads. In the background modes the loop only
+// copies, and the saver's thread writes in the same order.
+void Trainer::Checkpoint(int64_t done, const StepActions& actions) {
   const auto start = std::chrono::steady_clock::now();
-  const bool async = c_.checkpoint_mode == CheckpointMode::kAsync;
-  if (async) WaitForSave(done);
-  StepFile file;
-  std::optional<TensorMap> shard;
-  std::function<TensorMap()> encode;
-  if (async) {
-    Strategy::Snapshot copy = strategy_->Copy(*opt_);
-    file.parts = std::move(copy.parts);
-    shard = std::move(copy.shard);
-    encode = std::move(copy.encode);
+  const bool background = c_.checkpoint_mode != CheckpointMode::kSync;
+  if (background) WaitForSave(done);
+  SaveJob job;
+  if (background) {
+    // DDP: rank 0 writes the folder's step file; in memory, so does each
+    // node's first rank, so that every node can resume from its own copy.
+    job.whole = rank_ == 0 || (copies_ && dist_->env().local_rank == 0);
+    Strategy::Snapshot copy = strategy_->Copy(*opt_, job.whole);
+    job.file.parts = std::move(copy.parts);
+    job.shard = std::move(copy.shard);
+    job.encode = std::move(copy.encode);
   } else {
-    file.parts = strategy_->Save(*opt_, *ckpt_, done);
+    job.file.parts = strategy_->Save(*opt_, *ckpt_, done);
   }
   // The generators as the next step finds them: restored, a resumed run's
   // dropout masks are those of an unbroken one.
-  file.rng = GatherRngStates(dist_->pg(), device_);
-  file.step = done;
-  file.world_size = world_;
-  if (async) {
-    StartSave(done, std::move(file), std::move(shard), std::move(encode));
+  job.file.rng = GatherRngStates(dist_->pg(), device_);
+  job.file.step = done;
+  job.file.world_size = world_;
+  if (background) {
+    // fault.kill_in = "copy": the copy is made and nothing of it written,
+    // so the newest copy anywhere is the previous checkpoint's.
+    if (actions.kill_in_checkpoint && c_.kill_in == KillPoint::kCopy)
+      KillSelf(rank_, done, "once it copied the checkpoint");
+    job.step = done;
+    job.persist = actions.persist;
+    job.kill = actions.kill_in_checkpoint;  // kill_in = "write"
+    StartSave(std::move(job));
   } else {
     if (rank_ == 0) {
-      Status s = ckpt_->Write(done, EncodeTensors(file.ToTensors()));
+      Status s = ckpt_->Write(done, EncodeTensors(job.file.ToTensors()));
       if (!s.ok())
         throw Error("checkpoint at step " + std::to_string(done) + ": " +
                     s.message());
@@ -386,12 +536,13 @@ void Trainer::Checkpoint(int64_t done) {
     dist_->pg().barrier()->wait();
   }
   if (rank_ == 0) {
-    std::printf("checkpoint step %lld: training waited %.1f ms (%s)\n",
-                (long long)done,
-                std::chrono::duration<double, std::milli>(
-                    std::chrono::steady_clock::now() - start)
-                    .count(),
-                async ? "async: the copy; written in the background" : "sync");
+    static const char* const kHow[] = {
+        "sync", "async: the copy; written in the background",
+        "memory: the copy; written to shared memory in the background"};
+    std::printf("checkpoint step %lld: training waited %.1f ms (%s%s)\n",
+                (long long)done, MsSince(start),
+                kHow[static_cast<int>(c_.checkpoint_mode)],
+                copies_ && actions.persist ? ", and to disk" : "");
   }
 }
 
@@ -421,43 +572,99 @@ void Trainer::WaitForSave(int64_t due) {
   }
 }
 
+void Trainer::StartSave(SaveJob job) {
+  if (job.shard && !save_store_) save_store_ = dist_->ConnectStore();
+  saver_.Start(job.step, [this, job = std::move(job)]() mutable {
+    return WriteSave(job);
+  });
+}
+
+// The saver's thread. Serialized and checksummed once for both the memory
+// copy and the disk. In memory mode the copy comes first and alone on most
+// checkpoints: a worker that dies later still leaves it to dtrun, which
+// persists it; every persist_every-th one then also goes to disk, exactly
+// as an async checkpoint would, so a node that dies loses at most the
+// steps since then.
+Status Trainer::WriteSave(SaveJob& job) {
+  if (c_.save_delay_ms > 0) {  // [fault] save_delay_ms: a slow disk
+    std::this_thread::sleep_for(std::chrono::milliseconds(c_.save_delay_ms));
+  }
+  std::string shard_payload, shard_header, step_payload, step_header;
+  if (job.shard) {
+    shard_payload = EncodeTensors(*job.shard);
+    shard_header = CheckpointHeader(shard_payload);
+  }
+  if (job.whole) {
+    if (job.encode) {
+      for (auto& [name, t] : job.encode()) job.file.parts[name] = std::move(t);
+    }
+    step_payload = EncodeTensors(job.file.ToTensors());
+    step_header = CheckpointHeader(step_payload);
+  }
+  // fault.kill_in = "write": halfway through this rank's first write,
+  // the memory copy's in memory mode, else the file's.
+  std::function<void()> halfway;
+  if (job.kill)
+    halfway = [this, &job] {
+      KillSelf(rank_, job.step, "halfway through the write");
+    };
+  if (copies_) {
+    namespace mc = memory_checkpoint;
+    std::vector<mc::FileToWrite> files;
+    if (job.shard) {
+      files.push_back({CheckpointDir::ShardName(job.step, rank_), shard_header,
+                       shard_payload, 0});
+    }
+    if (job.whole) {
+      files.push_back({CheckpointDir::StepName(job.step), step_header,
+                       step_payload, job.shard ? world_ : 0});
+    }
+    if (!files.empty()) {
+      Status s = copies_->Write(job.step, world_, rank_, files, halfway);
+      if (!s.ok()) return s;
+    }
+    if (!job.persist) return Status::Ok();
+    halfway = nullptr;
+  }
+  return WriteToDisk(job, shard_payload, shard_header, step_payload,
+                     step_header, halfway);
+}
+
 // Each rank's shard is durable before the step's file names it: the
 // saver's thread says so through the store (a key per rank and step), and
 // rank 0's thread waits for every rank's key before it writes the step's
 // file. No collective runs off the loop's thread.
-void Trainer::StartSave(int64_t done, StepFile file,
-                        std::optional<TensorMap> shard,
-                        std::function<TensorMap()> encode) {
-  if (shard && !save_store_) save_store_ = dist_->ConnectStore();
+Status Trainer::WriteToDisk(const SaveJob& job,
+                            const std::string& shard_payload,
+                            const std::string& shard_header,
+                            const std::string& step_payload,
+                            const std::string& step_header,
+                            const std::function<void()>& halfway) {
   const std::string key = dist_->attempt_prefix() + "dtrun_ckpt/" +
-                          std::to_string(done) + "/durable/";
-  saver_.Start(
-      done,
-      [this, done, key, file = std::move(file), shard = std::move(shard),
-       encode = std::move(encode)]() mutable -> Status {
-        if (c_.save_delay_ms > 0) {  // [fault] save_delay_ms: a slow disk
-          std::this_thread::sleep_for(
-              std::chrono::milliseconds(c_.save_delay_ms));
-        }
-        if (shard) {
-          Status s = WriteCheckpointFile(ckpt_->ShardPath(done, rank_),
-                                         EncodeTensors(*shard));
-          if (s.ok()) s = save_store_->Set(key + std::to_string(rank_), "1");
-          if (!s.ok()) return s;
-        }
-        if (rank_ != 0) return Status::Ok();
-        if (encode) {
-          for (auto& [name, t] : encode()) file.parts[name] = std::move(t);
-        }
-        if (shard) {
-          std::vector<std::string> keys;
-          for (int r = 0; r < world_; ++r)
-            keys.push_back(key + std::to_string(r));
-          Status s = save_store_->Wait(keys, save_store_->timeout());
-          if (!s.ok()) return s;
-        }
-        return ckpt_->Write(done, EncodeTensors(file.ToTensors()));
-      });
+                          std::to_string(job.step) + "/durable/";
+  // fault.kill_in = "write": once half of this rank's first file is out
+  auto half = [&halfway](size_t total) -> std::function<void(size_t)> {
+    if (!halfway) return nullptr;
+    return [&halfway, total](size_t written) {
+      if (written >= total / 2) halfway();
+    };
+  };
+  if (job.shard) {
+    Status s =
+        WriteCheckpointFile(ckpt_->ShardPath(job.step, rank_), shard_payload,
+                            half(shard_payload.size()), shard_header);
+    if (s.ok()) s = save_store_->Set(key + std::to_string(rank_), "1");
+    if (!s.ok()) return s;
+  }
+  if (rank_ != 0) return Status::Ok();
+  if (job.shard) {
+    std::vector<std::string> keys;
+    for (int r = 0; r < world_; ++r) keys.push_back(key + std::to_string(r));
+    Status s = save_store_->Wait(keys, save_store_->timeout());
+    if (!s.ok()) return s;
+  }
+  ckpt_->on_chunk = job.shard ? nullptr : half(step_payload.size());
+  return ckpt_->Write(job.step, step_payload, step_header);
 }
 
 void Trainer::Log(int64_t done, double lr) {

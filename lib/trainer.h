@@ -7,13 +7,14 @@
 namespace dtrun::train {
 
 // The config's choices, each read from its TOML string by ParseChoice.
-enum class ModelKind { kMlp, kCnn };               // model.type
-enum class DataSource { kDigits, kSynthetic };     // data.source
-enum class StrategyKind { kDdp, kFsdp };           // strategy.type
-enum class OptimizerKind { kSgd, kAdam, kAdamW };  // optimizer.type
-enum class Schedule { kConstant, kCosine };        // schedule.type
-enum class CheckpointFormat { kSharded, kFull };   // checkpoint.format
-enum class CheckpointMode { kSync, kAsync };       // checkpoint.mode
+enum class ModelKind { kMlp, kCnn };                   // model.type
+enum class DataSource { kDigits, kSynthetic };         // data.source
+enum class StrategyKind { kDdp, kFsdp };               // strategy.type
+enum class OptimizerKind { kSgd, kAdam, kAdamW };      // optimizer.type
+enum class Schedule { kConstant, kCosine };            // schedule.type
+enum class CheckpointFormat { kSharded, kFull };       // checkpoint.format
+enum class CheckpointMode { kSync, kAsync, kMemory };  // checkpoint.mode
+enum class KillPoint { kStep, kCopy, kWrite };         // fault.kill_in
 
 // Sets *out to the choice named `value` (as in TOML: "ddp", "adamw", ...)
 // and returns "", or returns what is wrong, naming `key` and the choices
@@ -32,6 +33,8 @@ std::string ParseChoice(const std::string& key, const std::string& value,
                         CheckpointFormat* out);
 std::string ParseChoice(const std::string& key, const std::string& value,
                         CheckpointMode* out);
+std::string ParseChoice(const std::string& key, const std::string& value,
+                        KillPoint* out);
 
 // Everything a training run needs; train_cfg fills it from TOML. Defaults in
 // brackets.
@@ -76,14 +79,22 @@ struct TrainConfig {
   // fsdp: sharded (each rank its shard) [sharded] | full
   CheckpointFormat checkpoint_format = CheckpointFormat::kSharded;
   // sync [sync]: the loop waits until the checkpoint is durable; async: it
-  // waits only for a copy of the state in memory, a thread writes it.
+  // waits only for a copy of the state in memory, a thread writes it;
+  // memory: as async, but the thread writes the copy to shared memory that
+  // outlives the worker (under dtrun) and to disk every persist_every-th
+  // checkpoint.
   CheckpointMode checkpoint_mode = CheckpointMode::kSync;
+  int persist_every = 4;  // memory mode [4]; the run's last one always
   // stop (as if preempted) after this step; -1 never
   int64_t stop_after_step = -1;
   // fault injection for demos and tests: rank `kill_rank` SIGKILLs itself
   // after step `kill_at_step` on the first attempt only.
   int kill_rank = -1;
   int64_t kill_at_step = -1;
+  // where that kill lands: after the step [step]; at that step's checkpoint
+  // (async and memory modes), once its copy is taken and before any of it
+  // is written (copy), or halfway through its write (write)
+  KillPoint kill_in = KillPoint::kStep;
   // rank `hang_rank` stops (no heartbeat, no collective) after step
   // `hang_at_step`, on the first attempt only.
   int hang_rank = -1;
@@ -92,8 +103,9 @@ struct TrainConfig {
   // times as long, every step: a straggler for tests. 1: off.
   int slow_rank = -1;
   double slow_factor = 1.0;
-  // async checkpoints: each background write first waits this long (a slow
-  // disk), so that a fault lands while a write is in flight. 0: off.
+  // async and memory checkpoints: each background write first waits this
+  // long (a slow disk), so that a fault lands while a write is in flight.
+  // 0: off.
   int save_delay_ms = 0;
   std::string metrics_path;  // JSON lines; empty: none
 };

@@ -76,6 +76,8 @@ Status LocalGroup::Prepare(const std::string& run_id) {
   attempt_.signals_to_handle = config_.signals_to_handle;
   attempt_.virtual_local_rank = config_.virtual_local_rank;
   base_env_ = config_.environment;
+  copies_.RemoveOrphans();
+  copies_.AddEnv(&base_env_);
   if (config_.nproc_per_node > 1 && !base_env_.count("OMP_NUM_THREADS")) {
     Logger("dtrun.agent")
         ->warn(
@@ -386,6 +388,7 @@ void LocalGroup::Apply(const std::vector<Action>& actions) {
       case Action::Kind::kGroupStopped:
         outcome_ = Outcome::kStopped;
         RecordAttempt("new round");
+        copies_.PersistInBackground("the group stopped for a new round");
         break;
     }
   }
@@ -400,6 +403,14 @@ void LocalGroup::OnFinished(const Action& finish) {
                              : Outcome::kSucceeded;
   RecordAttempt(finish.signo ? "stopped by " + SignalName(finish.signo)
                              : AttemptCause());
+  // Whatever comes next (a restart, a new round, the end), the newest
+  // copies in memory reach the disk: this node may not live to the next.
+  if (finish.signo || finish.failed) {
+    copies_.PersistInBackground(
+        finish.signo
+            ? "stopped by " + SignalName(finish.signo)
+            : "attempt " + std::to_string(attempt_.restart_count) + " failed");
+  }
   if (elastic_) return;  // the rendezvous decides what happens next
   auto log = Logger("dtrun.agent");
   if (finish.signo) {
@@ -495,6 +506,11 @@ void LocalGroup::StartWorkers(int restart_count) {
               restart_count + 1, config_.max_restarts + 1);
   }
   if (restart_count > 0 && !elastic_) RecordAttempt(AttemptCause());
+  // The last attempt's workers are gone: their newest copies in memory go
+  // to disk while the new ones start (and may resume from those copies).
+  if (restart_count > 0)
+    copies_.PersistInBackground("before attempt " +
+                                std::to_string(restart_count));
   attempt_.restart_count = restart_count;
   attempt_started_ = os::UnixNow();
   attempt_dir_ = run_dir_ + "/attempt_" + std::to_string(restart_count);
@@ -915,6 +931,7 @@ void LocalGroup::RecordEvents(bool succeeded) {
 }
 
 void LocalGroup::Finish(bool succeeded) {
+  copies_.Finish();  // persisted when the last attempt failed, then removed
   console::DisableStatusLine();
   // Workers are gone, but a grandchild holding a pipe open must not keep
   // dtrun alive: forward what is there for up to a second, then close.

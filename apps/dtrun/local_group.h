@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "apps/dtrun/agent.h"
+#include "apps/dtrun/checkpoint_copies.h"
 #include "apps/dtrun/error_report.h"
 #include "apps/dtrun/hang_watch.h"
 #include "apps/dtrun/job_status.h"
@@ -222,6 +223,8 @@ class LocalGroup {
   std::map<int, double> exit_time_;  // pid -> unix seconds its exit was seen
   std::map<int, std::string> spawn_error_;  // local rank -> why exec failed
   std::map<int, bool> abandoned_;           // pids that outlived SIGKILL
+  // [checkpoint] mode = "memory": the workers' copies in shared memory
+  CheckpointCopies copies_;
 };
 
 }  // namespace dtrun::agent

@@ -74,7 +74,7 @@ class StrategyTest : public ::testing::Test {
     TensorMap parts = a->Save(*opt_a, dir, 1);
     auto b = MakeStrategy(Model(2), &dist_->pg(), c);
     auto opt_b = Sgd(b->OptimizerParams());
-    ASSERT_TRUE(b->Complete(parts, dir, 1).ok());
+    ASSERT_TRUE(b->Complete(parts, Strategy::FolderShards(dir), 1).ok());
     b->Restore(parts, *opt_b);
     auto pa = a->FullParams(), pb = b->FullParams();
     ASSERT_EQ(pa.size(), pb.size());
@@ -124,9 +124,9 @@ TEST_F(StrategyTest, EachRefusesTheOthersCheckpoints) {
   auto f = MakeStrategy(Model(1), &dist_->pg(), fsdp);
   auto opt = Sgd(d->OptimizerParams());
   TensorMap ddp_parts = d->Save(*opt, dir, 1);
-  EXPECT_THROW(f->Complete(ddp_parts, dir, 1), Error);
+  EXPECT_THROW(f->Complete(ddp_parts, Strategy::FolderShards(dir), 1), Error);
   TensorMap fsdp_parts = {{"fsdp_shards", torch::tensor(int64_t{1})}};
-  EXPECT_THROW(d->Complete(fsdp_parts, dir, 1), Error);
+  EXPECT_THROW(d->Complete(fsdp_parts, Strategy::FolderShards(dir), 1), Error);
 }
 
 TEST_F(StrategyTest, FsdpNamesAShardThatDoesNotLoad) {
@@ -135,12 +135,12 @@ TEST_F(StrategyTest, FsdpNamesAShardThatDoesNotLoad) {
   c.strategy = StrategyKind::kFsdp;
   auto f = MakeStrategy(Model(1), &dist_->pg(), c);
   TensorMap parts = {{"fsdp_shards", torch::tensor(int64_t{1})}};
-  Status missing = f->Complete(parts, dir, 5);
+  Status missing = f->Complete(parts, Strategy::FolderShards(dir), 5);
   EXPECT_EQ(missing.code(), Status::Code::kInvalid);
   EXPECT_NE(missing.message().find(dir.ShardPath(5, 0)), std::string::npos)
       << missing.message();
   ASSERT_TRUE(WriteCheckpointFile(dir.ShardPath(5, 0), "not tensors").ok());
-  Status garbage = f->Complete(parts, dir, 5);
+  Status garbage = f->Complete(parts, Strategy::FolderShards(dir), 5);
   EXPECT_NE(garbage.message().find("not a tensor archive"), std::string::npos)
       << garbage.message();
 }

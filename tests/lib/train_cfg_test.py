@@ -194,7 +194,7 @@ class TrainCfg(unittest.TestCase):
         rc, out, err = train(2, self.ckpt("two"), *sets, "train.batch_size=32",
                              f'metrics.path="{on2}"', config=FSDP)
         self.assertEqual(rc, 0, err)
-        self.assertIn("at step 20 (saved on 4 ranks)", out)
+        self.assertIn("at step 20 (saved on 4 ranks;", out)
         a, b = self.losses(on4), self.losses(on2)
         self.assertEqual(sorted(a), list(range(21, 41)))
         self.assertEqual(sorted(a), sorted(b))
@@ -239,10 +239,17 @@ class TrainCfg(unittest.TestCase):
                           ('train.steps="ten"', "train.steps must be an integer"),
                           ("model.dropout=1.5", "model.dropout must be in [0, 1)"),
                           ("strategy.prefetch=3", "strategy.prefetch must be true or false"),
-                          ('checkpoint.mode="memory"',
-                           "checkpoint.mode 'memory': use \"sync\" or \"async\""),
-                          ("fault.save_delay_ms=500", "fault.save_delay_ms delays async writes")]:
-            p = subprocess.run([ARGS.train_cfg, FSDP, "--set", bad], capture_output=True, text=True)
+                          ('checkpoint.mode="flash"',
+                           "checkpoint.mode 'flash': use \"sync\" or \"async\" or \"memory\""),
+                          ("fault.save_delay_ms=500",
+                           "fault.save_delay_ms delays background writes"),
+                          ("checkpoint.persist_every=0", "checkpoint.persist_every must be >= 1"),
+                          ('fault.kill_in="flush"', "fault.kill_in 'flush': use \"step\""),
+                          ('fault.kill_in="copy"', "fault.kill_in = \"copy\" or \"write\" needs"),
+                          ('checkpoint.mode="memory"', "use format = \"sharded\" with it")]:
+            extra = ["--set", 'checkpoint.format="full"'] if "sharded" in says else []
+            p = subprocess.run([ARGS.train_cfg, FSDP, "--set", bad, *extra], capture_output=True,
+                               text=True)
             self.assertEqual(p.returncode, 2, bad)
             self.assertIn(says, p.stderr)
 

@@ -35,6 +35,53 @@ TEST_F(TrainPlanTest, CheckpointsEveryNAndAfterTheLastStep) {
             (std::vector<int64_t>{30, 60, 90, 100}));
 }
 
+// Memory mode goes to disk every persist_every-th checkpoint, at the last
+// step and at a stop; the other modes at every checkpoint.
+TEST_F(TrainPlanTest, MemoryModePersistsEveryNthCheckpointAndTheLast) {
+  c_.checkpoint_every = 10;
+  EXPECT_EQ(StepsWhere(&StepActions::persist).size(), 10u);  // sync
+  c_.checkpoint_mode = CheckpointMode::kMemory;
+  c_.persist_every = 4;
+  EXPECT_EQ(StepsWhere(&StepActions::persist),
+            (std::vector<int64_t>{40, 80, 100}));
+  c_.stop_after_step = 50;
+  EXPECT_EQ(StepsWhere(&StepActions::persist),
+            (std::vector<int64_t>{40, 50, 80, 100}));
+}
+
+TEST_F(TrainPlanTest, AKillInACheckpointFiresAtItsCheckpointNotAfterTheStep) {
+  c_.checkpoint_mode = CheckpointMode::kAsync;
+  c_.kill_rank = 1;
+  c_.kill_at_step = 60;
+  c_.kill_in = KillPoint::kCopy;
+  EXPECT_TRUE(StepsWhere(&StepActions::kill, 1).empty());
+  EXPECT_EQ(StepsWhere(&StepActions::kill_in_checkpoint, 1),
+            (std::vector<int64_t>{60}));
+  EXPECT_TRUE(StepsWhere(&StepActions::kill_in_checkpoint, 1, false).empty());
+  EXPECT_EQ(ValidateConfig(c_), "");
+  c_.kill_at_step = 61;  // no checkpoint there
+  EXPECT_NE(ValidateConfig(c_).find("must be a checkpoint's step"),
+            std::string::npos);
+  c_.kill_at_step = 60;
+  c_.checkpoint_mode = CheckpointMode::kSync;
+  EXPECT_NE(ValidateConfig(c_).find("needs checkpoint.mode"),
+            std::string::npos);
+}
+
+TEST(ValidateConfigTest, MemoryModeRefusesTheFullFormat) {
+  TrainConfig c;
+  c.checkpoint_mode = CheckpointMode::kMemory;
+  c.strategy = StrategyKind::kFsdp;
+  EXPECT_EQ(ValidateConfig(c), "");
+  c.checkpoint_format = CheckpointFormat::kFull;
+  EXPECT_NE(ValidateConfig(c).find("use format = \"sharded\""),
+            std::string::npos);
+  c.checkpoint_format = CheckpointFormat::kSharded;
+  c.persist_every = 0;
+  EXPECT_NE(ValidateConfig(c).find("checkpoint.persist_every"),
+            std::string::npos);
+}
+
 TEST_F(TrainPlanTest, NoCheckpointsWithoutAFolder) {
   c_.checkpoint_dir.clear();
   EXPECT_TRUE(StepsWhere(&StepActions::checkpoint).empty());
@@ -144,8 +191,12 @@ TEST(ValidateConfigTest, EveryChoiceParsesToItsEnum) {
   EXPECT_EQ(c.checkpoint_format, CheckpointFormat::kFull);
   EXPECT_EQ(ParseChoice("checkpoint.mode", "async", &c.checkpoint_mode), "");
   EXPECT_EQ(c.checkpoint_mode, CheckpointMode::kAsync);
-  EXPECT_EQ(ParseChoice("checkpoint.mode", "memory", &c.checkpoint_mode),
-            "checkpoint.mode 'memory': use \"sync\" or \"async\"");
+  EXPECT_EQ(ParseChoice("checkpoint.mode", "memory", &c.checkpoint_mode), "");
+  EXPECT_EQ(c.checkpoint_mode, CheckpointMode::kMemory);
+  EXPECT_EQ(ParseChoice("checkpoint.mode", "flash", &c.checkpoint_mode),
+            "checkpoint.mode 'flash': use \"sync\" or \"async\" or \"memory\"");
+  EXPECT_EQ(ParseChoice("fault.kill_in", "write", &c.kill_in), "");
+  EXPECT_EQ(c.kill_in, KillPoint::kWrite);
   // Exactly as written: TOML strings are case-sensitive.
   EXPECT_NE(ParseChoice("optimizer.type", "SGD", &c.optimizer), "");
 }
@@ -154,9 +205,11 @@ TEST(ValidateConfigTest, ASaveDelayWithoutAsyncWritesIsRefused) {
   TrainConfig c;
   c.save_delay_ms = 100;  // would delay nothing in sync mode
   EXPECT_EQ(ValidateConfig(c),
-            "fault.save_delay_ms delays async writes only: set "
-            "checkpoint.mode = \"async\" or drop it");
+            "fault.save_delay_ms delays background writes only: set "
+            "checkpoint.mode = \"async\" or \"memory\", or drop it");
   c.checkpoint_mode = CheckpointMode::kAsync;
+  EXPECT_EQ(ValidateConfig(c), "");
+  c.checkpoint_mode = CheckpointMode::kMemory;
   EXPECT_EQ(ValidateConfig(c), "");
   c.save_delay_ms = -1;
   EXPECT_EQ(ValidateConfig(c), "fault.save_delay_ms must be >= 0");

@@ -1,0 +1,69 @@
+#include "apps/dtrun/checkpoint_copies.h"
+
+#include <unistd.h>
+
+#include <chrono>
+
+#include "rendezvous/util/log.h"
+#include "rendezvous/util/memory_checkpoint.h"
+
+namespace dtrun::agent {
+
+namespace mc = memory_checkpoint;
+
+CheckpointCopies::CheckpointCopies() : prefix_(mc::PrefixOf(::getpid())) {}
+
+CheckpointCopies::~CheckpointCopies() { Join(); }
+
+void CheckpointCopies::Join() {
+  if (persist_.joinable()) persist_.join();
+}
+
+void CheckpointCopies::RemoveOrphans() {
+  for (const std::string& path : mc::RemoveOrphanedCopies()) {
+    Logger("dtrun.agent")
+        ->warn("removed {}: a checkpoint copy of a dtrun that is gone", path);
+  }
+}
+
+void CheckpointCopies::AddEnv(EnvMap* env) const {
+  (*env)[mc::kPrefixEnv] = prefix_;
+}
+
+// Nothing is logged when there are no copies (every job not in memory
+// mode): the scan of /dev/shm is all it costs. One persisting at a time:
+// a second failure while the first's files are still being written waits
+// for them, then finds them on disk and writes only what is newer.
+void CheckpointCopies::PersistInBackground(const std::string& why) {
+  Join();
+  persist_ = std::thread([prefix = prefix_, why] {
+    const auto start = std::chrono::steady_clock::now();
+    mc::PersistReport report = mc::PersistMemoryCopies(prefix);
+    const double ms = std::chrono::duration<double, std::milli>(
+                          std::chrono::steady_clock::now() - start)
+                          .count();
+    auto log = Logger("dtrun.agent");
+    for (const std::string& path : report.written) {
+      log->info("{}: persisted the checkpoint copy in memory to {}", why, path);
+    }
+    for (const std::string& note : report.notes)
+      log->warn("{}: checkpoint copy in memory: {}", why, note);
+    if (!report.written.empty())
+      log->info("{}: {} file(s) persisted in {:.0f} ms", why,
+                report.written.size(), ms);
+  });
+}
+
+// After the last attempt: any persisting (started when that attempt failed
+// or was stopped by a signal) ends first, so a job that ends on SIGTERM
+// leaves its newest copies on disk before their segments go.
+void CheckpointCopies::Finish() {
+  Join();
+  int removed = mc::RemoveMemoryCopies(prefix_);
+  if (removed > 0) {
+    Logger("dtrun.agent")
+        ->info("removed {} checkpoint copies from shared memory", removed);
+  }
+}
+
+}  // namespace dtrun::agent

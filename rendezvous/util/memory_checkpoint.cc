@@ -1,0 +1,457 @@
+#include "rendezvous/util/memory_checkpoint.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <set>
+#include <type_traits>
+
+namespace dtrun::memory_checkpoint {
+namespace {
+
+constexpr char kMagic[8] = {'D', 'T', 'S', 'H', 'M', 'C', 'K', '1'};
+constexpr uint32_t kBeingWritten = 0, kComplete = 1;
+constexpr size_t kNameMax = 64, kDirMax = 4096;
+constexpr size_t kChunk = 4 << 20;  // bytes per read or write call
+
+// A segment, as bytes:
+//
+//   [0, sizeof(Header))      the header below
+//   [kDataStart, ...)        each file's bytes, one after another, at the
+//                            offsets the header's entries give
+//
+// The header is written twice per copy: first with state "being written"
+// (so a reader that comes after a crash knows), then, after the last file
+// byte, with state "complete" and the entries. A reader trusts nothing in
+// it: the magic, the state, the file count, each name and each range are
+// checked against the segment's real size before anything is read (Parse).
+// The files themselves carry their own SHA-256 (lib/checkpoint.h's
+// framing), which the training library verifies before it loads a copy;
+// dtrun does not hash (a copy it persists is verified when it loads).
+//
+// Host byte order: a segment never leaves its node.
+struct Header {
+  char magic[8];
+  uint32_t state;
+  uint32_t file_count;
+  int64_t step, world_size, rank;
+  char dir[kDirMax];
+  struct Entry {
+    char name[kNameMax];
+    uint64_t offset, length;
+    int64_t shards;
+  } files[kMaxFiles];
+};
+static_assert(std::is_trivially_copyable_v<Header>);
+// Files start on a page after the header.
+constexpr uint64_t kDataStart = (sizeof(Header) + 4095) / 4096 * 4096;
+
+std::string Errno(const std::string& what) {
+  return what + ": " + std::strerror(errno);
+}
+
+// Holds an open segment and, while it lives, a flock on it.
+class Locked {
+ public:
+  Locked(const std::string& path, int flags, int lock) {
+    fd_ = ::open(path.c_str(), flags | O_CLOEXEC, 0600);
+    if (fd_ < 0) return;
+    while (::flock(fd_, lock) != 0) {
+      if (errno == EINTR) continue;
+      ::close(fd_);
+      fd_ = -1;
+      return;
+    }
+  }
+  ~Locked() {
+    if (fd_ >= 0) ::close(fd_);  // drops the lock
+  }
+  Locked(const Locked&) = delete;
+  Locked& operator=(const Locked&) = delete;
+  int fd() const { return fd_; }
+
+ private:
+  int fd_ = -1;
+};
+
+Status WriteAll(int fd, const char* p, uint64_t n, uint64_t at,
+                const std::string& path) {
+  while (n > 0) {
+    ssize_t w =
+        ::pwrite(fd, p, std::min<uint64_t>(n, kChunk), static_cast<off_t>(at));
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return Status::Io(Errno("writing " + path));
+    p += w;
+    at += static_cast<uint64_t>(w);
+    n -= static_cast<uint64_t>(w);
+  }
+  return Status::Ok();
+}
+
+bool ReadAll(int fd, char* p, uint64_t n, uint64_t at) {
+  while (n > 0) {
+    ssize_t r =
+        ::pread(fd, p, std::min<uint64_t>(n, kChunk), static_cast<off_t>(at));
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return false;
+    p += r;
+    at += static_cast<uint64_t>(r);
+    n -= static_cast<uint64_t>(r);
+  }
+  return true;
+}
+
+std::string Bounded(const char* s, size_t max) {
+  return std::string(s, strnlen(s, max));
+}
+
+// A file name a copy may carry: a checkpoint file's, nothing with a path.
+bool PlainCheckpointName(const std::string& name) {
+  return name.rfind("ckpt_", 0) == 0 && name.size() > 10 &&
+         name.compare(name.size() - 5, 5, ".dtck") == 0 &&
+         name.find('/') == std::string::npos;
+}
+
+// The copy a header describes, or why it is not one. `size`: the
+// segment's, which every file must lie within.
+Result<MemoryCopy> Parse(const Header& h, const std::string& path,
+                         uint64_t size) {
+  if (std::memcmp(h.magic, kMagic, sizeof(kMagic)) != 0)
+    return Status::Invalid("not a checkpoint copy");
+  if (h.state != kComplete)
+    return Status::Invalid("incomplete (its writer stopped in the middle)");
+  if (h.file_count > static_cast<uint32_t>(kMaxFiles))
+    return Status::Invalid("bad file count");
+  MemoryCopy copy;
+  copy.path = path;
+  copy.step = h.step;
+  copy.world_size = h.world_size;
+  copy.rank = h.rank;
+  copy.dir = Bounded(h.dir, kDirMax);
+  if (copy.dir.empty() || copy.dir[0] != '/')
+    return Status::Invalid("no absolute folder");
+  for (uint32_t i = 0; i < h.file_count; ++i) {
+    const Header::Entry& e = h.files[i];
+    MemoryFile f{Bounded(e.name, kNameMax), e.offset, e.length, e.shards};
+    if (!PlainCheckpointName(f.name) || f.offset < kDataStart ||
+        f.length > size || f.offset > size - f.length) {
+      return Status::Invalid("file " + std::to_string(i) + " is malformed");
+    }
+    copy.files.push_back(std::move(f));
+  }
+  return copy;
+}
+
+// The header of an open segment and its size; false when it has none.
+bool ReadHeader(int fd, Header* h, uint64_t* size) {
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || static_cast<uint64_t>(st.st_size) < kDataStart)
+    return false;
+  *size = static_cast<uint64_t>(st.st_size);
+  return ReadAll(fd, reinterpret_cast<char*>(h), sizeof(Header), 0);
+}
+
+std::string SlotPath(const std::string& prefix, int local_rank, char slot) {
+  return std::string(kShmDir) + "/" + prefix + "-" +
+         std::to_string(local_rank) + "-" + slot;
+}
+
+// The slot to write: the one whose complete copy is older, or that holds
+// none. An incomplete slot (a writer died in it) counts as holding none, so
+// the good copy in the other slot survives the next write too. Between
+// this choice and the write's exclusive lock nothing else writes: one
+// writer per local rank.
+char NextSlot(const std::string& prefix, int local_rank) {
+  int64_t step[2] = {-1, -1};
+  for (int i = 0; i < 2; ++i) {
+    Locked seg(SlotPath(prefix, local_rank, "ab"[i]), O_RDONLY, LOCK_SH);
+    Header h{};
+    uint64_t size = 0;
+    if (seg.fd() < 0 || !ReadHeader(seg.fd(), &h, &size)) continue;
+    if (std::memcmp(h.magic, kMagic, 8) == 0 && h.state == kComplete)
+      step[i] = h.step;
+  }
+  return step[0] <= step[1] ? 'a' : 'b';
+}
+
+// Names in /dev/shm that start with `start`.
+std::vector<std::string> SegmentNames(const std::string& start) {
+  std::vector<std::string> names;
+  DIR* d = opendir(kShmDir);
+  if (!d) return names;
+  while (dirent* e = readdir(d)) {
+    if (std::strncmp(e->d_name, start.c_str(), start.size()) == 0)
+      names.push_back(e->d_name);
+  }
+  closedir(d);
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+bool Exists(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0;
+}
+
+// The folder's entries made durable. Best effort, as for the trainer's own
+// writes: the files are whole either way.
+void SyncFolder(const std::string& dir) {
+  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return;
+  ::fsync(fd);
+  ::close(fd);
+}
+
+// Copies one file of a copy to dir/name: temporary name, fsync, rename.
+// The segment stays share-locked throughout, so no writer reuses it; the
+// copy goes through a 4 MiB buffer, so persisting a large checkpoint costs
+// dtrun no more memory than that. The temporary name carries dtrun's pid,
+// unlike any a worker uses, so two writers never share one.
+Status PersistFile(const MemoryCopy& copy, const MemoryFile& file) {
+  Locked seg(copy.path, O_RDONLY, LOCK_SH);
+  Header h{};
+  uint64_t size = 0;
+  if (seg.fd() < 0 || !ReadHeader(seg.fd(), &h, &size) ||
+      h.state != kComplete || h.step != copy.step) {
+    return Status::Invalid(copy.path + " changed since it was read");
+  }
+  const std::string final_path = copy.dir + "/" + file.name;
+  const std::string tmp = final_path + ".tmp." + std::to_string(getpid());
+  int out = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (out < 0) return Status::Io(Errno("creating " + tmp));
+  std::string buf(std::min<uint64_t>(file.length, kChunk), '\0');
+  Status s;
+  for (uint64_t done = 0; done < file.length && s.ok();) {
+    uint64_t n = std::min<uint64_t>(file.length - done, kChunk);
+    if (!ReadAll(seg.fd(), buf.data(), n, file.offset + done))
+      s = Status::Io(Errno("reading " + copy.path));
+    else
+      s = WriteAll(out, buf.data(), n, done, tmp);
+    done += n;
+  }
+  if (s.ok() && ::fsync(out) != 0) s = Status::Io(Errno("fsync " + tmp));
+  ::close(out);
+  if (s.ok() && ::rename(tmp.c_str(), final_path.c_str()) != 0)
+    s = Status::Io(Errno("renaming " + tmp));
+  if (!s.ok()) ::unlink(tmp.c_str());
+  return s;
+}
+
+// The name of step `step`'s shard `rank`, as lib/checkpoint.h names it.
+std::string ShardName(int64_t step, int64_t rank) {
+  char name[80];
+  std::snprintf(name, sizeof(name), "ckpt_%012lld.shard_%lld.dtck",
+                static_cast<long long>(step), static_cast<long long>(rank));
+  return name;
+}
+
+// One folder's newest step: its shards, then its step's file.
+void PersistStep(const std::vector<const MemoryCopy*>& copies,
+                 PersistReport* report) {
+  const MemoryCopy* step_file_copy = nullptr;
+  const MemoryFile* step_file = nullptr;
+  for (const MemoryCopy* c : copies) {
+    for (const MemoryFile& f : c->files) {
+      if (f.name.find(".shard_") == std::string::npos) {
+        step_file_copy = c;
+        step_file = &f;
+        continue;
+      }
+      const std::string path = c->dir + "/" + f.name;
+      if (Exists(path)) continue;
+      Status s = PersistFile(*c, f);
+      if (s.ok())
+        report->written.push_back(path);
+      else
+        report->notes.push_back(path + ": " + s.message());
+    }
+  }
+  if (!step_file) return;
+  const MemoryCopy& c = *step_file_copy;
+  const std::string path = c.dir + "/" + step_file->name;
+  if (Exists(path)) return;
+  for (int64_t r = 0; r < step_file->shards; ++r) {
+    if (!Exists(c.dir + "/" + ShardName(c.step, r))) {
+      report->notes.push_back(
+          path + ": not written, its shard " + std::to_string(r) +
+          " is not on disk (another node's memory held it)");
+      return;
+    }
+  }
+  SyncFolder(c.dir);  // the shards' names before the step's file names them
+  Status s = PersistFile(c, *step_file);
+  if (s.ok())
+    report->written.push_back(path);
+  else
+    report->notes.push_back(path + ": " + s.message());
+}
+
+}  // namespace
+
+std::string PrefixOf(int pid) {
+  return "dtrun-" + std::to_string(pid) + "-ckpt";
+}
+
+const MemoryFile* MemoryCopy::Find(const std::string& name) const {
+  for (const MemoryFile& f : files) {
+    if (f.name == name) return &f;
+  }
+  return nullptr;
+}
+
+MemorySlots::MemorySlots(std::string prefix, int local_rank)
+    : prefix_(std::move(prefix)), local_rank_(local_rank) {}
+
+// Marked "being written" before anything else changes and "complete" after
+// the last byte: a writer killed in between leaves a segment no reader
+// takes.
+Status MemorySlots::Write(int64_t step, int64_t world_size, int64_t rank,
+                          const std::string& dir,
+                          const std::vector<FileToWrite>& files,
+                          const std::function<void()>& halfway) {
+  if (files.size() > static_cast<size_t>(kMaxFiles) || dir.size() >= kDirMax)
+    return Status::Invalid(
+        "memory checkpoint: too many files or too long a "
+        "folder name");
+  const std::string path =
+      SlotPath(prefix_, local_rank_, NextSlot(prefix_, local_rank_));
+  Locked seg(path, O_RDWR | O_CREAT, LOCK_EX);
+  if (seg.fd() < 0) return Status::Io(Errno("opening " + path));
+  Header h{};
+  std::memcpy(h.magic, kMagic, sizeof(kMagic));
+  h.state = kBeingWritten;
+  Status s =
+      WriteAll(seg.fd(), reinterpret_cast<const char*>(&h), sizeof(h), 0, path);
+  uint64_t at = kDataStart, total = 0;
+  for (const FileToWrite& f : files)
+    total += f.header.size() + f.payload.size();
+  if (s.ok() && ::ftruncate(seg.fd(), static_cast<off_t>(kDataStart + total)))
+    s = Status::Io(Errno("sizing " + path + " (is /dev/shm full?)"));
+  h.file_count = static_cast<uint32_t>(files.size());
+  h.step = step;
+  h.world_size = world_size;
+  h.rank = rank;
+  std::snprintf(h.dir, sizeof(h.dir), "%s", dir.c_str());
+  bool halfway_done = !halfway;
+  for (size_t i = 0; i < files.size() && s.ok(); ++i) {
+    const FileToWrite& f = files[i];
+    Header::Entry& e = h.files[i];
+    std::snprintf(e.name, sizeof(e.name), "%s", f.name.c_str());
+    e.offset = at;
+    e.length = f.header.size() + f.payload.size();
+    e.shards = f.shards;
+    s = WriteAll(seg.fd(), f.header.data(), f.header.size(), at, path);
+    const uint64_t half = f.payload.size() / 2;
+    if (s.ok())
+      s = WriteAll(seg.fd(), f.payload.data(), half, at + f.header.size(),
+                   path);
+    // the bytes written so far, against half of all
+    if (s.ok() && !halfway_done &&
+        at - kDataStart + f.header.size() + half >= total / 2) {
+      halfway_done = true;
+      halfway();
+    }
+    if (s.ok())
+      s = WriteAll(seg.fd(), f.payload.data() + half, f.payload.size() - half,
+                   at + f.header.size() + half, path);
+    at += e.length;
+  }
+  if (!s.ok()) return s;
+  h.state = kComplete;
+  return WriteAll(seg.fd(), reinterpret_cast<const char*>(&h), sizeof(h), 0,
+                  path);
+}
+
+std::vector<MemoryCopy> ScanMemoryCopies(const std::string& prefix,
+                                         std::vector<std::string>* unusable) {
+  std::vector<MemoryCopy> copies;
+  for (const std::string& name : SegmentNames(prefix + "-")) {
+    const std::string path = std::string(kShmDir) + "/" + name;
+    Locked seg(path, O_RDONLY, LOCK_SH);
+    Header h{};
+    uint64_t size = 0;
+    Result<MemoryCopy> copy = Status::Invalid("unreadable");
+    if (seg.fd() >= 0 && ReadHeader(seg.fd(), &h, &size))
+      copy = Parse(h, path, size);
+    if (copy.ok()) {
+      copies.push_back(std::move(*copy));
+    } else if (unusable) {
+      unusable->push_back(path + ": " + copy.status().message());
+    }
+  }
+  std::stable_sort(
+      copies.begin(), copies.end(),
+      [](const MemoryCopy& a, const MemoryCopy& b) { return a.step > b.step; });
+  return copies;
+}
+
+Result<std::string> ReadMemoryFile(const MemoryCopy& copy,
+                                   const MemoryFile& file) {
+  Locked seg(copy.path, O_RDONLY, LOCK_SH);
+  Header h{};
+  uint64_t size = 0;
+  if (seg.fd() < 0 || !ReadHeader(seg.fd(), &h, &size) ||
+      h.state != kComplete || h.step != copy.step ||
+      file.offset + file.length > size) {
+    return Status::Invalid(copy.path + " no longer holds step " +
+                           std::to_string(copy.step));
+  }
+  std::string bytes(file.length, '\0');
+  if (!ReadAll(seg.fd(), bytes.data(), file.length, file.offset))
+    return Status::Invalid(Errno("reading " + copy.path));
+  return bytes;
+}
+
+// Each folder's newest step is what a restart would want; older copies are
+// on disk already or superseded. Copies of several folders can share a
+// node (two jobs' workers never share a prefix, but one job's ranks may
+// be pointed at different folders); each folder is persisted on its own.
+PersistReport PersistMemoryCopies(const std::string& prefix) {
+  PersistReport report;
+  std::map<std::string, std::vector<const MemoryCopy*>> newest;  // by folder
+  const std::vector<MemoryCopy> copies = ScanMemoryCopies(prefix);
+  for (const MemoryCopy& c : copies) {
+    auto& list = newest[c.dir];
+    if (list.empty() || list.front()->step == c.step) list.push_back(&c);
+  }
+  for (const auto& [dir, list] : newest) PersistStep(list, &report);
+  return report;
+}
+
+int RemoveMemoryCopies(const std::string& prefix) {
+  int removed = 0;
+  for (const std::string& name : SegmentNames(prefix + "-")) {
+    if (::unlink((std::string(kShmDir) + "/" + name).c_str()) == 0) ++removed;
+  }
+  return removed;
+}
+
+// "dtrun-<pid>-ckpt-...": the pid's process is gone (kill(pid, 0) finds
+// none). A live process of that pid that is not dtrun keeps them: a rare
+// leak, never a removal under a running job.
+std::vector<std::string> RemoveOrphanedCopies() {
+  std::vector<std::string> removed;
+  for (const std::string& name : SegmentNames("dtrun-")) {
+    long long pid = 0;
+    int used = 0;
+    if (std::sscanf(name.c_str(), "dtrun-%lld-ckpt-%n", &pid, &used) != 1 ||
+        used == 0 || pid <= 0) {
+      continue;
+    }
+    if (::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;
+    const std::string path = std::string(kShmDir) + "/" + name;
+    if (::unlink(path.c_str()) == 0) removed.push_back(path);
+  }
+  return removed;
+}
+
+}  // namespace dtrun::memory_checkpoint

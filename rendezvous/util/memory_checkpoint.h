@@ -1,0 +1,118 @@
+#pragma once
+
+// [checkpoint] mode = "memory": checkpoint copies in shared memory that
+// outlive the worker that made them.
+//
+// Each local rank keeps two segments on its node's tmpfs,
+// /dev/shm/<prefix>-<local rank>-<a|b>, and writes each checkpoint into
+// the one that does not hold its newest complete copy, so a crash in the
+// middle of a write leaves the other. A segment holds the files the rank
+// would write to the checkpoint folder, byte for byte as they would lie on
+// disk (lib/checkpoint.h's framing, with its SHA-256), and says which step,
+// world size, rank and folder they belong to.
+//
+// dtrun names the prefix ("dtrun-<its pid>-ckpt", in DTRUN_CHECKPOINT_SHM),
+// persists the newest copies to their folder when a worker of its node
+// dies, and removes its segments when the job ends; a later dtrun removes
+// those of one that was killed first. The training library writes the
+// copies and reads them back on a restart. Writers hold flock(2)'s
+// exclusive lock on a segment, readers a shared one; the kernel drops a
+// dead process's lock, and a writer that died leaves its segment marked
+// "being written", which no reader takes. No libtorch: the launcher links
+// this.
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "rendezvous/util/status.h"
+
+namespace dtrun::memory_checkpoint {
+
+// The variable that carries the prefix to the workers.
+constexpr char kPrefixEnv[] = "DTRUN_CHECKPOINT_SHM";
+// The folder the segments live in (POSIX shared memory on Linux).
+constexpr char kShmDir[] = "/dev/shm";
+// The most files one segment holds (a step's file and a shard).
+constexpr int kMaxFiles = 4;
+
+// The prefix of dtrun process `pid`'s segments.
+std::string PrefixOf(int pid);
+
+// One file of a copy, as it lies in its segment.
+struct MemoryFile {
+  std::string name;  // its name in the folder: "ckpt_000000000050.dtck"
+  uint64_t offset = 0, length = 0;  // its bytes in the segment
+  // A step's file: how many shard files it names (0: none). dtrun persists
+  // it only once they are all on disk, so that a step's file on disk always
+  // means a whole checkpoint.
+  int64_t shards = 0;
+};
+
+// One complete segment.
+struct MemoryCopy {
+  std::string path;                            // /dev/shm/...
+  int64_t step = 0, world_size = 0, rank = 0;  // rank: the saver's global rank
+  std::string dir;                             // the checkpoint folder
+  std::vector<MemoryFile> files;
+  // The file named `name`, or null.
+  const MemoryFile* Find(const std::string& name) const;
+};
+
+// A file to write into a segment: its framing header and payload, kept
+// apart so that the payload is not copied to be joined with it.
+struct FileToWrite {
+  std::string name;
+  std::string_view header, payload;
+  int64_t shards = 0;
+};
+
+// One local rank's two segments. Not thread-safe: one writer.
+class MemorySlots {
+ public:
+  MemorySlots(std::string prefix, int local_rank);
+  // Writes `files` as the copy of `step` (folder `dir`, absolute) into the
+  // slot not holding this rank's newest complete copy, waiting for readers
+  // of that slot (dtrun persisting it) to finish. `halfway` (a test's
+  // fault) runs once half the bytes are in. Status::Io names the segment.
+  Status Write(int64_t step, int64_t world_size, int64_t rank,
+               const std::string& dir, const std::vector<FileToWrite>& files,
+               const std::function<void()>& halfway = nullptr);
+
+ private:
+  std::string prefix_;
+  int local_rank_;
+};
+
+// Every segment of `prefix`: the complete copies, newest step first. Each
+// segment that is not one (being written, its writer died in the middle,
+// or it does not parse) is described in *unusable ("path: why").
+std::vector<MemoryCopy> ScanMemoryCopies(
+    const std::string& prefix, std::vector<std::string>* unusable = nullptr);
+
+// The bytes of `file` of `copy`, read under a shared lock. Status::Invalid
+// when the segment no longer holds that copy (rewritten or removed since
+// the scan).
+Result<std::string> ReadMemoryFile(const MemoryCopy& copy,
+                                   const MemoryFile& file);
+
+// What PersistMemoryCopies did, in lines for dtrun's log.
+struct PersistReport {
+  std::vector<std::string> written;  // paths made durable
+  std::vector<std::string> notes;    // what was not, and why
+};
+// For each folder named by a copy of `prefix`: writes the newest step's
+// files that are not yet there (shards first, then the step's file once
+// all its shards are), each to a temporary name, fsynced, renamed, the
+// folder fsynced. Existing files are left alone.
+PersistReport PersistMemoryCopies(const std::string& prefix);
+
+// Removes every segment of `prefix`; returns how many.
+int RemoveMemoryCopies(const std::string& prefix);
+// Removes the segments of dtrun processes that are gone (killed before
+// they could remove them); returns their paths.
+std::vector<std::string> RemoveOrphanedCopies();
+
+}  // namespace dtrun::memory_checkpoint

@@ -1,0 +1,217 @@
+"""[checkpoint] mode = "memory" under the real dtrun: a restarted group
+resumes from the copies in shared memory, a copy cut short or never made is
+not used, dtrun persists the newest copies when a worker dies and on
+SIGTERM, no segment outlives the job, and a node killed whole loses only
+what was not yet on disk. Each run ends with the params_sha256 of an
+undisturbed one. DDP and FSDP; labelled torch2, so it runs against both
+Torch versions."""
+import argparse
+import glob
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+
+p = argparse.ArgumentParser()
+p.add_argument("--dtrun", required=True)
+p.add_argument("--train-cfg", required=True)
+ARGS, REST = p.parse_known_args()
+HERE = os.path.dirname(os.path.abspath(__file__))
+CONFIGS = os.path.join(HERE, "..", "..", "examples", "configs")
+DDP = os.path.join(CONFIGS, "digits_ddp.toml")
+FSDP = os.path.join(CONFIGS, "digits_fsdp.toml")
+DONE = re.compile(r"done: steps=\d+ loss=\S+ eval_accuracy=\S+ params_sha256=([0-9a-f]{64})")
+# Checkpoints every 20 steps, to disk every 4th (80, 160, ...) and at the end.
+MEMORY = ['checkpoint.mode="memory"', "checkpoint.every=20", "checkpoint.persist_every=4",
+          "train.steps=240"]
+
+
+def command(config, ckpt, sets, restarts):
+    cmd = [ARGS.dtrun, "--nproc-per-node=2", f"--max-restarts={restarts}", ARGS.train_cfg, config,
+           "--set", f'checkpoint.dir="{ckpt}"']
+    for s in sets:
+        cmd += ["--set", s]
+    return cmd
+
+
+def segments(pid):
+    return glob.glob(f"/dev/shm/dtrun-{pid}-ckpt-*")
+
+
+class MemoryCheckpoints(unittest.TestCase):
+    clean = {}  # config -> params_sha256 of an undisturbed run
+
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory()
+        self.runs = 0
+
+    def tearDown(self):
+        self.tmp.cleanup()
+
+    def run_job(self, config, sets=(), restarts=1, ckpt=None):
+        """One dtrun job to its end: (rc, stdout, stderr, dtrun's pid)."""
+        if ckpt is None:
+            self.runs += 1
+            ckpt = os.path.join(self.tmp.name, f"run{self.runs}")
+        p = subprocess.Popen(command(config, ckpt, sets, restarts), stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+        try:
+            out, err = p.communicate(timeout=240)
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        self.assertEqual(segments(p.pid), [], "a segment outlived the job")
+        return p.returncode, out, err, p.pid
+
+    def sha(self, out):
+        m = DONE.search(out)
+        self.assertIsNotNone(m, out)
+        return m.group(1)
+
+    def undisturbed(self, config):
+        if config not in self.clean:
+            rc, out, err, _ = self.run_job(config, ["train.log_every=100", "train.steps=240"],
+                                           restarts=0)
+            self.assertEqual(rc, 0, err)
+            self.clean[config] = self.sha(out)
+        return self.clean[config]
+
+    def test_memory_ends_where_sync_does(self):
+        for config in (DDP, FSDP):
+            with self.subTest(config=os.path.basename(config)):
+                rc, out, err, _ = self.run_job(config, MEMORY, restarts=0)
+                self.assertEqual(rc, 0, err)
+                self.assertEqual(self.sha(out), self.undisturbed(config))
+                self.assertIn("(memory: the copy; written to shared memory in the background)",
+                              out)
+                self.assertIn("checkpoint step 80: training waited", out)
+                self.assertRegex(out, r"checkpoint step 80: training waited [\d.]+ ms \(memory: "
+                                      r"the copy; written to shared memory in the background, "
+                                      r"and to disk\)")
+
+    def test_worker_killed_resumes_from_memory(self):
+        # Step 120 is in memory only (disk: 80); dtrun persists it while the
+        # new group resumes from the copies.
+        for config in (DDP, FSDP):
+            with self.subTest(config=os.path.basename(config)):
+                rc, out, err, pid = self.run_job(
+                    config, [*MEMORY, "fault.kill_rank=1", "fault.kill_at_step=130"])
+                self.assertEqual(rc, 0, err)
+                self.assertIn("SIGKILL", err)
+                self.assertRegex(out, rf"resumed from memory at step 120 \(copies in "
+                                      rf"/dev/shm/dtrun-{pid}-ckpt-\*")
+                self.assertRegex(err, r"persisted the checkpoint copy in memory to "
+                                      r"\S+/ckpt_000000000120\.dtck")
+                self.assertEqual(self.sha(out), self.undisturbed(config))
+
+    def test_kill_during_a_memory_write_or_copy_resumes_from_the_copy_before(self):
+        # Step 120's copy is cut short (rank 0 dies halfway through writing
+        # its segment) or never made (rank 1 dies once the copy is taken):
+        # the other slot's step 100 is what every rank resumes from.
+        # (DDP's rank 1 copies nothing: its step's file is rank 0's.)
+        for config, rank, where in ((DDP, 0, "write"), (FSDP, 1, "copy"), (FSDP, 0, "write"),
+                                    (DDP, 0, "copy")):
+            with self.subTest(config=os.path.basename(config), rank=rank, kill_in=where):
+                rc, out, err, _ = self.run_job(
+                    config, [*MEMORY, f"fault.kill_rank={rank}", "fault.kill_at_step=120",
+                             f'fault.kill_in="{where}"'])
+                self.assertEqual(rc, 0, err)
+                self.assertIn(f"rank {rank} kills itself", err)
+                self.assertIn("resumed from memory at step 100 ", out)
+                if where == "write":
+                    self.assertRegex(err, r"checkpoint copy not used: /dev/shm/\S+: incomplete")
+                self.assertEqual(self.sha(out), self.undisturbed(config))
+
+    def test_async_kill_during_the_write_or_the_copy_resumes_from_disk(self):
+        sets = ['checkpoint.mode="async"', "checkpoint.every=20", "train.steps=240"]
+        for config, rank, where in ((DDP, 0, "write"), (FSDP, 1, "write"), (FSDP, 1, "copy"),
+                                    (DDP, 0, "copy")):
+            with self.subTest(config=os.path.basename(config), rank=rank, kill_in=where):
+                rc, out, err, _ = self.run_job(
+                    config, [*sets, f"fault.kill_rank={rank}", "fault.kill_at_step=120",
+                             f'fault.kill_in="{where}"'])
+                self.assertEqual(rc, 0, err)
+                self.assertRegex(out, r"resumed from \S+ckpt_000000000100\.dtck at step 100")
+                self.assertEqual(self.sha(out), self.undisturbed(config))
+
+    def test_a_failed_job_persists_its_newest_copy_and_removes_every_segment(self):
+        for config in (DDP, FSDP):
+            with self.subTest(config=os.path.basename(config)):
+                ckpt = os.path.join(self.tmp.name, "failed" + os.path.basename(config))
+                rc, out, err, _ = self.run_job(
+                    config, [*MEMORY, "fault.kill_rank=1", "fault.kill_at_step=130"],
+                    restarts=0, ckpt=ckpt)
+                self.assertNotEqual(rc, 0)
+                self.assertIn("ckpt_000000000120.dtck", os.listdir(ckpt))
+                rc, out, err, _ = self.run_job(config, MEMORY, restarts=0, ckpt=ckpt)
+                self.assertEqual(rc, 0, err)
+                self.assertRegex(out, r"resumed from \S+ckpt_000000000120\.dtck at step 120")
+                self.assertEqual(self.sha(out), self.undisturbed(config))
+
+    def start_slow(self, config, ckpt, new_session):
+        """A job slowed down (rank 0's compute 10 times as long: same bits),
+        read until its checkpoint of step 130 is taken."""
+        sets = [*MEMORY, "checkpoint.every=10", "train.log_every=10", "fault.slow_rank=0",
+                "fault.slow_factor=10"]
+        p = subprocess.Popen(command(config, ckpt, sets, 0), stdout=subprocess.PIPE,
+                             stderr=subprocess.DEVNULL, text=True, start_new_session=new_session)
+        seen = []
+        for line in p.stdout:
+            seen.append(line)
+            if line.startswith("checkpoint step 130: training waited"):
+                return p
+        p.wait()
+        self.fail("no checkpoint at step 130:\n" + "".join(seen))
+
+    def test_sigterm_persists_the_newest_copy_and_removes_every_segment(self):
+        for config in (DDP, FSDP):
+            with self.subTest(config=os.path.basename(config)):
+                ckpt = os.path.join(self.tmp.name, "term" + os.path.basename(config))
+                p = self.start_slow(config, ckpt, new_session=False)
+                try:
+                    time.sleep(0.3)  # step 130's copy in memory; disk's newest is 120
+                    p.send_signal(signal.SIGTERM)
+                    p.communicate(timeout=60)
+                finally:
+                    if p.poll() is None:
+                        p.kill()
+                        p.wait()
+                self.assertEqual(segments(p.pid), [])
+                steps = sorted(f for f in os.listdir(ckpt) if ".shard_" not in f)
+                self.assertGreaterEqual(steps[-1], "ckpt_000000000130.dtck", steps)
+                rc, out, err, _ = self.run_job(config, MEMORY, restarts=0, ckpt=ckpt)
+                self.assertEqual(rc, 0, err)
+                self.assertEqual(self.sha(out), self.undisturbed(config))
+
+    def test_a_node_killed_whole_loses_only_what_was_not_on_disk(self):
+        # dtrun and its workers SIGKILLed together: the copies of steps 130
+        # (and maybe 140) die with the node's memory as far as the job goes;
+        # the next dtrun on the node removes them and resumes from disk.
+        for config in (DDP, FSDP):
+            with self.subTest(config=os.path.basename(config)):
+                ckpt = os.path.join(self.tmp.name, "node" + os.path.basename(config))
+                p = self.start_slow(config, ckpt, new_session=True)
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+                p.stdout.close()
+                left = segments(p.pid)
+                self.assertNotEqual(left, [])
+                rc, out, err, _ = self.run_job(config, MEMORY, restarts=0, ckpt=ckpt)
+                self.assertEqual(rc, 0, err)
+                for path in left:
+                    self.assertIn(f"removed {path}: a checkpoint copy of a dtrun that is gone",
+                                  err)
+                self.assertEqual(segments(p.pid), [])
+                m = re.search(r"resumed from \S+ckpt_0*(\d+)\.dtck at step (\d+)", out)
+                self.assertIsNotNone(m, out)
+                self.assertIn(int(m.group(2)), (120, 160), out)  # a persisted one
+                self.assertEqual(self.sha(out), self.undisturbed(config))
+
+
+if __name__ == "__main__":
+    unittest.main(argv=[sys.argv[0]] + REST, verbosity=2)
