@@ -176,11 +176,15 @@ fi
 
 if want checkpoint; then
   echo
-  echo "== checkpoints: the loop's wait, sync vs async, train_cfg vs PyTorch 2.6's DCP (96.4 M parameters)"
+  echo "== checkpoints: the loop's wait, sync vs async vs memory, train_cfg vs PyTorch 2.6's DCP (96.4 M parameters)"
   args=()
   [[ $torch2 == 1 ]] && args=(--torch2-python "$py2" --torch2-shim "${shim2#PYTHONPATH=}")
   /usr/bin/python3 tests/bench/checkpoint_bench.py --dtrun $b/apps/dtrun \
     --train-cfg $b/examples/train_cfg "${args[@]}"
+  echo
+  echo "== restart to the first step after a SIGKILL: resume from disk (warm, cold) vs memory"
+  /usr/bin/python3 tests/bench/restart_bench.py --dtrun $b/apps/dtrun \
+    --train-cfg $b/examples/train_cfg
 fi
 
 if want hang; then

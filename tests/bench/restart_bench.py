@@ -1,0 +1,110 @@
+"""Restart to first step after a SIGKILL: resume from disk vs from memory.
+
+examples/configs/mlp100m_{ddp,fsdp}.toml (96.4 M parameters, 0.77 GB of
+state), 2 ranks, CPU gloo, under dtrun with --max-restarts=1. A checkpoint
+at step 8; rank 1 SIGKILLs itself after step 11; the group restarts and
+resumes. Measured from dtrun's line that reports the SIGKILL to the first
+step the new group completes (each output line is timed as it arrives),
+and, within that, how long the resume read its checkpoint (the trainer's
+"read in" figure). Sides:
+  - disk, warm: checkpoint.mode = "async"; the file is still in the page
+    cache when it is read back.
+  - disk, cold: the same, with the page cache dropped once the write is
+    done (a restart on a node whose cache did not keep it, or from a
+    network filesystem): the read comes from the device.
+  - memory: checkpoint.mode = "memory", nothing persisted before the kill;
+    the new group reads the copies in /dev/shm while dtrun persists them.
+The sides take turns, repeated; medians and spread.
+
+Usage: restart_bench.py --dtrun PATH --train-cfg PATH [--repeat N]"""
+import argparse
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+CONFIGS = os.path.join(HERE, "..", "..", "examples", "configs")
+READ = re.compile(r"resumed from (memory|\S+) at step 8 .*read in ([\d.]+) ms")
+
+p = argparse.ArgumentParser()
+p.add_argument("--dtrun", required=True)
+p.add_argument("--train-cfg", required=True)
+p.add_argument("--repeat", type=int, default=3)
+ARGS = p.parse_args()
+
+
+def drop_page_cache():
+    os.sync()
+    with open("/proc/sys/vm/drop_caches", "w") as f:
+        f.write("3\n")
+
+
+def run(strategy, side, folder):
+    mode = "memory" if side == "memory" else "async"
+    cmd = [ARGS.dtrun, "--nproc-per-node=2", "--max-restarts=1", ARGS.train_cfg,
+           os.path.join(CONFIGS, f"mlp100m_{strategy}.toml"),
+           "--set", f'checkpoint.dir="{folder}"', "--set", f'checkpoint.mode="{mode}"',
+           "--set", "checkpoint.persist_every=100", "--set", "checkpoint.every=8",
+           "--set", "train.steps=13", "--set", "train.log_every=1",
+           "--set", "fault.kill_rank=1", "--set", "fault.kill_at_step=11"]
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    marks = {}
+    lines = []
+
+    def watch(stream):
+        for line in stream:
+            now = time.monotonic()
+            lines.append(line)
+            if "failed: SIGKILL" in line:
+                marks.setdefault("killed", now)
+            elif line.startswith("checkpoint step 8: written in the background"):
+                if side == "disk, cold":
+                    drop_page_cache()
+            elif READ.search(line):
+                marks["read_ms"] = float(READ.search(line).group(2))
+                marks["source"] = READ.search(line).group(1)
+            elif line.startswith("step 9 loss") and "killed" in marks:
+                marks.setdefault("first_step", now)
+    threads = [threading.Thread(target=watch, args=(s,)) for s in (p.stdout, p.stderr)]
+    for t in threads:
+        t.start()
+    p.wait(timeout=900)
+    for t in threads:
+        t.join()
+    if p.returncode != 0 or "first_step" not in marks:
+        sys.exit(f"{strategy} {side}: exit {p.returncode}\n" + "".join(lines[-40:]))
+    want_memory = side == "memory"
+    if (marks["source"] == "memory") != want_memory:
+        sys.exit(f"{strategy} {side}: resumed from {marks['source']}")
+    return marks["first_step"] - marks["killed"], marks["read_ms"] / 1000
+
+
+def main():
+    sides = [(s, side) for s in ("ddp", "fsdp") for side in ("disk, warm", "disk, cold", "memory")]
+    got = {k: [] for k in sides}
+    with tempfile.TemporaryDirectory(dir=os.environ.get("DTRUN_BENCH_TMP", "/tmp")) as tmp:
+        for _ in range(ARGS.repeat):
+            for strategy, side in sides:  # the sides take turns
+                folder = os.path.join(tmp, "ckpt")
+                shutil.rmtree(folder, ignore_errors=True)
+                got[(strategy, side)].append(run(strategy, side, folder))
+                shutil.rmtree(folder, ignore_errors=True)
+    print("| strategy, resumed from (2 ranks, 96.4 M parameters) | SIGKILL to the first "
+          "step after it, median (min-max) | of which reading the checkpoint | vs disk, warm |")
+    print("|---|---|---|---|")
+    for (strategy, side), runs in got.items():
+        total = [r[0] for r in runs]
+        read = [r[1] for r in runs]
+        base = statistics.median(r[0] for r in got[(strategy, "disk, warm")])
+        print(f"| {strategy.upper()}, {side} | {statistics.median(total):.2f} s "
+              f"({min(total):.2f}-{max(total):.2f}) | {statistics.median(read):.2f} s "
+              f"({min(read):.2f}-{max(read):.2f}) | {statistics.median(total) / base:.3f} |")
+
+
+main()
