@@ -28,7 +28,7 @@ const std::map<std::string, std::set<std::string>> kKeys = {
     {"strategy",
      {"type", "backend", "bucket_cap_mb", "min_unit_params",
       "reshard_after_forward", "prefetch", "param_dtype", "reduce_dtype",
-      "cpu_offload"}},
+      "cpu_offload", "shared_memory"}},
     {"optimizer", {"type", "lr", "momentum", "weight_decay"}},
     {"schedule", {"type", "warmup_steps"}},
     {"train",
@@ -139,6 +139,7 @@ TrainConfig ToConfig(const toml::table& t) {
   Read(t, "strategy", "param_dtype", &c.param_dtype);
   Read(t, "strategy", "reduce_dtype", &c.reduce_dtype);
   Read(t, "strategy", "cpu_offload", &c.cpu_offload);
+  Read(t, "strategy", "shared_memory", &c.shared_memory);
   ReadChoice(t, "optimizer", "type", &c.optimizer);
   Read(t, "optimizer", "lr", &c.lr);
   Read(t, "optimizer", "momentum", &c.momentum);

@@ -19,67 +19,6 @@
 
 namespace dtrun::train {
 
-namespace {
-
-// All-reduces ranges of a ShmAllreduce segment on a thread of its own, in
-// the order they were queued (the same on every rank), so that backward
-// goes on while it waits for the other ranks.
-class ShmComm {
- public:
-  ShmComm(std::unique_ptr<ShmAllreduce> shm, std::chrono::milliseconds timeout)
-      : shm_(std::move(shm)), timeout_(timeout), thread_([this] { Loop(); }) {}
-  // Queued jobs still run before the thread exits (Loop() drains the
-  // queue): each one's promise is kept, so no Wait() hangs on a broken one.
-  ~ShmComm() {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      stop_ = true;
-    }
-    cv_.notify_all();
-    thread_.join();
-  }
-  float* region() { return shm_->region(); }
-  std::future<Status> Launch(size_t offset, size_t n) {
-    std::promise<Status> done;
-    auto result = done.get_future();
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      todo_.push_back({offset, n, std::move(done)});
-    }
-    cv_.notify_one();
-    return result;
-  }
-
- private:
-  struct Job {
-    size_t offset, n;
-    std::promise<Status> done;
-  };
-  // One job at a time, in queue order: the barriers inside Allreduce() pair
-  // up across ranks only if every rank runs the same ranges in the same order.
-  void Loop() {
-    for (;;) {
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [this] { return stop_ || !todo_.empty(); });
-      if (todo_.empty()) return;
-      Job job = std::move(todo_.front());
-      todo_.pop_front();
-      lock.unlock();
-      job.done.set_value(shm_->Allreduce(job.offset, job.n, timeout_));
-    }
-  }
-
-  std::unique_ptr<ShmAllreduce> shm_;
-  std::chrono::milliseconds timeout_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<Job> todo_;
-  bool stop_ = false;
-  std::thread thread_;
-};
-
-}  // namespace
-
 // Rank 0 creates the segment under a name unique to this run (pid and
 // random bits: two jobs on one host never open each other's) and broadcasts
 // it; an empty name means it could not. The MIN all-reduce makes the verdict
@@ -134,7 +73,8 @@ struct DistributedDataParallel::Impl {
     std::future<Status> shm_work;
   };
 
-  std::unique_ptr<ShmComm> shm;  // before `buckets`: their flats may live in it
+  // before `buckets`: their flats may live in it
+  std::unique_ptr<ShmQueue> shm;
   std::shared_ptr<torch::nn::Module> module;
   ProcessGroup* pg;
   DdpOptions opts;
@@ -206,7 +146,7 @@ struct DistributedDataParallel::Impl {
       auto seg =
           OpenSharedMemoryAllreduce(*pg, static_cast<size_t>(total), &why);
       if (seg) {
-        shm = std::make_unique<ShmComm>(std::move(seg), opts.timeout);
+        shm = std::make_unique<ShmQueue>(std::move(seg));
       } else if (!why.empty()) {
         Logger("dtrun.ddp")
             ->info("rank {}: all-reduce through the process group ({})",
@@ -218,7 +158,7 @@ struct DistributedDataParallel::Impl {
       const int64_t n = BucketNumel(b);
       if (shm) {
         b.shm_offset = at;
-        b.flat = at::from_blob(shm->region() + at, {n},
+        b.flat = at::from_blob(shm->shm().region() + at, {n},
                                at::TensorOptions().dtype(at::kFloat));
         b.flat.zero_();
       } else {
@@ -259,8 +199,12 @@ struct DistributedDataParallel::Impl {
     while (next_launch < buckets.size() && buckets[next_launch].pending == 0) {
       Bucket& b = buckets[next_launch];
       if (shm) {
-        b.shm_work = shm->Launch(static_cast<size_t>(b.shm_offset),
-                                 static_cast<size_t>(b.flat.numel()));
+        const size_t offset = static_cast<size_t>(b.shm_offset),
+                     n = static_cast<size_t>(b.flat.numel());
+        b.shm_work =
+            shm->Launch([offset, n, timeout = opts.timeout](ShmAllreduce& seg) {
+              return seg.Allreduce(offset, n, timeout);
+            });
       } else {
         std::vector<at::Tensor> v{b.flat};
         b.work = pg->allreduce(v);

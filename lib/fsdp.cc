@@ -4,10 +4,15 @@
 #include <torch/torch.h>
 
 #include <chrono>
+#include <cstring>
+#include <future>
 #include <mutex>
 #include <set>
 
+#include "lib/ddp.h"
 #include "lib/process_group.h"
+#include "lib/shm_allreduce.h"
+#include "rendezvous/util/check.h"
 
 namespace dtrun::train {
 namespace {
@@ -38,6 +43,25 @@ void AllocStorage(const at::Tensor& t) {
   s->set_data_ptr_noswap(s->allocator()->allocate(n));
   s->set_nbytes(n);
 }
+
+// A collective running on a ShmQueue, as the process group's Work: the
+// units wait for it as they wait for gloo's. A failure (a rank died or
+// hangs) throws, naming what happened.
+class ShmWork : public c10d::Work {
+ public:
+  explicit ShmWork(std::future<Status> done) : done_(done.share()) {}
+  bool isCompleted() override {
+    return done_.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
+  }
+  bool wait(std::chrono::milliseconds) override {
+    const Status& s = done_.get();
+    if (!s.ok()) throw Error("FSDP through shared memory: " + s.message());
+    return true;
+  }
+
+ private:
+  std::shared_future<Status> done_;
+};
 
 int64_t Bytes(const at::Tensor& t) {
   if (!t.defined()) return 0;
@@ -81,6 +105,51 @@ struct FullyShardedDataParallel::Impl {
   int next_rs = -1;
   std::mutex mu;  // hooks may run on autograd's threads
   CommStats stats;
+  // FsdpOptions::shared_memory: every collective through it, in the order
+  // launched (the same on every rank, as for the process group)
+  std::unique_ptr<ShmQueue> shm;
+
+  // Shared memory when every rank can open rank 0's segment and units
+  // compute and reduce in float32 on the CPU; its regions hold the largest
+  // unit, padded (a reduce-scatter's input). Collective.
+  void OpenSharedMemory() {
+    if (!opts.shared_memory || world == 1 || nccl || !device.is_cpu() ||
+        param_dtype != at::kFloat || reduce_dtype != at::kFloat) {
+      return;
+    }
+    int64_t floats = 0;
+    for (const Unit& u : units) floats = std::max(floats, u.padded);
+    std::string why;
+    auto seg =
+        OpenSharedMemoryAllreduce(*pg, static_cast<size_t>(floats), &why);
+    if (seg) shm = std::make_unique<ShmQueue>(std::move(seg));
+  }
+
+  c10::intrusive_ptr<c10d::Work> ShmAllGather(const at::Tensor& dst,
+                                              const at::Tensor& src) {
+    float* out = dst.data_ptr<float>();
+    const float* in = src.data_ptr<float>();
+    const size_t n = static_cast<size_t>(src.numel());
+    return c10::make_intrusive<ShmWork>(
+        shm->Launch([out, in, n, timeout = opts.timeout](ShmAllreduce& seg) {
+          std::memcpy(seg.region(), in, n * sizeof(float));
+          return seg.AllGather(n, out, timeout);
+        }));
+  }
+
+  // `grad_full` ([padded]) in, this rank's summed chunk ([shard_size]) out.
+  c10::intrusive_ptr<c10d::Work> ShmReduceScatter(const at::Tensor& out_,
+                                                  const at::Tensor& in_) {
+    float* out = out_.data_ptr<float>();
+    const float* in = in_.data_ptr<float>();
+    const size_t n = static_cast<size_t>(out_.numel());
+    const size_t total = static_cast<size_t>(in_.numel());
+    return c10::make_intrusive<ShmWork>(shm->Launch(
+        [out, in, n, total, timeout = opts.timeout](ShmAllreduce& seg) {
+          std::memcpy(seg.region(), in, total * sizeof(float));
+          return seg.ReduceScatter(n, out, timeout);
+        }));
+  }
 
   void Wait(const c10::intrusive_ptr<c10d::Work>& work) {
     auto t0 = Clock::now();
@@ -100,6 +169,11 @@ struct FullyShardedDataParallel::Impl {
   // result lands in place with no copy afterwards.
   c10::intrusive_ptr<c10d::Work> AllGather(const at::Tensor& dst_,
                                            const at::Tensor& src_) {
+    if (shm) {
+      DTRUN_CHECK(src_.is_contiguous() && dst_.is_contiguous())
+          << "FSDP all-gather of a strided tensor";
+      return ShmAllGather(dst_, src_);
+    }
     at::Tensor dst = Wire(dst_), src = Wire(src_);
     if (nccl) {
       at::Tensor out = dst;
@@ -204,6 +278,9 @@ struct FullyShardedDataParallel::Impl {
     ++stats.reduce_scatters;
     if (world == 1) {
       u.rs_out = u.grad_full;
+    } else if (shm) {
+      u.rs_out = at::empty({u.shard_size}, u.grad_full.options());
+      u.rs_work = ShmReduceScatter(u.rs_out, u.grad_full);
     } else if (nccl) {
       u.rs_out = at::empty({u.shard_size}, u.grad_full.options());
       u.rs_work = pg->_reduce_scatter_base(u.rs_out, u.grad_full);
@@ -228,7 +305,7 @@ struct FullyShardedDataParallel::Impl {
       Wait(u.rs_work);
       u.rs_work.reset();
     }
-    at::Tensor g = nccl || world == 1
+    at::Tensor g = nccl || world == 1 || shm
                        ? u.rs_out
                        : u.rs_out.view({world, u.shard_size}).sum(0);
     g = g.to(at::kFloat).div_(world);
@@ -479,6 +556,7 @@ FullyShardedDataParallel::FullyShardedDataParallel(
   }
   d.BuildUnits();
   d.Shard();
+  d.OpenSharedMemory();
   d.next_rs = static_cast<int>(d.units.size()) - 1;
   std::map<c10::TensorImpl*, std::pair<size_t, size_t>> where;
   Impl* raw = impl_.get();
@@ -631,6 +709,10 @@ void FullyShardedDataParallel::LoadStateDicts(
     state.erase("param");
     d.SetOptimizerState(opt, u, std::move(state));
   }
+}
+
+std::string FullyShardedDataParallel::transport() const {
+  return impl_->shm ? "shared memory" : "process group";
 }
 
 size_t FullyShardedDataParallel::num_units() const {

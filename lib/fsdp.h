@@ -1,5 +1,6 @@
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -38,6 +39,15 @@ struct FsdpOptions {
   // GPU builds: keep parameter shards, their gradients and the optimizer
   // state in CPU memory; each unit's shard is copied to the GPU to gather.
   bool cpu_offload = false;
+  // When every rank runs on this host and units compute and reduce in
+  // float32 on the CPU: all-gathers and reduce-scatters through a POSIX
+  // shared-memory segment (as DDP's all-reduce), on a thread of each rank,
+  // with the same overlap and the same bits as through the process group.
+  // Otherwise, or false: through the process group.
+  bool shared_memory = true;
+  // How long a shared-memory collective waits for the other ranks before
+  // it fails naming them.
+  std::chrono::milliseconds timeout{30 * 60 * 1000};
 };
 
 // Fully sharded data parallelism for a torch::nn::Sequential (libtorch has
@@ -55,7 +65,9 @@ struct FsdpOptions {
 // no no_sync scope).
 //
 // On gloo (no reduce-scatter in Torch 1.13) the reduce-scatter is an
-// all-to-all plus a local sum; on NCCL it is NCCL's reduce-scatter.
+// all-to-all plus a local sum; on NCCL it is NCCL's reduce-scatter; on one
+// host (FsdpOptions::shared_memory) both collectives go through shared
+// memory instead of gloo.
 // Not thread-safe: one training thread; the hooks run inside backward.
 class FullyShardedDataParallel {
  public:
@@ -98,6 +110,8 @@ class FullyShardedDataParallel {
   size_t num_units() const;
   // Bytes of every tensor FSDP holds now: shards, their gradients, the
   // optimizer's state, and any gathered unit or gradient buffer.
+  // "shared memory" or "process group": where the collectives run.
+  std::string transport() const;
   int64_t HeldBytes(torch::optim::Optimizer& opt) const;
 
   // Since the last call: seconds spent blocked on all-gathers and

@@ -229,4 +229,70 @@ Status ShmAllreduce::Allreduce(size_t offset, size_t n,
       deadline);  // nobody overwrites a region another rank still copies from
 }
 
+Status ShmAllreduce::AllGather(size_t n, float* out,
+                               std::chrono::milliseconds timeout) {
+  if (n > floats_)
+    return Status::Invalid("shared-memory all-gather: range out of bounds");
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  Status s = Barrier(deadline);  // every rank's input is in place
+  if (!s.ok()) return s;
+  for (int r = 0; r < world_; ++r)
+    std::memcpy(out + n * static_cast<size_t>(r), Region(r), n * sizeof(float));
+  return Barrier(deadline);  // every rank has copied every region
+}
+
+// Each element is summed as Allreduce sums it: rank 0's value, then rank
+// 1's added, and so on, a block at a time.
+Status ShmAllreduce::ReduceScatter(size_t n, float* out,
+                                   std::chrono::milliseconds timeout) {
+  const size_t total = n * static_cast<size_t>(world_);
+  if (total > floats_)
+    return Status::Invalid("shared-memory reduce-scatter: range out of bounds");
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  Status s = Barrier(deadline);  // every rank's input is in place
+  if (!s.ok()) return s;
+  const size_t lo = n * static_cast<size_t>(rank_);
+  std::memcpy(out, Region(0) + lo, n * sizeof(float));
+  for (int r = 1; r < world_; ++r) {
+    const float* src = Region(r) + lo;
+    for (size_t i = 0; i < n; ++i) out[i] += src[i];
+  }
+  return Barrier(deadline);  // nobody still reads a region
+}
+
+ShmQueue::ShmQueue(std::unique_ptr<ShmAllreduce> shm)
+    : shm_(std::move(shm)), thread_([this] { Loop(); }) {}
+
+ShmQueue::~ShmQueue() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+std::future<Status> ShmQueue::Launch(std::function<Status(ShmAllreduce&)> job) {
+  std::promise<Status> done;
+  auto result = done.get_future();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    todo_.push_back({std::move(job), std::move(done)});
+  }
+  cv_.notify_one();
+  return result;
+}
+
+void ShmQueue::Loop() {
+  for (;;) {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [this] { return stop_ || !todo_.empty(); });
+    if (todo_.empty()) return;
+    Job job = std::move(todo_.front());
+    todo_.pop_front();
+    lock.unlock();
+    job.done.set_value(job.run(*shm_));
+  }
+}
+
 }  // namespace dtrun::train

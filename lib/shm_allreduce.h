@@ -2,10 +2,16 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
+#include <deque>
+#include <functional>
+#include <future>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <thread>
 
 #include "rendezvous/util/status.h"
 
@@ -46,6 +52,14 @@ class ShmAllreduce {
   // Blocks until every rank has called it for the same range; Status::Timeout
   // naming the ranks missing when `timeout` passes first.
   Status Allreduce(size_t offset, size_t n, std::chrono::milliseconds timeout);
+  // FSDP's two collectives, with the same rules. AllGather: every rank's
+  // region()[0, n) lands in `out` (n * world floats, in rank order).
+  // ReduceScatter: `out` (n floats) gets the sum, in rank order, of
+  // elements [rank * n, rank * n + n) of every rank's region (n * world
+  // floats each): the same bits as Allreduce's sum, and as a local sum of
+  // an all-to-all's chunks.
+  Status AllGather(size_t n, float* out, std::chrono::milliseconds timeout);
+  Status ReduceScatter(size_t n, float* out, std::chrono::milliseconds timeout);
 
   struct Control;
 
@@ -60,6 +74,37 @@ class ShmAllreduce {
   size_t floats_;
   void* base_;
   size_t bytes_;
+};
+
+// Runs jobs on a ShmAllreduce from a thread of its own, one at a time in
+// the order they were launched, so that the caller goes on computing while
+// a collective runs (DDP's buckets, FSDP's gathers and reduce-scatters).
+// Every rank must launch the same collectives in the same order: the
+// barriers inside pair up by order. Queued jobs still run before the thread
+// exits, so no future is left broken.
+class ShmQueue {
+ public:
+  explicit ShmQueue(std::unique_ptr<ShmAllreduce> shm);
+  ~ShmQueue();
+  ShmQueue(const ShmQueue&) = delete;
+  ShmQueue& operator=(const ShmQueue&) = delete;
+
+  ShmAllreduce& shm() { return *shm_; }
+  std::future<Status> Launch(std::function<Status(ShmAllreduce&)> job);
+
+ private:
+  struct Job {
+    std::function<Status(ShmAllreduce&)> run;
+    std::promise<Status> done;
+  };
+  void Loop();
+
+  std::unique_ptr<ShmAllreduce> shm_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Job> todo_;
+  bool stop_ = false;
+  std::thread thread_;  // last: starts once the rest is built
 };
 
 }  // namespace dtrun::train

@@ -114,6 +114,7 @@ class DdpStrategy : public Strategy {
   static DdpOptions Options(const TrainConfig& c) {
     DdpOptions o;
     o.bucket_cap_mb = c.bucket_cap_mb;
+    o.shared_memory = c.shared_memory;
     return o;
   }
 
@@ -220,6 +221,7 @@ class FsdpStrategy : public Strategy {
     o.param_dtype = c.param_dtype;
     o.reduce_dtype = c.reduce_dtype;
     o.cpu_offload = c.cpu_offload;
+    o.shared_memory = c.shared_memory;
     return o;
   }
   // Decodes one shard file's verified payload into verified_.

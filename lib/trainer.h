@@ -61,6 +61,9 @@ struct TrainConfig {
   std::string param_dtype = "float32",
               reduce_dtype = "float32";  // fsdp mixed precision
   bool cpu_offload = false;              // fsdp, GPU builds
+  // collectives through shared memory when every rank is on this host (DDP's
+  // all-reduce, FSDP's all-gathers and reduce-scatters) [true]
+  bool shared_memory = true;
   // optimizer and schedule
   OptimizerKind optimizer = OptimizerKind::kSgd;  // sgd [sgd] | adam | adamw
   double lr = 0.05, momentum = 0.9, weight_decay = 0.0;

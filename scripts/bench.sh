@@ -149,16 +149,24 @@ fi
 if want fsdp; then
   echo
   echo "== FSDP vs our DDP: MLP 784-1024x3-10 (2.9M parameters), batch 32/rank, SGD momentum"
-  echo "   (dtrun; gloo; 1 thread per rank; same BLAS as above; PyTorch 2.6's FSDP2 fully_shard"
-  echo "   on CPU where it can run)"
-  for n in 2 4; do
-    for mode in ddp fsdp fsdp-noprefetch; do
-      $b/apps/dtrun --nproc-per-node=$n --log-level=error $b/tests/bench/fsdp_bench $mode
-      if [[ $torch2 == 1 && $mode != ddp ]]; then
-        # Prints its error as JSON when 2.6 cannot run it; the rest goes on.
-        env "$shim2" $b/apps/dtrun --nproc-per-node=$n --log-level=error --python "$py2" \
-          tests/bench/fsdp2_bench.py $mode 2>/dev/null || true
-      fi
+  echo "   (dtrun; 1 thread per rank; each BLAS installed, as above; FSDP's collectives through"
+  echo "   shared memory (fsdp) or gloo (fsdp-gloo); PyTorch 2.6's FSDP2 fully_shard on CPU where"
+  echo "   it can run)"
+  fsdp_blas=(/usr/lib/x86_64-linux-gnu/blas)
+  [[ -e /usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3 ]] &&
+    fsdp_blas+=(/usr/lib/x86_64-linux-gnu/openblas-pthread)
+  for dir in "${fsdp_blas[@]}"; do
+    echo "-- BLAS: $dir"
+    for n in 2 4; do
+      for mode in ddp fsdp fsdp-gloo fsdp-noprefetch; do
+        LD_LIBRARY_PATH=$dir OPENBLAS_NUM_THREADS=1 $b/apps/dtrun --nproc-per-node=$n \
+          --log-level=error $b/tests/bench/fsdp_bench $mode
+        if [[ $torch2 == 1 && $dir == */blas && ($mode == fsdp || $mode == fsdp-noprefetch) ]]; then
+          # Prints its error as JSON when 2.6 cannot run it; the rest goes on.
+          env "$shim2" $b/apps/dtrun --nproc-per-node=$n --log-level=error --python "$py2" \
+            tests/bench/fsdp2_bench.py $mode 2>/dev/null || true
+        fi
+      done
     done
   done
 fi

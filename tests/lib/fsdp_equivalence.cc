@@ -4,7 +4,9 @@
 // error <= 1e-5). The model's parameter count is not divisible by 2 or 4 and
 // the units have odd sizes, so every shard boundary and padding path runs.
 // Also: two micro-batches per step, every wrap policy and reshard setting, a
-// sharded state dict round trip, and bfloat16 compute staying close. Prints
+// sharded state dict round trip, and bfloat16 compute staying close. On
+// one host FSDP's collectives go through shared memory: the same bits as
+// through gloo, checked exactly. Prints
 // "fsdp_equivalence: ... OK" on rank 0; exits 1 on a mismatch.
 #include <torch/torch.h>
 
@@ -107,7 +109,7 @@ int failures = 0;
 void Expect(dtrun::train::Distributed& dist, const char* what, double err,
             double limit) {
   if (dist.rank() == 0) {
-    std::printf("fsdp_equivalence: %-44s max rel. error %.3g (limit %.0e)\n",
+    std::printf("fsdp_equivalence: %-56s max rel. error %.3g (limit %.0e)\n",
                 what, err, limit);
     std::fflush(stdout);
   }
@@ -157,6 +159,24 @@ int main() {
       *dist, "AdamW, 2 micro-batches per step",
       MaxRelativeError(RunFsdp(*dist, adamw, 2, {}), RunDdp(*dist, adamw, 2)),
       1e-5);
+  {
+    FullyShardedDataParallel probe(MakeModel(), &dist->pg());
+    if (dist->world_size() > 1 && probe.transport() != "shared memory") {
+      std::printf("fsdp_equivalence: rank %d: transport is %s\n", dist->rank(),
+                  probe.transport().c_str());
+      ++failures;
+    }
+  }
+  FsdpOptions gloo;
+  gloo.shared_memory = false;
+  Expect(*dist, "SGD, shared memory vs gloo (bitwise)",
+         MaxRelativeError(RunFsdp(*dist, sgd, 1, {}),
+                          RunFsdp(*dist, sgd, 1, gloo)),
+         0);
+  Expect(*dist, "AdamW, 2 micro-batches, shared memory vs gloo (bitwise)",
+         MaxRelativeError(RunFsdp(*dist, adamw, 2, {}),
+                          RunFsdp(*dist, adamw, 2, gloo)),
+         0);
   FsdpOptions bf16;
   bf16.param_dtype = "bfloat16";
   Expect(*dist, "SGD, bfloat16 compute (loose)",

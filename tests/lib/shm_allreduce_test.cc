@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -70,6 +71,41 @@ TEST(ShmAllreduceTest, SumsEveryRanksValuesIntoEachRegion) {
         }
       }
       return true;
+    });
+    EXPECT_EQ(failed, 0) << "world " << world;
+  }
+}
+
+// FSDP's collectives: each rank's shard of n floats gathered in rank order;
+// each rank's chunk of everyone's n * world floats summed in rank order,
+// with the same bits as Allreduce's sum of the same values.
+TEST(ShmAllreduceTest, AllGathersAndReduceScattersInRankOrder) {
+  constexpr size_t kShard = 5003;
+  for (int world : {1, 2, 3, 4}) {
+    const size_t total = kShard * static_cast<size_t>(world);
+    int failed = InProcesses(world, total, [&](ShmAllreduce& s) {
+      auto value = [](int r, size_t i) {
+        return 1.0f / float(r + 3) + float(i % 89) * 0.1f;
+      };
+      std::vector<float> gathered(total), mine(kShard), summed(total);
+      for (size_t i = 0; i < kShard; ++i) s.region()[i] = value(s.rank(), i);
+      if (!s.AllGather(kShard, gathered.data(), std::chrono::seconds(20)).ok())
+        return false;
+      for (int r = 0; r < world; ++r) {
+        for (size_t i = 0; i < kShard; ++i) {
+          if (gathered[r * kShard + i] != value(r, i)) return false;
+        }
+      }
+      for (size_t i = 0; i < total; ++i) s.region()[i] = value(s.rank(), i);
+      if (!s.ReduceScatter(kShard, mine.data(), std::chrono::seconds(20)).ok())
+        return false;
+      // and the all-reduce of the same values, for its bits
+      for (size_t i = 0; i < total; ++i) s.region()[i] = value(s.rank(), i);
+      if (!s.Allreduce(0, total, std::chrono::seconds(20)).ok()) return false;
+      std::memcpy(summed.data(), s.region(), total * sizeof(float));
+      const size_t lo = kShard * static_cast<size_t>(s.rank());
+      return std::memcmp(mine.data(), summed.data() + lo,
+                         kShard * sizeof(float)) == 0;
     });
     EXPECT_EQ(failed, 0) << "world " << world;
   }
