@@ -125,6 +125,10 @@ struct FullyShardedDataParallel::Impl {
     if (seg) shm = std::make_unique<ShmQueue>(std::move(seg));
   }
 
+  // The job copies `src` into this rank's region when its turn comes (an
+  // earlier job may still be using the region), so `src` and `dst` must
+  // live until it is waited for: the unit keeps both (gather_input, full),
+  // as it does for gloo, which reads them asynchronously too.
   c10::intrusive_ptr<c10d::Work> ShmAllGather(const at::Tensor& dst,
                                               const at::Tensor& src) {
     float* out = dst.data_ptr<float>();
@@ -137,7 +141,9 @@ struct FullyShardedDataParallel::Impl {
         }));
   }
 
-  // `grad_full` ([padded]) in, this rank's summed chunk ([shard_size]) out.
+  // `grad_full` ([padded]) in, this rank's summed chunk ([shard_size]) out:
+  // already the sum FinishReduceScatter makes of an all-to-all's chunks, in
+  // the same order, so the gloo path's local sum is skipped.
   c10::intrusive_ptr<c10d::Work> ShmReduceScatter(const at::Tensor& out_,
                                                   const at::Tensor& in_) {
     float* out = out_.data_ptr<float>();
