@@ -297,17 +297,20 @@ void DistributedDataParallel::SyncGradients() {
   // The sum divided by the world size: the mean gradient, as PyTorch's DDP.
   // Copied out rather than aliased: the bucket (maybe in shared memory that
   // other ranks read) is refilled next step.
+  // The division writes .grad directly: one pass over the bucket, not a
+  // division in place and then a copy (profiled: that second pass over
+  // every gradient was ~0.7 ms of a 16 ms step, tests/bench/README.md).
+  const at::Tensor divisor = at::scalar_tensor(world, at::kDouble);
   for (auto& b : d.buckets) {
     d.Wait(b);
-    b.flat.div_(world);
     for (size_t i = 0; i < b.params.size(); ++i) {
       at::Tensor& p = d.params[b.params[i]];
-      at::Tensor avg =
+      at::Tensor sum =
           b.flat.narrow(0, b.offsets[i], p.numel()).view(p.sizes());
-      if (p.grad().defined()) {
-        p.mutable_grad().copy_(avg);
+      if (p.grad().defined() && p.grad().is_contiguous()) {
+        at::div_out(p.mutable_grad(), sum, divisor);
       } else {
-        p.mutable_grad() = avg.clone();
+        p.mutable_grad() = sum.div(divisor);
       }
     }
     b.pending = b.params.size();

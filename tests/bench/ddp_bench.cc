@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstring>
 #include <stdexcept>
+#include <string>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
 #include "lib/ddp.h"
@@ -79,11 +80,30 @@ Run Measure(dtrun::train::Distributed& dist, const torch::Tensor& x,
 
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
   torch::set_num_threads(1);
   auto dist = dtrun::train::Distributed::FromEnv();
   auto x = torch::randn({64, 784});
   auto y = torch::randint(0, 10, {64});
+  // `ddp_bench profile [STEPS] [local]`: only the DDP step (shared memory), or
+  // the same step on a local model, STEPS times, for a profiler.
+  if (argc > 1 && std::string(argv[1]) == "profile") {
+    const int steps = argc > 2 ? std::stoi(argv[2]) : 300;
+    const bool local = argc > 3 && std::string(argv[3]) == "local";
+    auto model = Mlp();
+    std::unique_ptr<dtrun::train::DistributedDataParallel> ddp;
+    if (!local)
+      ddp = std::make_unique<dtrun::train::DistributedDataParallel>(
+          model, &dist->pg());
+    torch::optim::SGD opt(model->parameters(), 0.01);
+    for (int i = 0; i < steps; ++i) {
+      opt.zero_grad();
+      torch::cross_entropy_loss(model->forward(x), y).backward();
+      if (ddp) ddp->SyncGradients();
+      opt.step();
+    }
+    return 0;
+  }
   auto local = Mlp();
   torch::optim::SGD local_opt(local->parameters(), 0.01);
   double compute = MedianMs(5, 30, [&] {
