@@ -1,5 +1,8 @@
 #include "lib/ddp.h"
 
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/variable.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/nn/module.h>
 
@@ -62,6 +65,26 @@ std::unique_ptr<ShmAllreduce> OpenSharedMemoryAllreduce(ProcessGroup& pg,
   return seg;
 }
 
+namespace {
+
+// Runs `fn` after autograd accumulated a parameter's gradient (a post hook
+// on its AccumulateGrad node; libtorch 1.13 and 2.x alike).
+class AccumulatedHook : public torch::autograd::FunctionPostHook {
+ public:
+  explicit AccumulatedHook(std::function<void()> fn) : fn_(std::move(fn)) {}
+  torch::autograd::variable_list operator()(
+      const torch::autograd::variable_list& outputs,
+      const torch::autograd::variable_list&) override {
+    fn_();
+    return outputs;
+  }
+
+ private:
+  std::function<void()> fn_;
+};
+
+}  // namespace
+
 struct DistributedDataParallel::Impl {
   struct Bucket {
     std::vector<size_t> params;    // indices into Impl::params
@@ -86,6 +109,61 @@ struct DistributedDataParallel::Impl {
   size_t next_launch = 0;  // buckets start in index order on every rank
   bool sync = true;
   std::mutex mu;  // hooks may run on autograd's threads
+  // Each parameter's gradient accumulator (kept alive: autograd holds it
+  // weakly) and the key of the hook DDP put on it.
+  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators;
+  std::vector<uintptr_t> hook_keys;
+
+  // The bucket's memory for parameter k, shaped as the parameter. Not an
+  // autograd view (from_blob aliases the memory): libtorch's zero_grad()
+  // detaches .grad in place, which a view refuses.
+  at::Tensor GradAlias(size_t k) {
+    const at::Tensor& p = params[k];
+    Bucket& b = buckets[bucket_of[k]];
+    return at::from_blob(static_cast<float*>(b.flat.data_ptr()) + offset_of[k],
+                         p.sizes(), b.flat.options());
+  }
+  // Makes parameter k's .grad the bucket's memory again, its values kept
+  // (zeros when it has none).
+  void IntoBucket(size_t k) {
+    if (Aliased(k)) return;
+    at::Tensor& g = params[k].mutable_grad();
+    at::Tensor alias = GradAlias(k);
+    if (g.defined()) {
+      alias.copy_(g);
+    } else {
+      alias.zero_();
+    }
+    g = alias;
+  }
+  // Puts the hook on parameter k's gradient accumulator; true when that is
+  // a new accumulator: the parameter's data was replaced since (loading a
+  // torch archive into the model does that), its gradient accumulated
+  // without a word to DDP.
+  bool Hook(size_t k) {
+    auto acc = torch::autograd::impl::grad_accumulator(params[k]);
+    if (k < accumulators.size() && accumulators[k] == acc) return false;
+    Impl* self = this;
+    const uintptr_t key = acc->add_post_hook(std::make_unique<AccumulatedHook>(
+        [self, k] { self->OnAccumulated(k); }));
+    if (k < accumulators.size()) {
+      accumulators[k]->del_post_hook(hook_keys[k]);
+      accumulators[k] = std::move(acc);
+      hook_keys[k] = key;
+      return true;
+    }
+    accumulators.push_back(std::move(acc));
+    hook_keys.push_back(key);
+    return false;
+  }
+  bool Aliased(size_t k) {
+    const at::Tensor& g = params[k].grad();
+    Bucket& b = buckets[bucket_of[k]];
+    return g.defined() &&
+           g.data_ptr() ==
+               static_cast<void*>(static_cast<float*>(b.flat.data_ptr()) +
+                                  offset_of[k]);
+  }
 
   void Broadcast(const at::Tensor& t) {
     std::vector<at::Tensor> v{t};
@@ -170,21 +248,16 @@ struct DistributedDataParallel::Impl {
     }
   }
 
-  void OnGrad(size_t k, const at::Tensor& grad) {
-    if (!sync) return;
+  // After autograd accumulated parameter k's gradient into its .grad,
+  // which is the bucket's memory (GradAlias): nothing to copy. A .grad that
+  // is not (zero_grad(set_to_none), Torch 2.x's default, leaves autograd a
+  // fresh tensor to store) is copied in once and pointed back at the bucket.
+  void OnAccumulated(size_t k) {
+    if (!sync) return;  // NoSync: it accumulates in .grad, which is the bucket
     at::NoGradGuard no_grad;
     std::lock_guard<std::mutex> lock(mu);
-    const at::Tensor& p = params[k];
-    // The hook sees this pass's gradient before it is accumulated; add what
-    // earlier (NoSync) passes left in .grad.
+    IntoBucket(k);
     Bucket& b = buckets[bucket_of[k]];
-    at::Tensor slice = b.flat.narrow(0, offset_of[k], p.numel());
-    if (p.grad().defined()) {
-      at::add_out(slice, p.grad().reshape({-1}),
-                  grad.reshape({-1}));  // one pass, no temporary
-    } else {
-      slice.copy_(grad.reshape({-1}));
-    }
     if (!ready[k]) {
       ready[k] = true;
       --b.pending;
@@ -233,6 +306,12 @@ struct DistributedDataParallel::Impl {
   void FillUnused() {
     for (size_t k = 0; k < params.size(); ++k) {
       if (ready[k]) continue;
+      if (Hook(k)) {  // it accumulated unseen, into whatever .grad was
+        IntoBucket(k);
+        ready[k] = true;
+        --buckets[bucket_of[k]].pending;
+        continue;
+      }
       if (!opts.find_unused_parameters) {
         std::ostringstream shape;
         shape << params[k].sizes();
@@ -241,15 +320,9 @@ struct DistributedDataParallel::Impl {
             ") got no gradient in this step; construct DDP with "
             "find_unused_parameters=true if some parameters are unused");
       }
-      Bucket& b = buckets[bucket_of[k]];
-      at::Tensor slice = b.flat.narrow(0, offset_of[k], params[k].numel());
-      if (params[k].grad().defined()) {
-        slice.copy_(params[k].grad().reshape({-1}));
-      } else {
-        slice.zero_();
-      }
+      IntoBucket(k);
       ready[k] = true;
-      --b.pending;
+      --buckets[bucket_of[k]].pending;
     }
   }
 };
@@ -277,14 +350,23 @@ DistributedDataParallel::DistributedDataParallel(
   d.ready.assign(d.params.size(), false);
   d.BuildBuckets();
   d.AllocateBuckets();
-  Impl* raw = impl_.get();
+  // Gradients live in the buckets from the start: autograd accumulates
+  // into them, and the hook after each accumulation only counts.
   for (size_t k = 0; k < d.params.size(); ++k) {
-    d.params[k].register_hook(
-        [raw, k](const at::Tensor& grad) { raw->OnGrad(k, grad); });
+    d.IntoBucket(k);
+    d.Hook(k);
   }
 }
 
-DistributedDataParallel::~DistributedDataParallel() = default;
+// The hooks go, and gradients that alias the buckets (maybe shared memory
+// about to be unmapped) become copies of their own.
+DistributedDataParallel::~DistributedDataParallel() {
+  Impl& d = *impl_;
+  for (size_t k = 0; k < d.params.size(); ++k) {
+    d.accumulators[k]->del_post_hook(d.hook_keys[k]);
+    if (d.Aliased(k)) d.params[k].mutable_grad() = d.params[k].grad().clone();
+  }
+}
 
 void DistributedDataParallel::SyncGradients() {
   Impl& d = *impl_;
@@ -295,32 +377,20 @@ void DistributedDataParallel::SyncGradients() {
   d.LaunchReady();
   const double world = d.pg->getSize();
   // The sum divided by the world size: the mean gradient, as PyTorch's DDP.
-  // Copied out rather than aliased: the bucket (maybe in shared memory that
-  // other ranks read) is refilled next step.
-  // The division writes .grad directly: one pass over the bucket, not a
-  // division in place and then a copy (profiled: that second pass over
-  // every gradient was ~0.7 ms of a 16 ms step, tests/bench/README.md).
-  const at::Tensor divisor = at::scalar_tensor(world, at::kDouble);
+  // .grad is the bucket's memory, so the mean is made in place, with no
+  // copy; the next backward accumulates into it after zero_grad(), and no
+  // other rank reads this rank's region between all-reduces.
   for (auto& b : d.buckets) {
     d.Wait(b);
-    for (size_t i = 0; i < b.params.size(); ++i) {
-      at::Tensor& p = d.params[b.params[i]];
-      at::Tensor sum =
-          b.flat.narrow(0, b.offsets[i], p.numel()).view(p.sizes());
-      if (p.grad().defined() && p.grad().is_contiguous()) {
-        at::div_out(p.mutable_grad(), sum, divisor);
-      } else {
-        p.mutable_grad() = sum.div(divisor);
-      }
-    }
+    b.flat.div_(world);
     b.pending = b.params.size();
   }
   d.ready.assign(d.params.size(), false);
   d.next_launch = 0;
 }
 
-// While off, hooks return at once and gradients accumulate in .grad on this
-// rank; the next synced backward's hooks add them into the buckets.
+// While off, hooks return at once and gradients accumulate in .grad (the
+// buckets) on this rank; the next synced backward adds to them and reduces.
 DistributedDataParallel::NoSync::NoSync(DistributedDataParallel& ddp)
     : ddp_(ddp) {
   ddp_.impl_->sync = false;

@@ -42,10 +42,13 @@ struct DdpOptions {
 // Data parallelism for any torch::nn::Module. At construction, parameters
 // (and buffers) are broadcast from rank 0 and gradients are packed into
 // buckets of at most bucket_cap_mb, in reverse registration order (the order
-// backward produces them). During backward, each bucket's all-reduce starts
-// asynchronously the moment its last gradient is ready (autograd hooks), in
-// bucket order on every rank, overlapping the rest of backward.
-// SyncGradients() waits for them and writes the averaged gradients.
+// backward produces them). Each parameter's .grad is its slice of its
+// bucket, so autograd accumulates into the buckets and nothing is copied.
+// During backward, each bucket's all-reduce starts asynchronously the
+// moment its last gradient is accumulated (hooks on the gradient
+// accumulators), in bucket order on every rank, overlapping the rest of
+// backward. SyncGradients() waits for them and averages in place. When DDP
+// goes, .grad becomes a copy of its own.
 // Not thread-safe: one training thread; the hooks run inside backward.
 class DistributedDataParallel {
  public:

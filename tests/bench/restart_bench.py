@@ -1,15 +1,16 @@
 """Restart to first step after a SIGKILL: resume from disk vs from memory.
 
 examples/configs/mlp100m_{ddp,fsdp}.toml (96.4 M parameters, 0.77 GB of
-state), 2 ranks, CPU gloo, under dtrun with --max-restarts=1. A checkpoint
-at step 8; rank 1 SIGKILLs itself after step 11; the group restarts and
-resumes. Measured from dtrun's line that reports the SIGKILL to the first
-step the new group completes (each output line is timed as it arrives),
-and, within that, how long the resume read its checkpoint (the trainer's
-"read in" figure). Sides:
+state), 2 ranks, CPU gloo, under dtrun with --max-restarts=1. Checkpoints
+every 4 steps; rank 1 SIGKILLs itself after step 14; the group restarts and
+resumes from the newest checkpoint that was complete (step 4 or 8: a
+write takes several steps' time). Measured from dtrun's line that reports
+the SIGKILL to the first step the new group completes (each output line
+is timed as it arrives), and, within that, how long the resume read its
+checkpoint (the trainer's "read in" figure). Sides:
   - disk, warm: checkpoint.mode = "async"; the file is still in the page
     cache when it is read back.
-  - disk, cold: the same, with the page cache dropped once the write is
+  - disk, cold: the same, with the page cache dropped whenever a write is
     done (a restart on a node whose cache did not keep it, or from a
     network filesystem): the read comes from the device.
   - memory: checkpoint.mode = "memory", nothing persisted before the kill;
@@ -30,7 +31,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CONFIGS = os.path.join(HERE, "..", "..", "examples", "configs")
-READ = re.compile(r"resumed from (memory|\S+) at step 8 .*read in ([\d.]+) ms")
+READ = re.compile(r"resumed from (memory|\S+) at step (\d+) .*read in ([\d.]+) ms")
 
 p = argparse.ArgumentParser()
 p.add_argument("--dtrun", required=True)
@@ -50,9 +51,9 @@ def run(strategy, side, folder):
     cmd = [ARGS.dtrun, "--nproc-per-node=2", "--max-restarts=1", ARGS.train_cfg,
            os.path.join(CONFIGS, f"mlp100m_{strategy}.toml"),
            "--set", f'checkpoint.dir="{folder}"', "--set", f'checkpoint.mode="{mode}"',
-           "--set", "checkpoint.persist_every=100", "--set", "checkpoint.every=8",
-           "--set", "train.steps=13", "--set", "train.log_every=1",
-           "--set", "fault.kill_rank=1", "--set", "fault.kill_at_step=11"]
+           "--set", "checkpoint.persist_every=100", "--set", "checkpoint.every=4",
+           "--set", "train.steps=16", "--set", "train.log_every=1",
+           "--set", "fault.kill_rank=1", "--set", "fault.kill_at_step=14"]
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     marks = {}
     lines = []
@@ -63,13 +64,14 @@ def run(strategy, side, folder):
             lines.append(line)
             if "failed: SIGKILL" in line:
                 marks.setdefault("killed", now)
-            elif line.startswith("checkpoint step 8: written in the background"):
+            elif "written in the background" in line and "killed" not in marks:
                 if side == "disk, cold":
                     drop_page_cache()
             elif READ.search(line):
-                marks["read_ms"] = float(READ.search(line).group(2))
-                marks["source"] = READ.search(line).group(1)
-            elif line.startswith("step 9 loss") and "killed" in marks:
+                m = READ.search(line)
+                marks["source"], marks["step"] = m.group(1), int(m.group(2))
+                marks["read_ms"] = float(m.group(3))
+            elif ("step" in marks and line.startswith(f"step {marks['step'] + 1} loss")):
                 marks.setdefault("first_step", now)
     threads = [threading.Thread(target=watch, args=(s,)) for s in (p.stdout, p.stderr)]
     for t in threads:
@@ -77,7 +79,7 @@ def run(strategy, side, folder):
     p.wait(timeout=900)
     for t in threads:
         t.join()
-    if p.returncode != 0 or "first_step" not in marks:
+    if p.returncode != 0 or "first_step" not in marks or marks["step"] < 4:
         sys.exit(f"{strategy} {side}: exit {p.returncode}\n" + "".join(lines[-40:]))
     want_memory = side == "memory"
     if (marks["source"] == "memory") != want_memory:
