@@ -156,16 +156,18 @@ if want fsdp; then
   [[ -e /usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3 ]] &&
     fsdp_blas+=(/usr/lib/x86_64-linux-gnu/openblas-pthread)
   for dir in "${fsdp_blas[@]}"; do
-    echo "-- BLAS: $dir"
+    echo "-- BLAS: $dir (three rounds, the runs alternating; 40 timed steps each)"
     for n in 2 4; do
+      for round in 1 2 3; do
       for mode in ddp fsdp fsdp-gloo fsdp-noprefetch; do
         LD_LIBRARY_PATH=$dir OPENBLAS_NUM_THREADS=1 $b/apps/dtrun --nproc-per-node=$n \
-          --log-level=error $b/tests/bench/fsdp_bench $mode
+          --log-level=error $b/tests/bench/fsdp_bench $mode 1024 32 40
         if [[ $torch2 == 1 && $dir == */blas && ($mode == fsdp || $mode == fsdp-noprefetch) ]]; then
           # Prints its error as JSON when 2.6 cannot run it; the rest goes on.
           env "$shim2" $b/apps/dtrun --nproc-per-node=$n --log-level=error --python "$py2" \
             tests/bench/fsdp2_bench.py $mode 2>/dev/null || true
         fi
+      done
       done
     done
   done

@@ -1,5 +1,5 @@
 // FSDP vs our DDP on one model. Run under dtrun:
-//   fsdp_bench ddp|fsdp|fsdp-noprefetch|fsdp-gloo [WIDTH] [BATCH]
+//   fsdp_bench ddp|fsdp|fsdp-noprefetch|fsdp-gloo [WIDTH] [BATCH] [REPS]
 // (fsdp-gloo: FSDP's collectives through the process group rather than
 // shared memory)
 // on an MLP 784-WIDTH-WIDTH-WIDTH-10 (default 1024: 2.9M parameters), batch
@@ -86,6 +86,8 @@ int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "fsdp";
   const int width = argc > 2 ? std::stoi(argv[2]) : 1024;
   const int batch = argc > 3 ? std::stoi(argv[3]) : 32;
+  // REPS (default 15): the steps timed; more for a profiler
+  const int reps = argc > 4 ? std::stoi(argv[4]) : 15;
   if (mode != "ddp" && mode != "fsdp" && mode != "fsdp-noprefetch" &&
       mode != "fsdp-gloo") {
     std::fprintf(stderr,
@@ -101,7 +103,8 @@ int main(int argc, char** argv) {
   auto model = Mlp(width);
   int64_t params = 0;
   for (const auto& p : model->parameters()) params += p.numel();
-  constexpr int kWarmup = 3, kReps = 15;
+  constexpr int kWarmup = 3;
+  const int kReps = reps;
   double step_ms = 0, held = 0, exposed_ms = 0, comm_ms = 0;
   std::string transport;
   if (mode == "ddp") {
