@@ -1,5 +1,6 @@
 #include "lib/fsdp.h"
 
+#include <sched.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/torch.h>
 
@@ -8,6 +9,7 @@
 #include <future>
 #include <mutex>
 #include <set>
+#include <thread>
 
 #include "lib/ddp.h"
 #include "lib/process_group.h"
@@ -108,6 +110,12 @@ struct FullyShardedDataParallel::Impl {
   // FsdpOptions::shared_memory: every collective through it, in the order
   // launched (the same on every rank, as for the process group)
   std::unique_ptr<ShmQueue> shm;
+  // Whether a prefetched gather may run on the queue's thread: only with a
+  // core to spare for it (2 per rank). Without, the thread takes its core
+  // from a rank's compute and the hand-offs cost more than the overlap
+  // gains (tests/bench/README.md, "FSDP through shared memory"), so
+  // gathers run on the caller when needed.
+  bool shm_overlap = false;
 
   // Shared memory when every rank can open rank 0's segment and units
   // compute and reduce in float32 on the CPU; its regions hold the largest
@@ -122,7 +130,15 @@ struct FullyShardedDataParallel::Impl {
     std::string why;
     auto seg =
         OpenSharedMemoryAllreduce(*pg, static_cast<size_t>(floats), &why);
-    if (seg) shm = std::make_unique<ShmQueue>(std::move(seg));
+    if (!seg) return;
+    shm = std::make_unique<ShmQueue>(std::move(seg));
+    cpu_set_t cpus;
+    CPU_ZERO(&cpus);
+    const int cores =
+        sched_getaffinity(0, sizeof(cpus), &cpus) == 0
+            ? CPU_COUNT(&cpus)
+            : static_cast<int>(std::thread::hardware_concurrency());
+    shm_overlap = opts.prefetch && cores >= 2 * world;
   }
 
   // The job copies `src` into this rank's region when its turn comes (an
@@ -197,6 +213,7 @@ struct FullyShardedDataParallel::Impl {
   // current unit computes; EnsureGathered() waits.
   void LaunchGather(Unit& u) {
     if (u.gathered || u.gather_work) return;
+    if (shm && !shm_overlap) return;  // EnsureGathered() gathers it here
     AllocStorage(u.full);
     at::Tensor src = u.shard.detach();
     if (src.device() != device) src = src.to(device);
@@ -211,7 +228,29 @@ struct FullyShardedDataParallel::Impl {
     u.gather_work = AllGather(u.full, src);
   }
 
+  // A gather nobody prefetched runs on this thread, which would only wait
+  // for it (ShmQueue::RunHere): no hand-off to the queue's thread and back.
+  bool GatherHere(Unit& u) {
+    if (!shm || u.gathered || u.gather_work || world == 1) return false;
+    AllocStorage(u.full);
+    const at::Tensor src = u.shard.detach();
+    float* out = u.full.data_ptr<float>();
+    const float* in = src.data_ptr<float>();
+    const size_t n = static_cast<size_t>(src.numel());
+    ++stats.gathers;
+    const auto t0 = Clock::now();
+    Status s = shm->RunHere([&](ShmAllreduce& seg) {
+      std::memcpy(seg.region(), in, n * sizeof(float));
+      return seg.AllGather(n, out, opts.timeout);
+    });
+    stats.wait_s += std::chrono::duration<double>(Clock::now() - t0).count();
+    if (!s.ok()) throw Error("FSDP through shared memory: " + s.message());
+    u.gathered = true;
+    return true;
+  }
+
   void EnsureGathered(Unit& u) {
+    if (GatherHere(u)) return;
     LaunchGather(u);
     if (u.gather_work) {
       Wait(u.gather_work);

@@ -286,13 +286,33 @@ std::future<Status> ShmQueue::Launch(std::function<Status(ShmAllreduce&)> job) {
 void ShmQueue::Loop() {
   for (;;) {
     std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [this] { return stop_ || !todo_.empty(); });
+    cv_.wait(lock, [this] { return stop_ || (!todo_.empty() && !busy_); });
     if (todo_.empty()) return;
     Job job = std::move(todo_.front());
     todo_.pop_front();
+    busy_ = true;
     lock.unlock();
-    job.done.set_value(job.run(*shm_));
+    Status s = job.run(*shm_);
+    lock.lock();
+    busy_ = false;
+    idle_.notify_all();
+    lock.unlock();
+    job.done.set_value(std::move(s));
   }
+}
+
+Status ShmQueue::RunHere(const std::function<Status(ShmAllreduce&)>& job) {
+  std::unique_lock<std::mutex> lock(mu_);
+  idle_.wait(lock, [this] { return todo_.empty() && !busy_; });
+  busy_ = true;  // nothing launched meanwhile runs before this ends
+  lock.unlock();
+  Status s = job(*shm_);
+  lock.lock();
+  busy_ = false;
+  lock.unlock();
+  cv_.notify_one();
+  idle_.notify_all();
+  return s;
 }
 
 }  // namespace dtrun::train

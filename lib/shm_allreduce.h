@@ -91,6 +91,10 @@ class ShmQueue {
 
   ShmAllreduce& shm() { return *shm_; }
   std::future<Status> Launch(std::function<Status(ShmAllreduce&)> job);
+  // Runs `job` on the calling thread once every job launched before it has
+  // run: for a collective the caller would wait for at once, which saves
+  // the hand-off to the thread and back.
+  Status RunHere(const std::function<Status(ShmAllreduce&)>& job);
 
  private:
   struct Job {
@@ -103,6 +107,8 @@ class ShmQueue {
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Job> todo_;
+  bool busy_ = false;  // the thread is running a job
+  std::condition_variable idle_;
   bool stop_ = false;
   std::thread thread_;  // last: starts once the rest is built
 };

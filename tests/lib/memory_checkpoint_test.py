@@ -10,6 +10,7 @@ import glob
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -126,6 +127,45 @@ class MemoryCheckpoints(unittest.TestCase):
                 if where == "write":
                     self.assertRegex(err, r"checkpoint copy not used: /dev/shm/\S+: incomplete")
                 self.assertEqual(self.sha(out), self.undisturbed(config))
+
+    def test_two_nodes_each_resume_from_their_own_memory(self):
+        # Two loopback nodes of one rank each, two dtrun processes: each
+        # node's first rank keeps the step's file (DDP: the whole state), so
+        # after rank 1 dies the new round resumes from memory on both.
+        fast = ("keep_alive_interval=0.2,keep_alive_max_attempt=3,last_call_timeout=0.5,"
+                "join_timeout=30")
+        for config in (DDP, FSDP):
+            with self.subTest(config=os.path.basename(config)):
+                with socket.socket() as sock:
+                    sock.bind(("127.0.0.1", 0))
+                    port = sock.getsockname()[1]
+                ckpt = os.path.join(self.tmp.name, "nodes" + os.path.basename(config))
+                procs = []
+                for node, addr in enumerate(("127.0.0.2", "127.0.0.3")):
+                    cmd = [ARGS.dtrun, "--nnodes=2", "--nproc-per-node=1", "--rdzv-backend=c10d",
+                           f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=memory",
+                           f"--rdzv-conf={fast}", f"--local-addr={addr}", f"--node-rank={node}",
+                           "--max-restarts=1", ARGS.train_cfg, config,
+                           "--set", f'checkpoint.dir="{ckpt}"']
+                    for s in [*MEMORY, "fault.kill_rank=1", "fault.kill_at_step=130"]:
+                        cmd += ["--set", s]
+                    procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE,
+                                                  stderr=subprocess.PIPE, text=True))
+                results = []
+                for proc in procs:
+                    try:
+                        results.append(proc.communicate(timeout=240))
+                    finally:
+                        if proc.poll() is None:
+                            proc.kill()
+                            proc.communicate()
+                out = results[0][0] + results[1][0]
+                err = results[0][1] + results[1][1]
+                self.assertEqual([p.returncode for p in procs], [0, 0], err)
+                self.assertIn("resumed from memory at step 120 ", out)
+                self.assertEqual(self.sha(out), self.undisturbed(config))
+                for proc in procs:
+                    self.assertEqual(segments(proc.pid), [])
 
     def test_async_kill_during_the_write_or_the_copy_resumes_from_disk(self):
         sets = ['checkpoint.mode="async"', "checkpoint.every=20", "train.steps=240"]
