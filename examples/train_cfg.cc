@@ -162,6 +162,14 @@ TrainConfig ToConfig(const toml::table& t) {
   ReadChoice(t, "checkpoint", "format", &c.checkpoint_format);
   ReadChoice(t, "checkpoint", "mode", &c.checkpoint_mode);
   Read(t, "checkpoint", "persist_every", &c.persist_every);
+  // Only memory mode persists some checkpoints and not others.
+  if (t["checkpoint"]["persist_every"] &&
+      c.checkpoint_mode != dtrun::train::CheckpointMode::kMemory) {
+    throw std::invalid_argument(
+        "checkpoint.persist_every applies to checkpoint.mode = \"memory\" "
+        "(every other mode writes each checkpoint to disk): drop it or set "
+        "the mode");
+  }
   Read(t, "fault", "kill_rank", &c.kill_rank);
   Read(t, "fault", "kill_at_step", &c.kill_at_step);
   ReadChoice(t, "fault", "kill_in", &c.kill_in);

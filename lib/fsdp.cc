@@ -145,16 +145,21 @@ struct FullyShardedDataParallel::Impl {
   // earlier job may still be using the region), so `src` and `dst` must
   // live until it is waited for: the unit keeps both (gather_input, full),
   // as it does for gloo, which reads them asynchronously too.
-  c10::intrusive_ptr<c10d::Work> ShmAllGather(const at::Tensor& dst,
-                                              const at::Tensor& src) {
+  // The gather of `src` ([S] per rank) into `dst` ([S * world]), as a job
+  // for the queue (ShmAllGather) or for this thread (GatherHere).
+  std::function<Status(ShmAllreduce&)> GatherJob(const at::Tensor& dst,
+                                                 const at::Tensor& src) const {
     float* out = dst.data_ptr<float>();
     const float* in = src.data_ptr<float>();
     const size_t n = static_cast<size_t>(src.numel());
-    return c10::make_intrusive<ShmWork>(
-        shm->Launch([out, in, n, timeout = opts.timeout](ShmAllreduce& seg) {
-          std::memcpy(seg.region(), in, n * sizeof(float));
-          return seg.AllGather(n, out, timeout);
-        }));
+    return [out, in, n, timeout = opts.timeout](ShmAllreduce& seg) {
+      std::memcpy(seg.region(), in, n * sizeof(float));
+      return seg.AllGather(n, out, timeout);
+    };
+  }
+  c10::intrusive_ptr<c10d::Work> ShmAllGather(const at::Tensor& dst,
+                                              const at::Tensor& src) {
+    return c10::make_intrusive<ShmWork>(shm->Launch(GatherJob(dst, src)));
   }
 
   // `grad_full` ([padded]) in, this rank's summed chunk ([shard_size]) out:
@@ -233,16 +238,9 @@ struct FullyShardedDataParallel::Impl {
   bool GatherHere(Unit& u) {
     if (!shm || u.gathered || u.gather_work || world == 1) return false;
     AllocStorage(u.full);
-    const at::Tensor src = u.shard.detach();
-    float* out = u.full.data_ptr<float>();
-    const float* in = src.data_ptr<float>();
-    const size_t n = static_cast<size_t>(src.numel());
     ++stats.gathers;
     const auto t0 = Clock::now();
-    Status s = shm->RunHere([&](ShmAllreduce& seg) {
-      std::memcpy(seg.region(), in, n * sizeof(float));
-      return seg.AllGather(n, out, opts.timeout);
-    });
+    Status s = shm->RunHere(GatherJob(u.full, u.shard.detach()));
     stats.wait_s += std::chrono::duration<double>(Clock::now() - t0).count();
     if (!s.ok()) throw Error("FSDP through shared memory: " + s.message());
     u.gathered = true;

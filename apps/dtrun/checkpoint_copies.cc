@@ -31,12 +31,15 @@ void CheckpointCopies::AddEnv(EnvMap* env) const {
 }
 
 // Nothing is logged when there are no copies (every job not in memory
-// mode): the scan of /dev/shm is all it costs. One persisting at a time:
-// a second failure while the first's files are still being written waits
-// for them, then finds them on disk and writes only what is newer.
+// mode): the scan of /dev/shm is all it costs. Never blocks the agent: a
+// persisting still running already covers these copies (every trigger
+// comes after the group stopped, before the next one wrote anything), so
+// a second trigger meanwhile (a failure, then the restart) is dropped.
 void CheckpointCopies::PersistInBackground(const std::string& why) {
+  if (running_.load()) return;
   Join();
-  persist_ = std::thread([prefix = prefix_, why] {
+  running_.store(true);
+  persist_ = std::thread([this, prefix = prefix_, why] {
     const auto start = std::chrono::steady_clock::now();
     mc::PersistReport report = mc::PersistMemoryCopies(prefix);
     const double ms = std::chrono::duration<double, std::milli>(
@@ -51,6 +54,7 @@ void CheckpointCopies::PersistInBackground(const std::string& why) {
     if (!report.written.empty())
       log->info("{}: {} file(s) persisted in {:.0f} ms", why,
                 report.written.size(), ms);
+    running_.store(false);
   });
 }
 

@@ -9,6 +9,7 @@
 // Not thread-safe: the job's thread calls it; the persisting runs on a
 // thread of its own.
 
+#include <atomic>
 #include <string>
 #include <thread>
 
@@ -28,7 +29,7 @@ class CheckpointCopies {
   // Names this node's segments for a worker (DTRUN_CHECKPOINT_SHM).
   void AddEnv(EnvMap* env) const;
   // Writes the newest copies that are not on disk yet to their folders, on
-  // a thread, after the one before it ended. The next group may start
+  // a thread; nothing when one is still at it. The next group may start
   // meanwhile: it reads the same segments, and writes its first copies
   // into the other slot of each rank. `why` goes in the log.
   void PersistInBackground(const std::string& why);
@@ -39,6 +40,7 @@ class CheckpointCopies {
  private:
   void Join();
   std::string prefix_;
+  std::atomic<bool> running_{false};
   std::thread persist_;
 };
 

@@ -90,7 +90,8 @@ def sides(tmp):
                  os.path.join(CONFIGS, f"mlp100m_{strategy}.toml"),
                  "--set", f'checkpoint.dir="{folder}"', "--set", f'checkpoint.mode="{mode}"',
                  "--set", "train.steps=16", "--set", "checkpoint.every=8",
-                 "--set", "train.log_every=8", "--set", "checkpoint.persist_every=2"],
+                 "--set", "train.log_every=8",
+                 *(["--set", "checkpoint.persist_every=2"] if mode == "memory" else [])],
                 None, folder)
     if ARGS.torch2_python:
         env = dict(os.environ, PYTHONPATH=ARGS.torch2_shim, OMP_NUM_THREADS="1")

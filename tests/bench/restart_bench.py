@@ -51,7 +51,8 @@ def run(strategy, side, folder):
     cmd = [ARGS.dtrun, "--nproc-per-node=2", "--max-restarts=1", ARGS.train_cfg,
            os.path.join(CONFIGS, f"mlp100m_{strategy}.toml"),
            "--set", f'checkpoint.dir="{folder}"', "--set", f'checkpoint.mode="{mode}"',
-           "--set", "checkpoint.persist_every=100", "--set", "checkpoint.every=4",
+           *(["--set", "checkpoint.persist_every=100"] if mode == "memory" else []),
+           "--set", "checkpoint.every=4",
            "--set", "train.steps=16", "--set", "train.log_every=1",
            "--set", "fault.kill_rank=1", "--set", "fault.kill_at_step=14"]
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

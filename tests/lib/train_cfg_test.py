@@ -244,10 +244,14 @@ class TrainCfg(unittest.TestCase):
                           ("fault.save_delay_ms=500",
                            "fault.save_delay_ms delays background writes"),
                           ("checkpoint.persist_every=0", "checkpoint.persist_every must be >= 1"),
+                          ("checkpoint.persist_every=2",
+                           "checkpoint.persist_every applies to checkpoint.mode = \"memory\""),
                           ('fault.kill_in="flush"', "fault.kill_in 'flush': use \"step\""),
                           ('fault.kill_in="copy"', "fault.kill_in = \"copy\" or \"write\" needs"),
                           ('checkpoint.mode="memory"', "use format = \"sharded\" with it")]:
             extra = ["--set", 'checkpoint.format="full"'] if "sharded" in says else []
+            if bad == "checkpoint.persist_every=0":
+                extra = ["--set", 'checkpoint.mode="memory"']
             p = subprocess.run([ARGS.train_cfg, FSDP, "--set", bad, *extra], capture_output=True,
                                text=True)
             self.assertEqual(p.returncode, 2, bad)
