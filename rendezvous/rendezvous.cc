@@ -420,6 +420,15 @@ Result<RoundEvent> Rendezvous::StartNextRound(const Assignment& current,
 }
 
 Result<RoundEvent> Rendezvous::Check(const Assignment& current) {
+  auto event = CheckRound(current);
+  // While this node cannot reach the store it cannot see the watched node
+  // beat either (nor could that node beat, if the store itself was down):
+  // its silence is timed afresh once the store answers again.
+  if (!event.ok()) next_.Reset();
+  return event;
+}
+
+Result<RoundEvent> Rendezvous::CheckRound(const Assignment& current) {
   Status beat = Heartbeat(current, false);
   if (!beat.ok()) return beat;
   // The watched node's count: as read, as last pushed, or as last seen.

@@ -128,6 +128,8 @@ class Rendezvous {
   Status CorruptState();
   // The event for a closed state document; records why it closed.
   RoundEvent Ended(const StateDoc& doc);
+  // Check, but for what a failed store request leaves behind.
+  Result<RoundEvent> CheckRound(const Assignment& current);
   Result<RoundEvent> WatchCounters(const Assignment& current);
   // Reads the state and the watched node's counter (into *count): kNone
   // while `current`'s round stands, else how it ended.

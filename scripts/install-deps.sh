@@ -15,6 +15,7 @@ packages=(
   help2man dpkg-dev debootstrap universal-ctags
   libhwloc-dev hwloc
   prometheus
+  etcd-server etcd-client python3-etcd
   slurmctld slurmd slurm-client munge
 )
 

@@ -10,7 +10,9 @@
 #include "apps/dtrun/slurm_env.h"
 #include "rendezvous/util/environment.h"
 
+#include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <cstdlib>
 #include <memory>
 #include <thread>
@@ -153,10 +155,12 @@ void AddRendezvousFlags(CLI::App& app, LaunchConfig& c, RawFlags& raw) {
   Switch(app, "--standalone", c.standalone,
          "single-node job on free ports, with a fresh run id", rdzv);
   Flag(app, "--rdzv-backend", raw.rdzv_backend,
-       "static or c10d (etcd and etcd-v2 are refused: not built yet)", rdzv)
+       "static, c10d, or etcd-v2 (alias etcd): rounds on an etcd cluster", rdzv)
       ->capture_default_str();
   Flag(app, "--rdzv-endpoint", raw.rdzv_endpoint,
-       "host[:port] of the rendezvous store", rdzv);
+       "host[:port] of the rendezvous store; etcd: one or more members, "
+       "h1:2379,h2:2379",
+       rdzv);
   Flag(app, "--rdzv-id", c.rdzv_id, "job id (TORCHELASTIC_RUN_ID)", rdzv)
       ->capture_default_str();
   Flag(app, "--rdzv-conf", raw.rdzv_conf, "rendezvous settings k=v,k=v", rdzv);
@@ -413,6 +417,65 @@ std::string ApplySizes(const RawFlags& raw, const std::optional<SlurmJob>& job,
   return "";
 }
 
+// etcd's members from --rdzv-endpoint: "[scheme://]host[:port],..."; the
+// scheme, when given, must agree with --rdzv-conf protocol. torchrun's etcd
+// backend reads `timeout` as the join timeout.
+std::string ApplyEtcdEndpoints(const std::string& text, LaunchConfig* c) {
+  RdzvConfig& rc = c->rdzv_conf;
+  if (rc.timeout && !rc.join_timeout_given) rc.join_timeout = *rc.timeout;
+  auto& ignored = rc.ignored;
+  ignored.erase(std::remove_if(ignored.begin(), ignored.end(),
+                               [](const std::string& item) {
+                                 return item.rfind("timeout=", 0) == 0;
+                               }),
+                ignored.end());
+  if (text.empty()) {
+    return "--rdzv-backend=etcd-v2 needs --rdzv-endpoint=HOST[:PORT],... "
+           "(the etcd members, port 2379 by default)";
+  }
+  std::string scheme;
+  size_t start = 0;
+  while (start <= text.size()) {
+    size_t comma = text.find(',', start);
+    if (comma == std::string::npos) comma = text.size();
+    std::string item = text.substr(start, comma - start);
+    start = comma + 1;
+    for (const char* s : {"http://", "https://"}) {
+      if (item.rfind(s, 0) != 0) continue;
+      std::string mine(s, std::strlen(s) - 3);
+      if (!scheme.empty() && scheme != mine) {
+        return "--rdzv-endpoint: '" + text +
+               "' mixes http:// and https:// members";
+      }
+      scheme = mine;
+      item = item.substr(std::strlen(s));
+    }
+    if (!item.empty() && item.back() == '/') item.pop_back();
+    std::string host;
+    uint16_t port = 0;
+    if (item.empty() || !SplitEndpoint(item, 2379, &host, &port) || port == 0) {
+      return "--rdzv-endpoint: '" + item +
+             "' is not an etcd member's host[:port] (in '" + text + "')";
+    }
+    c->etcd_endpoints.push_back(host + ":" + std::to_string(port));
+  }
+  if (!scheme.empty()) {
+    if (rc.protocol_given && rc.protocol != scheme) {
+      return "--rdzv-endpoint: " + scheme +
+             ":// members but --rdzv-conf "
+             "protocol=" +
+             rc.protocol;
+    }
+    rc.protocol = scheme;
+  }
+  if (rc.protocol == "http" && (!rc.cacert.empty() || !rc.cert.empty())) {
+    return "--rdzv-conf: cacert, cert and key need protocol=https";
+  }
+  // The first member names the endpoint in messages and the registry.
+  c->rdzv_endpoint = *ParseEndpoint(c->etcd_endpoints[0]);
+  return "";
+}
+
 // --rdzv-backend, --rdzv-endpoint, --rdzv-conf and --master-port, each
 // parsed once into its type.
 std::string ApplyRendezvous(const RawFlags& raw, LaunchConfig* c) {
@@ -422,6 +485,14 @@ std::string ApplyRendezvous(const RawFlags& raw, LaunchConfig* c) {
   auto backend = ParseRdzvBackend(raw.rdzv_backend);
   if (!backend.ok()) return backend.status().message();
   c->rdzv_backend = *backend;
+  if (c->rdzv_backend == RdzvBackend::kEtcd)
+    return ApplyEtcdEndpoints(raw.rdzv_endpoint, c);
+  if (c->rdzv_conf.etcd_keys_given()) {
+    return std::string(
+               "--rdzv-conf: protocol, cacert, cert and key are for "
+               "--rdzv-backend=etcd-v2, not ") +
+           RdzvBackendName(c->rdzv_backend);
+  }
   auto endpoint = ParseEndpoint(raw.rdzv_endpoint);
   if (!endpoint) {
     return "--rdzv-endpoint: '" + raw.rdzv_endpoint +

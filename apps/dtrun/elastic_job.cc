@@ -19,6 +19,7 @@
 #include "apps/dtrun/metrics.h"
 #include "rendezvous/util/log.h"
 #include "rendezvous/util/os_util.h"
+#include "rendezvous/etcd_store.h"
 #include "rendezvous/store_client.h"
 #include "rendezvous/store_server.h"
 
@@ -101,7 +102,47 @@ Result<std::unique_ptr<rendezvous::TcpStoreClient>> ElasticJob::ConnectUntil(
   }
 }
 
+Status ElasticJob::ConnectEtcd() {
+  const RdzvConfig& rc = config_.rdzv_conf;
+  rendezvous::EtcdOptions eo;
+  eo.endpoints = config_.etcd_endpoints;
+  eo.tls = rc.protocol == "https";
+  eo.cacert = rc.cacert;
+  eo.cert = rc.cert;
+  eo.key = rc.key;
+  // As for the TCP store: an operation may take as long as a node may stay
+  // silent (read_timeout overrides); connecting, the join timeout.
+  eo.timeout =
+      rc.read_timeout.value_or(std::max(rc.silent_limit(), milliseconds(1000)));
+  std::string list;
+  for (const std::string& e : eo.endpoints)
+    list += (list.empty() ? "" : ",") + e;
+  // etcd is a service that runs before the job: one not answering at start
+  // is a wrong endpoint or certificate far more often than a slow start, so
+  // the node says so within 10 s (or the join timeout) instead of waiting.
+  rendezvous::EtcdOptions first = eo;
+  first.timeout = std::min(rc.join_timeout, milliseconds(10000));
+  auto client = rendezvous::EtcdClient::Connect(first);
+  if (!client.ok()) {
+    Status::Code code = client.status().code() == Status::Code::kInvalid
+                            ? Status::Code::kInvalid
+                            : Status::Code::kUnavailable;
+    std::string msg =
+        "cannot reach etcd at " + list + ": " + client.status().message();
+    return code == Status::Code::kInvalid ? Status::Invalid(msg)
+                                          : Status::Unavailable(msg);
+  }
+  (*client)->set_timeout(eo.timeout);
+  etcd_ = client->get();
+  local_address_ = [etcd = etcd_] { return etcd->LocalAddress(); };
+  rdzv_client_ = std::make_unique<rendezvous::EtcdStore>(std::move(*client),
+                                                         "/dtrun/", eo.timeout);
+  rdzv_address_ = rc.protocol + "://" + list;
+  return Status::Ok();
+}
+
 Status ElasticJob::ConnectRendezvous() {
+  if (config_.rdzv_backend == RdzvBackend::kEtcd) return ConnectEtcd();
   const bool is_static = config_.rdzv_backend == RdzvBackend::kStatic;
   const Endpoint& endpoint = config_.rdzv_endpoint;
   if (!is_static && endpoint.empty()) {
@@ -139,6 +180,9 @@ Status ElasticJob::ConnectRendezvous() {
                                ":" + std::to_string(port) + ": " +
                                client.status().message());
   }
+  rendezvous::TcpStoreClient* tcp = client->get();
+  rdzv_address_ = tcp->address();
+  local_address_ = [tcp] { return tcp->LocalAddress(); };
   rdzv_client_ = std::move(*client);
   // Check's push mode opens one more connection per node to the same store,
   // in the 1.13 dialect that has WATCH_KEY. Short deadlines: a store that
@@ -163,8 +207,8 @@ Status ElasticJob::SetUpWorkerStore() {
     if (!server.ok()) return server.status();
     worker_store_ = std::move(*server);
     worker_store_->RunInBackground();
-    std::string host = config_.local_addr.empty() ? rdzv_client_->LocalAddress()
-                                                  : config_.local_addr;
+    std::string host =
+        config_.local_addr.empty() ? local_address_() : config_.local_addr;
     addr = host + ":" + std::to_string(worker_store_->port());
     Status s = rdzv_client_->Set(key, addr);
     // The interactive console follows the session from round to round here.
@@ -217,7 +261,7 @@ void ElasticJob::NotifyStoreReady() {
   if (!on_store_ready) return;
   std::string host;
   uint16_t port = 0;
-  SplitEndpoint(rdzv_client_->address(), 0, &host, &port);
+  SplitEndpoint(rdzv_address_, 0, &host, &port);
   on_store_ready(host, port, group_.run_dir());
 }
 
@@ -248,19 +292,21 @@ int ElasticJob::Run() {
   Registration registered(
       RegistryDir(config_.environment),
       RegistryEntry{getpid(), config_.rdzv_id, group_.run_dir(),
-                    rdzv_client_->address(), true, os::UnixNow()});
+                    etcd_ ? "" : rdzv_address_, true, os::UnixNow()});
   group_.on_status = [this](const std::string& json) { PublishStatus(json); };
   group_.job_view = [this] { return JobView(); };
   group_.store_metrics = [this] { return StoreMetrics(); };
   rendezvous::RendezvousOptions ro = RendezvousOptionsOf(config_.rdzv_id);
-  ro.open_watch = [opts = watch_opts_] {
-    return rendezvous::TcpStoreClient::Connect(opts);
-  };
+  if (!etcd_) {
+    ro.open_watch = [opts = watch_opts_] {
+      return rendezvous::TcpStoreClient::Connect(opts);
+    };
+  }
   rdzv_ =
       std::make_unique<rendezvous::Rendezvous>(rdzv_client_.get(), ro, *clock_);
   log->info("node {} joining rendezvous '{}' at {} ({}..{} nodes); logs in {}",
-            ro.node_id, ro.run_id, rdzv_client_->address(), ro.min_nodes,
-            ro.max_nodes, group_.run_dir());
+            ro.node_id, ro.run_id, rdzv_address_, ro.min_nodes, ro.max_nodes,
+            group_.run_dir());
   int rc = JoinRounds();
   group_.Finish(rc == kExitSuccess);
   return rc;
@@ -273,6 +319,15 @@ int ElasticJob::JoinRounds() {
   for (;;) {
     RecordRdzv("next_rendezvous", "INIT", "joining the next round");
     auto joined = rdzv_->Join([this] { return group_.Interrupted(); });
+    // etcd without quorum: wait for it within the join timeout.
+    const TimePoint until = clock_->Now() + config_.rdzv_conf.join_timeout;
+    while (etcd_ && !joined.ok() &&
+           etcd_->trouble() != rendezvous::EtcdTrouble::kNone &&
+           !group_.Interrupted() && clock_->Now() < until) {
+      NoteStore(joined.status());
+      joined = rdzv_->Join([this] { return group_.Interrupted(); });
+    }
+    NoteStore(joined.status());
     if (!joined.ok()) {
       RecordRdzv("next_rendezvous", "FAILED", joined.status().message());
       if (joined.status().code() == Status::Code::kCanceled) {
@@ -336,7 +391,7 @@ void ElasticJob::RecordRdzv(const std::string& name,
   r.hostname = os::HostName();
   r.pid = getpid();
   r.node_state = node_state;
-  r.master_endpoint = rdzv_client_ ? rdzv_client_->address() : "";
+  r.master_endpoint = rdzv_address_;
   r.rank = joined_ ? assignment_.group_rank : -1;
   if (node_state == "FAILED") r.error_trace = message;
   WriteEvent(config_.event_log_handler, RdzvEventJson(r));
@@ -452,11 +507,53 @@ void ElasticJob::Linger() {
   // Other nodes may not have read the end of the job yet; the node hosting
   // the rendezvous store keeps it up until they have (at most 10 s).
   rdzv_->AckEnd(assignment_);
-  if (!rdzv_store_) return;
+  // On etcd the job's keys would outlive it: group rank 0 removes them once
+  // every node has read the end, so the run id may be used again.
+  const bool cleans = etcd_ && joined_ && assignment_.group_rank == 0;
+  if (!rdzv_store_ && !cleans) return;
   auto until = clock_->Now() + std::chrono::seconds(10);
   while (!rdzv_->AllEnded(assignment_) && clock_->Now() < until) {
     std::this_thread::sleep_for(milliseconds(20));
   }
+  if (!cleans) return;
+  auto* store = static_cast<rendezvous::EtcdStore*>(rdzv_client_.get());
+  const std::string& run = config_.rdzv_id;
+  for (const std::string& prefix :
+       {"rdzv/" + run + "/", "dtrun/status/" + run + "/",
+        "dtrun/stacks/" + run + "/"}) {
+    auto n = store->DeletePrefix(prefix);
+    if (!n.ok()) {
+      Logger("dtrun.rdzv")
+          ->warn("cannot remove the job's keys {}* from etcd: {}", prefix,
+                 n.status().message());
+    }
+  }
+}
+
+// etcd's trouble, said once when it starts and once when it ends: a lost
+// quorum stops new rounds, not the workers. Other stores' errors are
+// RoundPolicy's to judge.
+void ElasticJob::NoteStore(const Status& status) {
+  if (!etcd_) return;
+  auto log = Logger("dtrun.rdzv");
+  if (status.ok() || etcd_->trouble() == rendezvous::EtcdTrouble::kNone) {
+    if (store_lost_since_) {
+      log->info(
+          "etcd answers again (via {}) after {:.1f} s", etcd_->endpoint(),
+          std::chrono::duration<double>(clock_->Now() - *store_lost_since_)
+              .count());
+    }
+    store_lost_since_.reset();
+    return;
+  }
+  if (store_lost_since_) return;
+  store_lost_since_ = clock_->Now();
+  const bool quorum = etcd_->trouble() == rendezvous::EtcdTrouble::kNoQuorum;
+  log->error(
+      "{}: {}; no new round can start until it is back{}",
+      quorum ? "etcd has lost quorum" : "etcd is unreachable", status.message(),
+      group_.outcome() == GroupOutcome::kRunning ? " (the workers keep running)"
+                                                 : "");
 }
 
 void ElasticJob::WaitTurn(const RoundPolicy& policy, TimePoint* next_check) {
@@ -476,7 +573,8 @@ void ElasticJob::WaitTurn(const RoundPolicy& policy, TimePoint* next_check) {
 // Runs the local group of one round, until the job is over or the node
 // must join the next round.
 ElasticJob::RoundEnd ElasticJob::FollowRound() {
-  RoundPolicy policy(config_.rdzv_conf.silent_limit(), clock_->Now());
+  RoundPolicy policy(config_.rdzv_conf.silent_limit(), clock_->Now(),
+                     etcd_ != nullptr);
   group_.StartRound(assignment_.round);
   // Check the round at least twice a second (more often with a faster
   // keep-alive).
@@ -489,8 +587,9 @@ ElasticJob::RoundEnd ElasticJob::FollowRound() {
     if (auto end = Carry(step, &policy, &next_check)) return *end;
     if (clock_->Now() < next_check) continue;
     next_check = clock_->Now() + tick;
-    step = policy.OnCheck(rdzv_->Check(assignment_), group_.outcome(),
-                          clock_->Now());
+    auto event = rdzv_->Check(assignment_);
+    NoteStore(event.status());
+    step = policy.OnCheck(event, group_.outcome(), clock_->Now());
     if (auto end = Carry(step, &policy, &next_check)) return *end;
   }
 }
@@ -510,10 +609,23 @@ std::optional<ElasticJob::RoundEnd> ElasticJob::Carry(const RoundStep& step,
                 assignment_.round);
       return std::nullopt;
     case RoundStep::Kind::kReportFailure: {
-      auto failures =
-          group_.gave_up()
-              ? rdzv_->ReportFailure(assignment_, group_.why_gave_up(), true)
-              : rdzv_->ReportFailure(assignment_, "local group failed");
+      auto report = [this] {
+        return group_.gave_up()
+                   ? rdzv_->ReportFailure(assignment_, group_.why_gave_up(),
+                                          true)
+                   : rdzv_->ReportFailure(assignment_, "local group failed");
+      };
+      auto failures = report();
+      // etcd without quorum: the next round waits for it (up to the join
+      // timeout), rather than the job ending here.
+      const TimePoint until = clock_->Now() + config_.rdzv_conf.join_timeout;
+      while (!failures.ok() && etcd_ &&
+             etcd_->trouble() != rendezvous::EtcdTrouble::kNone &&
+             !group_.Interrupted() && clock_->Now() < until) {
+        NoteStore(failures.status());
+        failures = report();
+      }
+      NoteStore(failures.status());
       bool goes_on =
           failures.ok() && rdzv_->end_reason() == rendezvous::EndReason::kNone;
       if (goes_on) {

@@ -1,6 +1,8 @@
 #pragma once
 
+#include <functional>
 #include <memory>
+#include <optional>
 
 #include "apps/dtrun/job.h"
 #include "apps/dtrun/round_policy.h"
@@ -9,8 +11,9 @@
 #include "rendezvous/store_client.h"
 
 namespace dtrun::rendezvous {
+class EtcdClient;
 class StoreServer;
-}
+}  // namespace dtrun::rendezvous
 
 namespace dtrun::agent {
 
@@ -28,6 +31,8 @@ class ElasticJob : public Job {
 
  private:
   Status ConnectRendezvous();
+  // --rdzv-backend=etcd-v2: the rendezvous store is the etcd cluster.
+  Status ConnectEtcd();
   // Connects within `limit`, giving up early (kCanceled) on a stop signal.
   Result<std::unique_ptr<rendezvous::TcpStoreClient>> ConnectUntil(
       rendezvous::StoreClientOptions opts, std::chrono::milliseconds limit);
@@ -47,6 +52,8 @@ class ElasticJob : public Job {
                                 TimePoint* next_check);
   void WaitTurn(const RoundPolicy& policy, TimePoint* next_check);
   void Linger();
+  // Says when etcd stops and starts answering (`status` of a request).
+  void NoteStore(const Status& status);
   void NotifyStoreReady();
   // This node's status in the rendezvous store (NodeStatusKey), so that
   // `dtrun --status` on any host sees every node; rank 0 also names the
@@ -77,7 +84,14 @@ class ElasticJob : public Job {
   std::unique_ptr<rendezvous::StoreServer> rdzv_store_;
   // group rank 0: this round's workers' store
   std::unique_ptr<rendezvous::StoreServer> worker_store_;
-  std::unique_ptr<rendezvous::TcpStoreClient> rdzv_client_;
+  // The rendezvous store: a TCP store client, or etcd (EtcdStore).
+  std::unique_ptr<rendezvous::Store> rdzv_client_;
+  std::string rdzv_address_;  // where it is, for messages and the registry
+  // This host's address on the link to the rendezvous store, which the
+  // workers of the rounds it hosts are told.
+  std::function<std::string()> local_address_;
+  rendezvous::EtcdClient* etcd_ = nullptr;     // inside rdzv_client_ (etcd)
+  std::optional<TimePoint> store_lost_since_;  // etcd's outage, if one
   rendezvous::StoreClientOptions watch_opts_;  // Check's push connection
   std::unique_ptr<rendezvous::Rendezvous> rdzv_;
   rendezvous::Assignment assignment_;

@@ -11,9 +11,8 @@
 
 namespace dtrun::agent {
 
-Status PublishCrash(rendezvous::TcpStoreClient* store,
-                    const std::string& prefix, const WorkerCrash& crash,
-                    int64_t count) {
+Status PublishCrash(rendezvous::Store* store, const std::string& prefix,
+                    const WorkerCrash& crash, int64_t count) {
   // JSON rather than several keys: the console reads one consistent record
   // with a single GET, even while the next crash is being published.
   nlohmann::json j = {{"attempt", crash.attempt},

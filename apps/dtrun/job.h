@@ -37,8 +37,7 @@ class Job {
 // under `prefix`+"crash", and the number of crashes so far under
 // `prefix`+"crash_count", so a console can stop a crash loop without knowing
 // the log layout.
-Status PublishCrash(rendezvous::TcpStoreClient* store,
-                    const std::string& prefix, const WorkerCrash& crash,
-                    int64_t count);
+Status PublishCrash(rendezvous::Store* store, const std::string& prefix,
+                    const WorkerCrash& crash, int64_t count);
 
 }  // namespace dtrun::agent

@@ -17,20 +17,25 @@
 namespace dtrun::agent {
 
 const char* RdzvBackendName(RdzvBackend backend) {
-  return backend == RdzvBackend::kC10d ? "c10d" : "static";
+  switch (backend) {
+    case RdzvBackend::kC10d:
+      return "c10d";
+    case RdzvBackend::kEtcd:
+      return "etcd-v2";
+    case RdzvBackend::kStatic:
+      break;
+  }
+  return "static";
 }
 
 Result<RdzvBackend> ParseRdzvBackend(const std::string& name) {
   if (name == "static") return RdzvBackend::kStatic;
   if (name == "c10d") return RdzvBackend::kC10d;
-  if (name == "etcd" || name == "etcd-v2") {
-    return Status::Invalid("--rdzv-backend=" + name +
-                           ": dtrun has no etcd rendezvous yet; use c10d "
-                           "(--rdzv-backend=c10d --rdzv-endpoint=HOST:PORT) "
-                           "or static");
-  }
+  // torchrun's two etcd backends (v2 API, and its c10d-like one) are one
+  // here, on etcd's v3 API.
+  if (name == "etcd" || name == "etcd-v2") return RdzvBackend::kEtcd;
   return Status::Invalid("--rdzv-backend: unknown backend '" + name +
-                         "'; use static or c10d");
+                         "'; use static, c10d, etcd-v2 or etcd");
 }
 namespace {
 
@@ -286,6 +291,12 @@ Status ApplyInteractive(LaunchConfig* c) {
   if (c->no_python) {
     return Status::Invalid(
         "--interactive workers are Python: drop --no-python");
+  }
+  if (c->rdzv_backend == RdzvBackend::kEtcd) {
+    // The console follows the session through the rendezvous TCP store.
+    return Status::Invalid(
+        "--interactive runs on the static or c10d backend, not etcd-v2: use "
+        "--rdzv-backend=c10d");
   }
   // Debian's interpreter (the one with torch) unless told otherwise.
   if (c->python == "python3" && access("/usr/bin/python3", X_OK) == 0) {

@@ -14,11 +14,11 @@
 namespace dtrun::agent {
 
 // --rdzv-backend: fixed ranks over node 0's store, or c10d's elastic rounds.
-enum class RdzvBackend { kStatic, kC10d };
-// "static" or "c10d", as torchrun spells them (events, messages).
+// kEtcd: rendezvous on an etcd cluster (`etcd` and `etcd-v2` both name it).
+enum class RdzvBackend { kStatic, kC10d, kEtcd };
+// "static", "c10d" or "etcd-v2", as torchrun spells them (events, messages).
 const char* RdzvBackendName(RdzvBackend backend);
-// The backend named `name`; Invalid naming the flag and the choices (etcd
-// and etcd-v2 get their own message: not built yet).
+// The backend named `name`; Invalid naming the flag and the choices.
 Result<RdzvBackend> ParseRdzvBackend(const std::string& name);
 
 // Which of a worker's streams go to files (redirect) or to files and the
@@ -63,7 +63,10 @@ struct LaunchConfig {
   // of HOST (master_addr), as with --standalone but keeping --rdzv-id.
   bool free_port_store = false;
   RdzvBackend rdzv_backend = RdzvBackend::kStatic;  // --rdzv-backend
-  Endpoint rdzv_endpoint;        // --rdzv-endpoint host[:port], parsed
+  Endpoint rdzv_endpoint;  // --rdzv-endpoint host[:port], parsed
+  // etcd: --rdzv-endpoint's members, "host:port" each (port 2379 unless
+  // given); http:// or https:// before them set rdzv_conf.protocol.
+  std::vector<std::string> etcd_endpoints;
   std::string rdzv_id = "none";  // --rdzv-id
   RdzvConfig rdzv_conf;          // --rdzv-conf k=v,k=v, typed
   std::string local_addr;        // --local-addr
@@ -133,7 +136,7 @@ struct LaunchConfig {
   // c10d backend), rather than one node with its own store.
   bool uses_rendezvous() const {
     return !standalone && !free_port_store &&
-           (multi_node() || rdzv_backend == RdzvBackend::kC10d);
+           (multi_node() || rdzv_backend != RdzvBackend::kStatic);
   }
 };
 

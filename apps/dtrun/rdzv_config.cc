@@ -3,7 +3,11 @@
 // called once from cli.cc, before any node joins anything.
 #include "apps/dtrun/rdzv_config.h"
 
+#include <unistd.h>
+
+#include <cerrno>
 #include <cmath>
+#include <cstring>
 #include <cstdlib>
 #include <functional>
 #include <map>
@@ -63,6 +67,19 @@ Status ParseBool(const std::string& key, const std::string& value,
   return Status::Ok();
 }
 
+// A PEM file's path: it must be readable now, not at the first TLS
+// handshake minutes later on some node.
+Status ReadableFile(const std::string& key, const std::string& value,
+                    std::string* out) {
+  if (value.empty() || access(value.c_str(), R_OK) != 0) {
+    return Status::Invalid(
+        "--rdzv-conf: " + key + "='" + value + "' is not a readable file (" +
+        (value.empty() ? "empty" : std::strerror(errno)) + ")");
+  }
+  *out = value;
+  return Status::Ok();
+}
+
 // One table entry per key, so a key has exactly one parser and the error for
 // an unknown key can list every known one.
 using Setter = std::function<Status(const std::string& value, RdzvConfig* c)>;
@@ -71,8 +88,32 @@ const std::map<std::string, Setter>& Setters() {
   static const std::map<std::string, Setter> kSetters = {
       {"join_timeout",
        [](const std::string& v, RdzvConfig* c) {
+         c->join_timeout_given = true;
          return ParseSeconds("join_timeout", v, true, &c->join_timeout);
        }},
+      {"timeout",
+       [](const std::string& v, RdzvConfig* c) {
+         milliseconds t{};
+         Status s = ParseSeconds("timeout", v, true, &t);
+         if (s.ok()) c->timeout = t;
+         return s;
+       }},
+      {"protocol",
+       [](const std::string& v, RdzvConfig* c) {
+         if (v != "http" && v != "https")
+           return Bad("protocol", v, "http or https");
+         c->protocol = v;
+         c->protocol_given = true;
+         return Status::Ok();
+       }},
+      {"cacert",
+       [](const std::string& v, RdzvConfig* c) {
+         return ReadableFile("cacert", v, &c->cacert);
+       }},
+      {"cert", [](const std::string& v,
+                  RdzvConfig* c) { return ReadableFile("cert", v, &c->cert); }},
+      {"key", [](const std::string& v,
+                 RdzvConfig* c) { return ReadableFile("key", v, &c->key); }},
       {"last_call_timeout",
        [](const std::string& v, RdzvConfig* c) {
          return ParseSeconds("last_call_timeout", v, false,
@@ -107,7 +148,8 @@ std::string KnownKeys() {
   std::string out;
   for (const auto& [key, setter] : Setters())
     out += (out.empty() ? "" : ", ") + key;
-  for (const auto& [key, why] : IgnoredRdzvKeys()) out += ", " + key;
+  for (const auto& [key, why] : IgnoredRdzvKeys())
+    if (!Setters().count(key)) out += ", " + key;
   return out;
 }
 
@@ -121,6 +163,9 @@ Status ApplyItem(const std::string& item, RdzvConfig* c) {
   }
   std::string key = item.substr(0, eq), value = item.substr(eq + 1);
   auto setter = Setters().find(key);
+  // `timeout` is read (etcd's join timeout) and, for the other backends,
+  // also ignored with a warning.
+  if (key == "timeout") c->ignored.push_back(item);
   if (setter != Setters().end()) return setter->second(value, c);
   for (const auto& [ignored, why] : IgnoredRdzvKeys()) {
     if (key != ignored) continue;
@@ -145,7 +190,9 @@ const std::vector<std::pair<std::string, std::string>>& IgnoredRdzvKeys() {
        "a node is dead after keep_alive_interval x keep_alive_max_attempt"},
       {"store_type", "the rendezvous store is always TCP"},
       {"use_libuv", "dtrun's store serves both of torch's client protocols"},
-      {"timeout", "the static backend's store timeout: use read_timeout"},
+      {"timeout",
+       "the static and c10d backends' store timeout: use read_timeout "
+       "(with etcd-v2 it is the join timeout)"},
       {"rank", "use --node-rank"},
   };
   return kIgnored;

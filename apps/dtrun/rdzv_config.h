@@ -30,10 +30,23 @@ struct RdzvConfig {
   // c10d backend: host the rendezvous store here; default: whether the
   // endpoint names this host (then a taken port means: join as a client).
   std::optional<bool> is_host;
+  // etcd-v2 backend, as torchrun's etcd backends take them: "http" or
+  // "https", the CA bundle members are checked against, and this node's
+  // client certificate and key (PEM files, checked readable here).
+  std::string protocol = "http";
+  bool protocol_given = false;
+  std::string cacert, cert, key;
+  // `timeout`: torchrun's etcd backend's join timeout (s); other backends
+  // ignore it (it also lands in `ignored`).
+  std::optional<std::chrono::milliseconds> timeout;
+  bool join_timeout_given = false;
   // Keys torchrun accepts that dtrun does not use, as "key=value" (warned
   // about).
   std::vector<std::string> ignored;
 
+  bool etcd_keys_given() const {
+    return protocol_given || !cacert.empty() || !cert.empty() || !key.empty();
+  }
   // How long a node may stay silent before the others declare it dead.
   std::chrono::milliseconds silent_limit() const {
     return keep_alive_interval * keep_alive_max_attempt;

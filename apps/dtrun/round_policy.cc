@@ -58,7 +58,9 @@ RoundStep RoundPolicy::OnCheck(const Result<rendezvous::RoundEvent>& event,
     // node may stay silent (by then the others have declared this one
     // dead), then give up.
     auto silent = now - last_ok_;
-    if (silent <= silent_limit_) return Step(Kind::kWait);
+    // etcd without quorum: no new round can start, but nothing is known to
+    // be wrong with the job; the workers run on.
+    if (replicated_ || silent <= silent_limit_) return Step(Kind::kWait);
     char why[160];
     std::snprintf(why, sizeof(why), "rendezvous store unreachable for %.1f s: ",
                   std::chrono::duration<double>(silent).count());

@@ -41,8 +41,11 @@ class RoundPolicy {
  public:
   // A node may lose the rendezvous store for `silent_limit` (the time the
   // others take to declare it dead) before it gives up.
-  RoundPolicy(std::chrono::milliseconds silent_limit, TimePoint start)
-      : silent_limit_(silent_limit), last_ok_(start) {}
+  // A `replicated` store (etcd) being unreachable says nothing about the
+  // other nodes: the node waits for it however long, its workers running.
+  RoundPolicy(std::chrono::milliseconds silent_limit, TimePoint start,
+              bool replicated = false)
+      : silent_limit_(silent_limit), last_ok_(start), replicated_(replicated) {}
 
   // The local group's outcome after a turn of the loop (`stop_signal` when
   // it is kSignaled).
@@ -63,6 +66,7 @@ class RoundPolicy {
  private:
   std::chrono::milliseconds silent_limit_;
   TimePoint last_ok_;
+  bool replicated_ = false;
   bool done_marked_ = false;
   bool stopping_ = false;
 };

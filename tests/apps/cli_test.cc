@@ -226,6 +226,7 @@ TEST(CliTest, NewTorchrunFlagsParse) {
 TEST(CliTest, ChoicesAreCheckedAsTorchrunChecksThem) {
   EXPECT_EQ(Parse({"--start-method=thread", "true"}).exit_code, 2);
   EXPECT_EQ(Parse({"--numa-binding=all", "true"}).exit_code, 2);
+  // etcd needs its members named.
   EXPECT_EQ(Parse({"--rdzv-backend=etcd", "true"}).exit_code, 2);
   EXPECT_EQ(Parse({"--rdzv-backend=etcd-v2", "true"}).exit_code, 2);
   EXPECT_EQ(Parse({"--rdzv-backend=c10", "true"}).exit_code, 2);
@@ -364,6 +365,54 @@ TEST(CommaListTest, DoubleCommaIsAComma) {
   EXPECT_EQ(ParseCommaList(""), std::vector<std::string>{});
   EXPECT_EQ(ParseCommaList("a,,b"), std::vector<std::string>{"a,b"});
   EXPECT_EQ(ParseCommaList("a,b"), (std::vector<std::string>{"a", "b"}));
+}
+
+TEST(CliTest, EtcdEndpointsAndSettings) {
+  auto a = Parse({"--nnodes=2", "--rdzv-backend=etcd",
+                  "--rdzv-endpoint=10.0.0.1,10.0.0.2:2380,[::1]:2381",
+                  "--rdzv-conf=timeout=90", "true"});
+  ASSERT_EQ(a.exit_code, -1);
+  EXPECT_EQ(a.config.rdzv_backend, RdzvBackend::kEtcd);
+  EXPECT_EQ(
+      a.config.etcd_endpoints,
+      (std::vector<std::string>{"10.0.0.1:2379", "10.0.0.2:2380", "::1:2381"}));
+  // torchrun's etcd backend reads `timeout` as the join timeout.
+  EXPECT_EQ(a.config.rdzv_conf.join_timeout, std::chrono::milliseconds(90000));
+  EXPECT_TRUE(a.config.rdzv_conf.ignored.empty());
+  EXPECT_EQ(a.config.rdzv_conf.protocol, "http");
+
+  auto tls = Parse({"--nnodes=2", "--rdzv-backend=etcd-v2",
+                    "--rdzv-endpoint=https://h1:2379,https://h2:2379", "true"});
+  ASSERT_EQ(tls.exit_code, -1);
+  EXPECT_EQ(tls.config.rdzv_conf.protocol, "https");
+
+  // An explicit join_timeout wins over `timeout`; c10d ignores `timeout`.
+  auto both = Parse({"--nnodes=2", "--rdzv-backend=etcd", "--rdzv-endpoint=h1",
+                     "--rdzv-conf=timeout=90,join_timeout=5", "true"});
+  EXPECT_EQ(both.config.rdzv_conf.join_timeout,
+            std::chrono::milliseconds(5000));
+  auto c10d = Parse({"--nnodes=2", "--rdzv-backend=c10d", "--rdzv-endpoint=h1",
+                     "--rdzv-conf=timeout=90", "true"});
+  EXPECT_EQ(c10d.config.rdzv_conf.join_timeout,
+            std::chrono::milliseconds(600000));
+  EXPECT_EQ(c10d.config.rdzv_conf.ignored,
+            (std::vector<std::string>{"timeout=90"}));
+
+  for (auto bad : std::vector<std::vector<std::string>>{
+           {"--rdzv-endpoint=http://h1,https://h2"},
+           {"--rdzv-endpoint=https://h1", "--rdzv-conf=protocol=http"},
+           {"--rdzv-endpoint=h1:99999"},
+           {"--rdzv-endpoint=h1,,h2"},
+           {"--rdzv-endpoint=h1", "--rdzv-conf=protocol=tls"},
+           {"--rdzv-endpoint=h1", "--rdzv-conf=cert=/nonexistent"},
+           {"--rdzv-endpoint=h1", "--interactive"},
+       }) {
+    std::vector<std::string> args = {"--nnodes=2", "--rdzv-backend=etcd"};
+    args.insert(args.end(), bad.begin(), bad.end());
+    if (bad.back() != "--interactive") args.push_back("true");
+    auto r = Parse(args);
+    EXPECT_EQ(r.exit_code, 2) << bad.back();
+  }
 }
 
 }  // namespace

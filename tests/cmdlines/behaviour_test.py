@@ -203,8 +203,8 @@ class Launcher(unittest.TestCase):
         self.assertEqual(env["TORCHELASTIC_RUN_ID"], "t1")
 
     def test_backends_dtrun_lacks_exit_2_naming_them(self):
-        for backend, words in (("etcd", "no etcd rendezvous"), ("etcd-v2", "no etcd"),
-                               ("zookeeper", "unknown backend 'zookeeper'")):
+        for backend, words in (("zookeeper", "unknown backend 'zookeeper'"),
+                               ("etcd-v3", "unknown backend 'etcd-v3'")):
             rc, out, err = self.run_dtrun([f"--rdzv-backend={backend}", "--nnodes=2",
                                            "--rdzv-endpoint=127.0.0.1:2379",
                                            ARGS.fake_worker])

@@ -1,0 +1,495 @@
+// etcd's JSON gateway over asio: one HTTP/1.1 keep-alive connection per
+// client (plus one per watch), each operation bounded by a deadline run on
+// the connection's own io_context (start the operation, run the context
+// until the deadline, close the socket when it is passed). Replies are
+// either sized (Content-Length) or chunked; a watch's reply is an endless
+// chunked stream of one JSON message per line.
+#include "rendezvous/etcd_client.h"
+
+#include <openssl/evp.h>
+
+#include <asio.hpp>
+#include <asio/ssl.hpp>
+#include <fstream>
+#include <thread>
+
+#include "rendezvous/util/log.h"
+
+namespace dtrun::rendezvous {
+namespace {
+
+using std::chrono::milliseconds;
+using Clock = std::chrono::steady_clock;
+using TimePoint = Clock::time_point;
+
+// gRPC status codes the gateway passes on, and those that mean "try another
+// member": unavailable (no leader, member stopping), deadline exceeded
+// (request timed out waiting for a commit), aborted, unknown.
+bool RetryableCode(int code) {
+  return code == 14 || code == 4 || code == 10 || code == 2 || code == 1;
+}
+
+bool SplitHostPort(const std::string& text, std::string* host, uint16_t* port) {
+  size_t colon = text.rfind(':');
+  if (colon == std::string::npos || colon == 0) return false;
+  *host = text.substr(0, colon);
+  if (host->size() > 2 && host->front() == '[' && host->back() == ']')
+    *host = host->substr(1, host->size() - 2);
+  const std::string digits = text.substr(colon + 1);
+  if (digits.empty() || digits.size() > 5) return false;
+  for (char c : digits)
+    if (c < '0' || c > '9') return false;
+  int value = std::stoi(digits);
+  if (value <= 0 || value > 65535) return false;
+  *port = static_cast<uint16_t>(value);
+  return true;
+}
+
+std::string Lower(std::string s) {
+  for (char& c : s) c = static_cast<char>(std::tolower(c));
+  return s;
+}
+
+std::string Describe(const asio::error_code& ec) {
+  if (ec == asio::error::timed_out || ec == asio::error::would_block)
+    return "no answer in time";
+  return ec.message();
+}
+
+}  // namespace
+
+struct EtcdClient::Tls {
+  asio::ssl::context context{asio::ssl::context::tls_client};
+};
+
+// One HTTP/1.1 connection to one member.
+class EtcdClient::Connection {
+ public:
+  struct Reply {
+    int status = 0;
+    std::string body;
+  };
+
+  Connection(std::string host, uint16_t port, asio::ssl::context* tls)
+      : host_(std::move(host)), port_(port), socket_(io_) {
+    if (tls) tls_ = std::make_unique<TlsStream>(socket_, *tls);
+  }
+
+  asio::error_code Open(TimePoint deadline) {
+    asio::error_code ec;
+    asio::ip::tcp::resolver resolver(io_);
+    auto found = resolver.resolve(host_, std::to_string(port_), ec);
+    if (ec) return ec;
+    ec = Run(deadline, [&](auto done) {
+      asio::async_connect(socket_, found,
+                          [done](asio::error_code e, const auto&) { done(e); });
+    });
+    if (ec || !tls_) return ec;
+    tls_->set_verify_mode(asio::ssl::verify_peer);
+    tls_->set_verify_callback(asio::ssl::host_name_verification(host_));
+    // SNI, for members behind a name
+    SSL_set_tlsext_host_name(tls_->native_handle(), host_.c_str());
+    return Run(deadline, [&](auto done) {
+      tls_->async_handshake(asio::ssl::stream_base::client,
+                            [done](asio::error_code e) { done(e); });
+    });
+  }
+
+  // Sends one POST; the reply's head is read by ReadHead.
+  asio::error_code Send(const std::string& path, const std::string& body,
+                        TimePoint deadline) {
+    out_ = "POST " + path + " HTTP/1.1\r\nHost: " + host_ + ":" +
+           std::to_string(port_) +
+           "\r\nContent-Type: application/json\r\nContent-Length: " +
+           std::to_string(body.size()) + "\r\n\r\n" + body;
+    return Run(deadline, [&](auto done) {
+      auto handler = [done](asio::error_code e, size_t) { done(e); };
+      if (tls_) {
+        asio::async_write(*tls_, asio::buffer(out_), handler);
+      } else {
+        asio::async_write(socket_, asio::buffer(out_), handler);
+      }
+    });
+  }
+
+  // Reads the status line and headers; the body follows through ReadBody
+  // (sized or chunked) or NextChunk (streams).
+  asio::error_code ReadHead(TimePoint deadline, int* status) {
+    size_t end;
+    while ((end = in_.find("\r\n\r\n")) == std::string::npos) {
+      if (auto ec = ReadMore(deadline)) return ec;
+    }
+    const std::string head = in_.substr(0, end);
+    in_.erase(0, end + 4);
+    if (head.compare(0, 5, "HTTP/") != 0 || head.size() < 12)
+      return asio::error::invalid_argument;
+    *status = std::atoi(head.c_str() + 9);
+    chunked_ = false;
+    length_ = -1;
+    keep_ = true;
+    size_t pos = head.find("\r\n");
+    while (pos != std::string::npos) {
+      size_t next = head.find("\r\n", pos + 2);
+      std::string line = Lower(head.substr(pos + 2, next - pos - 2));
+      if (line.rfind("content-length:", 0) == 0)
+        length_ = std::atoll(line.c_str() + 15);
+      if (line.rfind("transfer-encoding:", 0) == 0 &&
+          line.find("chunked") != std::string::npos)
+        chunked_ = true;
+      if (line.rfind("connection:", 0) == 0 &&
+          line.find("close") != std::string::npos)
+        keep_ = false;
+      pos = next;
+    }
+    return {};
+  }
+
+  asio::error_code ReadBody(TimePoint deadline, std::string* body) {
+    body->clear();
+    if (!chunked_) {
+      if (length_ < 0) return asio::error::invalid_argument;
+      while (static_cast<int64_t>(in_.size()) < length_) {
+        if (auto ec = ReadMore(deadline)) return ec;
+      }
+      body->assign(in_, 0, static_cast<size_t>(length_));
+      in_.erase(0, static_cast<size_t>(length_));
+      return {};
+    }
+    for (;;) {
+      std::string chunk;
+      bool last = false;
+      if (auto ec = NextChunk(deadline, &chunk, &last)) return ec;
+      if (last) return {};
+      *body += chunk;
+    }
+  }
+
+  // One chunk of a chunked body; *last on the final (empty) one.
+  asio::error_code NextChunk(TimePoint deadline, std::string* chunk,
+                             bool* last) {
+    size_t eol;
+    while ((eol = in_.find("\r\n")) == std::string::npos) {
+      if (auto ec = ReadMore(deadline)) return ec;
+    }
+    size_t size = std::strtoul(in_.c_str(), nullptr, 16);
+    while (in_.size() < eol + 2 + size + 2) {
+      if (auto ec = ReadMore(deadline)) return ec;
+    }
+    chunk->assign(in_, eol + 2, size);
+    in_.erase(0, eol + 2 + size + 2);
+    *last = size == 0;
+    return {};
+  }
+
+  bool reusable() const { return keep_ && socket_.is_open(); }
+  const std::string& host() const { return host_; }
+
+  std::string LocalAddress() {
+    asio::error_code ec;
+    auto local = socket_.local_endpoint(ec);
+    return ec ? "" : local.address().to_string();
+  }
+
+ private:
+  using TlsStream = asio::ssl::stream<asio::ip::tcp::socket&>;
+
+  asio::error_code ReadMore(TimePoint deadline) {
+    char buf[16384];
+    size_t got = 0;
+    auto ec = Run(deadline, [&](auto done) {
+      auto handler = [done, &got](asio::error_code e, size_t n) {
+        got = n;
+        done(e);
+      };
+      if (tls_) {
+        tls_->async_read_some(asio::buffer(buf), handler);
+      } else {
+        socket_.async_read_some(asio::buffer(buf), handler);
+      }
+    });
+    in_.append(buf, got);
+    if (!ec && got == 0) ec = asio::error::eof;
+    return ec;
+  }
+
+  // Starts an operation and runs the context until it completes or the
+  // deadline passes; then the socket is closed (the operation completes
+  // with an error) and timed_out returned.
+  template <typename Start>
+  asio::error_code Run(TimePoint deadline, Start start) {
+    asio::error_code result = asio::error::would_block;
+    bool finished = false;
+    start([&result, &finished](asio::error_code ec) {
+      result = ec;
+      finished = true;
+    });
+    io_.restart();
+    io_.run_until(deadline);
+    if (!finished) {
+      asio::error_code ignored;
+      socket_.close(ignored);
+      io_.restart();
+      io_.run();
+      return asio::error::timed_out;
+    }
+    if (result) {
+      asio::error_code ignored;
+      socket_.close(ignored);
+    }
+    return result;
+  }
+
+  std::string host_;
+  uint16_t port_;
+  asio::io_context io_;
+  asio::ip::tcp::socket socket_;
+  std::unique_ptr<TlsStream> tls_;
+  std::string out_, in_;
+  bool chunked_ = false, keep_ = true;
+  int64_t length_ = -1;
+};
+
+EtcdClient::EtcdClient(EtcdOptions options) : options_(std::move(options)) {}
+EtcdClient::~EtcdClient() = default;
+
+Result<std::unique_ptr<EtcdClient>> EtcdClient::Connect(EtcdOptions options) {
+  std::unique_ptr<EtcdClient> client(new EtcdClient(std::move(options)));
+  Status s = client->Init();
+  if (!s.ok()) return s;
+  auto status =
+      client->Call("/v3/maintenance/status", nlohmann::json::object());
+  if (!status.ok()) return status.status();
+  return client;
+}
+
+// Checks the endpoints and loads the TLS files, naming what is wrong.
+Status EtcdClient::Init() {
+  if (options_.endpoints.empty())
+    return Status::Invalid("no etcd endpoint given");
+  for (const std::string& e : options_.endpoints) {
+    std::string host;
+    uint16_t port = 0;
+    if (!SplitHostPort(e, &host, &port)) {
+      return Status::Invalid("etcd endpoint '" + e +
+                             "' is not HOST:PORT (for example 10.0.0.1:2379)");
+    }
+  }
+  if (!options_.tls) return Status::Ok();
+  tls_ = std::make_unique<Tls>();
+  asio::error_code ec;
+  auto load = [&](const std::string& what, const std::string& path,
+                  auto&& use) -> Status {
+    if (path.empty()) return Status::Ok();
+    if (!std::ifstream(path)) {
+      return Status::Invalid("--rdzv-conf " + what + "=" + path +
+                             ": cannot read the file");
+    }
+    use(path, ec);
+    if (ec) {
+      return Status::Invalid("--rdzv-conf " + what + "=" + path +
+                             ": not a usable PEM file (" + ec.message() + ")");
+    }
+    return Status::Ok();
+  };
+  auto& ctx = tls_->context;
+  Status s = options_.cacert.empty()
+                 ? (ctx.set_default_verify_paths(ec), Status::Ok())
+                 : load("cacert", options_.cacert,
+                        [&](auto& p, auto& e) { ctx.load_verify_file(p, e); });
+  if (s.ok()) {
+    s = load("cert", options_.cert,
+             [&](auto& p, auto& e) { ctx.use_certificate_chain_file(p, e); });
+  }
+  if (s.ok()) {
+    s = load("key", options_.key, [&](auto& p, auto& e) {
+      ctx.use_private_key_file(p, asio::ssl::context::pem, e);
+    });
+  }
+  if (s.ok() && options_.cert.empty() != options_.key.empty()) {
+    return Status::Invalid(
+        "--rdzv-conf: cert and key go together (the client certificate and "
+        "its private key)");
+  }
+  return s;
+}
+
+Result<nlohmann::json> EtcdClient::Call(const std::string& path,
+                                        const nlohmann::json& body) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const TimePoint deadline = Clock::now() + options_.timeout;
+  const size_t n = options_.endpoints.size();
+  // Each member gets a share of the time, so that one that accepts and
+  // never answers (stopped, cut off) does not hold the request.
+  const auto share =
+      std::max(milliseconds(100), options_.timeout / static_cast<int64_t>(n));
+  const auto connect_limit = std::min(options_.connect_timeout, share);
+  const std::string text = body.dump();
+  std::vector<std::string> said(n);
+  // reached: some member took the connection (up, but maybe unable to
+  // commit); refused: a TLS handshake failed.
+  bool reached = false, refused = false;
+  for (int pass = 0; Clock::now() < deadline; ++pass) {
+    for (size_t i = 0; i < n && Clock::now() < deadline; ++i) {
+      const size_t at = (current_ + i) % n;
+      const std::string& endpoint = options_.endpoints[at];
+      TimePoint until = std::min(deadline, Clock::now() + share);
+      asio::error_code ec;
+      if (!conn_ || current_ != at || !conn_->reusable()) {
+        std::string host;
+        uint16_t port = 0;
+        SplitHostPort(endpoint, &host, &port);
+        conn_ = std::make_unique<Connection>(host, port,
+                                             tls_ ? &tls_->context : nullptr);
+        current_ = at;
+        ec = conn_->Open(std::min(until, Clock::now() + connect_limit));
+        if (!ec) local_address_ = conn_->LocalAddress();
+      }
+      int status = 0;
+      std::string reply;
+      if (!ec) ec = conn_->Send(path, text, until);
+      // Sent, and no answer in time: the member is up but cannot commit
+      // (or is stopped); a reset or refusal means it is down.
+      bool sent = !ec;
+      if (!ec) ec = conn_->ReadHead(until, &status);
+      if (!ec) ec = conn_->ReadBody(until, &reply);
+      if (sent && ec == asio::error::timed_out) reached = true;
+      if (ec) {
+        said[at] = Describe(ec);
+        if (options_.tls && ec.category() == asio::error::get_ssl_category())
+          refused = true;
+        conn_.reset();
+        continue;
+      }
+      reached = true;
+      auto json = nlohmann::json::parse(reply, nullptr, false);
+      if (status == 200 && json.is_object()) {
+        trouble_ = EtcdTrouble::kNone;
+        return json;
+      }
+      std::string error = json.is_object() ? json.value("error", reply) : reply;
+      int code = json.is_object() ? json.value("code", 0) : 0;
+      said[at] = error;
+      if (!RetryableCode(code) && status != 503) {
+        trouble_ = EtcdTrouble::kRefused;
+        return Status::Invalid("etcd " + endpoint + " refused " + path + ": " +
+                               error);
+      }
+      conn_.reset();
+    }
+    std::this_thread::sleep_for(milliseconds(std::min(50 * (pass + 1), 200)));
+  }
+  trouble_ = refused   ? EtcdTrouble::kRefused
+             : reached ? EtcdTrouble::kNoQuorum
+                       : EtcdTrouble::kUnreachable;
+  std::string what;
+  for (size_t i = 0; i < n; ++i) {
+    what += (i ? "; " : "") + options_.endpoints[i] + ": " +
+            (said[i].empty() ? "not tried" : said[i]);
+  }
+  std::string head =
+      trouble_ == EtcdTrouble::kNoQuorum
+          ? "etcd has no quorum (members are up, none can commit)"
+      : trouble_ == EtcdTrouble::kRefused
+          ? "etcd refused the TLS connection (check cacert, cert and key)"
+          : "no etcd member reachable";
+  const auto waited =
+      std::chrono::duration_cast<milliseconds>(options_.timeout).count();
+  return Status::Unavailable(head + " within " + std::to_string(waited) +
+                             " ms for " + path + " (" + what + ")");
+}
+
+Result<bool> EtcdClient::Watch(const std::string& key, int64_t from_revision,
+                               milliseconds timeout) {
+  const TimePoint deadline = Clock::now() + timeout;
+  std::string endpoint = this->endpoint(), host;
+  uint16_t port = 0;
+  SplitHostPort(endpoint, &host, &port);
+  Connection conn(host, port, tls_ ? &tls_->context : nullptr);
+  nlohmann::json create = {{"key", Base64Encode(key)},
+                           {"start_revision", from_revision}};
+  nlohmann::json body = {{"create_request", create}};
+  int status = 0;
+  asio::error_code ec =
+      conn.Open(std::min(deadline, Clock::now() + options_.connect_timeout));
+  if (!ec) ec = conn.Send("/v3/watch", body.dump(), deadline);
+  if (!ec) ec = conn.ReadHead(deadline, &status);
+  std::string pending;
+  while (!ec && status == 200) {
+    std::string chunk;
+    bool last = false;
+    ec = conn.NextChunk(deadline, &chunk, &last);
+    if (ec || last) break;
+    pending += chunk;
+    size_t eol;
+    while ((eol = pending.find('\n')) != std::string::npos) {
+      auto msg = nlohmann::json::parse(pending.substr(0, eol), nullptr, false);
+      pending.erase(0, eol + 1);
+      if (!msg.is_object()) continue;
+      const auto& result = msg.contains("result") ? msg["result"] : msg;
+      // An event, or a watch canceled (the revision was compacted): either
+      // way the caller reads the key again.
+      if (result.contains("events") || result.value("canceled", false))
+        return true;
+    }
+  }
+  if (ec == asio::error::timed_out) return false;
+  if (status != 0 && status != 200)
+    return Status::Unavailable("etcd " + endpoint + " refused a watch of " +
+                               key + " (HTTP " + std::to_string(status) + ")");
+  return Status::Unavailable("etcd " + endpoint + ": watch of " + key +
+                             " broke: " + Describe(ec));
+}
+
+std::string EtcdClient::endpoint() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return options_.endpoints[current_];
+}
+
+std::string EtcdClient::LocalAddress() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return local_address_;
+}
+
+EtcdTrouble EtcdClient::trouble() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return trouble_;
+}
+
+std::string Base64Encode(std::string_view bytes) {
+  std::string out(4 * ((bytes.size() + 2) / 3), '\0');
+  int n = EVP_EncodeBlock(reinterpret_cast<unsigned char*>(out.data()),
+                          reinterpret_cast<const unsigned char*>(bytes.data()),
+                          static_cast<int>(bytes.size()));
+  out.resize(static_cast<size_t>(n));
+  return out;
+}
+
+bool Base64Decode(std::string_view text, std::string* bytes) {
+  if (text.size() % 4 != 0) return false;
+  bytes->assign(3 * text.size() / 4, '\0');
+  int n = EVP_DecodeBlock(reinterpret_cast<unsigned char*>(bytes->data()),
+                          reinterpret_cast<const unsigned char*>(text.data()),
+                          static_cast<int>(text.size()));
+  if (n < 0) return false;
+  // EVP_DecodeBlock counts the padding as zero bytes.
+  size_t pad = 0;
+  for (size_t i = text.size(); i > 0 && text[i - 1] == '=' && pad < 2; --i)
+    ++pad;
+  bytes->resize(static_cast<size_t>(n) - pad);
+  return true;
+}
+
+std::string PrefixEnd(const std::string& prefix) {
+  std::string end = prefix;
+  while (!end.empty()) {
+    auto& c = reinterpret_cast<unsigned char&>(end.back());
+    if (c < 0xff) {
+      ++c;
+      return end;
+    }
+    end.pop_back();
+  }
+  return std::string(1, '\0');  // every key
+}
+
+}  // namespace dtrun::rendezvous

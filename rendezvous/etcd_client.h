@@ -1,0 +1,107 @@
+#pragma once
+
+// A client of etcd's v3 API through its JSON gateway (HTTP/1.1 POSTs of
+// JSON bodies to /v3/..., binary keys and values in base64), over plain TCP
+// or TLS with client certificates. Why the gateway and not gRPC: every etcd
+// 3.x member serves it on its client port, it needs nothing beyond asio and
+// OpenSSL (both already linked statically into dtrun), and a round's few
+// small requests gain nothing from HTTP/2 (rendezvous/README.md, "Rendezvous
+// on etcd").
+//
+// Several members may be named: a request that finds its member down, cut
+// off, or without a leader is sent to the next one, until its deadline. A
+// member that is down is therefore invisible to the caller; only when no
+// member can commit (quorum lost) does a request fail, and the error says
+// which members answered what.
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "rendezvous/util/status.h"
+
+namespace dtrun::rendezvous {
+
+struct EtcdOptions {
+  // "host:port" of each member to try, in order (at least one).
+  std::vector<std::string> endpoints;
+  // TLS: https to every member, verifying it against `cacert` (PEM file;
+  // empty: the system's roots), and presenting `cert` + `key` when given.
+  bool tls = false;
+  std::string cacert, cert, key;
+  // Bound on one request, failovers included.
+  std::chrono::milliseconds timeout{10000};
+  // Bound on one connection attempt to one member.
+  std::chrono::milliseconds connect_timeout{1000};
+};
+
+// Why a request failed, as far as the client could tell.
+enum class EtcdTrouble {
+  kNone,
+  kUnreachable,  // no member accepted a connection
+  kNoQuorum,     // members answered, but none could commit (no leader)
+  kRefused,      // a member refused us (TLS, auth, bad request)
+};
+
+// Thread-safe: one request at a time per client (a mutex), like the TCP
+// store client; Watch opens a connection of its own.
+class EtcdClient {
+ public:
+  // Checks the options (files readable, endpoints "host:port") and reaches
+  // one member within `timeout`; the error names every endpoint tried and
+  // what each said.
+  static Result<std::unique_ptr<EtcdClient>> Connect(EtcdOptions options);
+  ~EtcdClient();
+
+  // POSTs `body` to `path` ("/v3/kv/range") and returns the reply's JSON.
+  // Fails over across members until options.timeout.
+  Result<nlohmann::json> Call(const std::string& path,
+                              const nlohmann::json& body);
+  // Blocks until `key` changes at a revision >= `from_revision`, or
+  // `timeout` passes: true when it changed.
+  Result<bool> Watch(const std::string& key, int64_t from_revision,
+                     std::chrono::milliseconds timeout);
+
+  // The member answering now, "host:port".
+  std::string endpoint() const;
+  // This host's address on the connection to the member (for peers to
+  // reach this node), "" before any.
+  std::string LocalAddress() const;
+  // Why the last failed request failed (kNone after a success).
+  EtcdTrouble trouble() const;
+  const EtcdOptions& options() const { return options_; }
+  // Changes the bound on one request (options.timeout).
+  void set_timeout(std::chrono::milliseconds timeout) {
+    std::lock_guard<std::mutex> lock(mu_);
+    options_.timeout = timeout;
+  }
+
+  class Connection;
+
+ private:
+  explicit EtcdClient(EtcdOptions options);
+  Status Init();
+
+  EtcdOptions options_;
+  struct Tls;
+  std::unique_ptr<Tls> tls_;
+  mutable std::mutex mu_;
+  std::unique_ptr<Connection> conn_;  // to endpoints[current_]
+  size_t current_ = 0;
+  std::string local_address_;
+  EtcdTrouble trouble_ = EtcdTrouble::kNone;
+};
+
+// Base64 as the gateway carries bytes.
+std::string Base64Encode(std::string_view bytes);
+bool Base64Decode(std::string_view text, std::string* bytes);
+
+// The key one past every key starting with `prefix` (etcd's range_end).
+std::string PrefixEnd(const std::string& prefix);
+
+}  // namespace dtrun::rendezvous

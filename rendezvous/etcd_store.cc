@@ -1,0 +1,268 @@
+// Store on etcd's v3 API (see etcd_store.h for the mapping). int64 fields
+// come back as JSON strings and fields at their default value are left out
+// (a missing "succeeded" is false), as the gateway marshals protobuf.
+#include "rendezvous/etcd_store.h"
+
+#include <algorithm>
+#include <thread>
+
+namespace dtrun::rendezvous {
+namespace {
+
+using nlohmann::json;
+using std::chrono::milliseconds;
+
+// etcd's default --max-txn-ops.
+constexpr size_t kMaxTxnOps = 128;
+// Bound on the counters remembered for Add's first try.
+constexpr size_t kMaxCounters = 4096;
+
+int64_t Int(const json& j, const char* field) {
+  if (!j.is_object() || !j.contains(field)) return 0;
+  const json& v = j[field];
+  if (v.is_number()) return v.get<int64_t>();
+  if (v.is_string()) return std::atoll(v.get<std::string>().c_str());
+  return 0;
+}
+
+json RangeOp(const std::string& key) {
+  return {{"request_range", {{"key", Base64Encode(key)}}}};
+}
+
+json PutOp(const std::string& key, std::string_view value) {
+  return {{"request_put",
+           {{"key", Base64Encode(key)}, {"value", Base64Encode(value)}}}};
+}
+
+// The first key-value of a txn's range response (`op`, one of "responses"),
+// or null.
+json FirstKv(const json& op) {
+  if (!op.is_object() || !op.contains("response_range")) return json();
+  const json& range = op["response_range"];
+  if (!range.contains("kvs") || range["kvs"].empty()) return json();
+  return range["kvs"][0];
+}
+
+Status Malformed(const std::string& what) {
+  return Status::Io("etcd: malformed reply to " + what);
+}
+
+std::string Value(const json& kv) {
+  std::string bytes;
+  Base64Decode(kv.value("value", std::string()), &bytes);
+  return bytes;
+}
+
+}  // namespace
+
+EtcdStore::EtcdStore(std::unique_ptr<EtcdClient> client, std::string prefix,
+                     milliseconds timeout)
+    : client_(std::move(client)),
+      prefix_(std::move(prefix)),
+      timeout_(timeout) {}
+
+Status EtcdStore::Set(const std::string& key, std::string_view value) {
+  json body = {{"key", Base64Encode(prefix_ + key)},
+               {"value", Base64Encode(value)}};
+  return client_->Call("/v3/kv/put", body).status();
+}
+
+Status EtcdStore::Read(const std::vector<std::string>& keys,
+                       std::vector<Entry>* out, int64_t* revision) {
+  out->assign(keys.size(), Entry{});
+  for (size_t start = 0; start < keys.size(); start += kMaxTxnOps) {
+    size_t end = std::min(keys.size(), start + kMaxTxnOps);
+    json ops = json::array();
+    for (size_t i = start; i < end; ++i)
+      ops.push_back(RangeOp(prefix_ + keys[i]));
+    auto reply = client_->Call("/v3/kv/txn", {{"success", ops}});
+    if (!reply.ok()) return reply.status();
+    const json responses = reply->value("responses", json::array());
+    if (responses.size() != end - start) return Malformed("a read");
+    for (size_t i = start; i < end; ++i) {
+      json kv = FirstKv(responses[i - start]);
+      if (!kv.is_null()) (*out)[i] = Entry{Value(kv), Int(kv, "mod_revision")};
+    }
+    if (revision && start == 0)
+      *revision = Int(reply->value("header", json()), "revision");
+  }
+  return Status::Ok();
+}
+
+Result<std::string> EtcdStore::Get(const std::string& key) {
+  std::vector<Entry> got;
+  Status s = Read({key}, &got, nullptr);
+  if (s.ok() && got[0].mod_revision != 0) return got[0].value;
+  if (s.ok()) s = Wait({key}, timeout_);
+  if (s.ok()) s = Read({key}, &got, nullptr);
+  if (!s.ok()) return s;
+  return got[0].value;
+}
+
+Result<int64_t> EtcdStore::Add(const std::string& key, int64_t delta) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Entry seen;
+  auto it = counters_.find(key);
+  if (it != counters_.end() && delta != 0) {
+    seen = it->second;
+  } else {
+    std::vector<Entry> got;
+    Status s = Read({key}, &got, nullptr);
+    if (!s.ok()) return s;
+    seen = got[0];
+  }
+  if (delta == 0) {
+    // A read of someone's counter: always the current value.
+    return seen.mod_revision ? std::atoll(seen.value.c_str()) : 0;
+  }
+  const std::string full = prefix_ + key;
+  for (;;) {
+    int64_t now = seen.mod_revision ? std::atoll(seen.value.c_str()) : 0;
+    std::string next = std::to_string(now + delta);
+    json compare = {{"key", Base64Encode(full)},
+                    {"target", "MOD"},
+                    {"result", "EQUAL"},
+                    {"mod_revision", seen.mod_revision}};
+    json body = {{"compare", json::array({compare})},
+                 {"success", json::array({PutOp(full, next)})},
+                 {"failure", json::array({RangeOp(full)})}};
+    auto reply = client_->Call("/v3/kv/txn", body);
+    if (!reply.ok()) {
+      counters_.erase(key);
+      return reply.status();
+    }
+    if (reply->value("succeeded", false)) {
+      if (counters_.size() >= kMaxCounters) counters_.clear();
+      counters_[key] =
+          Entry{next, Int(reply->value("header", json()), "revision")};
+      return now + delta;
+    }
+    // Someone else changed it: retry from the value the failure read.
+    const json responses = reply->value("responses", json::array());
+    if (responses.empty()) return Malformed("an add to " + key);
+    json kv = FirstKv(responses[0]);
+    seen = kv.is_null() ? Entry{} : Entry{Value(kv), Int(kv, "mod_revision")};
+  }
+}
+
+Result<std::string> EtcdStore::CompareSet(const std::string& key,
+                                          std::string_view expected,
+                                          std::string_view desired) {
+  const std::string full = prefix_ + key;
+  json compare = {{"key", Base64Encode(full)}, {"result", "EQUAL"}};
+  if (expected.empty()) {
+    compare["target"] = "CREATE";
+    compare["create_revision"] = 0;
+  } else {
+    compare["target"] = "VALUE";
+    compare["value"] = Base64Encode(expected);
+  }
+  json body = {{"compare", json::array({compare})},
+               {"success", json::array({PutOp(full, desired)})},
+               {"failure", json::array({RangeOp(full)})}};
+  auto reply = client_->Call("/v3/kv/txn", body);
+  if (!reply.ok()) return reply.status();
+  if (reply->value("succeeded", false)) return std::string(desired);
+  const json responses = reply->value("responses", json::array());
+  if (responses.empty()) return Malformed("a compare-set of " + key);
+  json kv = FirstKv(responses[0]);
+  // c10d's answer for a missing key and a non-empty expectation.
+  if (kv.is_null()) return std::string(expected);
+  return Value(kv);
+}
+
+Result<bool> EtcdStore::Check(const std::vector<std::string>& keys) {
+  std::vector<Entry> got;
+  Status s = Read(keys, &got, nullptr);
+  if (!s.ok()) return s;
+  return std::all_of(got.begin(), got.end(),
+                     [](const Entry& e) { return e.mod_revision != 0; });
+}
+
+Status EtcdStore::Wait(const std::vector<std::string>& keys,
+                       milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (;;) {
+    std::vector<Entry> got;
+    int64_t revision = 0;
+    Status s = Read(keys, &got, &revision);
+    if (!s.ok()) return s;
+    size_t missing = 0;
+    while (missing < got.size() && got[missing].mod_revision != 0) ++missing;
+    if (missing == got.size()) return Status::Ok();
+    auto left = std::chrono::duration_cast<milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    if (left <= milliseconds(0)) {
+      return Status::Timeout("etcd: key " + keys[missing] +
+                             " did not appear within " +
+                             std::to_string(timeout.count()) + " ms");
+    }
+    // From the revision just read: a key written after the read wakes it.
+    auto changed = client_->Watch(prefix_ + keys[missing], revision + 1, left);
+    if (!changed.ok()) {
+      // The member went away mid-watch: read again through another.
+      std::this_thread::sleep_for(milliseconds(50));
+    }
+  }
+}
+
+Result<bool> EtcdStore::DeleteKey(const std::string& key) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    counters_.erase(key);
+  }
+  auto reply = client_->Call("/v3/kv/deleterange",
+                             {{"key", Base64Encode(prefix_ + key)}});
+  if (!reply.ok()) return reply.status();
+  return Int(*reply, "deleted") > 0;
+}
+
+Result<int64_t> EtcdStore::DeletePrefix(const std::string& prefix) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    counters_.clear();
+  }
+  const std::string full = prefix_ + prefix;
+  auto reply = client_->Call("/v3/kv/deleterange",
+                             {{"key", Base64Encode(full)},
+                              {"range_end", Base64Encode(PrefixEnd(full))}});
+  if (!reply.ok()) return reply.status();
+  return Int(*reply, "deleted");
+}
+
+Result<int64_t> EtcdStore::NumKeys() {
+  json body = {{"key", Base64Encode(prefix_)},
+               {"range_end", Base64Encode(PrefixEnd(prefix_))},
+               {"count_only", true}};
+  auto reply = client_->Call("/v3/kv/range", body);
+  if (!reply.ok()) return reply.status();
+  return Int(*reply, "count");
+}
+
+Result<std::vector<std::string>> EtcdStore::MultiGet(
+    const std::vector<std::string>& keys) {
+  std::vector<Entry> got;
+  Status s = Read(keys, &got, nullptr);
+  if (!s.ok()) return s;
+  std::vector<std::string> values;
+  values.reserve(got.size());
+  for (Entry& e : got) values.push_back(std::move(e.value));
+  return values;
+}
+
+Status EtcdStore::MultiSet(const std::vector<std::string>& keys,
+                           const std::vector<std::string>& values) {
+  if (keys.size() != values.size())
+    return Status::Invalid("MultiSet: keys and values differ in number");
+  for (size_t start = 0; start < keys.size(); start += kMaxTxnOps) {
+    size_t end = std::min(keys.size(), start + kMaxTxnOps);
+    json ops = json::array();
+    for (size_t i = start; i < end; ++i)
+      ops.push_back(PutOp(prefix_ + keys[i], values[i]));
+    Status s = client_->Call("/v3/kv/txn", {{"success", ops}}).status();
+    if (!s.ok()) return s;
+  }
+  return Status::Ok();
+}
+
+}  // namespace dtrun::rendezvous

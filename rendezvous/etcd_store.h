@@ -1,0 +1,84 @@
+#pragma once
+
+// The Store interface on etcd's v3 key space, so that the rendezvous
+// protocol (rendezvous.h) runs unchanged on a replicated store that no
+// dtrun node hosts. Every key lives under `prefix` ("/dtrun/" by default).
+// How each operation maps (rendezvous/README.md, "Rendezvous on etcd"):
+//   Set, MultiSet        put; puts in one transaction
+//   Get, Check, MultiGet one range, or ranges in one transaction
+//   Add                  a transaction on the key's mod revision (one round
+//                        trip when the value this client last saw is
+//                        current, as for a node's own heartbeat); Add(k, 0)
+//                        is a plain read
+//   CompareSet           a transaction comparing the value (missing: the
+//                        create revision is 0)
+//   Wait                 reads, then a watch from the read's revision on the
+//                        first missing key: no polling
+// A transaction holds at most 128 operations (etcd's default
+// --max-txn-ops); longer lists are split.
+
+#include <chrono>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "rendezvous/etcd_client.h"
+#include "rendezvous/store.h"
+
+namespace dtrun::rendezvous {
+
+class EtcdStore : public Store {
+ public:
+  // `timeout` is the default of Get and Wait(keys).
+  EtcdStore(std::unique_ptr<EtcdClient> client, std::string prefix,
+            std::chrono::milliseconds timeout);
+
+  Status Set(const std::string& key, std::string_view value) override;
+  Result<std::string> Get(const std::string& key) override;
+  Result<int64_t> Add(const std::string& key, int64_t delta) override;
+  Result<std::string> CompareSet(const std::string& key,
+                                 std::string_view expected,
+                                 std::string_view desired) override;
+  Result<bool> Check(const std::vector<std::string>& keys) override;
+  Status Wait(const std::vector<std::string>& keys,
+              std::chrono::milliseconds timeout) override;
+  Result<bool> DeleteKey(const std::string& key) override;
+  // Keys under the prefix.
+  Result<int64_t> NumKeys() override;
+  Result<std::vector<std::string>> MultiGet(
+      const std::vector<std::string>& keys) override;
+  Status MultiSet(const std::vector<std::string>& keys,
+                  const std::vector<std::string>& values) override;
+  std::chrono::milliseconds timeout() const override { return timeout_; }
+  using Store::Wait;
+
+  // Removes every key that starts with `prefix` (under the store's own);
+  // returns how many there were.
+  Result<int64_t> DeletePrefix(const std::string& prefix);
+
+  EtcdClient* client() { return client_.get(); }
+
+ private:
+  // A key's value as read, with the revision it was last changed at (0:
+  // missing).
+  struct Entry {
+    std::string value;
+    int64_t mod_revision = 0;
+  };
+  // Reads `keys` (each missing one as mod_revision 0) and the store's
+  // revision at the read.
+  Status Read(const std::vector<std::string>& keys, std::vector<Entry>* out,
+              int64_t* revision);
+
+  std::unique_ptr<EtcdClient> client_;
+  std::string prefix_;
+  std::chrono::milliseconds timeout_;
+  std::mutex mu_;
+  // Counters this client changed last: their value and revision, tried
+  // first by the next Add.
+  std::map<std::string, Entry> counters_;
+};
+
+}  // namespace dtrun::rendezvous
