@@ -7,6 +7,7 @@
 #include "rendezvous/etcd_client.h"
 
 #include <openssl/evp.h>
+#include <poll.h>
 
 #include <asio.hpp>
 #include <asio/ssl.hpp>
@@ -182,6 +183,16 @@ class EtcdClient::Connection {
   }
 
   bool reusable() const { return keep_ && socket_.is_open(); }
+
+  // Whether a read would not block: bytes buffered here or in TLS, or the
+  // socket readable (data, end of stream or an error).
+  bool Readable() {
+    if (!in_.empty()) return true;
+    if (!socket_.is_open()) return true;
+    if (tls_ && SSL_pending(tls_->native_handle()) > 0) return true;
+    pollfd p{socket_.native_handle(), POLLIN, 0};
+    return ::poll(&p, 1, 0) != 0;
+  }
   const std::string& host() const { return host_; }
 
   std::string LocalAddress() {
@@ -438,6 +449,151 @@ Result<bool> EtcdClient::Watch(const std::string& key, int64_t from_revision,
                                key + " (HTTP " + std::to_string(status) + ")");
   return Status::Unavailable("etcd " + endpoint + ": watch of " + key +
                              " broke: " + Describe(ec));
+}
+
+// One key's watch: a /v3/watch request whose reply streams its events.
+struct EtcdWatch::Stream {
+  std::string key;  // with the store's prefix
+  std::unique_ptr<EtcdClient::Connection> conn;
+  std::string pending;   // the stream's text not yet split into messages
+  int64_t revision = 0;  // the newest revision this stream has reported
+};
+
+EtcdWatch::EtcdWatch(EtcdClient* client, std::string prefix)
+    : client_(client), prefix_(std::move(prefix)) {}
+EtcdWatch::~EtcdWatch() = default;
+
+// Opens `s` on the member the client uses now (another one, if that one
+// does not answer), from `from` (0: now), and waits for etcd to confirm.
+Status EtcdWatch::Open(Stream* s, int64_t from) {
+  Status last = Status::Ok();
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    if (attempt > 0) {
+      // Let the client find a member that answers.
+      auto status =
+          client_->Call("/v3/maintenance/status", nlohmann::json::object());
+      if (!status.ok()) return status.status();
+    }
+    last = OpenOn(s, from, client_->endpoint());
+    if (last.ok()) return last;
+  }
+  return last;
+}
+
+Status EtcdWatch::OpenOn(Stream* s, int64_t from, const std::string& endpoint) {
+  const TimePoint deadline = Clock::now() + client_->options().timeout;
+  std::string host;
+  uint16_t port = 0;
+  SplitHostPort(endpoint, &host, &port);
+  s->conn = std::make_unique<EtcdClient::Connection>(host, port,
+                                                     client_->tls_context());
+  s->pending.clear();
+  nlohmann::json create = {{"key", Base64Encode(s->key)}};
+  if (from > 0) create["start_revision"] = from;
+  nlohmann::json body = {{"create_request", create}};
+  int status = 0;
+  asio::error_code ec = s->conn->Open(
+      std::min(deadline, Clock::now() + client_->options().connect_timeout));
+  if (!ec) ec = s->conn->Send("/v3/watch", body.dump(), deadline);
+  if (!ec) ec = s->conn->ReadHead(deadline, &status);
+  if (!ec && status != 200) ec = asio::error::connection_refused;
+  // The first message confirms the watch; it carries the revision the
+  // watch starts after.
+  while (!ec) {
+    std::string chunk;
+    bool last = false;
+    ec = s->conn->NextChunk(deadline, &chunk, &last);
+    if (!ec && last) ec = asio::error::eof;
+    if (ec) break;
+    s->pending += chunk;
+    size_t eol = s->pending.find('\n');
+    if (eol == std::string::npos) continue;
+    auto msg = nlohmann::json::parse(s->pending.substr(0, eol), nullptr, false);
+    s->pending.erase(0, eol + 1);
+    const auto result = msg.is_object() ? msg.value("result", msg) : msg;
+    if (!result.is_object() || !result.value("created", false)) {
+      ec = asio::error::invalid_argument;
+      break;
+    }
+    if (from == 0) {
+      s->revision = std::atoll(result.value("header", nlohmann::json::object())
+                                   .value("revision", std::string("0"))
+                                   .c_str());
+    }
+    return Status::Ok();
+  }
+  s->conn.reset();
+  return Status::Unavailable("etcd " + endpoint + ": cannot watch " + s->key +
+                             ": " + Describe(ec));
+}
+
+Status EtcdWatch::WatchKey(const std::string& key) {
+  auto s = std::make_unique<Stream>();
+  s->key = prefix_ + key;
+  Status st = Open(s.get(), 0);
+  if (!st.ok()) return st;
+  streams_.push_back(std::move(s));
+  return Status::Ok();
+}
+
+// Splits the stream's messages into changes; false on a canceled watch.
+bool EtcdWatch::Drain(Stream* s, std::vector<KeyChange>* changes) {
+  size_t eol;
+  while ((eol = s->pending.find('\n')) != std::string::npos) {
+    auto msg = nlohmann::json::parse(s->pending.substr(0, eol), nullptr, false);
+    s->pending.erase(0, eol + 1);
+    if (!msg.is_object()) continue;
+    const auto result = msg.value("result", msg);
+    if (result.value("canceled", false)) return false;
+    for (const auto& ev : result.value("events", nlohmann::json::array())) {
+      const auto kv = ev.value("kv", nlohmann::json::object());
+      KeyChange c;
+      std::string key;
+      Base64Decode(kv.value("key", std::string()), &key);
+      c.key = key.substr(std::min(prefix_.size(), key.size()));
+      Base64Decode(kv.value("value", std::string()), &c.value);
+      const std::string version = kv.value("version", std::string("0"));
+      c.kind = ev.value("type", std::string()) == "DELETE"
+                   ? KeyChange::Kind::kDeleted
+               : version == "1" ? KeyChange::Kind::kCreated
+                                : KeyChange::Kind::kUpdated;
+      s->revision = std::max<int64_t>(
+          s->revision,
+          std::atoll(kv.value("mod_revision", std::string("0")).c_str()));
+      changes->push_back(std::move(c));
+    }
+  }
+  return true;
+}
+
+Status EtcdWatch::TakeChanges(std::vector<KeyChange>* changes) {
+  for (auto& s : streams_) {
+    bool broken = !s->conn;
+    while (!broken && s->conn->Readable()) {
+      std::string chunk;
+      bool last = false;
+      auto ec =
+          s->conn->NextChunk(Clock::now() + milliseconds(200), &chunk, &last);
+      if (ec || last) {
+        broken = true;
+        break;
+      }
+      s->pending += chunk;
+    }
+    if (!Drain(s.get(), changes)) {
+      return Status::Unavailable("etcd canceled the watch of " + s->key);
+    }
+    if (!broken) continue;
+    // Its member went away: resume on another one where it stood, so no
+    // change is lost.
+    Status st = Open(s.get(), s->revision + 1);
+    if (!st.ok()) return st;
+  }
+  return Status::Ok();
+}
+
+asio::ssl::context* EtcdClient::tls_context() const {
+  return tls_ ? &tls_->context : nullptr;
 }
 
 std::string EtcdClient::endpoint() const {

@@ -23,7 +23,12 @@
 
 #include <nlohmann/json.hpp>
 
+#include "rendezvous/store.h"
 #include "rendezvous/util/status.h"
+
+namespace asio::ssl {
+class context;
+}
 
 namespace dtrun::rendezvous {
 
@@ -82,6 +87,8 @@ class EtcdClient {
   }
 
   class Connection;
+  // The TLS context of connections to members (nullptr: plain TCP).
+  asio::ssl::context* tls_context() const;
 
  private:
   explicit EtcdClient(EtcdOptions options);
@@ -95,6 +102,30 @@ class EtcdClient {
   size_t current_ = 0;
   std::string local_address_;
   EtcdTrouble trouble_ = EtcdTrouble::kNone;
+};
+
+// Pushed changes of keys through etcd watches (Rendezvous's push mode): a
+// stream per key. A stream whose member goes away is opened again on
+// another member from the revision after the last one it reported, so no
+// change is lost; a member that stops answering without closing the stream
+// is not noticed here (Rendezvous reads before it declares a node dead).
+class EtcdWatch : public KeyWatch {
+ public:
+  // Keys are given and reported without `prefix` (the store's).
+  EtcdWatch(EtcdClient* client, std::string prefix);
+  ~EtcdWatch() override;
+  Status WatchKey(const std::string& key) override;
+  Status TakeChanges(std::vector<KeyChange>* changes) override;
+
+ private:
+  struct Stream;
+  Status Open(Stream* s, int64_t from);
+  Status OpenOn(Stream* s, int64_t from, const std::string& endpoint);
+  bool Drain(Stream* s, std::vector<KeyChange>* changes);
+
+  EtcdClient* client_;
+  std::string prefix_;
+  std::vector<std::unique_ptr<Stream>> streams_;
 };
 
 // Base64 as the gateway carries bytes.

@@ -100,49 +100,40 @@ Result<std::string> EtcdStore::Get(const std::string& key) {
 }
 
 Result<int64_t> EtcdStore::Add(const std::string& key, int64_t delta) {
-  std::lock_guard<std::mutex> lock(mu_);
-  Entry seen;
-  auto it = counters_.find(key);
-  if (it != counters_.end() && delta != 0) {
-    seen = it->second;
-  } else {
-    std::vector<Entry> got;
-    Status s = Read({key}, &got, nullptr);
-    if (!s.ok()) return s;
-    seen = got[0];
-  }
-  if (delta == 0) {
-    // A read of someone's counter: always the current value.
-    return seen.mod_revision ? std::atoll(seen.value.c_str()) : 0;
+  if (delta < 0) {
+    return Status::Invalid("etcd counters only count up: Add(" + key + ", " +
+                           std::to_string(delta) + ")");
   }
   const std::string full = prefix_ + key;
-  for (;;) {
-    int64_t now = seen.mod_revision ? std::atoll(seen.value.c_str()) : 0;
-    std::string next = std::to_string(now + delta);
-    json compare = {{"key", Base64Encode(full)},
-                    {"target", "MOD"},
-                    {"result", "EQUAL"},
-                    {"mod_revision", seen.mod_revision}};
-    json body = {{"compare", json::array({compare})},
-                 {"success", json::array({PutOp(full, next)})},
-                 {"failure", json::array({RangeOp(full)})}};
-    auto reply = client_->Call("/v3/kv/txn", body);
+  if (delta == 0) {
+    auto reply = client_->Call("/v3/kv/range", {{"key", Base64Encode(full)}});
+    if (!reply.ok()) return reply.status();
+    const json kvs = reply->value("kvs", json::array());
+    return kvs.empty() ? 0 : Int(kvs[0], "version");
+  }
+  // Each increment is one put: the count is the key's version afterwards
+  // (its previous version, returned by the put, plus one). No
+  // compare-and-swap, so thousands of nodes taking a slot at once cost one
+  // request each, not a retry storm.
+  std::lock_guard<std::mutex> lock(mu_);
+  int64_t count = 0;
+  for (int64_t i = 0; i < delta; ++i) {
+    auto seen = counters_.find(key);
+    const int64_t guess = (seen == counters_.end() ? 0 : seen->second) + 1;
+    json body = {{"key", Base64Encode(full)},
+                 {"value", Base64Encode(std::to_string(guess))},
+                 {"prev_kv", true}};
+    auto reply = client_->Call("/v3/kv/put", body);
     if (!reply.ok()) {
       counters_.erase(key);
       return reply.status();
     }
-    if (reply->value("succeeded", false)) {
-      if (counters_.size() >= kMaxCounters) counters_.clear();
-      counters_[key] =
-          Entry{next, Int(reply->value("header", json()), "revision")};
-      return now + delta;
-    }
-    // Someone else changed it: retry from the value the failure read.
-    const json responses = reply->value("responses", json::array());
-    if (responses.empty()) return Malformed("an add to " + key);
-    json kv = FirstKv(responses[0]);
-    seen = kv.is_null() ? Entry{} : Entry{Value(kv), Int(kv, "mod_revision")};
+    count = reply->contains("prev_kv") ? Int((*reply)["prev_kv"], "version") + 1
+                                       : 1;
+    if (counters_.size() >= kMaxCounters) counters_.clear();
+    counters_[key] = count;
   }
+  return count;
 }
 
 Result<std::string> EtcdStore::CompareSet(const std::string& key,
@@ -215,6 +206,10 @@ Result<bool> EtcdStore::DeleteKey(const std::string& key) {
                              {{"key", Base64Encode(prefix_ + key)}});
   if (!reply.ok()) return reply.status();
   return Int(*reply, "deleted") > 0;
+}
+
+std::unique_ptr<KeyWatch> EtcdStore::OpenWatch() {
+  return std::make_unique<EtcdWatch>(client_.get(), prefix_);
 }
 
 Result<int64_t> EtcdStore::DeletePrefix(const std::string& prefix) {

@@ -6,10 +6,12 @@
 // How each operation maps (rendezvous/README.md, "Rendezvous on etcd"):
 //   Set, MultiSet        put; puts in one transaction
 //   Get, Check, MultiGet one range, or ranges in one transaction
-//   Add                  a transaction on the key's mod revision (one round
-//                        trip when the value this client last saw is
-//                        current, as for a node's own heartbeat); Add(k, 0)
-//                        is a plain read
+//   Add                  one put per increment: a counter is its key's
+//                        version (the number of puts since it was created),
+//                        so concurrent adds never retry; Add(k, 0) reads the
+//                        version. The value holds the writer's count (exact
+//                        for a key one node writes, such as its heartbeat).
+//                        Counters only count up.
 //   CompareSet           a transaction comparing the value (missing: the
 //                        create revision is 0)
 //   Wait                 reads, then a watch from the read's revision on the
@@ -58,6 +60,10 @@ class EtcdStore : public Store {
   // returns how many there were.
   Result<int64_t> DeletePrefix(const std::string& prefix);
 
+  // A stream of pushed changes of keys of this store (Rendezvous's
+  // open_watch); it uses this store's client, which must outlive it.
+  std::unique_ptr<KeyWatch> OpenWatch();
+
   EtcdClient* client() { return client_.get(); }
 
  private:
@@ -76,9 +82,9 @@ class EtcdStore : public Store {
   std::string prefix_;
   std::chrono::milliseconds timeout_;
   std::mutex mu_;
-  // Counters this client changed last: their value and revision, tried
-  // first by the next Add.
-  std::map<std::string, Entry> counters_;
+  // The count this client last gave each counter it added to: the value
+  // its next put writes is one more.
+  std::map<std::string, int64_t> counters_;
 };
 
 }  // namespace dtrun::rendezvous

@@ -565,10 +565,18 @@ Result<RoundEvent> Rendezvous::WatchCounters(const Assignment& current) {
 // node's own steady clock from when the value was last seen to change.
 Result<RoundEvent> Rendezvous::WatchNext(const Assignment& current,
                                          const std::string& count) {
-  auto silent =
-      next_.Observe(current.round, count, clock_.Now(),
-                    opts_.keep_alive_interval * opts_.keep_alive_max_attempt);
+  const auto limit = opts_.keep_alive_interval * opts_.keep_alive_max_attempt;
+  auto silent = next_.Observe(current.round, count, clock_.Now(), limit);
   if (!silent) return RoundEvent::kNone;
+  if (pushed(current)) {
+    // Pushes stop both when the node does and when the stream quietly
+    // does (an etcd member stopped or cut off): read before declaring it.
+    std::string read;
+    auto moved = ReadRound(current, &read);
+    if (!moved.ok() || *moved != RoundEvent::kNone) return moved;
+    silent = next_.Observe(current.round, read, clock_.Now(), limit);
+    if (!silent) return RoundEvent::kNone;
+  }
   return StartNextRound(
       current, "node " + current.next_node + " sent no heartbeat for " +
                    DescribeSeconds(*silent) + "; declared dead");

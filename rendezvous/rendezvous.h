@@ -33,12 +33,12 @@ struct RendezvousOptions {
   // A joining node is woken by the store when the round it waits for
   // completes; it also looks again this often (signals, the last call).
   std::chrono::milliseconds poll_interval{500};
-  // Opens a connection on which the store pushes changes of watched keys
-  // (TcpStoreClient::WatchKey, 1.13 dialect). With it, Check learns of a
-  // new round and of the watched node's heartbeats from the store's pushes
-  // instead of reading them every call; without it, or when it fails, Check
-  // reads (rendezvous/README.md, "The rendezvous protocol": push load).
-  std::function<Result<std::unique_ptr<TcpStoreClient>>()> open_watch;
+  // Opens a stream on which the store pushes changes of watched keys
+  // (TcpStoreClient's 1.13 dialect, or EtcdStore::OpenWatch). With it, Check
+  // learns of a new round and of the watched node's heartbeats from the store's
+  // pushes instead of reading them every call; without it, or when it fails,
+  // Check reads (rendezvous/README.md, "The rendezvous protocol": push load).
+  std::function<Result<std::unique_ptr<KeyWatch>>()> open_watch;
 };
 
 // What a running node learns from Check().
@@ -183,7 +183,7 @@ class Rendezvous {
   HeartbeatWatch next_;  // the watched node's heartbeat counter
   // Push mode: the watch connection, the round it registered for, a round
   // whose watch failed (read instead), and whether the next check reads.
-  std::unique_ptr<TcpStoreClient> watch_;
+  std::unique_ptr<KeyWatch> watch_;
   int watch_conn_round_ = -1;
   int watch_off_round_ = -1;
   bool read_due_ = false;

@@ -52,4 +52,26 @@ class Store {
   }
 };
 
+// A change of a key the client watches, as the store pushed it.
+struct KeyChange {
+  enum class Kind : uint8_t { kUpdated = 0, kCreated = 1, kDeleted = 2 };
+  Kind kind = Kind::kUpdated;
+  std::string key;
+  std::string value;  // the new value; empty when deleted
+};
+
+// A stream on which a store pushes the changes of the keys registered on
+// it: the c10d 1.13 dialect's WATCH_KEY connection (TcpStoreClient), or an
+// etcd watch (EtcdStore::OpenWatch).
+class KeyWatch {
+ public:
+  virtual ~KeyWatch() = default;
+  // Registers `key`; returns once the store will push every later change.
+  virtual Status WatchKey(const std::string& key) = 0;
+  // Appends the changes pushed since the last call, in the order the store
+  // made them, without blocking. Unavailable once the stream is lost and
+  // cannot be resumed where it stood.
+  virtual Status TakeChanges(std::vector<KeyChange>* changes) = 0;
+};
+
 }  // namespace dtrun::rendezvous

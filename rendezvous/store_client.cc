@@ -672,4 +672,10 @@ Result<bool> TcpStoreClient::AwaitChange(std::chrono::milliseconds timeout) {
   return true;
 }
 
+Result<std::unique_ptr<KeyWatch>> ConnectWatch(const StoreClientOptions& opts) {
+  auto c = TcpStoreClient::Connect(opts);
+  if (!c.ok()) return c.status();
+  return std::unique_ptr<KeyWatch>(std::move(*c));
+}
+
 }  // namespace dtrun::rendezvous

@@ -30,19 +30,11 @@ struct StoreClientOptions {
   bool c10d_key_prefix = true;
 };
 
-// A change of a key the client watches, as the store pushed it.
-struct KeyChange {
-  enum class Kind : uint8_t { kUpdated = 0, kCreated = 1, kDeleted = 2 };
-  Kind kind = Kind::kUpdated;
-  std::string key;
-  std::string value;  // the new value; empty when deleted
-};
-
 // Store client over TCP, speaking c10d's TCPStore protocol. Blocking calls
 // with deadlines; every error names the address, the operation, the key and
 // the time waited. Thread-safe: calls are serialized by a mutex (one request
 // in flight per connection, as in c10d).
-class TcpStoreClient : public Store {
+class TcpStoreClient : public Store, public KeyWatch {
  public:
   // Connects (retrying until connect_timeout) and, for kTorch2, validates.
   static Result<std::unique_ptr<TcpStoreClient>> Connect(
@@ -83,11 +75,11 @@ class TcpStoreClient : public Store {
   // of the key on this connection, which is then good for more WatchKey
   // calls and TakeChanges only. dtstore answers it on any connection that
   // opens in the 1.13 dialect; torch 2.x servers have no such request.
-  Status WatchKey(const std::string& key);
+  Status WatchKey(const std::string& key) override;
   // Appends the changes pushed since the last call, in the order the store
   // made them, without blocking. Unavailable once the connection is lost:
   // a watch is never silently re-registered on a new connection.
-  Status TakeChanges(std::vector<KeyChange>* changes);
+  Status TakeChanges(std::vector<KeyChange>* changes) override;
   // Blocks up to `timeout` until at least one change is waiting for
   // TakeChanges; false when none came in time. A watcher with nothing else
   // to do waits here instead of polling.
@@ -145,5 +137,9 @@ class TcpStoreClient : public Store {
   int acks_ = 0;
   std::vector<KeyChange> changes_;
 };
+
+// A TcpStoreClient::Connect for Rendezvous's open_watch (give `opts` the
+// kTorch113 dialect).
+Result<std::unique_ptr<KeyWatch>> ConnectWatch(const StoreClientOptions& opts);
 
 }  // namespace dtrun::rendezvous

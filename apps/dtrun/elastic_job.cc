@@ -297,9 +297,14 @@ int ElasticJob::Run() {
   group_.job_view = [this] { return JobView(); };
   group_.store_metrics = [this] { return StoreMetrics(); };
   rendezvous::RendezvousOptions ro = RendezvousOptionsOf(config_.rdzv_id);
-  if (!etcd_) {
+  if (etcd_) {
+    auto* store = static_cast<rendezvous::EtcdStore*>(rdzv_client_.get());
+    ro.open_watch = [store] {
+      return Result<std::unique_ptr<rendezvous::KeyWatch>>(store->OpenWatch());
+    };
+  } else {
     ro.open_watch = [opts = watch_opts_] {
-      return rendezvous::TcpStoreClient::Connect(opts);
+      return rendezvous::ConnectWatch(opts);
     };
   }
   rdzv_ =

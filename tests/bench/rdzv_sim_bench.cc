@@ -15,9 +15,14 @@
 // agent holds two sockets, one with --watch 0; dtstore, its child, inherits
 // the limit).
 //
+// With --etcd the store is an etcd cluster started by the caller
+// (scripts/bench.sh through tests/bench/etcd_sim_bench.py): each agent has
+// its own EtcdStore, and the store's CPU is the sum over --etcd-pids.
+//
 // Usage: rdzv_sim_bench --dtstore PATH [--nodes 64,256,1024,4096]
 //                       [--keep-alive-ms 1000] [--attempts 3] [--steady-s 10]
 //                       [--watch 1|0]   (0: Check reads the round every call)
+//        rdzv_sim_bench --etcd H:P,H:P,H:P --etcd-pids P1,P2,P3 [same flags]
 #include <fcntl.h>
 #include <signal.h>
 #include <spawn.h>
@@ -39,6 +44,7 @@
 #include <thread>
 #include <vector>
 
+#include "rendezvous/etcd_store.h"
 #include "rendezvous/rendezvous.h"
 #include "rendezvous/store_client.h"
 #include "tests/helpers/server_process.h"
@@ -61,7 +67,7 @@ uint64_t Wire(const std::vector<std::string>& strings) {
 // Counts the requests and wire bytes an agent sends through the store.
 class CountingStore : public Store {
  public:
-  explicit CountingStore(std::unique_ptr<TcpStoreClient> inner)
+  explicit CountingStore(std::unique_ptr<Store> inner)
       : inner_(std::move(inner)) {}
   Status Set(const std::string& key, std::string_view value) override {
     Count(1 + Wire({key, std::string(value)}));
@@ -120,7 +126,7 @@ class CountingStore : public Store {
     g_requests += requests;
     g_bytes += bytes;
   }
-  std::unique_ptr<TcpStoreClient> inner_;
+  std::unique_ptr<Store> inner_;
 };
 
 using Dtstore = dtrun::testing::ServerProcess;
@@ -146,6 +152,8 @@ void RaiseFdLimit(size_t needed) {
 
 struct Options {
   std::string dtstore;
+  std::string etcd;            // members' endpoints, "h:p,h:p"
+  std::vector<int> etcd_pids;  // their processes, for the CPU column
   std::vector<int> nodes = {64, 256, 1024, 4096};
   int keep_alive_ms = 1000, attempts = 3, steady_s = 10;
   bool watch = true;  // Check's push mode (a second connection per agent)
@@ -210,24 +218,68 @@ void Agent(std::unique_ptr<Store> store, RendezvousOptions ro, Marks* m,
   ++m->rejoined;
 }
 
+// An agent's store: a connection to dtstore, or an EtcdStore (and then,
+// with --watch 1, its watch in `ro`).
+Result<std::unique_ptr<Store>> ConnectStore(const Options& o,
+                                            const StoreClientOptions& copts,
+                                            RendezvousOptions* ro) {
+  if (o.etcd.empty()) {
+    auto c = TcpStoreClient::Connect(copts);
+    if (!c.ok()) return c.status();
+    return std::unique_ptr<Store>(std::move(*c));
+  }
+  EtcdOptions eo;
+  std::stringstream ss(o.etcd);
+  for (std::string e; std::getline(ss, e, ',');) eo.endpoints.push_back(e);
+  eo.timeout = copts.timeout;
+  eo.connect_timeout = std::chrono::seconds(5);
+  auto c = EtcdClient::Connect(eo);
+  if (!c.ok()) return c.status();
+  auto store =
+      std::make_unique<EtcdStore>(std::move(*c), "/dtrun-sim/", copts.timeout);
+  if (o.watch) {
+    ro->open_watch = [s = store.get()] {
+      g_requests += 2;  // the two watches of a round
+      return Result<std::unique_ptr<KeyWatch>>(s->OpenWatch());
+    };
+  }
+  return std::unique_ptr<Store>(std::move(store));
+}
+
+// The store's CPU seconds so far: dtstore's, or every etcd member's.
+double StoreCpu(const Options& o, pid_t dtstore) {
+  if (o.etcd.empty()) return CpuSeconds(dtstore);
+  double sum = 0;
+  for (int pid : o.etcd_pids) sum += CpuSeconds(pid);
+  return sum;
+}
+
 // N agent threads, each with its own connection; they join once `go` is set.
 std::vector<std::thread> StartAgents(const Options& o, int n, const Dtstore& d,
                                      Marks* m, std::shared_future<void> go) {
   std::vector<std::thread> agents;
+  // etcd keeps what a run wrote: each run has an id of its own there.
+  static int runs = 0;
+  const std::string run_id =
+      o.etcd.empty()
+          ? "sim"
+          : "sim-" + std::to_string(getpid()) + "-" + std::to_string(++runs);
   for (int i = 0; i < n; ++i) {
     StoreClientOptions copts;
     copts.port = d.port;
     copts.timeout = std::chrono::seconds(60);
-    auto client = TcpStoreClient::Connect(copts);
+    RendezvousOptions ro;
+    auto client = ConnectStore(o, copts, &ro);
     if (!client.ok()) {
       std::fprintf(stderr, "connect %d: %s\n", i,
                    client.status().message().c_str());
-      kill(d.pid, SIGTERM);
-      waitpid(d.pid, nullptr, 0);
+      if (d.pid > 0) {
+        kill(d.pid, SIGTERM);
+        waitpid(d.pid, nullptr, 0);
+      }
       std::exit(1);  // the agents started so far wait on `go` forever
     }
-    RendezvousOptions ro;
-    ro.run_id = "sim";
+    ro.run_id = run_id;
     ro.node_id = "node" + std::to_string(i);
     ro.min_nodes = n - 1;  // the survivors may go on without the dead node
     ro.max_nodes = n;
@@ -235,14 +287,14 @@ std::vector<std::thread> StartAgents(const Options& o, int n, const Dtstore& d,
     ro.keep_alive_interval = milliseconds(o.keep_alive_ms);
     ro.keep_alive_max_attempt = o.attempts;
     ro.join_timeout = std::chrono::seconds(120);
-    if (o.watch) {
+    if (o.watch && o.etcd.empty()) {
       StoreClientOptions wopts = copts;
       wopts.dialect = Dialect::kTorch113;
       ro.open_watch = [wopts] {
         // Its WATCH_KEY registrations (two a round) count as requests; what
         // the store pushes shows in its CPU.
         g_requests += 2;
-        return TcpStoreClient::Connect(wopts);
+        return ConnectWatch(wopts);
       };
     }
     agents.emplace_back(
@@ -252,29 +304,30 @@ std::vector<std::thread> StartAgents(const Options& o, int n, const Dtstore& d,
 }
 
 int RunOne(const Options& o, int n) {
-  Dtstore d = StartDtstore(o.dtstore);
-  if (d.pid < 0 || d.port == 0) {
+  Dtstore d;
+  if (o.etcd.empty()) d = StartDtstore(o.dtstore);
+  if (o.etcd.empty() && (d.pid < 0 || d.port == 0)) {
     std::fprintf(stderr, "cannot start %s\n", o.dtstore.c_str());
     return 1;
   }
   Marks m;
   std::promise<void> start;
   auto agents = StartAgents(o, n, d, &m, start.get_future().share());
-  double cpu0 = CpuSeconds(d.pid);
+  double cpu0 = StoreCpu(o, d.pid);
   uint64_t req0 = g_requests, bytes0 = g_bytes;
   m.t0 = Clock::now();
   start.set_value();
   while (m.joined < n && m.failed == 0)
     std::this_thread::sleep_for(milliseconds(5));
   double round_s = m.last_join_ns / 1e9;
-  double round_cpu = CpuSeconds(d.pid) - cpu0;
+  double round_cpu = StoreCpu(o, d.pid) - cpu0;
   uint64_t round_req = g_requests - req0, round_bytes = g_bytes - bytes0;
   // Steady state: let the agents settle into their Check rhythm, then measure.
   std::this_thread::sleep_for(milliseconds(1000));
-  double cpu1 = CpuSeconds(d.pid);
+  double cpu1 = StoreCpu(o, d.pid);
   uint64_t req1 = g_requests, bytes1 = g_bytes;
   std::this_thread::sleep_for(std::chrono::seconds(o.steady_s));
-  double steady_cpu = (CpuSeconds(d.pid) - cpu1) / o.steady_s;
+  double steady_cpu = (StoreCpu(o, d.pid) - cpu1) / o.steady_s;
   double steady_rps = static_cast<double>(g_requests - req1) / o.steady_s;
   double steady_bps = static_cast<double>(g_bytes - bytes1) / o.steady_s;
   m.killed = Clock::now();
@@ -284,8 +337,10 @@ int RunOne(const Options& o, int n) {
     std::this_thread::sleep_for(milliseconds(5));
   }
   for (auto& t : agents) t.join();
-  kill(d.pid, SIGTERM);
-  waitpid(d.pid, nullptr, 0);
+  if (d.pid > 0) {
+    kill(d.pid, SIGTERM);
+    waitpid(d.pid, nullptr, 0);
+  }
   if (m.failed > 0) {
     std::fprintf(stderr, "N=%d: %d agent(s) failed: %s\n", n, m.failed.load(),
                  m.error.c_str());
@@ -328,6 +383,10 @@ int main(int argc, char** argv) {
       o.attempts = std::atoi(value.c_str());
     else if (flag == "--steady-s")
       o.steady_s = std::atoi(value.c_str());
+    else if (flag == "--etcd")
+      o.etcd = value;
+    else if (flag == "--etcd-pids")
+      o.etcd_pids = ParseList(value);
     else if (flag == "--watch")
       o.watch = value != "0";
     else {
@@ -335,12 +394,13 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  if (o.dtstore.empty()) {
+  if (o.dtstore.empty() && o.etcd.empty()) {
     std::fprintf(
         stderr,
         "usage: rdzv_sim_bench --dtstore PATH [--nodes 64,256,1024,4096] "
         "[--keep-alive-ms 1000] [--attempts 3] [--steady-s 10] "
-        "[--watch 1|0]\n");
+        "[--watch 1|0]\n       rdzv_sim_bench --etcd H:P,... --etcd-pids "
+        "P,... [same flags]\n");
     return 2;
   }
   signal(SIGPIPE, SIG_IGN);
@@ -362,6 +422,8 @@ int main(int argc, char** argv) {
       "(keep-alive %d ms x %d attempts; Check every %d ms, %s; last call 0.5 s "
       "for the survivors' round)\n",
       o.keep_alive_ms, o.attempts, std::min(500, o.keep_alive_ms),
-      o.watch ? "changes pushed on a watch connection" : "reading every time");
+      o.watch ? (o.etcd.empty() ? "changes pushed on a watch connection"
+                                : "changes pushed on etcd watches")
+              : "reading every time");
   return 0;
 }

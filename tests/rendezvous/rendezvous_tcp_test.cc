@@ -157,10 +157,11 @@ struct PushedPair {
       if (watch) {
         copts.dialect = Dialect::kTorch113;
         TcpStoreClient** seen = &watches[i];
-        o.open_watch = [copts, seen] {
+        o.open_watch = [copts, seen]() -> Result<std::unique_ptr<KeyWatch>> {
           auto c = TcpStoreClient::Connect(copts);
-          if (c.ok()) *seen = c->get();
-          return c;
+          if (!c.ok()) return c.status();
+          *seen = c->get();
+          return std::unique_ptr<KeyWatch>(std::move(*c));
         };
       }
       nodes[i] = std::make_unique<Rendezvous>(counted[i].get(), o, clock);
@@ -264,7 +265,7 @@ TEST(RendezvousPushTest, NoWatchMeansReadingEveryCheck) {
   auto o = Options("c", 1, 2);
   StoreClientOptions copts;
   copts.port = p.server->port();  // torch 2 dialect: WatchKey refuses
-  o.open_watch = [copts] { return TcpStoreClient::Connect(copts); };
+  o.open_watch = [copts] { return ConnectWatch(copts); };
   Rendezvous c(p.counted[0].get(), o);
   int reads = p.counted[0]->reads;
   ASSERT_EQ(*c.Check(p.a), RoundEvent::kNone);
@@ -272,7 +273,7 @@ TEST(RendezvousPushTest, NoWatchMeansReadingEveryCheck) {
   EXPECT_FALSE(c.pushed(p.a));
   EXPECT_EQ(p.counted[0]->reads, reads + 2);
   o.open_watch = [] {
-    return Result<std::unique_ptr<TcpStoreClient>>(
+    return Result<std::unique_ptr<KeyWatch>>(
         Status::Unavailable("no store here"));
   };
   Rendezvous d(p.counted[0].get(), o);

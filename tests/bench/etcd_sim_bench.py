@@ -1,0 +1,31 @@
+"""The rendezvous simulator (rdzv_sim_bench) against a real 3-member etcd
+cluster on 127.0.0.2-4 with etcd's default timings, started and removed
+here; prints the simulator's table.
+
+Usage: etcd_sim_bench.py --sim build-bench/tests/bench/rdzv_sim_bench [sim flags]
+"""
+import argparse
+import os
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "integration"))
+from etcd_cluster import EtcdCluster  # noqa: E402
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--sim", required=True)
+    args, rest = p.parse_known_args()
+    cluster = EtcdCluster(fast=False).start()
+    try:
+        pids = ",".join(str(proc.pid) for proc in cluster.procs)
+        return subprocess.call([args.sim, "--etcd", cluster.endpoints(),
+                                "--etcd-pids", pids, *rest])
+    finally:
+        cluster.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
