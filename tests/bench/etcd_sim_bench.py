@@ -6,6 +6,7 @@ Usage: etcd_sim_bench.py --sim build-bench/tests/bench/rdzv_sim_bench [sim flags
 """
 import argparse
 import os
+import resource
 import subprocess
 import sys
 
@@ -18,6 +19,10 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--sim", required=True)
     args, rest = p.parse_known_args()
+    # Each agent holds a connection and two watches: the members need the
+    # descriptors as much as the simulator.
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     cluster = EtcdCluster(fast=False).start()
     try:
         pids = ",".join(str(proc.pid) for proc in cluster.procs)
