@@ -12,6 +12,7 @@
 #include <asio.hpp>
 #include <asio/ssl.hpp>
 #include <fstream>
+#include <random>
 #include <thread>
 
 #include "rendezvous/util/log.h"
@@ -260,7 +261,14 @@ class EtcdClient::Connection {
   int64_t length_ = -1;
 };
 
-EtcdClient::EtcdClient(EtcdOptions options) : options_(std::move(options)) {}
+// Each client starts at a member of its own choosing, so that a job's nodes
+// spread their requests over the cluster instead of all asking the first.
+EtcdClient::EtcdClient(EtcdOptions options) : options_(std::move(options)) {
+  if (!options_.endpoints.empty()) {
+    std::random_device seed;
+    current_ = seed() % options_.endpoints.size();
+  }
+}
 EtcdClient::~EtcdClient() = default;
 
 Result<std::unique_ptr<EtcdClient>> EtcdClient::Connect(EtcdOptions options) {

@@ -24,8 +24,8 @@ ninja -C "$b" dtrun dtstore fake_worker store_bench store_load_bench rdzv_sim_be
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 # DTRUN_BENCH_ONLY=store,launcher,... runs only those parts: store, store-load,
-# launcher, multinode, rdzv-sim, rdzv-scale, ddp, fsdp, interactive, hang,
-# status, checkpoint.
+# launcher, multinode, rdzv-sim, rdzv-scale, etcd, ddp, fsdp, interactive,
+# hang, status, checkpoint.
 want() { [[ -z ${DTRUN_BENCH_ONLY:-} || ",$DTRUN_BENCH_ONLY," == *",$1,"* ]]; }
 
 torch2=${DTRUN_BENCH_TORCH2:-1}
@@ -108,6 +108,17 @@ if want rdzv-sim; then
   $b/tests/bench/rdzv_sim_bench --dtstore $b/apps/dtstore
   $b/tests/bench/rdzv_sim_bench --dtstore $b/apps/dtstore --keep-alive-ms 5000 --steady-s 30
   $b/tests/bench/rdzv_sim_bench --dtstore $b/apps/dtstore --keep-alive-ms 5000 --steady-s 30 --watch 0
+fi
+
+if want etcd; then
+  echo
+  echo "== rendezvous on etcd (3 members on 127.0.0.2-4, etcd's default timings): dtrun on"
+  echo "   etcd vs dtrun on its c10d store vs torchrun 1.13's etcd-v2 backend (shim), alternating;"
+  echo "   then the simulator's agents on etcd, checks pushed through etcd watches"
+  /usr/bin/python3 tests/bench/etcd_bench.py --dtrun $b/apps/dtrun \
+    --fake-worker $b/tests/apps/fake_worker
+  /usr/bin/python3 tests/bench/etcd_sim_bench.py --sim $b/tests/bench/rdzv_sim_bench \
+    --nodes 64,512,4096 --keep-alive-ms 5000 --steady-s 30
 fi
 
 if want rdzv-scale; then

@@ -141,7 +141,8 @@ class MemberFaults(EtcdCase):
         return started, pid_dir
 
     def test_one_member_killed_changes_nothing(self):
-        # The leader, and also the member every node talks to first.
+        # A member some node talks to (each picks one at random); maybe the
+        # leader.
         nodes, pid_dir = self.sleeping_job(2, 6000)
         leader = self.etcd.leader()
         self.etcd.kill(0)
