@@ -12,6 +12,7 @@
 #include <asio.hpp>
 #include <asio/ssl.hpp>
 #include <fstream>
+#include <optional>
 #include <random>
 #include <thread>
 
@@ -31,6 +32,9 @@ bool RetryableCode(int code) {
   return code == 14 || code == 4 || code == 10 || code == 2 || code == 1;
 }
 
+// "host:port" or "[v6]:port" -> host (without brackets), port 1-65535.
+// The last colon splits, so a bare IPv6 address is refused (its port would
+// be ambiguous): give it in brackets.
 bool SplitHostPort(const std::string& text, std::string* host, uint16_t* port) {
   size_t colon = text.rfind(':');
   if (colon == std::string::npos || colon == 0) return false;
@@ -47,11 +51,15 @@ bool SplitHostPort(const std::string& text, std::string* host, uint16_t* port) {
   return true;
 }
 
+// Header names are case-insensitive (RFC 9110); etcd's Go server writes
+// them capitalized, proxies may not.
 std::string Lower(std::string s) {
   for (char& c : s) c = static_cast<char>(std::tolower(c));
   return s;
 }
 
+// An asio error for people: the timeouts Run reports read as what they
+// mean for a member ("no answer in time"), the rest as the system says.
 std::string Describe(const asio::error_code& ec) {
   if (ec == asio::error::timed_out || ec == asio::error::would_block)
     return "no answer in time";
@@ -77,6 +85,8 @@ class EtcdClient::Connection {
     if (tls) tls_ = std::make_unique<TlsStream>(socket_, *tls);
   }
 
+  // Resolves, connects and, for TLS, shakes hands verifying the member's
+  // certificate against the host name or address it was named by.
   asio::error_code Open(TimePoint deadline) {
     asio::error_code ec;
     asio::ip::tcp::resolver resolver(io_);
@@ -146,6 +156,8 @@ class EtcdClient::Connection {
     return {};
   }
 
+  // A unary reply's body. A reply with neither a length nor chunks would
+  // end only with the connection; etcd never sends one, so it is refused.
   asio::error_code ReadBody(TimePoint deadline, std::string* body) {
     body->clear();
     if (!chunked_) {
@@ -205,6 +217,8 @@ class EtcdClient::Connection {
  private:
   using TlsStream = asio::ssl::stream<asio::ip::tcp::socket&>;
 
+  // Appends what the socket has (at least one byte) to in_; the end of the
+  // stream is an error here, as every reply is framed.
   asio::error_code ReadMore(TimePoint deadline) {
     char buf[16384];
     size_t got = 0;
@@ -332,6 +346,14 @@ Status EtcdClient::Init() {
   return s;
 }
 
+// What one request's tries found, for its error when all of them fail.
+struct EtcdClient::Tries {
+  std::vector<std::string> said;  // per member: what it answered
+  // reached: a member took the request (up, but maybe unable to commit);
+  // refused: a TLS handshake failed.
+  bool reached = false, refused = false;
+};
+
 Result<nlohmann::json> EtcdClient::Call(const std::string& path,
                                         const nlohmann::json& body) {
   std::lock_guard<std::mutex> lock(mu_);
@@ -341,69 +363,83 @@ Result<nlohmann::json> EtcdClient::Call(const std::string& path,
   // never answers (stopped, cut off) does not hold the request.
   const auto share =
       std::max(milliseconds(100), options_.timeout / static_cast<int64_t>(n));
-  const auto connect_limit = std::min(options_.connect_timeout, share);
   const std::string text = body.dump();
-  std::vector<std::string> said(n);
-  // reached: some member took the connection (up, but maybe unable to
-  // commit); refused: a TLS handshake failed.
-  bool reached = false, refused = false;
+  Tries tries;
+  tries.said.resize(n);
   for (int pass = 0; Clock::now() < deadline; ++pass) {
     for (size_t i = 0; i < n && Clock::now() < deadline; ++i) {
       const size_t at = (current_ + i) % n;
-      const std::string& endpoint = options_.endpoints[at];
-      TimePoint until = std::min(deadline, Clock::now() + share);
-      asio::error_code ec;
-      if (!conn_ || current_ != at || !conn_->reusable()) {
-        std::string host;
-        uint16_t port = 0;
-        SplitHostPort(endpoint, &host, &port);
-        conn_ = std::make_unique<Connection>(host, port,
-                                             tls_ ? &tls_->context : nullptr);
-        current_ = at;
-        ec = conn_->Open(std::min(until, Clock::now() + connect_limit));
-        if (!ec) local_address_ = conn_->LocalAddress();
-      }
-      int status = 0;
-      std::string reply;
-      if (!ec) ec = conn_->Send(path, text, until);
-      // Sent, and no answer in time: the member is up but cannot commit
-      // (or is stopped); a reset or refusal means it is down.
-      bool sent = !ec;
-      if (!ec) ec = conn_->ReadHead(until, &status);
-      if (!ec) ec = conn_->ReadBody(until, &reply);
-      if (sent && ec == asio::error::timed_out) reached = true;
-      if (ec) {
-        said[at] = Describe(ec);
-        if (options_.tls && ec.category() == asio::error::get_ssl_category())
-          refused = true;
-        conn_.reset();
-        continue;
-      }
-      reached = true;
-      auto json = nlohmann::json::parse(reply, nullptr, false);
-      if (status == 200 && json.is_object()) {
-        trouble_ = EtcdTrouble::kNone;
-        return json;
-      }
-      std::string error = json.is_object() ? json.value("error", reply) : reply;
-      int code = json.is_object() ? json.value("code", 0) : 0;
-      said[at] = error;
-      if (!RetryableCode(code) && status != 503) {
-        trouble_ = EtcdTrouble::kRefused;
-        return Status::Invalid("etcd " + endpoint + " refused " + path + ": " +
-                               error);
-      }
-      conn_.reset();
+      auto reply =
+          Try(at, path, text, std::min(deadline, Clock::now() + share), &tries);
+      if (reply) return std::move(*reply);
     }
     std::this_thread::sleep_for(milliseconds(std::min(50 * (pass + 1), 200)));
   }
-  trouble_ = refused   ? EtcdTrouble::kRefused
-             : reached ? EtcdTrouble::kNoQuorum
-                       : EtcdTrouble::kUnreachable;
+  return Failed(path, tries);
+}
+
+// One try of a request on member `at`: the reply, a refusal that another
+// member would repeat, or nullopt to try the next member.
+std::optional<Result<nlohmann::json>> EtcdClient::Try(size_t at,
+                                                      const std::string& path,
+                                                      const std::string& text,
+                                                      TimePoint until,
+                                                      Tries* tries) {
+  const std::string& endpoint = options_.endpoints[at];
+  asio::error_code ec;
+  if (!conn_ || current_ != at || !conn_->reusable()) {
+    std::string host;
+    uint16_t port = 0;
+    SplitHostPort(endpoint, &host, &port);
+    conn_ = std::make_unique<Connection>(host, port,
+                                         tls_ ? &tls_->context : nullptr);
+    current_ = at;
+    ec = conn_->Open(std::min(until, Clock::now() + options_.connect_timeout));
+    if (!ec) local_address_ = conn_->LocalAddress();
+  }
+  int status = 0;
+  std::string reply;
+  if (!ec) ec = conn_->Send(path, text, until);
+  // Sent, and no answer in time: the member is up but cannot commit (or is
+  // stopped); a reset or refusal means it is down.
+  bool sent = !ec;
+  if (!ec) ec = conn_->ReadHead(until, &status);
+  if (!ec) ec = conn_->ReadBody(until, &reply);
+  if (sent && ec == asio::error::timed_out) tries->reached = true;
+  if (ec) {
+    tries->said[at] = Describe(ec);
+    if (options_.tls && ec.category() == asio::error::get_ssl_category())
+      tries->refused = true;
+    conn_.reset();
+    return std::nullopt;
+  }
+  tries->reached = true;
+  auto json = nlohmann::json::parse(reply, nullptr, false);
+  if (status == 200 && json.is_object()) {
+    trouble_ = EtcdTrouble::kNone;
+    return Result<nlohmann::json>(std::move(json));
+  }
+  std::string error = json.is_object() ? json.value("error", reply) : reply;
+  int code = json.is_object() ? json.value("code", 0) : 0;
+  tries->said[at] = error;
+  if (!RetryableCode(code) && status != 503) {
+    trouble_ = EtcdTrouble::kRefused;
+    return Result<nlohmann::json>(Status::Invalid(
+        "etcd " + endpoint + " refused " + path + ": " + error));
+  }
+  conn_.reset();
+  return std::nullopt;
+}
+
+// The error of a request no member answered, naming what each said.
+Status EtcdClient::Failed(const std::string& path, const Tries& tries) {
+  trouble_ = tries.refused   ? EtcdTrouble::kRefused
+             : tries.reached ? EtcdTrouble::kNoQuorum
+                             : EtcdTrouble::kUnreachable;
   std::string what;
-  for (size_t i = 0; i < n; ++i) {
+  for (size_t i = 0; i < tries.said.size(); ++i) {
     what += (i ? "; " : "") + options_.endpoints[i] + ": " +
-            (said[i].empty() ? "not tried" : said[i]);
+            (tries.said[i].empty() ? "not tried" : tries.said[i]);
   }
   std::string head =
       trouble_ == EtcdTrouble::kNoQuorum

@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -91,8 +92,15 @@ class EtcdClient {
   asio::ssl::context* tls_context() const;
 
  private:
+  struct Tries;
+  using TimePoint = std::chrono::steady_clock::time_point;
+
   explicit EtcdClient(EtcdOptions options);
   Status Init();
+  std::optional<Result<nlohmann::json>> Try(size_t at, const std::string& path,
+                                            const std::string& text,
+                                            TimePoint until, Tries* tries);
+  Status Failed(const std::string& path, const Tries& tries);
 
   EtcdOptions options_;
   struct Tls;

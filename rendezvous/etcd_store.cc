@@ -17,6 +17,7 @@ constexpr size_t kMaxTxnOps = 128;
 // Bound on the counters remembered for Add's first try.
 constexpr size_t kMaxCounters = 4096;
 
+// An int64 field of a reply: a string in the gateway's JSON, absent when 0.
 int64_t Int(const json& j, const char* field) {
   if (!j.is_object() || !j.contains(field)) return 0;
   const json& v = j[field];
@@ -25,6 +26,7 @@ int64_t Int(const json& j, const char* field) {
   return 0;
 }
 
+// The request_range / request_put operations of a transaction.
 json RangeOp(const std::string& key) {
   return {{"request_range", {{"key", Base64Encode(key)}}}};
 }
@@ -43,10 +45,13 @@ json FirstKv(const json& op) {
   return range["kvs"][0];
 }
 
+// A reply that parsed as JSON but lacks what the request must return: a
+// proxy in the way, or an etcd this code does not know.
 Status Malformed(const std::string& what) {
   return Status::Io("etcd: malformed reply to " + what);
 }
 
+// A key-value's value bytes (base64 in the reply; absent when empty).
 std::string Value(const json& kv) {
   std::string bytes;
   Base64Decode(kv.value("value", std::string()), &bytes);
@@ -67,6 +72,9 @@ Status EtcdStore::Set(const std::string& key, std::string_view value) {
   return client_->Call("/v3/kv/put", body).status();
 }
 
+// One transaction of ranges per 128 keys. The revision is the first
+// transaction's: a watch from revision + 1 misses no change made after the
+// read (later transactions only make it later, never earlier).
 Status EtcdStore::Read(const std::vector<std::string>& keys,
                        std::vector<Entry>* out, int64_t* revision) {
   out->assign(keys.size(), Entry{});
@@ -89,6 +97,8 @@ Status EtcdStore::Read(const std::vector<std::string>& keys,
   return Status::Ok();
 }
 
+// c10d's GET waits for the key: read, and only when it is missing pay for
+// a watch.
 Result<std::string> EtcdStore::Get(const std::string& key) {
   std::vector<Entry> got;
   Status s = Read({key}, &got, nullptr);
@@ -245,6 +255,8 @@ Result<std::vector<std::string>> EtcdStore::MultiGet(
   return values;
 }
 
+// Each transaction of 128 puts is atomic; a list longer than that is set in
+// several, in order (the rendezvous writes at most a round's ranks at once).
 Status EtcdStore::MultiSet(const std::vector<std::string>& keys,
                            const std::vector<std::string>& values) {
   if (keys.size() != values.size())

@@ -102,6 +102,9 @@ Result<std::unique_ptr<rendezvous::TcpStoreClient>> ElasticJob::ConnectUntil(
   }
 }
 
+// The rendezvous store on etcd: no node hosts it, so there is nothing to
+// bind and no host to infer; each node connects to the members it is given
+// (one that answers is enough) under the key prefix /dtrun/.
 Status ElasticJob::ConnectEtcd() {
   const RdzvConfig& rc = config_.rdzv_conf;
   rendezvous::EtcdOptions eo;
@@ -317,22 +320,32 @@ int ElasticJob::Run() {
   return rc;
 }
 
+// Runs `op`, a rendezvous call, again while etcd cannot answer it (no
+// quorum, no member reachable), up to the join timeout or a stop signal,
+// saying when that starts and ends. Other stores: once.
+template <typename Op>
+auto ElasticJob::UntilEtcdAnswers(Op op) -> decltype(op()) {
+  auto result = op();
+  const TimePoint until = clock_->Now() + config_.rdzv_conf.join_timeout;
+  while (etcd_ && !result.ok() &&
+         etcd_->trouble() != rendezvous::EtcdTrouble::kNone &&
+         !group_.Interrupted() && clock_->Now() < until) {
+    NoteStore(result.status());
+    result = op();
+  }
+  NoteStore(result.status());
+  return result;
+}
+
 // Joins rounds until the job ends: each round sets up its workers' store,
 // then follows the round (FollowRound) until it ends or a new one starts.
 int ElasticJob::JoinRounds() {
   auto log = Logger("dtrun.rdzv");
   for (;;) {
     RecordRdzv("next_rendezvous", "INIT", "joining the next round");
-    auto joined = rdzv_->Join([this] { return group_.Interrupted(); });
-    // etcd without quorum: wait for it within the join timeout.
-    const TimePoint until = clock_->Now() + config_.rdzv_conf.join_timeout;
-    while (etcd_ && !joined.ok() &&
-           etcd_->trouble() != rendezvous::EtcdTrouble::kNone &&
-           !group_.Interrupted() && clock_->Now() < until) {
-      NoteStore(joined.status());
-      joined = rdzv_->Join([this] { return group_.Interrupted(); });
-    }
-    NoteStore(joined.status());
+    auto joined = UntilEtcdAnswers([this] {
+      return rdzv_->Join([this] { return group_.Interrupted(); });
+    });
     if (!joined.ok()) {
       RecordRdzv("next_rendezvous", "FAILED", joined.status().message());
       if (joined.status().code() == Status::Code::kCanceled) {
@@ -599,6 +612,29 @@ ElasticJob::RoundEnd ElasticJob::FollowRound() {
   }
 }
 
+// This node's workers failed: tells the rendezvous. True when the job goes
+// on (restarts left); then a new round starts.
+bool ElasticJob::ReportFailure() {
+  // etcd without quorum: the next round waits for it, rather than the job
+  // ending here.
+  auto failures = UntilEtcdAnswers([this] {
+    return group_.gave_up()
+               ? rdzv_->ReportFailure(assignment_, group_.why_gave_up(), true)
+               : rdzv_->ReportFailure(assignment_, "local group failed");
+  });
+  bool goes_on =
+      failures.ok() && rdzv_->end_reason() == rendezvous::EndReason::kNone;
+  if (goes_on) {
+    Logger("dtrun.rdzv")
+        ->warn("round {} failed here; {} of {} restart(s) used",
+               assignment_.round, *failures, config_.max_restarts);
+  }
+  RecordRdzv("report_failure", "FAILED",
+             "round " + std::to_string(assignment_.round) +
+                 ": the workers failed here");
+  return goes_on;
+}
+
 std::optional<ElasticJob::RoundEnd> ElasticJob::Carry(const RoundStep& step,
                                                       RoundPolicy* policy,
                                                       TimePoint* next_check) {
@@ -613,35 +649,9 @@ std::optional<ElasticJob::RoundEnd> ElasticJob::Carry(const RoundStep& step,
       log->info("round {}: workers here succeeded; waiting for the other nodes",
                 assignment_.round);
       return std::nullopt;
-    case RoundStep::Kind::kReportFailure: {
-      auto report = [this] {
-        return group_.gave_up()
-                   ? rdzv_->ReportFailure(assignment_, group_.why_gave_up(),
-                                          true)
-                   : rdzv_->ReportFailure(assignment_, "local group failed");
-      };
-      auto failures = report();
-      // etcd without quorum: the next round waits for it (up to the join
-      // timeout), rather than the job ending here.
-      const TimePoint until = clock_->Now() + config_.rdzv_conf.join_timeout;
-      while (!failures.ok() && etcd_ &&
-             etcd_->trouble() != rendezvous::EtcdTrouble::kNone &&
-             !group_.Interrupted() && clock_->Now() < until) {
-        NoteStore(failures.status());
-        failures = report();
-      }
-      NoteStore(failures.status());
-      bool goes_on =
-          failures.ok() && rdzv_->end_reason() == rendezvous::EndReason::kNone;
-      if (goes_on) {
-        log->warn("round {} failed here; {} of {} restart(s) used",
-                  assignment_.round, *failures, config_.max_restarts);
-      }
-      RecordRdzv("report_failure", "FAILED",
-                 "round " + std::to_string(assignment_.round) +
-                     ": the workers failed here");
-      return Carry(policy->OnFailureReported(goes_on), policy, next_check);
-    }
+    case RoundStep::Kind::kReportFailure:
+      return Carry(policy->OnFailureReported(ReportFailure()), policy,
+                   next_check);
     case RoundStep::Kind::kStopWorkers:
       log->warn("round {}: {}", assignment_.round, step.why);
       group_.StopForNewRound();

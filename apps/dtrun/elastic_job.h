@@ -50,10 +50,13 @@ class ElasticJob : public Job {
   // Carries out `step`; returns how the round ended, or nothing to go on.
   std::optional<RoundEnd> Carry(const RoundStep& step, RoundPolicy* policy,
                                 TimePoint* next_check);
+  bool ReportFailure();
   void WaitTurn(const RoundPolicy& policy, TimePoint* next_check);
   void Linger();
   // Says when etcd stops and starts answering (`status` of a request).
   void NoteStore(const Status& status);
+  template <typename Op>
+  auto UntilEtcdAnswers(Op op) -> decltype(op());
   void NotifyStoreReady();
   // This node's status in the rendezvous store (NodeStatusKey), so that
   // `dtrun --status` on any host sees every node; rank 0 also names the
