@@ -72,6 +72,11 @@ struct EtcdClient::Tls {
   asio::ssl::context context{asio::ssl::context::tls_client};
 };
 
+struct EtcdClient::Io {
+  asio::io_context io{1};
+  std::mutex mu;
+};
+
 // One HTTP/1.1 connection to one member.
 class EtcdClient::Connection {
  public:
@@ -80,8 +85,16 @@ class EtcdClient::Connection {
     std::string body;
   };
 
-  Connection(std::string host, uint16_t port, asio::ssl::context* tls)
-      : host_(std::move(host)), port_(port), socket_(io_) {
+  // `io` is the client's, shared by its connections (an io_context holds
+  // two descriptors: thousands of nodes' watches would run out of them);
+  // `io_mu` serializes its use.
+  Connection(std::string host, uint16_t port, asio::ssl::context* tls,
+             asio::io_context& io, std::mutex& io_mu)
+      : host_(std::move(host)),
+        port_(port),
+        io_(io),
+        io_mu_(io_mu),
+        socket_(io) {
     if (tls) tls_ = std::make_unique<TlsStream>(socket_, *tls);
   }
 
@@ -89,8 +102,12 @@ class EtcdClient::Connection {
   // certificate against the host name or address it was named by.
   asio::error_code Open(TimePoint deadline) {
     asio::error_code ec;
-    asio::ip::tcp::resolver resolver(io_);
-    auto found = resolver.resolve(host_, std::to_string(port_), ec);
+    asio::ip::tcp::resolver::results_type found;
+    {
+      std::lock_guard<std::mutex> lock(io_mu_);
+      asio::ip::tcp::resolver resolver(io_);
+      found = resolver.resolve(host_, std::to_string(port_), ec);
+    }
     if (ec) return ec;
     ec = Run(deadline, [&](auto done) {
       asio::async_connect(socket_, found,
@@ -198,13 +215,17 @@ class EtcdClient::Connection {
   bool reusable() const { return keep_ && socket_.is_open(); }
 
   // Whether a read would not block: bytes buffered here or in TLS, or the
-  // socket readable (data, end of stream or an error).
-  bool Readable() {
+  // socket readable (data, end of stream or an error). Waits for that up to
+  // `deadline` (default: not at all) without touching the stream.
+  bool Readable(TimePoint deadline = TimePoint()) {
     if (!in_.empty()) return true;
     if (!socket_.is_open()) return true;
     if (tls_ && SSL_pending(tls_->native_handle()) > 0) return true;
+    auto left =
+        std::chrono::duration_cast<milliseconds>(deadline - Clock::now());
     pollfd p{socket_.native_handle(), POLLIN, 0};
-    return ::poll(&p, 1, 0) != 0;
+    return ::poll(&p, 1,
+                  static_cast<int>(std::max<int64_t>(0, left.count()))) != 0;
   }
   const std::string& host() const { return host_; }
 
@@ -243,6 +264,7 @@ class EtcdClient::Connection {
   // with an error) and timed_out returned.
   template <typename Start>
   asio::error_code Run(TimePoint deadline, Start start) {
+    std::lock_guard<std::mutex> lock(io_mu_);
     asio::error_code result = asio::error::would_block;
     bool finished = false;
     start([&result, &finished](asio::error_code ec) {
@@ -267,7 +289,8 @@ class EtcdClient::Connection {
 
   std::string host_;
   uint16_t port_;
-  asio::io_context io_;
+  asio::io_context& io_;
+  std::mutex& io_mu_;
   asio::ip::tcp::socket socket_;
   std::unique_ptr<TlsStream> tls_;
   std::string out_, in_;
@@ -277,7 +300,8 @@ class EtcdClient::Connection {
 
 // Each client starts at a member of its own choosing, so that a job's nodes
 // spread their requests over the cluster instead of all asking the first.
-EtcdClient::EtcdClient(EtcdOptions options) : options_(std::move(options)) {
+EtcdClient::EtcdClient(EtcdOptions options)
+    : options_(std::move(options)), io_(std::make_unique<Io>()) {
   if (!options_.endpoints.empty()) {
     std::random_device seed;
     current_ = seed() % options_.endpoints.size();
@@ -391,8 +415,7 @@ std::optional<Result<nlohmann::json>> EtcdClient::Try(size_t at,
     std::string host;
     uint16_t port = 0;
     SplitHostPort(endpoint, &host, &port);
-    conn_ = std::make_unique<Connection>(host, port,
-                                         tls_ ? &tls_->context : nullptr);
+    conn_ = NewConnection(host, port);
     current_ = at;
     ec = conn_->Open(std::min(until, Clock::now() + options_.connect_timeout));
     if (!ec) local_address_ = conn_->LocalAddress();
@@ -453,63 +476,22 @@ Status EtcdClient::Failed(const std::string& path, const Tries& tries) {
                              " ms for " + path + " (" + what + ")");
 }
 
-Result<bool> EtcdClient::Watch(const std::string& key, int64_t from_revision,
-                               milliseconds timeout) {
-  const TimePoint deadline = Clock::now() + timeout;
-  std::string endpoint = this->endpoint(), host;
-  uint16_t port = 0;
-  SplitHostPort(endpoint, &host, &port);
-  Connection conn(host, port, tls_ ? &tls_->context : nullptr);
-  nlohmann::json create = {{"key", Base64Encode(key)},
-                           {"start_revision", from_revision}};
-  nlohmann::json body = {{"create_request", create}};
-  int status = 0;
-  asio::error_code ec =
-      conn.Open(std::min(deadline, Clock::now() + options_.connect_timeout));
-  if (!ec) ec = conn.Send("/v3/watch", body.dump(), deadline);
-  if (!ec) ec = conn.ReadHead(deadline, &status);
-  std::string pending;
-  while (!ec && status == 200) {
-    std::string chunk;
-    bool last = false;
-    ec = conn.NextChunk(deadline, &chunk, &last);
-    if (ec || last) break;
-    pending += chunk;
-    size_t eol;
-    while ((eol = pending.find('\n')) != std::string::npos) {
-      auto msg = nlohmann::json::parse(pending.substr(0, eol), nullptr, false);
-      pending.erase(0, eol + 1);
-      if (!msg.is_object()) continue;
-      const auto& result = msg.contains("result") ? msg["result"] : msg;
-      // An event, or a watch canceled (the revision was compacted): either
-      // way the caller reads the key again.
-      if (result.contains("events") || result.value("canceled", false))
-        return true;
-    }
-  }
-  if (ec == asio::error::timed_out) return false;
-  if (status != 0 && status != 200)
-    return Status::Unavailable("etcd " + endpoint + " refused a watch of " +
-                               key + " (HTTP " + std::to_string(status) + ")");
-  return Status::Unavailable("etcd " + endpoint + ": watch of " + key +
-                             " broke: " + Describe(ec));
-}
-
-// One key's watch: a /v3/watch request whose reply streams its events.
+// The watch: one /v3/watch request carrying a create request per key (the
+// gateway reads them one after another from the body), whose reply streams
+// every key's events on one connection.
 struct EtcdWatch::Stream {
-  std::string key;  // with the store's prefix
   std::unique_ptr<EtcdClient::Connection> conn;
-  std::string pending;   // the stream's text not yet split into messages
-  int64_t revision = 0;  // the newest revision this stream has reported
+  std::string pending;  // the stream's text not yet split into messages
 };
 
 EtcdWatch::EtcdWatch(EtcdClient* client, std::string prefix)
     : client_(client), prefix_(std::move(prefix)) {}
 EtcdWatch::~EtcdWatch() = default;
 
-// Opens `s` on the member the client uses now (another one, if that one
-// does not answer), from `from` (0: now), and waits for etcd to confirm.
-Status EtcdWatch::Open(Stream* s, int64_t from) {
+// (Re)opens the stream for every key on the member the client uses now
+// (another one, if that one does not answer): each key from the revision
+// after the last one it reported, a new key from now.
+Status EtcdWatch::Open() {
   Status last = Status::Ok();
   for (int attempt = 0; attempt < 2; ++attempt) {
     if (attempt > 0) {
@@ -518,82 +500,93 @@ Status EtcdWatch::Open(Stream* s, int64_t from) {
           client_->Call("/v3/maintenance/status", nlohmann::json::object());
       if (!status.ok()) return status.status();
     }
-    last = OpenOn(s, from, client_->endpoint());
+    last = OpenOn(client_->endpoint());
     if (last.ok()) return last;
   }
   return last;
 }
 
-Status EtcdWatch::OpenOn(Stream* s, int64_t from, const std::string& endpoint) {
+Status EtcdWatch::OpenOn(const std::string& endpoint) {
   const TimePoint deadline = Clock::now() + client_->options().timeout;
   std::string host;
   uint16_t port = 0;
   SplitHostPort(endpoint, &host, &port);
-  s->conn = std::make_unique<EtcdClient::Connection>(host, port,
-                                                     client_->tls_context());
-  s->pending.clear();
-  nlohmann::json create = {{"key", Base64Encode(s->key)}};
-  if (from > 0) create["start_revision"] = from;
-  nlohmann::json body = {{"create_request", create}};
+  stream_ = std::make_unique<Stream>();
+  stream_->conn = client_->NewConnection(host, port);
+  std::string body;
+  for (const Key& k : keys_) {
+    nlohmann::json create = {{"key", Base64Encode(k.key)}};
+    if (k.revision > 0) create["start_revision"] = k.revision + 1;
+    body += nlohmann::json({{"create_request", create}}).dump() + "\n";
+  }
   int status = 0;
-  asio::error_code ec = s->conn->Open(
+  EtcdClient::Connection& c = *stream_->conn;
+  asio::error_code ec = c.Open(
       std::min(deadline, Clock::now() + client_->options().connect_timeout));
-  if (!ec) ec = s->conn->Send("/v3/watch", body.dump(), deadline);
-  if (!ec) ec = s->conn->ReadHead(deadline, &status);
+  if (!ec) ec = c.Send("/v3/watch", body, deadline);
+  if (!ec) ec = c.ReadHead(deadline, &status);
   if (!ec && status != 200) ec = asio::error::connection_refused;
-  // The first message confirms the watch; it carries the revision the
-  // watch starts after.
-  while (!ec) {
+  // One confirmation per key, in the order asked; each carries the revision
+  // its watch starts after.
+  size_t created = 0;
+  while (!ec && created < keys_.size()) {
     std::string chunk;
     bool last = false;
-    ec = s->conn->NextChunk(deadline, &chunk, &last);
+    ec = c.NextChunk(deadline, &chunk, &last);
     if (!ec && last) ec = asio::error::eof;
     if (ec) break;
-    s->pending += chunk;
-    size_t eol = s->pending.find('\n');
-    if (eol == std::string::npos) continue;
-    auto msg = nlohmann::json::parse(s->pending.substr(0, eol), nullptr, false);
-    s->pending.erase(0, eol + 1);
-    const auto result = msg.is_object() ? msg.value("result", msg) : msg;
-    if (!result.is_object() || !result.value("created", false)) {
-      ec = asio::error::invalid_argument;
-      break;
+    stream_->pending += chunk;
+    size_t eol;
+    while (!ec && created < keys_.size() &&
+           (eol = stream_->pending.find('\n')) != std::string::npos) {
+      auto msg = nlohmann::json::parse(stream_->pending.substr(0, eol), nullptr,
+                                       false);
+      stream_->pending.erase(0, eol + 1);
+      const auto result = msg.is_object() ? msg.value("result", msg) : msg;
+      if (!result.is_object() || !result.value("created", false)) {
+        ec = asio::error::invalid_argument;
+        break;
+      }
+      Key& k = keys_[created++];
+      if (k.revision == 0) {
+        k.revision = std::atoll(result.value("header", nlohmann::json::object())
+                                    .value("revision", std::string("0"))
+                                    .c_str());
+      }
     }
-    if (from == 0) {
-      s->revision = std::atoll(result.value("header", nlohmann::json::object())
-                                   .value("revision", std::string("0"))
-                                   .c_str());
-    }
-    return Status::Ok();
   }
-  s->conn.reset();
-  return Status::Unavailable("etcd " + endpoint + ": cannot watch " + s->key +
-                             ": " + Describe(ec));
+  if (!ec) return Status::Ok();
+  stream_.reset();
+  return Status::Unavailable("etcd " + endpoint + ": cannot watch " +
+                             keys_.back().key + ": " + Describe(ec));
 }
 
 Status EtcdWatch::WatchKey(const std::string& key) {
-  auto s = std::make_unique<Stream>();
-  s->key = prefix_ + key;
-  Status st = Open(s.get(), 0);
-  if (!st.ok()) return st;
-  streams_.push_back(std::move(s));
-  return Status::Ok();
+  keys_.push_back(Key{prefix_ + key, 0});
+  Status st = Open();
+  if (!st.ok()) keys_.pop_back();
+  return st;
 }
 
 // Splits the stream's messages into changes; false on a canceled watch.
-bool EtcdWatch::Drain(Stream* s, std::vector<KeyChange>* changes) {
+bool EtcdWatch::Drain(std::vector<KeyChange>* changes) {
   size_t eol;
-  while ((eol = s->pending.find('\n')) != std::string::npos) {
-    auto msg = nlohmann::json::parse(s->pending.substr(0, eol), nullptr, false);
-    s->pending.erase(0, eol + 1);
+  std::string& pending = stream_->pending;
+  while ((eol = pending.find('\n')) != std::string::npos) {
+    auto msg = nlohmann::json::parse(pending.substr(0, eol), nullptr, false);
+    pending.erase(0, eol + 1);
     if (!msg.is_object()) continue;
     const auto result = msg.value("result", msg);
     if (result.value("canceled", false)) return false;
     for (const auto& ev : result.value("events", nlohmann::json::array())) {
       const auto kv = ev.value("kv", nlohmann::json::object());
-      KeyChange c;
       std::string key;
       Base64Decode(kv.value("key", std::string()), &key);
+      const int64_t revision =
+          std::atoll(kv.value("mod_revision", std::string("0")).c_str());
+      for (Key& k : keys_)
+        if (k.key == key) k.revision = std::max(k.revision, revision);
+      KeyChange c;
       c.key = key.substr(std::min(prefix_.size(), key.size()));
       Base64Decode(kv.value("value", std::string()), &c.value);
       const std::string version = kv.value("version", std::string("0"));
@@ -601,43 +594,54 @@ bool EtcdWatch::Drain(Stream* s, std::vector<KeyChange>* changes) {
                    ? KeyChange::Kind::kDeleted
                : version == "1" ? KeyChange::Kind::kCreated
                                 : KeyChange::Kind::kUpdated;
-      s->revision = std::max<int64_t>(
-          s->revision,
-          std::atoll(kv.value("mod_revision", std::string("0")).c_str()));
       changes->push_back(std::move(c));
     }
   }
   return true;
 }
 
-Status EtcdWatch::TakeChanges(std::vector<KeyChange>* changes) {
-  for (auto& s : streams_) {
-    bool broken = !s->conn;
-    while (!broken && s->conn->Readable()) {
-      std::string chunk;
-      bool last = false;
-      auto ec =
-          s->conn->NextChunk(Clock::now() + milliseconds(200), &chunk, &last);
-      if (ec || last) {
-        broken = true;
-        break;
-      }
-      s->pending += chunk;
-    }
-    if (!Drain(s.get(), changes)) {
-      return Status::Unavailable("etcd canceled the watch of " + s->key);
-    }
-    if (!broken) continue;
-    // Its member went away: resume on another one where it stood, so no
-    // change is lost.
-    Status st = Open(s.get(), s->revision + 1);
-    if (!st.ok()) return st;
+Result<bool> EtcdWatch::AwaitChange(milliseconds timeout) {
+  const TimePoint deadline = Clock::now() + timeout;
+  for (;;) {
+    Status s = TakeChanges(&buffered_);
+    if (!s.ok()) return s;
+    if (!buffered_.empty()) return true;
+    if (!stream_ || Clock::now() >= deadline) return false;
+    stream_->conn->Readable(
+        std::min(deadline, Clock::now() + milliseconds(500)));
   }
-  return Status::Ok();
 }
 
-asio::ssl::context* EtcdClient::tls_context() const {
-  return tls_ ? &tls_->context : nullptr;
+Status EtcdWatch::TakeChanges(std::vector<KeyChange>* changes) {
+  if (changes != &buffered_) {
+    changes->insert(changes->end(), buffered_.begin(), buffered_.end());
+    buffered_.clear();
+  }
+  if (keys_.empty()) return Status::Ok();
+  bool broken = !stream_;
+  while (!broken && stream_->conn->Readable()) {
+    std::string chunk;
+    bool last = false;
+    auto ec = stream_->conn->NextChunk(Clock::now() + milliseconds(200), &chunk,
+                                       &last);
+    if (ec || last) {
+      broken = true;
+      break;
+    }
+    stream_->pending += chunk;
+  }
+  if (stream_ && !Drain(changes)) {
+    return Status::Unavailable("etcd canceled the watch of " + keys_[0].key);
+  }
+  // Its member went away: resume on another one where each key stood, so
+  // no change is lost.
+  return broken ? Open() : Status::Ok();
+}
+
+std::unique_ptr<EtcdClient::Connection> EtcdClient::NewConnection(
+    const std::string& host, uint16_t port) {
+  return std::make_unique<Connection>(
+      host, port, tls_ ? &tls_->context : nullptr, io_->io, io_->mu);
 }
 
 std::string EtcdClient::endpoint() const {

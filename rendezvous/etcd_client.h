@@ -27,10 +27,6 @@
 #include "rendezvous/store.h"
 #include "rendezvous/util/status.h"
 
-namespace asio::ssl {
-class context;
-}
-
 namespace dtrun::rendezvous {
 
 struct EtcdOptions {
@@ -55,7 +51,7 @@ enum class EtcdTrouble {
 };
 
 // Thread-safe: one request at a time per client (a mutex), like the TCP
-// store client; Watch opens a connection of its own.
+// store client; each EtcdWatch stream has a connection of its own.
 class EtcdClient {
  public:
   // Checks the options (files readable, endpoints "host:port") and reaches
@@ -68,11 +64,6 @@ class EtcdClient {
   // Fails over across members until options.timeout.
   Result<nlohmann::json> Call(const std::string& path,
                               const nlohmann::json& body);
-  // Blocks until `key` changes at a revision >= `from_revision`, or
-  // `timeout` passes: true when it changed.
-  Result<bool> Watch(const std::string& key, int64_t from_revision,
-                     std::chrono::milliseconds timeout);
-
   // The member answering now, "host:port".
   std::string endpoint() const;
   // This host's address on the connection to the member (for peers to
@@ -88,8 +79,10 @@ class EtcdClient {
   }
 
   class Connection;
-  // The TLS context of connections to members (nullptr: plain TCP).
-  asio::ssl::context* tls_context() const;
+  // A connection to a member, on this client's I/O context (watches use
+  // one each).
+  std::unique_ptr<Connection> NewConnection(const std::string& host,
+                                            uint16_t port);
 
  private:
   struct Tries;
@@ -105,6 +98,8 @@ class EtcdClient {
   EtcdOptions options_;
   struct Tls;
   std::unique_ptr<Tls> tls_;
+  struct Io;
+  std::unique_ptr<Io> io_;  // before conn_: outlives it
   mutable std::mutex mu_;
   std::unique_ptr<Connection> conn_;  // to endpoints[current_]
   size_t current_ = 0;
@@ -112,28 +107,41 @@ class EtcdClient {
   EtcdTrouble trouble_ = EtcdTrouble::kNone;
 };
 
-// Pushed changes of keys through etcd watches (Rendezvous's push mode): a
-// stream per key. A stream whose member goes away is opened again on
-// another member from the revision after the last one it reported, so no
-// change is lost; a member that stops answering without closing the stream
-// is not noticed here (Rendezvous reads before it declares a node dead).
+// Pushed changes of keys through etcd watches (Rendezvous's push mode): one
+// stream for every key watched. A stream whose member goes away is opened
+// again on another member, each key from the revision after the last one it
+// reported, so no change is lost; a member that stops answering without
+// closing the stream is not noticed here (Rendezvous reads before it
+// declares a node dead).
 class EtcdWatch : public KeyWatch {
  public:
-  // Keys are given and reported without `prefix` (the store's).
+  // Keys are given and reported without `prefix` (the store's). `client`
+  // must outlive the watch.
   EtcdWatch(EtcdClient* client, std::string prefix);
   ~EtcdWatch() override;
+  // Reopens the stream with `key` added (the others resume where they
+  // stood).
   Status WatchKey(const std::string& key) override;
   Status TakeChanges(std::vector<KeyChange>* changes) override;
+  // Blocks up to `timeout` until a change arrives (TakeChanges then returns
+  // it); false when none came in time.
+  Result<bool> AwaitChange(std::chrono::milliseconds timeout);
 
  private:
   struct Stream;
-  Status Open(Stream* s, int64_t from);
-  Status OpenOn(Stream* s, int64_t from, const std::string& endpoint);
-  bool Drain(Stream* s, std::vector<KeyChange>* changes);
+  struct Key {
+    std::string key;       // with the prefix
+    int64_t revision = 0;  // the newest revision reported for it
+  };
+  Status Open();
+  Status OpenOn(const std::string& endpoint);
+  bool Drain(std::vector<KeyChange>* changes);
 
   EtcdClient* client_;
   std::string prefix_;
-  std::vector<std::unique_ptr<Stream>> streams_;
+  std::vector<Key> keys_;
+  std::unique_ptr<Stream> stream_;
+  std::vector<KeyChange> buffered_;  // arrived while AwaitChange waited
 };
 
 // Base64 as the gateway carries bytes.

@@ -180,29 +180,61 @@ Result<bool> EtcdStore::Check(const std::vector<std::string>& keys) {
                      [](const Entry& e) { return e.mod_revision != 0; });
 }
 
+// The watch of the key waited for stays open between calls: a joiner
+// waits for its round's `final` in steps of half a second (so it can
+// answer signals). The store is read only when that watch reports a change
+// (or is new): thousands of joiners cost etcd nothing while they wait.
 Status EtcdStore::Wait(const std::vector<std::string>& keys,
                        milliseconds timeout) {
+  std::lock_guard<std::mutex> lock(wait_mu_);
   const auto deadline = std::chrono::steady_clock::now() + timeout;
+  // Nothing changed since the last call found the key missing: skip the
+  // read.
+  bool read = true;
+  if (wait_watch_ && keys.size() == 1 && keys[0] == wait_key_) {
+    auto changed = wait_watch_->AwaitChange(milliseconds(0));
+    read = !changed.ok() || *changed;
+  }
+  size_t missing = 0;
   for (;;) {
-    std::vector<Entry> got;
-    int64_t revision = 0;
-    Status s = Read(keys, &got, &revision);
-    if (!s.ok()) return s;
-    size_t missing = 0;
-    while (missing < got.size() && got[missing].mod_revision != 0) ++missing;
-    if (missing == got.size()) return Status::Ok();
-    auto left = std::chrono::duration_cast<milliseconds>(
+    if (read) {
+      std::vector<Entry> got;
+      Status s = Read(keys, &got, nullptr);
+      if (!s.ok()) return s;
+      missing = 0;
+      while (missing < got.size() && got[missing].mod_revision != 0) ++missing;
+      if (missing == got.size()) {
+        wait_watch_.reset();  // its key is there: nobody waits for it again
+        return Status::Ok();
+      }
+    }
+    // Rounded up: a wait never ends before its time.
+    auto left = std::chrono::ceil<milliseconds>(
         deadline - std::chrono::steady_clock::now());
     if (left <= milliseconds(0)) {
       return Status::Timeout("etcd: key " + keys[missing] +
                              " did not appear within " +
                              std::to_string(timeout.count()) + " ms");
     }
-    // From the revision just read: a key written after the read wakes it.
-    auto changed = client_->Watch(prefix_ + keys[missing], revision + 1, left);
-    if (!changed.ok()) {
-      // The member went away mid-watch: read again through another.
-      std::this_thread::sleep_for(milliseconds(50));
+    if (!wait_watch_ || wait_key_ != keys[missing]) {
+      // Watched from now on; the read above may predate the watch, so the
+      // loop reads once more before it waits.
+      wait_watch_ = std::make_unique<EtcdWatch>(client_.get(), prefix_);
+      wait_key_ = keys[missing];
+      if (!wait_watch_->WatchKey(wait_key_).ok()) {
+        wait_watch_.reset();
+        std::this_thread::sleep_for(std::min(left, milliseconds(50)));
+      }
+      read = true;
+      continue;
+    }
+    auto changed = wait_watch_->AwaitChange(left);
+    std::vector<KeyChange> seen;
+    read = !changed.ok() || *changed;
+    if (!changed.ok() || !wait_watch_->TakeChanges(&seen).ok()) {
+      // Its member went away and no other took the watch: read again.
+      wait_watch_.reset();
+      std::this_thread::sleep_for(std::min(left, milliseconds(50)));
     }
   }
 }

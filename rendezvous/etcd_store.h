@@ -14,8 +14,8 @@
 //                        Counters only count up.
 //   CompareSet           a transaction comparing the value (missing: the
 //                        create revision is 0)
-//   Wait                 reads, then a watch from the read's revision on the
-//                        first missing key: no polling
+//   Wait                 reads, then waits on a watch of the first missing
+//                        key, kept open for the next Wait of it: no polling
 // A transaction holds at most 128 operations (etcd's default
 // --max-txn-ops); longer lists are split.
 
@@ -85,6 +85,10 @@ class EtcdStore : public Store {
   // The count this client last gave each counter it added to: the value
   // its next put writes is one more.
   std::map<std::string, int64_t> counters_;
+  // Wait's watch of the key it waits for, kept for the next call.
+  std::mutex wait_mu_;
+  std::unique_ptr<EtcdWatch> wait_watch_;
+  std::string wait_key_;
 };
 
 }  // namespace dtrun::rendezvous

@@ -362,6 +362,10 @@ Result<std::optional<Assignment>> Rendezvous::Look(int* round) {
 }
 
 Result<Assignment> Rendezvous::Join(const std::function<bool()>& interrupted) {
+  // The last round's pushes are of no use any more; its connection goes now,
+  // not at the first check of the next round.
+  watch_.reset();
+  watch_conn_round_ = -1;
   const TimePoint started = clock_.Now();
   const TimePoint deadline = started + opts_.join_timeout;
   int r = -1;
