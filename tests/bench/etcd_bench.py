@@ -82,9 +82,12 @@ SIDES = {"dtrun etcd": dtrun_etcd, "dtrun c10d": dtrun_c10d,
 def stamps(folder, restart_min):
     out = []
     for path in glob.glob(os.path.join(folder, "start_*_*")):
-        if int(path.rsplit("_", 1)[1]) >= restart_min:
-            with open(path) as f:
-                out.append(int(f.read()) / 1e9)
+        if path.endswith(".tmp") or int(path.rsplit("_", 1)[1]) < restart_min:
+            continue
+        with open(path) as f:
+            text = f.read()
+        if text:  # a stamp being written is read on the next look
+            out.append(int(text) / 1e9)
     return out
 
 
