@@ -27,7 +27,7 @@ packages=(
   cmake ninja-build g++ ccache pkg-config libgloo-dev
   libcli11-dev libspdlog-dev libasio-dev nlohmann-json3-dev libtomlplusplus-dev
   libgtest-dev libgmock-dev libbenchmark-dev
-  procps iproute2 libhwloc-dev libssl-dev
+  procps iproute2 libhwloc-dev libssl-dev libzstd-dev
 )
 source "$(dirname "${BASH_SOURCE[0]}")/debian-root-lib.sh"
 debian_root_main "$@"
