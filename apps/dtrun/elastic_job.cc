@@ -566,12 +566,14 @@ void ElasticJob::NoteStore(const Status& status) {
   }
   if (store_lost_since_) return;
   store_lost_since_ = clock_->Now();
-  const bool quorum = etcd_->trouble() == rendezvous::EtcdTrouble::kNoQuorum;
-  log->error(
-      "{}: {}; no new round can start until it is back{}",
-      quorum ? "etcd has lost quorum" : "etcd is unreachable", status.message(),
-      group_.outcome() == GroupOutcome::kRunning ? " (the workers keep running)"
-                                                 : "");
+  // No member reached is no quorum too, from here: the detail says which.
+  const bool refused = etcd_->trouble() == rendezvous::EtcdTrouble::kRefused;
+  log->error("{}: {}; no new round can start until it is back{}",
+             refused ? "etcd refuses this node" : "etcd has lost quorum",
+             status.message(),
+             group_.outcome() == GroupOutcome::kRunning
+                 ? " (the workers keep running)"
+                 : "");
 }
 
 void ElasticJob::WaitTurn(const RoundPolicy& policy, TimePoint* next_check) {
