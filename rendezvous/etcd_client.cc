@@ -80,11 +80,6 @@ struct EtcdClient::Io {
 // One HTTP/1.1 connection to one member.
 class EtcdClient::Connection {
  public:
-  struct Reply {
-    int status = 0;
-    std::string body;
-  };
-
   // `io` is the client's, shared by its connections (an io_context holds
   // two descriptors: thousands of nodes' watches would run out of them);
   // `io_mu` serializes its use.

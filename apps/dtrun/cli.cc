@@ -468,6 +468,11 @@ std::string ApplyEtcdEndpoints(const std::string& text, LaunchConfig* c) {
     }
     rc.protocol = scheme;
   }
+  if (rc.is_host) {
+    // Nothing to host: the etcd cluster is the rendezvous store.
+    return "--rdzv-conf: is_host is for --rdzv-backend=c10d; with etcd-v2 no "
+           "node hosts the rendezvous store (drop it)";
+  }
   if (rc.protocol == "http" && (!rc.cacert.empty() || !rc.cert.empty())) {
     return "--rdzv-conf: cacert, cert and key need protocol=https";
   }

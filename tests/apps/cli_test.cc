@@ -405,6 +405,7 @@ TEST(CliTest, EtcdEndpointsAndSettings) {
            {"--rdzv-endpoint=h1,,h2"},
            {"--rdzv-endpoint=h1", "--rdzv-conf=protocol=tls"},
            {"--rdzv-endpoint=h1", "--rdzv-conf=cert=/nonexistent"},
+           {"--rdzv-endpoint=h1", "--rdzv-conf=is_host=1"},
            {"--rdzv-endpoint=h1", "--interactive"},
        }) {
     std::vector<std::string> args = {"--nnodes=2", "--rdzv-backend=etcd"};

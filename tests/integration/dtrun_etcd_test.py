@@ -17,6 +17,7 @@ import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from dtrun_proc import wait_for  # noqa: E402
 from etcd_cluster import EtcdCluster, free_port  # noqa: E402
 
 p = argparse.ArgumentParser()
@@ -67,14 +68,6 @@ class Node:
             self.proc.kill()
             self.proc.wait()
 
-
-def wait_for(predicate, timeout, step=0.05):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(step)
-    return predicate()
 
 
 class EtcdCase(unittest.TestCase):
