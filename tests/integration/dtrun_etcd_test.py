@@ -122,10 +122,10 @@ class TorchJobs(EtcdCase):
 
 
 class MemberFaults(EtcdCase):
-    def sleeping_job(self, nodes, sleep_ms):
+    def sleeping_job(self, nodes, sleep_ms, conf=FAST):
         pid_dir = os.path.join(self.dir, "pids")
         os.makedirs(pid_dir, exist_ok=True)
-        flags = self.etcd_flags() + [f"--nnodes={nodes}", "--nproc-per-node=1",
+        flags = self.etcd_flags(conf=conf) + [f"--nnodes={nodes}", "--nproc-per-node=1",
                                      "--max-restarts=0", "--no-python", ARGS.fake_worker,
                                      "--pid-dir", pid_dir, "--sleep-ms", str(sleep_ms)]
         started = [self.node(i, flags) for i in range(nodes)]
@@ -179,7 +179,12 @@ class MemberFaults(EtcdCase):
 
     def test_stopped_members_are_passed_over(self):
         # SIGSTOP: the member takes connections and never answers.
-        nodes, pid_dir = self.sleeping_job(2, 5000)
+        # A request stuck on the stopped member waits its share of the
+        # operation bound (a third) before the next member: a silent limit
+        # of 5 s leaves room for that on a loaded machine.
+        slow = FAST.replace("keep_alive_interval=0.5,keep_alive_max_attempt=4",
+                            "keep_alive_interval=1,keep_alive_max_attempt=5")
+        nodes, pid_dir = self.sleeping_job(2, 5000, conf=slow)
         self.etcd.pause(0)
         for n in nodes:
             self.assertEqual(n.wait(), 0, n.err())
@@ -251,7 +256,7 @@ class NodeLoss(EtcdCase):
         self.assertTrue(wait_for(lambda: all(self.group_rank(n) is not None for n in nodes), 60),
                         nodes[0].err())
         target = next(n for n in nodes if self.group_rank(n) == victim)
-        first = os.path.join(ckpt, "ckpt_*")
+        first = os.path.join(ckpt, "ckpt_*.dtck")  # complete, not a .tmp
         self.assertTrue(wait_for(lambda: glob.glob(first), 60), nodes[0].err())
         target.kill()
         rest = [n for n in nodes if n is not target]
