@@ -6,6 +6,7 @@ the clients stop their kernels."""
 import argparse
 import os
 import queue
+import re
 import shutil
 import socket
 import subprocess
@@ -16,8 +17,11 @@ import unittest
 
 p = argparse.ArgumentParser()
 p.add_argument("--dtrun", required=True)
+p.add_argument("--python", default="/usr/bin/python3",
+               help="the workers' Python (scripts/torch2-python: torch 2.6 workers)")
 ARGS, REST = p.parse_known_args()
 ARGS.dtrun = os.path.abspath(ARGS.dtrun)
+INIT = f"%dist_init --num-processes 2 --python {ARGS.python}"
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.normpath(os.path.join(HERE, "..", ".."))
 SESSIONS = tempfile.TemporaryDirectory(prefix="dtrun-notebook-test-")
@@ -62,7 +66,7 @@ class Magics(unittest.TestCase):
     def setUpClass(cls):
         cls.cells = run_notebook([
             "%load_ext dtrun",                                                     # 0
-            "%dist_init --num-processes 2",                                        # 1
+            INIT,                                                                  # 1
             "%dist_mode off",                                                      # 2
             "local_only = 42\nprint('kernel has', local_only)",                    # 3
             "%%distributed\nprint('has local_only:', 'local_only' in dir())",      # 4
@@ -120,14 +124,16 @@ class Magics(unittest.TestCase):
         self.assertIn("[rank 0] ValueError: zero fails", out)
 
     def test_rich_output_arrives_as_its_type_labelled(self):
+        [html] = [o for o in self.cells[13].outputs if o.output_type == "display_data"]
+        self.assertIn("<b>bold on zero</b>", html.data["text/html"])
+        self.assertIn("[rank 0]", html.data["text/html"])
+        if "No module named 'matplotlib'" in stream_text(self.cells[12]):
+            self.skipTest(f"{ARGS.python} has no matplotlib (the HTML output was checked)")
         [png] = [o for o in self.cells[12].outputs if o.output_type == "display_data"]
         self.assertIn("image/png", png.data)
         self.assertTrue(png.data["text/plain"].startswith("[rank 1] <Figure"), png.data)
         self.assertEqual(png.metadata["dtrun"]["rank"], 1)
         self.assertGreater(len(png.data["image/png"]), 1000)
-        [html] = [o for o in self.cells[13].outputs if o.output_type == "display_data"]
-        self.assertIn("<b>bold on zero</b>", html.data["text/html"])
-        self.assertIn("[rank 0]", html.data["text/html"])
 
     def test_sync_timeout_status_restart(self):
         c = self.cells
@@ -151,6 +157,109 @@ class Magics(unittest.TestCase):
                                                         "has ranks 0-1"])
         self.assertEqual(errors(c[26]), ["UsageError: usage: %dist_timeout SECONDS (> 0) | off"])
         self.assertEqual(errors(c[27]), ["UsageError: --show 1: rank 1 does not run this cell (0)"])
+
+
+@unittest.skipUnless(jupyter_client and shutil.which("jupyter"),
+                     "jupyter (python3-nbclient, python3-ipykernel) is not installed")
+class IPythonCells(unittest.TestCase):
+    """Cells through the ranks' IPython, non-blocking cells, --local alike for
+    %%rank and %%distributed, the per-rank timeline."""
+
+    @classmethod
+    def setUpClass(cls):
+        kernel = "%dist_mode off\n{}\n%dist_mode on"  # a cell run in the kernel
+        cls.cells = run_notebook([
+            "%load_ext dtrun",                                                     # 0
+            INIT,                                                                  # 1
+            "!echo shell on $rank",                                                # 2
+            "%%distributed\n%time y = sum(range(rank + 3))\ny",                    # 3
+            "y?",                                                                  # 4
+            "%dist_status",                                                        # 5
+            "%%distributed --noblock\nimport time\nprint('begin', rank, flush=True)\n"
+            "time.sleep(4 if rank == 1 else 0.2)\nprint('end', rank)\nrank * 11",    # 6
+            kernel.format("import time\ntime.sleep(1.5)\n%dist_result c1"),         # 7
+            "%dist_result c1 --wait",                                              # 8
+            "%dist_result c1",                                                     # 9
+            "%%rank 0 --noblock\nimport time\ntime.sleep(6)",                      # 10
+            "%dist_timeout 2",                                                     # 11
+            "%%distributed --noblock\nwhile True: pass",                           # 12
+            kernel.format("time.sleep(3)\n%dist_result c3"),                       # 13
+            "%dist_result c3 --wait",                                              # 14
+            "%dist_timeout off",                                                   # 15
+            "%%distributed --local\nshared = 5\nprint('set')",                     # 16
+            kernel.format("print('kernel shared', shared)"),                       # 17
+            "%%rank [1] --local --noblock\nboth_nb = 3",                            # 18
+            kernel.format("print('kernel both_nb', both_nb)"),                     # 19
+            "%%rank [0]\nimport time\ntime.sleep(0.3)",                             # 20
+            "%dist_timeline 20",                                                   # 21
+            "%dist_result c9",                                                     # 22
+            "%dist_result",                                                        # 23
+            "%dist_timeline x",                                                    # 24
+            "%%distributed 0\n1",                                                 # 25
+            "%dist_shutdown",                                                      # 26
+        ], timeout=240)
+
+    def test_shell_magics_and_help_run_through_ipython_on_each_rank(self):
+        c = self.cells
+        self.assertEqual(stream_text(c[2]), "[rank 0] shell on 0\n[rank 1] shell on 1\n")
+        out = stream_text(c[3])
+        self.assertRegex(out, r"\[rank 0\] Wall time: .*\n")
+        self.assertRegex(out, r"\[rank 1\] CPU times: .*\n")
+        self.assertIn("[rank 0] 3\n[rank 1] 6\n", out)
+        self.assertIn("[rank 0] Type:", stream_text(c[4]))
+        self.assertIn("[rank 1] String form: 6", stream_text(c[4]))
+        self.assertRegex(stream_text(c[5]).splitlines()[0],
+                         r"^cells run through IPython \d+\.\d+\.\d+ on every rank")
+
+    def test_noblock_returns_at_once_and_shows_what_arrived(self):
+        c = self.cells
+        self.assertRegex(stream_text(c[6]), r"^c1: running on rank\(s\) 0-1; %dist_result c1")
+        so_far = stream_text(c[7])
+        self.assertIn("[rank 0] begin 0\n[rank 0] end 0\n[rank 0] 0\n", so_far)
+        self.assertRegex(so_far, r"\[rank 1\] begin 1\n\[rank 1\] \.\.\. still running "
+                                 r"\([12]\.\d s so far\)")
+        self.assertNotIn("end 1", so_far)
+        self.assertIn("[rank 1] end 1\n", stream_text(c[8]))
+        self.assertIn("[rank 1] 11", stream_text(c[8]))
+        self.assertIn("[rank 0] 0\n", stream_text(c[9]))
+        self.assertIn("[rank 1] end 1\n[rank 1] 11\n", stream_text(c[9]))
+
+    def test_timeout_on_a_noblock_cell_and_one_queued_behind_another(self):
+        c = self.cells
+        self.assertRegex(stream_text(c[12]), r"c3: running on rank\(s\) 0-1")
+        so_far = stream_text(c[13])
+        self.assertIn("[rank 0] ... waiting behind c2\n", so_far)
+        self.assertIn("[rank 1] timed out after 2 s\n", so_far)
+        self.assertEqual(stream_text(c[14]),
+                         "[rank 0] timed out after 2 s\n[rank 1] timed out after 2 s\n")
+
+    def test_local_means_ranks_and_kernel_for_both_magics(self):
+        c = self.cells
+        self.assertEqual(stream_text(c[16]), "[rank 0] set\n[rank 1] set\nset\n")
+        self.assertIn("kernel shared 5", stream_text(c[17]))
+        self.assertIn("kernel both_nb 3", stream_text(c[19]))
+
+    def test_timeline_marks_the_slowest_rank(self):
+        lines = stream_text(self.cells[21]).splitlines()
+        self.assertRegex(lines[0], r"^ *cell +code +rank 0 +rank 1 +slowest$")
+        # c1: rank 0 slept 0.2 s, rank 1 4 s.
+        [c1] = [line for line in lines if "[c1]" in line]
+        self.assertRegex(c1, r"\[c1\] import time +2\d\d\.\d ms +4\.\d\d s\* +"
+                             r"rank 1 \(\+3\.\d\d s\)$")
+        [c3] = [line for line in lines if "[c3]" in line]
+        self.assertRegex(c3, r"\[c3\] while True: pass +2\.\d\d s\*? +2\.\d\d s\*? +rank")
+        self.assertRegex(lines[-2], r"\[c4\] both_nb = 3 +- +\d+\.\d ms +$")
+        self.assertRegex(lines[-1], r"import time +3\d\d\.\d ms +- +$")
+
+    def test_bad_input(self):
+        c = self.cells
+        self.assertEqual(errors(c[22]), ["UsageError: no non-blocking cell named 'c9' "
+                                         "(this session has: c1, c2, c3, c4)"])
+        self.assertEqual(errors(c[23]), ["UsageError: usage: %dist_result NAME [--wait]"])
+        self.assertEqual(errors(c[24]), ["UsageError: usage: %dist_timeline [N] (the last N "
+                                         "cells, default 10)"])
+        self.assertEqual(errors(c[25]), ["UsageError: %%distributed runs on every rank "
+                                         "('0'?): %%rank SPEC picks ranks"])
 
 
 @unittest.skipUnless(jupyter_client and shutil.which("jupyter"),
@@ -194,7 +303,7 @@ class Kernel(unittest.TestCase):
 
     def test_a_session(self):
         self.execute("%load_ext dtrun")
-        self.assertIn("2 rank(s) ready", self.execute("%dist_init --num-processes 2"))
+        self.assertIn("2 rank(s) ready", self.execute(INIT))
         # Completion from rank 0's namespace, no copy to the kernel.
         self.execute("%%rank [0]\nmodel = torch.nn.Linear(2, 2)")
         reply = self.kc.complete("model.we", 8, reply=True, timeout=60)["content"]
@@ -213,6 +322,19 @@ class Kernel(unittest.TestCase):
         self.assertIn("[rank 0] 0\n[rank 1] 5", self.execute("kept"))
         out = self.execute("y = torch.ones(1)\ndist.all_reduce(y)\ny")
         self.assertIn("[rank 0] tensor([2.])\n[rank 1] tensor([2.])", out)
+        # A non-blocking cell; a cell queued behind it, cancelled by the
+        # interrupt button; the non-blocking cell interrupted while waited on.
+        out = self.execute("%%rank [0] --noblock\nimport time\nprint('nb start', flush=True)\n"
+                           "time.sleep(120)")
+        self.assertRegex(out, r"^c1: running on rank\(s\) 0;")
+        out = self.execute("print('queued ran')", until="(waiting for c1",
+                           then=self.km.interrupt_kernel, timeout=60)
+        self.assertIn("[rank 0] cancelled: it was waiting behind c1, which still runs there", out)
+        self.assertIn("[rank 1] queued ran", out)
+        out = self.execute("%dist_result c1 --wait", until="[rank 0] nb start",
+                           then=self.km.interrupt_kernel, timeout=60)
+        self.assertIn("[rank 0] interrupted", out)
+        self.assertEqual(self.execute("print('after', rank)"), "[rank 0] after 0\n[rank 1] after 1\n")
 
 
 class TwoNodes(Kernel):

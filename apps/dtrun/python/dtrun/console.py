@@ -12,7 +12,7 @@ import time
 try:
     import torch
     from dtrun.session import (LabelledLines, Session, SessionError, format_results,
-                               parse_ranks)
+                               format_timeline, parse_ranks, runner_line, spans)
 except ImportError as e:  # the interpreter has no torch
     sys.stderr.write(f"dtrun --interactive: {sys.executable} cannot import what a session needs "
                      f"({e}); pass --python with a Python that has PyTorch (on Debian: "
@@ -23,15 +23,23 @@ HELP = """\
 A cell runs on every rank unless its first line selects some:
   %rank 0 | %rank 0,2 | %rank 1-3 | %rank all   then the code (same line or next lines)
   %rank 0-3 --show 1 CODE   runs on 0-3, prints rank 1's output (and all errors)
+  %rank all --noblock CODE  returns at once with a name (c1, c2, ...) while it runs
+                            (%distributed --noblock CODE: the same on every rank)
+  %result NAME [--wait]     what a non-blocking cell's ranks sent so far, or wait for it
+  %timeline [N]             each rank's wall time of the last N cells, slowest marked
 Each rank keeps its own variables; rank, local_rank, world_size, device, torch,
-dist and display are predefined. Ctrl-C interrupts a running cell on its ranks;
-Tab completes names and attributes from rank 0.
+dist and display are predefined. Where the workers' Python has IPython, cells
+run through it: %time, !cmd, obj?, %%timeit and the other IPython magics work
+(a line or first line starting % that is none of this console's own goes to
+the ranks; a %%cell ends with an empty line). Ctrl-C interrupts a running cell
+on its ranks; Tab completes names and attributes from rank 0.
   %pull NAME [--rank R]     print rank R's NAME (default rank 0), fetched to the CPU
   %push NAME=EXPR [--ranks SPEC]   evaluate EXPR here, set NAME on the ranks
   %sync            a barrier on every rank
   %stream on|off   show output as it is printed (default off: per rank, at the end)
   %timeout S|off   interrupt cells that run longer than S seconds
-  %status          each rank: host, pid, alive, busy or idle, last cell, memory
+  %status          each rank: host, pid, alive, busy or idle, last cell, memory;
+                   and whether cells run through IPython or plain exec
   %restart         new workers with fresh state
   %shutdown        stop the workers and leave (also Ctrl-D)
   %help            this text"""
@@ -44,6 +52,8 @@ class Console:
         self.tty = sys.stdin.isatty()
         self.compiler = codeop.CommandCompiler()
         self.local = {"torch": torch}  # where %push evaluates its expression
+        self.ipython = None  # IPython's input transformer, when the ranks use IPython
+        self.shows = {}  # the --show rank of each non-blocking cell, by name
 
     def say(self, text):
         self.out.write(text + ("\n" if text and not text.endswith("\n") else ""))
@@ -60,7 +70,9 @@ class Console:
 
     def read_cell(self):
         """One cell: a magic line, or Python lines until complete (a block
-        ends with an empty line, as in the Python REPL). None at EOF."""
+        ends with an empty line, as in the Python REPL). Returns (spec,
+        code), spec being None (every rank), "magic" (a console magic) or
+        the %rank options; None at EOF."""
         lines = []
         ranks_spec = None
         while True:
@@ -74,21 +86,18 @@ class Console:
                 stripped = line.strip()
                 if not stripped:
                     continue
-                if stripped.startswith("%"):
+                if stripped.startswith("%") and not stripped.startswith("%%"):
                     word, _, rest = stripped.partition(" ")
-                    if word == "%rank":
-                        spec, _, code = rest.strip().partition(" ")
-                        if code.startswith("--show "):
-                            _, _, shown = code.partition(" ")
-                            shown, _, code = shown.strip().partition(" ")
-                            spec = f"{spec} --show {shown}"
-                        ranks_spec = spec
+                    if word in ("%rank", "%distributed"):
+                        ranks_spec, code = _rank_options(word, rest)
                         if code.strip():
                             lines.append(code.strip())
                             if self.complete(lines):
                                 return ranks_spec, "\n".join(lines)
                         continue
-                    return "magic", stripped
+                    if word in MAGICS or not self.ipython:
+                        return "magic", stripped
+                    # An IPython line magic (%time ...): a cell for the ranks.
             if lines and not line.strip():
                 return ranks_spec, "\n".join(lines)  # an empty line ends a block
             lines.append(line)
@@ -96,18 +105,24 @@ class Console:
                 return ranks_spec, "\n".join(lines)
 
     def complete(self, lines):
+        source = "\n".join(lines)
+        if self.ipython:
+            if lines[0].lstrip().startswith("%%"):
+                return False  # a cell magic's body ends with an empty line
+            status, _ = self.ipython.check_complete(source + "\n")
+            return status != "incomplete"
         try:
-            return self.compiler("\n".join(lines), "<cell>", "single") is not None
+            return self.compiler(source, "<cell>", "single") is not None
         except (SyntaxError, OverflowError, ValueError):
             return True  # let it fail at compile time with the message
 
     # -- commands --------------------------------------------------------
-    def run_cell(self, ranks_spec, code):
-        spec, _, shown = (ranks_spec or "all").partition(" --show ")
+    def run_cell(self, options, code):
+        spec, shown, noblock = options or ("all", None, False)
         try:
             ranks = parse_ranks(spec, self.s.world)
             show = None
-            if shown:
+            if shown is not None:
                 if not shown.isdigit() or int(shown) not in ranks:
                     raise SessionError(f"--show {shown}: name one of the ranks that run the cell")
                 show = int(shown)
@@ -115,17 +130,47 @@ class Console:
             self.say(f"error: {e}")
             return
         try:
-            compile(code, "<cell>", "exec")
+            compile(self.ipython.transform_cell(code) if self.ipython else code,
+                    "<cell>", "exec")
         except SyntaxError as e:
             self.say(f"SyntaxError: {e.msg} (line {e.lineno}); nothing was run")
             return
+        if noblock:
+            name = self.s.start(code, ranks)
+            self.shows[name] = show
+            self.say(f"{name}: running on rank(s) {spans(ranks)}; %result {name} shows what "
+                     f"has arrived, %result {name} --wait waits for the end")
+            return
+        behind = self.s.busy_with(ranks)
+        if behind:
+            self.say(f"(waiting for {', '.join(behind)} to finish on these ranks first)")
         on_stream = LabelledLines(self.say, show) if self.s.stream else None
-        results = self.s.run(code, ranks, on_stream)
+        self.show(self.s.run(code, ranks, on_stream), on_stream, show)
+
+    def show(self, results, on_stream, show):
         if on_stream:
             on_stream.flush()
-        text = format_results(results, streamed=self.s.stream, show=show)
+        text = format_results(results, streamed=on_stream is not None, show=show)
         if text:
             self.say(text)
+
+    def result(self, arg):
+        words = arg.split()
+        wait = "--wait" in words
+        names = [w for w in words if w != "--wait"]
+        if len(names) != 1 or names[0].startswith("--"):
+            self.say("usage: %result NAME [--wait]")
+            return
+        show = self.shows.get(names[0])
+        on_stream = LabelledLines(self.say, show) if wait and self.s.stream else None
+        self.show(self.s.result(names[0], wait=wait, on_stream=on_stream), on_stream, show)
+
+    def timeline(self, arg):
+        arg = arg or "10"
+        if not arg.isdigit() or int(arg) == 0:
+            self.say("usage: %timeline [N] (the last N cells, default 10)")
+            return
+        self.say(format_timeline(self.s.timeline, int(arg)))
 
     def magic(self, line):
         word, _, arg = line.partition(" ")
@@ -152,6 +197,10 @@ class Console:
                     self.say("usage: %timeout SECONDS (> 0) | off")
         elif word == "%status":
             self.status()
+        elif word in ("%result", "%dist_result"):
+            self.result(arg)
+        elif word in ("%timeline", "%dist_timeline"):
+            self.timeline(arg)
         elif word == "%sync":
             self.s.sync()
             self.say(f"all {self.s.world} ranks reached the barrier")
@@ -198,6 +247,7 @@ class Console:
 
     def status(self):
         st = self.s.statuses(fresh=True)
+        self.say(runner_line(st))
         dead = set(self.s.dead_ranks(list(st)))
         for s in st.values():  # on several nodes, the address each node advertises
             s["host"] += f" ({s['addr']})" if s.get("addr") else ""
@@ -216,7 +266,18 @@ class Console:
                      f"{'no' if r in dead else 'yes':5}  {'busy' if s['busy'] else 'idle':5}  "
                      f"{last:>9}  {mem:>9}  {s['device']}{gpu}")
 
+    def use_ipython(self):
+        """Checks and completes cells as the ranks' IPython will read them,
+        when they run through IPython and this Python has it too."""
+        if any(r != "exec" for r in self.s.runners.values()):
+            try:
+                from IPython.core.inputtransformer2 import TransformerManager
+            except ImportError:
+                return
+            self.ipython = TransformerManager()
+
     def loop(self):
+        self.use_ipython()
         if self.tty:
             _enable_history(self.s)
             self.say(f"dtrun interactive: {self.s.world} rank(s) ready. %help for help; "
@@ -240,6 +301,29 @@ class Console:
                 self.say(f"error: {e}")
                 if self.s.launcher_pid and not _launcher_alive(self.s.launcher_pid):
                     return 1
+
+
+# The console's own magics; any other %word goes to the ranks' IPython.
+MAGICS = ("%help", "%stream", "%timeout", "%status", "%sync", "%pull", "%push", "%restart",
+          "%shutdown", "%exit", "%quit", "%result", "%dist_result", "%timeline",
+          "%dist_timeline")
+
+
+def _rank_options(word, rest):
+    """'%rank SPEC [--show R] [--noblock] [CODE]' (or '%distributed
+    [--noblock] [CODE]') -> ((spec, show, noblock), code)."""
+    words = rest.split(" ")
+    spec = "all"
+    if word == "%rank" and words and words[0]:
+        spec = words.pop(0)
+    show, noblock = None, False
+    while words and words[0] in ("--show", "--noblock", ""):
+        option = words.pop(0)
+        if option == "--noblock":
+            noblock = True
+        elif option == "--show":
+            show = words.pop(0) if words else ""
+    return (spec, show, noblock), " ".join(words)
 
 
 def _launcher_alive(pid):

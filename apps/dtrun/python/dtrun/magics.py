@@ -13,9 +13,10 @@ from IPython.display import publish_display_data
 
 from dtrun import protocol
 from dtrun.session import (LabelledLines, Session, SessionError, format_results,
-                           parse_ranks)
+                           format_timeline, parse_ranks, runner_line, spans)
 
-_STATE = {"session": None, "proc": None, "mode": True}
+# shows: the --show rank of each non-blocking cell, by handle name.
+_STATE = {"session": None, "proc": None, "mode": True, "shows": {}}
 
 
 def _session():
@@ -98,7 +99,7 @@ def _shutdown():
             proc.wait()
 
 
-def _run(code, spec="all", show=None):
+def _run(code, spec="all", show=None, noblock=False):
     session = _session()
     try:
         ranks = parse_ranks(spec, session.world)
@@ -106,12 +107,26 @@ def _run(code, spec="all", show=None):
             raise SessionError(f"--show {show}: rank {show} does not run this cell ({spec})")
     except SessionError as e:
         raise _usage(str(e)) from None
+    if noblock:
+        name = session.start(code, ranks)
+        _STATE["shows"][name] = show
+        print(f"{name}: running on rank(s) {spans(ranks)}; %dist_result {name} shows what "
+              f"has arrived, %dist_result {name} --wait waits for the end")
+        return
+    behind = session.busy_with(ranks)
+    if behind:
+        print(f"(waiting for {', '.join(behind)} to finish on these ranks first)")
     lines = LabelledLines(print, show) if session.stream else None
-    results = session.run(code, ranks, lines)
+    _show(session.run(code, ranks, lines), lines, session.stream, show)
+
+
+def _show(results, lines, streamed, show):
+    """Prints a cell's results, labelled per rank; rich output as the
+    notebook's own display data."""
     if lines:
         lines.flush()
     text = format_results({r: {k: v for k, v in res.items() if k != "displays"}
-                           for r, res in results.items()}, streamed=session.stream, show=show)
+                           for r, res in results.items()}, streamed=streamed, show=show)
     if text:
         print(text)
     for r in sorted(results):
@@ -129,26 +144,34 @@ def _publish(rank, bundle):
     publish_display_data(data, metadata={"dtrun": {"rank": rank}})
 
 
-def _parse_rank_line(line):
-    """'%%rank' arguments: a rank spec ('[0, 1]', '1-3', 'all') with --local
-    and --show R anywhere -> (spec, local, show)."""
+def _parse_cell_line(line, magic="rank"):
+    """'%%rank' and '%%distributed' arguments: a rank spec ('[0, 1]', '1-3',
+    'all'; %%rank only) with --local, --noblock and --show R anywhere ->
+    (spec, local, show, noblock)."""
     words = shlex.split(line)
-    local, show, spec = False, None, []
+    local = noblock = False
+    show, spec = None, []
     i = 0
     while i < len(words):
         if words[i] == "--local":
             local = True
+        elif words[i] == "--noblock":
+            noblock = True
         elif words[i] == "--show":
             if i + 1 >= len(words) or not words[i + 1].isdigit():
-                raise _usage("--show takes a rank, e.g. %%rank 0-3 --show 1")
+                raise _usage(f"--show takes a rank, e.g. %%{magic} --show 1")
             show = int(words[i + 1])
             i += 1
         elif words[i].startswith("--"):
-            raise _usage(f"unknown option {words[i]}: %%rank takes --local and --show R")
+            raise _usage(f"unknown option {words[i]}: %%{magic} takes --local, --noblock "
+                         "and --show R")
+        elif magic == "distributed":
+            raise _usage(f"%%distributed runs on every rank ('{words[i]}'?): "
+                         "%%rank SPEC picks ranks")
         else:
             spec.append(words[i])
         i += 1
-    return " ".join(spec) or "all", local, show
+    return " ".join(spec) or "all", local, show, noblock
 
 
 def _on_off(line, what):
@@ -195,6 +218,7 @@ def _complete(text):
 
 def _status_lines(session):
     st = session.statuses(fresh=True)
+    yield runner_line(st)
     dead = set(session.dead_ranks(list(st)))
     for r in range(session.world):
         s = st.get(r, {})
@@ -233,14 +257,47 @@ class DtrunMagics(Magics):
 
     @cell_magic
     def rank(self, line, cell):
-        spec, local, show = _parse_rank_line(line)
-        _run(cell, spec, show)
-        if local:
-            self.shell.ex(cell)
+        self._cell("rank", line, cell)
 
     @cell_magic
     def distributed(self, line, cell):
-        _run(cell, "all")
+        self._cell("distributed", line, cell)
+
+    def _cell(self, magic, line, cell):
+        """A cell on the ranks; --local: in the kernel too (after the ranks,
+        or at once when they run it without blocking)."""
+        spec, local, show, noblock = _parse_cell_line(line, magic)
+        _run(cell, spec, show, noblock)
+        if local:
+            mode, _STATE["mode"] = _STATE["mode"], False  # this run stays in the kernel
+            try:
+                self.shell.run_cell(cell, store_history=False)
+            finally:
+                _STATE["mode"] = mode
+
+    @line_magic
+    def dist_result(self, line):
+        session = _session()
+        words = line.split()
+        wait = "--wait" in words
+        names = [w for w in words if w != "--wait"]
+        if len(names) != 1 or any(w.startswith("--") for w in names):
+            raise _usage("usage: %dist_result NAME [--wait]")
+        show = _STATE["shows"].get(names[0])
+        lines = LabelledLines(print, show) if wait and session.stream else None
+        try:
+            results = session.result(names[0], wait=wait, on_stream=lines)
+        except SessionError as e:
+            raise _usage(str(e)) from None
+        _show(results, lines, lines is not None, show)
+
+    @line_magic
+    def dist_timeline(self, line):
+        session = _session()
+        arg = line.strip() or "10"
+        if not arg.isdigit() or int(arg) == 0:
+            raise _usage("usage: %dist_timeline [N] (the last N cells, default 10)")
+        print(format_timeline(session.timeline, int(arg)))
 
     @line_magic
     def dist_mode(self, line):

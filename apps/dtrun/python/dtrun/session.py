@@ -18,6 +18,7 @@ the client is handed the rendezvous store, where dtrun keeps
 moves to the new store when the round changes (a %restart, a dead worker on
 any node).
 """
+import collections
 import importlib.util
 import io
 import json
@@ -39,6 +40,7 @@ from dtrun import protocol
 
 
 CHUNK = 16 << 20  # bytes per stored chunk of pickled data
+TIMELINE_CELLS = 1000  # cells %dist_timeline remembers
 
 
 def put_chunks(store, key_of, blob):
@@ -61,6 +63,21 @@ def get_record(store, key):
     it, which no longer does)."""
     value = store.get(key)
     return json.loads(value) if value else None
+
+
+# A value no record ever has: compare_set(key, _ABSENT, _ABSENT) reads a key
+# in one round trip (torch's get waits for the key first: two), changes
+# nothing, and answers _ABSENT when the key does not exist.
+_ABSENT = "\x00dtrun-absent"
+
+
+def peek_record(store, key):
+    """The JSON record under `key`, or None if there is none (yet): one
+    round trip, no wait."""
+    value = store.compare_set(key, _ABSENT, _ABSENT)
+    if isinstance(value, bytes):
+        value = value.decode()
+    return None if value in (_ABSENT, "") else json.loads(value)
 
 
 _INT_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
@@ -172,6 +189,18 @@ class _Waiter(threading.Thread):
         self.conn = None
 
 
+class Handle:
+    """A non-blocking cell: its number in the attempt (and round) it was
+    sent in, and its results once every rank has answered."""
+
+    def __init__(self, name, n, ranks, code, attempt, round_):
+        self.name, self.n, self.ranks, self.code = name, n, ranks, code
+        self.attempt, self.round = attempt, round_
+        self.started = time.monotonic()
+        self.results = None
+        self.lost = False  # the workers restarted before it finished
+
+
 class Session:
     def __init__(self, host, port, world, launcher_pid=None, session_dir=None, rdzv_key=None):
         self.host, self.port, self.world = host, port, world
@@ -188,8 +217,13 @@ class Session:
         self.next_cell = 0
         self.attempt = None
         self.workers = {}  # rank -> (host, pid) of the current attempt
+        self.runners = {}  # rank -> how its cells run ("IPython 8.5.0", "exec")
         self.stream = False
         self.timeout = None  # seconds per cell, or None
+        self.handles = {}  # name -> Handle of a non-blocking cell
+        self.handle_count = 0
+        self.timeline = collections.deque(maxlen=TIMELINE_CELLS)
+        self.cells_run = 0  # over the whole session, for the timeline
 
     # -- rounds (several nodes) -------------------------------------------
     def _current_round(self):
@@ -266,6 +300,7 @@ class Session:
                     self.attempt = st[0]["attempt"]
                     self.workers = {r: (s["host"], s.get("addr"), s["pid"])
                                     for r, s in st.items()}
+                    self.runners = {r: s.get("runner", "exec") for r, s in st.items()}
                     self.next_cell = 0
                     return True
         except RuntimeError:  # the round ended under us; the next one follows
@@ -321,6 +356,7 @@ class Session:
         through the store to exit (no pids: they may run anywhere), and
         dtrun restarts the group."""
         old = self.attempt
+        self.handles_lost()
         self.store.add(restart_key(old), 1)
         self.send("", list(range(self.world)), kind="restart")
         self.wait_ready(newer_than=old)
@@ -340,8 +376,12 @@ class Session:
 
     # -- cells -----------------------------------------------------------
     def send(self, code, ranks, kind="cell", **extra):
+        if self.handles:
+            self.settle()
         n = self.next_cell
         self.next_cell += 1
+        if kind == "cell" and self.timeout:
+            extra["timeout"] = self.timeout  # the ranks time their cells themselves
         self.store.set(cell_key(n), json.dumps(
             {"kind": kind, "code": code, "ranks": ranks, "stream": self.stream, **extra}))
         return n
@@ -386,17 +426,132 @@ class Session:
         died get {"died": True}; the group is then restarted by dtrun and
         this waits for it (results say so with "restarted")."""
         n = self.send(code, ranks)
-        return self.collect(n, ranks, on_stream)
+        started = time.monotonic()
+        results = self.collect(n, ranks, on_stream)
+        self.note_timeline(code, ranks, results, time.monotonic() - started)
+        return results
+
+    # -- non-blocking cells --------------------------------------------
+    def start(self, code, ranks):
+        """Sends a cell that runs while the caller goes on; returns its
+        handle's name (see result())."""
+        self.handle_count += 1
+        name = f"c{self.handle_count}"
+        n = self.send(code, ranks, noblock=True)
+        self.handles[name] = Handle(name, n, list(ranks), code, self.attempt, self.round)
+        return name
+
+    def handle(self, name):
+        h = self.handles.get(name)
+        if h is None:
+            known = ", ".join(self.handles) or "none"
+            raise SessionError(f"no non-blocking cell named '{name}' (this session has: {known})")
+        return h
+
+    def busy_with(self, ranks):
+        """Names of non-blocking cells still running on any of `ranks`."""
+        self.settle()
+        return [h.name for h in self.handles.values()
+                if h.results is None and not h.lost and set(h.ranks) & set(ranks)]
+
+    def settle(self):
+        """Notes which non-blocking cells have finished (into the timeline;
+        re-creating the process group if one was left blocked)."""
+        for h in list(self.handles.values()):
+            if h.results is not None or h.lost:
+                continue
+            if h.attempt != self.attempt or h.round != self.round:
+                h.lost = True
+                continue
+            try:
+                got = {r: peek_record(self.store, result_key(h.n, r)) for r in h.ranks}
+            except RuntimeError:  # the round's store went away: the next wait tells
+                return
+            if None not in got.values():
+                self._finish(h, got)
+
+    def _finish(self, h, results):
+        h.results = results
+        self.note_timeline(h.code, h.ranks, results, time.monotonic() - h.started, h.name)
+        if any(res.get("abandoned") for res in results.values()):
+            self.reset_process_group()
+
+    def result(self, name, wait=False, on_stream=None):
+        """What a non-blocking cell's ranks have sent so far: {rank: result},
+        where a rank still running has {"running": seconds, "out", "err"} (its
+        output so far). wait: until every rank has finished (Ctrl-C
+        interrupts the cell on its ranks, as for a blocking cell)."""
+        h = self.handle(name)
+        if h.results is not None:
+            return h.results
+        if h.lost or h.attempt != self.attempt or h.round != self.round:
+            h.lost = True
+            raise SessionError(f"{name} is gone: the workers restarted since it started "
+                               "(fresh state)")
+        if wait:
+            results = self.collect(h.n, h.ranks, on_stream)
+            if any(res.get("died") or res.get("restarted") for res in results.values()):
+                h.lost = True
+                return results
+            self._finish(h, results)
+            return results
+        if self.dead_ranks(h.ranks) or self._round_moved():
+            return self.result(name, wait=True)  # the death path names who died
+        return self._so_far(h)
+
+    def _so_far(self, h):
+        got = {}
+        for r in h.ranks:
+            res = peek_record(self.store, result_key(h.n, r))
+            if res is None:
+                before = self._unfinished_before(h, r)
+                if before:
+                    res = {"ok": True, "queued": before}
+                else:
+                    out, err = self._streamed(h.n, r)
+                    res = {"running": time.monotonic() - h.started, "ok": True, "out": out,
+                           "err": err}
+            got[r] = res
+        if not any("running" in res or "queued" in res for res in got.values()):
+            self._finish(h, got)
+        return got
+
+    def _unfinished_before(self, h, rank):
+        """The non-blocking cell sent before h that `rank` still runs, if any."""
+        for other in self.handles.values():
+            if (other.n < h.n and other.attempt == h.attempt and other.round == h.round
+                    and rank in other.ranks and other.results is None and not other.lost
+                    and peek_record(self.store, result_key(other.n, rank)) is None):
+                return other.name
+        return None
+
+    def _streamed(self, n, rank):
+        """A running cell's output so far on `rank`: (out, err)."""
+        out, err = [], []
+        for k in range(self.store.add(stream_count_key(n, rank), 0)):
+            record = peek_record(self.store, stream_key(n, rank, k))
+            if record is not None:
+                (out if record[0] == "out" else err).append(record[1])
+        return "".join(out), "".join(err)
+
+    # -- timeline --------------------------------------------------------
+    def note_timeline(self, code, ranks, results, client_s, name=None):
+        """Each rank's wall time of a finished cell (as the rank measured
+        it), for %dist_timeline."""
+        self.cells_run += 1
+        walls = {r: res["wall"] for r, res in results.items() if "wall" in res}
+        self.timeline.append({"cell": self.cells_run, "code": code, "ranks": walls,
+                              "name": name, "client_s": client_s})
 
     def collect(self, n, ranks, on_stream=None):
         keys = [result_key(n, r) for r in ranks]
         done = self.waiter.wait(keys)
         shown = {r: 0 for r in ranks}
-        died, timed_out = self._await_results(n, ranks, done, shown, on_stream)
+        died = self._await_results(n, ranks, done, shown, on_stream)
         results = None
         try:
             if not died:
-                results = {r: get_record(self.store, result_key(n, r)) for r in ranks}
+                results = {r: peek_record(self.store, result_key(n, r)) for r in ranks}
         except RuntimeError:  # the round's store went away with its workers
             if self.rdzv is None:
                 raise
@@ -409,20 +564,15 @@ class Session:
             return self._results_after_death(died, ranks)
         if on_stream:
             self._pump(n, ranks, shown, on_stream, final=results)
-        if timed_out:
-            for res in results.values():
-                res["timed_out"] = self.timeout
         if any(res.get("abandoned") for res in results.values()):
             self.reset_process_group()
         return results
 
     def _await_results(self, n, ranks, done, shown, on_stream):
-        """Waits for cell n's results while streaming output, applying the
-        timeout, forwarding Ctrl-C and watching for dead workers. Returns
-        (died, timed_out): died lists the ranks here that died, [None] when
-        the round moved because of a worker elsewhere."""
-        started = time.monotonic()
-        interrupted = timed_out = False
+        """Waits for cell n's results while streaming output, forwarding
+        Ctrl-C and watching for dead workers. Returns the ranks here that
+        died, [None] when the round moved because of a worker elsewhere."""
+        interrupted = False
         died = []
         while not done.is_set():
             try:
@@ -431,10 +581,6 @@ class Session:
                     break
                 if on_stream:
                     self._pump(n, ranks, shown, on_stream)
-                if (self.timeout and not interrupted
-                        and time.monotonic() - started > self.timeout):
-                    timed_out = interrupted = True
-                    self.store.add(interrupt_key(n), 1)
                 died = self.dead_ranks(ranks)
                 if not died and self._round_moved():
                     # A worker on another node died (or that node's dtrun
@@ -443,33 +589,61 @@ class Session:
                 if died:
                     # dtrun stops and restarts the whole group (clearing the
                     # store): release the waiter and answer for the ranks here.
-                    try:
-                        for r in ranks:
-                            self.store.set(result_key(n, r), json.dumps({"died": True}))
-                    except RuntimeError:  # that round's store is gone already
-                        pass
+                    self._answer_for(n, ranks, {"died": True})
                     done.wait(5)
                     break
             except KeyboardInterrupt:
-                interrupted = True
-                self.store.add(interrupt_key(n), 1)
-        return died, timed_out
+                if not interrupted:
+                    interrupted = True
+                    self.store.add(interrupt_key(n), 1)
+                    self._cancel_queued(n, ranks)
+        return died
+
+    def _answer_for(self, n, ranks, result):
+        try:
+            for r in ranks:
+                self.store.set(result_key(n, r), json.dumps(result))
+        except RuntimeError:  # that round's store is gone already
+            pass
+
+    def _cancel_queued(self, n, ranks):
+        """Ctrl-C on a cell that waits behind a non-blocking one: its ranks
+        that are still busy with that one skip it (they see the interrupt
+        when they reach it) and the caller stops waiting for them now."""
+        for name in self.busy_with(ranks):
+            h = self.handles[name]
+            if h.n >= n:  # sent after (or is) the interrupted cell
+                continue
+            busy = [r for r in set(h.ranks) & set(ranks)
+                    if peek_record(self.store, result_key(h.n, r)) is None]
+            self._answer_for(n, busy, {"ok": False, "interrupted": True, "cancelled": True,
+                                       "behind": name})
 
     def _results_after_death(self, died, ranks):
         """Waits for the restarted group and answers for each rank of the
-        cell, naming the dead rank where dtrun published it."""
+        cell, naming the dead rank, where and how, from the crash record
+        dtrun published (on this node or another)."""
         elsewhere, attempt = died == [None], self.attempt
-        crash = None
-        if elsewhere:  # which rank died, and where: dtrun published it
-            crash = self.last_crash()
-            if crash and crash["attempt"] == attempt:
-                died = [crash["rank"]]
+        self.handles_lost()
         self.wait_ready(newer_than=attempt)
-        if elsewhere and died != [None]:
-            return {r: {"died": r in died, "restarted": True, "elsewhere": True,
-                        "crash": crash if r in died else None} for r in ranks}
-        return {r: {"died": r in died, "restarted": True, "elsewhere": elsewhere}
-                for r in ranks}
+        crash = self.last_crash()
+        if crash is not None and crash["attempt"] != attempt:
+            crash = None  # an older crash: this one was not published
+        if elsewhere and crash is not None:
+            died = [crash["rank"]]
+        out = {}
+        for r in ranks:
+            res = {"died": r in died, "restarted": True, "elsewhere": elsewhere}
+            if crash is not None and crash["rank"] == r:
+                res["crash"] = crash
+            out[r] = res
+        return out
+
+    def handles_lost(self):
+        """The workers restart: non-blocking cells still running are lost."""
+        for h in self.handles.values():
+            if h.results is None:
+                h.lost = True
 
     def reset_process_group(self):
         n = self.send("", list(range(self.world)), kind="reset_pg")
@@ -532,6 +706,86 @@ class LabelledLines:
         self.partial.clear()
 
 
+def spans(ranks):
+    """[0, 1, 2, 5] -> '0-2,5'."""
+    out, i = [], 0
+    while i < len(ranks):
+        j = i
+        while j + 1 < len(ranks) and ranks[j + 1] == ranks[j] + 1:
+            j += 1
+        out.append(str(ranks[i]) if i == j else f"{ranks[i]}-{ranks[j]}")
+        i = j + 1
+    return ",".join(out)
+
+
+def runner_line(statuses):
+    """How the ranks run cells (from their statuses): through IPython, or
+    plain exec when their Python has none."""
+    by = {}
+    for r, st in sorted(statuses.items()):
+        by.setdefault(st.get("runner", "exec"), []).append(r)
+    parts = []
+    for runner, ranks in by.items():
+        where = "every rank" if len(by) == 1 else f"rank(s) {spans(ranks)}"
+        if runner == "exec":
+            parts.append(f"exec on {where} (no IPython in the workers' Python: "
+                         "no magics, !cmd or obj?)")
+        else:
+            parts.append(f"{runner} on {where} (magics, !cmd, obj?)")
+    notes = sorted({st["runner_note"] for st in statuses.values() if st.get("runner_note")})
+    return "cells run through " + "; ".join(parts) + "".join(f"; {n}" for n in notes)
+
+
+def crash_lines(crash):
+    """How a worker died, where, and the last lines it wrote to stderr."""
+    where = crash["host"] + (f" ({crash['addr']})" if crash.get("addr") else "")
+    lines = [f"worker died on {where} ({crash['how']}); dtrun started a new round on every "
+             "node: every rank has fresh state"]
+    tail = (crash.get("stderr_tail") or "").rstrip("\n").splitlines()[-8:]
+    if tail:
+        lines.append(f"its last stderr lines ({crash.get('stderr_file') or 'stderr'}):")
+        lines.extend("  " + line for line in tail)
+    return lines
+
+
+def _duration(seconds):
+    return f"{seconds * 1000:.1f} ms" if seconds < 1 else f"{seconds:.2f} s"
+
+
+def format_timeline(timeline, last=10):
+    """The last `last` cells, one line each: every rank's wall time (as the
+    rank measured it), the slowest marked with '*' and its excess over the
+    median of the others."""
+    cells = list(timeline)[-last:]
+    if not cells:
+        return "no cells have run yet"
+    ranks = sorted({r for c in cells for r in c["ranks"]})
+    width = max(9, *(len(_duration(t)) + 1 for c in cells for t in c["ranks"].values()))
+    head = f"{'cell':>5}  {'code':28}  " + "  ".join(f"{'rank ' + str(r):>{width}}"
+                                                      for r in ranks) + "  slowest"
+    lines = [head]
+    for c in cells:
+        first = next((line.strip() for line in c["code"].splitlines() if line.strip()), "")
+        code = (f"[{c['name']}] " if c["name"] else "") + first
+        code = code if len(code) <= 28 else code[:27] + "\u2026"
+        times = c["ranks"]
+        slow = max(times, key=times.get) if times else None
+        cols = []
+        for r in ranks:
+            if r not in times:
+                cols.append(f"{'-':>{width}}")
+            else:
+                mark = "*" if r == slow and len(times) > 1 else ""
+                cols.append(f"{_duration(times[r]) + mark:>{width}}")
+        note = ""
+        if slow is not None and len(times) > 1:
+            others = sorted(t for r, t in times.items() if r != slow)
+            median = others[len(others) // 2]
+            note = f"rank {slow}" + (f" (+{_duration(times[slow] - median)})" if median else "")
+        lines.append(f"{c['cell']:>5}  {code:28}  " + "  ".join(cols) + f"  {note}")
+    return "\n".join(lines)
+
+
 def format_results(results, streamed=False, show=None):
     """Rank-labelled text of a cell's results, in rank order. show: only
     that rank's output (the others' errors still count)."""
@@ -542,10 +796,7 @@ def format_results(results, streamed=False, show=None):
             res = {k: v for k, v in res.items() if k not in ("out", "err", "value", "displays")}
         label = f"[rank {r}] "
         if res.get("died") and res.get("crash"):
-            c = res["crash"]
-            where = c["host"] + (f" ({c['addr']})" if c.get("addr") else "")
-            lines.append(f"{label}worker died on {where} ({c['how']}); dtrun started a new round "
-                         "on every node: every rank has fresh state")
+            lines.extend(label + line for line in crash_lines(res["crash"]))
             continue
         if res.get("died"):
             lines.append(f"{label}worker died; dtrun restarted the group: every rank has fresh state")
@@ -557,7 +808,17 @@ def format_results(results, streamed=False, show=None):
         if res.get("restarted"):
             lines.append(f"{label}restarted with fresh state (another rank's worker died)")
             continue
+        if res.get("cancelled"):
+            behind = f" behind {res['behind']}" if res.get("behind") else ""
+            lines.append(f"{label}cancelled: it was waiting{behind}, which still runs there"
+                         + (f" (%dist_result {res['behind']} --wait, then Ctrl-C, stops it)"
+                            if behind else ""))
+            continue
         text = "" if streamed else res.get("out", "") + res.get("err", "")
+        if "running" in res:
+            text += f"... still running ({res['running']:.1f} s so far)\n"
+        if res.get("queued"):
+            text += f"... waiting behind {res['queued']}\n"
         if res.get("value") is not None:
             text += res["value"] + "\n"
         for bundle in res.get("displays", ()):

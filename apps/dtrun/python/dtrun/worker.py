@@ -9,6 +9,7 @@ import ast
 import base64
 import copy
 import ctypes
+import importlib.util
 import io
 import json
 import os
@@ -64,8 +65,129 @@ class _ThreadOutput(io.TextIOBase):
         self.real.flush()
 
 
+class _ExecRunner:
+    """Cells through Python's exec: no magics, no !cmd, no ?."""
+
+    name = "exec"
+
+    def __init__(self, namespace, display):
+        self.namespace = namespace
+
+    def run(self, code):
+        """Returns the value of a last bare expression, else None; raises
+        the cell's exception (SyntaxError included)."""
+        return _execute(code, self.namespace)
+
+    def error_text(self, etype, evalue, tb):
+        while tb is not None and tb.tb_frame.f_code.co_filename != "<cell>":
+            tb = tb.tb_next  # the user's frames only
+        return "".join(traceback.format_exception(etype, evalue, tb))
+
+
+class _CellFailed(Exception):
+    """A cell that IPython ran and reported as failed; args[0] is its
+    traceback as IPython formats it."""
+
+
+def _ipython_runner():
+    """The class of a runner on IPython's own shell (magics, !cmd, obj?,
+    %time, ...), defined only when IPython imports."""
+    from IPython.core.displayhook import DisplayHook
+    from IPython.core.displaypub import DisplayPublisher
+    from IPython.core.interactiveshell import InteractiveShell
+    from traitlets.config import Config
+
+    class Hook(DisplayHook):
+        """Keeps the last expression's value (and _, Out) for the client,
+        which shows it as the REPL does; prints nothing."""
+
+        def __call__(self, result=None):
+            self.check_for_underscore()
+            if result is not None and not self.quiet():
+                self.update_user_ns(result)
+                self.fill_exec_result(result)
+
+    class Publisher(DisplayPublisher):
+        """IPython's display machinery (display(), %matplotlib inline)
+        sends its bundles to the cell's client."""
+
+        def publish(self, data, metadata=None, source=None, *, transient=None, update=False,
+                    **kwargs):
+            self.sink(dict(data))
+
+    class Shell(InteractiveShell):
+        displayhook_class = Hook
+        display_pub_class = Publisher
+
+        def _showtraceback(self, etype, evalue, stb):
+            self.tb_text = self.InteractiveTB.stb2text(stb)
+
+    class IPythonRunner:
+        name = "IPython " + __import__("IPython").__version__
+
+        def __init__(self, namespace, display):
+            config = Config()
+            config.HistoryManager.enabled = False  # no shared sqlite file for N ranks
+            self.shell = Shell.instance(config=config, user_ns=namespace, colors="NoColor")
+            self.shell.InteractiveTB.set_mode("Plain")
+            self.shell.display_pub.sink = lambda bundle: display(_Raw(bundle))
+
+        def run(self, code):
+            self.shell.tb_text = None
+            res = self.shell.run_cell(code, store_history=True)
+            err = res.error_before_exec or res.error_in_exec
+            if isinstance(err, KeyboardInterrupt):
+                raise err
+            if not res.success:
+                raise _CellFailed(self.shell.tb_text or f"{type(err).__name__}: {err}\n")
+            return res.result
+
+        def error_text(self, etype, evalue, tb):
+            if etype is _CellFailed:
+                return evalue.args[0]
+            return "".join(traceback.format_exception(etype, evalue, tb))
+
+    return IPythonRunner
+
+
+class _Raw:
+    """A mime bundle IPython already computed, shown as it is."""
+
+    def __init__(self, bundle):
+        self.bundle = bundle
+
+
+class _RunnerLoader(threading.Thread):
+    """Imports IPython while torch.distributed starts (it costs a few tenths
+    of a second); exec when the workers' Python has no IPython."""
+
+    def __init__(self):
+        super().__init__(name="dtrun-ipython", daemon=True)
+        self.cls = _ExecRunner
+        self.note = None
+        if importlib.util.find_spec("IPython") is not None and not os.environ.get(
+                "DTRUN_NO_IPYTHON"):
+            self.start()
+
+    def run(self):
+        try:
+            self.cls = _ipython_runner()
+        except Exception as e:  # noqa: BLE001 - a broken IPython: plain exec, said in %status
+            self.note = f"IPython did not import ({e!r})"
+
+    def runner(self, namespace, display):
+        if self.is_alive() or self.ident is not None:
+            self.join()
+        try:
+            return self.cls(namespace, display)
+        except Exception as e:  # noqa: BLE001 - as above
+            self.note = f"IPython's shell did not start ({e!r})"
+            return _ExecRunner(namespace, display)
+
+
 class Worker:
     def __init__(self):
+        loader = _RunnerLoader()
         host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
         forever = timedelta(days=30)
         # Two connections: one blocks waiting for the next cell, the other
@@ -91,7 +213,10 @@ class Worker:
         self.stdout = _ThreadOutput(sys.stdout, "out")
         self.stderr = _ThreadOutput(sys.stderr, "err")
         sys.stdout, sys.stderr = self.stdout, self.stderr
+        self.runner = loader.runner(self.namespace, self.display)
+        self.runner_note = loader.note
         self.last_cell = None
+        self.last_was_long = False  # the previous cell ran past the first status update
         self.published = False
         self.published_at = 0.0
 
@@ -99,7 +224,10 @@ class Worker:
         self.published_at = time.monotonic()
         status = {"pid": os.getpid(), "host": socket.gethostname(), "attempt": ATTEMPT,
                   "busy": busy, "last_cell": self.last_cell, "rss_mb": _rss_mb(),
-                  "device": str(self.device), "backend": self.backend}
+                  "device": str(self.device), "backend": self.backend,
+                  "runner": self.runner.name}
+        if self.runner_note:
+            status["runner_note"] = self.runner_note
         if "DTRUN_NODE_ADDR" in os.environ:  # several nodes: the node's own address
             status["addr"] = os.environ["DTRUN_NODE_ADDR"]
         if self.device.type == "cuda":
@@ -114,8 +242,7 @@ class Worker:
         self.store.add(proto.READY, 1)
         n = 0
         while True:
-            self.cells.wait([proto.cell_key(n)])
-            cell = json.loads(self.cells.get(proto.cell_key(n)))
+            cell = json.loads(self.cells.get(proto.cell_key(n)))  # waits for it
             if cell.get("kind") == "shutdown":
                 return
             if cell.get("kind") == "restart":
@@ -182,19 +309,26 @@ class Worker:
         the client, which shows them as a notebook shows them."""
         sink = self.display_sinks.get(threading.get_ident())
         for obj in objs:
-            bundle = _bundle(obj) or {"text/plain": repr(obj)}
+            bundle = (_encoded(obj.bundle) if isinstance(obj, _Raw)
+                      else _bundle(obj) or {"text/plain": repr(obj)})
             if sink is None:
                 print(bundle["text/plain"])
             else:
                 sink.append(bundle)
 
     def run(self, n, cell):
+        if self.last_was_long and self.store.add(proto.interrupt_key(n), 0) > 0:
+            # Interrupted while it waited behind a long (non-blocking) cell.
+            return {"ok": False, "interrupted": True, "cancelled": True, "wall": 0.0}
         self.last_cell = n
         out, err = [], []
         streamed = [0]
-        stream = cell.get("stream", False)
+        # A non-blocking cell's output is always kept as it comes, for
+        # %dist_result to show while the cell runs.
+        stream = cell.get("stream", False) or cell.get("noblock", False)
 
         def sink(which, text):
+            text = text.replace("\r\n", "\n")  # !cmd output comes through a terminal
             (out if which == "out" else err).append(text)
             if stream:
                 self.store.set(proto.stream_key(n, RANK, streamed[0]), json.dumps([which, text]))
@@ -206,8 +340,11 @@ class Worker:
         _patch_display(self.display)
         thread = threading.Thread(target=self._cell_body, args=(cell, sink, result, displays),
                                   name=f"cell-{n}", daemon=True)
+        started = time.monotonic()
         thread.start()
-        busy_published = self._watch_cell(n, thread, result)
+        busy_published = self._watch_cell(n, thread, result, cell.get("timeout"))
+        result["wall"] = round(time.monotonic() - started, 6)
+        self.last_was_long = busy_published
         self.stdout.sinks.pop(thread.ident, None)
         self.stderr.sinks.pop(thread.ident, None)
         self.display_sinks.pop(thread.ident, None)
@@ -228,7 +365,7 @@ class Worker:
         self.stderr.sinks[threading.get_ident()] = sink
         self.display_sinks[threading.get_ident()] = displays
         try:
-            value = _execute(cell["code"], self.namespace)
+            value = self.runner.run(cell["code"])
             _flush_figures(self.display)
             rich = _bundle(value) if value is not None else None
             if rich:
@@ -238,17 +375,15 @@ class Worker:
         except KeyboardInterrupt:
             result.update(ok=False, interrupted=True)
         except BaseException:  # noqa: BLE001 - the user's exception, shown to the user
-            etype, evalue, tb = sys.exc_info()
-            while tb is not None and tb.tb_frame.f_code.co_filename != "<cell>":
-                tb = tb.tb_next  # the user's frames only
-            result.update(ok=False, error="".join(
-                traceback.format_exception(etype, evalue, tb)))
+            result.update(ok=False, error=self.runner.error_text(*sys.exc_info()))
 
-    def _watch_cell(self, n, thread, result):
-        """Waits for the cell's thread while answering interrupts and
-        %restart; returns whether a busy status was published."""
+    def _watch_cell(self, n, thread, result, timeout):
+        """Waits for the cell's thread while answering interrupts, the
+        cell's timeout (seconds, or None) and %restart; returns whether a
+        busy status was published."""
         interrupt = proto.interrupt_key(n)
         busy_published = False
+        deadline = time.monotonic() + timeout if timeout else None
         while thread.is_alive():
             thread.join(0.05)
             if not thread.is_alive():
@@ -256,6 +391,10 @@ class Worker:
             if not busy_published:  # status updates cost round trips: only for long cells
                 self.publish(busy=True)
                 busy_published = True
+            if deadline is not None and time.monotonic() > deadline:
+                result["timed_out"] = timeout
+                self.interrupt(thread, result)
+                break
             if self.store.add(interrupt, 0) > 0:
                 self.interrupt(thread, result)
                 break
@@ -331,11 +470,14 @@ def _bundle(obj):
         return {"text/plain": f"{obj!r} (rich display failed: {e!r})"}
     if not data:
         return None
-    for mime, value in data.items():
-        if isinstance(value, bytes):
-            data[mime] = base64.b64encode(value).decode("ascii")
     data["text/plain"] = repr(obj)
-    return data
+    return _encoded(data)
+
+
+def _encoded(data):
+    """A bundle with its binary forms base64-encoded, as Jupyter sends them."""
+    return {mime: base64.b64encode(value).decode("ascii") if isinstance(value, bytes) else value
+            for mime, value in data.items()}
 
 
 def _is_figure(obj):
