@@ -125,7 +125,7 @@ class PipeConsole(unittest.TestCase):
         self.assertEqual(self.c.finish(), 0, self.c.text())
         out = self.c.text()
         self.assertIn("[rank 1] ValueError: bad on one", out)
-        self.assertIn('[rank 1]   File "<cell>", line 1, in <module>', out)
+        self.assertRegex(out, r"\[rank 1\]   Cell In ?\[\d+\], line 1\n")  # IPython's frames
         self.assertNotIn("worker.py", out)  # the user's frames only
         self.assertIn("[rank 0] 0\n[rank 1] 10", out)
 
@@ -163,14 +163,42 @@ class PipeConsole(unittest.TestCase):
     def test_restart_clears_state_and_a_dead_worker_restarts_the_group(self):
         self.c = Console(2)
         self.c.send("a = 1\n%status\n%restart\n'a' in dir()\n"
-                    "%rank 1 import os; os._exit(3)\nrank\n")
+                    "%rank 1 import os; os.write(2, b'last words\\n'); os._exit(3)\nrank\n")
         self.assertEqual(self.c.finish(), 0, self.c.text())
         out = self.c.text()
         self.assertRegex(out, r"rank  host +pid  alive  state")
         self.assertIn("2 fresh worker(s) ready (attempt 1)", out)
         self.assertIn("[rank 0] False\n[rank 1] False", out)
-        self.assertIn("[rank 1] worker died; dtrun restarted the group", out)
+        self.assertRegex(out, r"\[rank 1\] worker died on \S+ \(exit code 3\); dtrun restarted "
+                              r"the group: every rank has fresh state\n"
+                              r"\[rank 1\] its last stderr lines \(\S+/stderr.log\):\n"
+                              r"(\[rank 1\]   .*\n)*\[rank 1\]   last words\n")
         self.assertIn("[rank 0] 0\n[rank 1] 1", out)
+
+    def test_ipython_cells_noblock_results_and_timeline(self):
+        self.c = Console(2)
+        self.c.send("x = rank + 1\n!echo shell says $x\n%time y = x * 2\ny\nx?\n"
+                    "%%timeit -n 2 -r 1\nz = x + 1\n\n"
+                    "%rank all --noblock import time; print('nb', rank, flush=True); "
+                    "time.sleep(3 if rank else 0.1); rank * 7\n")
+        self.c.expect("c1: running on rank(s) 0-1; %result c1")
+        self.c.send("%rank 0 print('rank 0 is free')\n")  # after c1 there
+        self.c.expect("[rank 0] rank 0 is free")
+        self.c.send("%result c1\n")
+        self.c.send("%result c1 --wait\n%timeline 3\n%status\n")
+        self.assertEqual(self.c.finish(), 0, self.c.text())
+        out = self.c.text()
+        self.assertIn("[rank 0] shell says 1\n[rank 1] shell says 2\n", out)
+        self.assertRegex(out, r"\[rank 1\] Wall time: ")
+        self.assertIn("[rank 0] 2\n[rank 1] 4\n", out)  # y = x * 2, each rank's own x
+        self.assertIn("[rank 1] String form: 2", out)
+        self.assertRegex(out, r"\[rank 0\] \d+(\.\d+)? \S?s \+- \d")
+        self.assertRegex(out, r"\[rank 0\] nb 0\n\[rank 0\] 0\n\[rank 1\] nb 1\n"
+                              r"\[rank 1\] \.\.\. still running \(\d\.\d s so far\)")
+        self.assertIn("[rank 1] nb 1\n[rank 1] 7", out)
+        self.assertRegex(out, r"\[c1\] import time; print\S* +\d+\.\d ms +3\.\d\d s\* +"
+                              r"rank 1 \(\+\d\.\d\d s\)")
+        self.assertRegex(out, r"cells run through IPython \d+\.\d+\.\d+ on every rank")
 
     def test_bad_input_gets_a_message_and_the_session_goes_on(self):
         self.c = Console(2)
@@ -180,7 +208,7 @@ class PipeConsole(unittest.TestCase):
         out = self.c.text()
         self.assertIn("SyntaxError: ", out)
         self.assertIn("nothing was run", out)
-        self.assertIn("unknown magic %bogus; %help lists them", out)
+        self.assertIn("[rank 0] UsageError: Line magic function `%bogus` not found.", out)
         self.assertIn("error: rank 5 is out of range: this session has ranks 0-1", out)
         self.assertIn("error: rank list 'x': 'x' is not a rank or a range like 1-3", out)
         self.assertIn("usage: %timeout SECONDS (> 0) | off", out)
@@ -272,6 +300,40 @@ class PipeConsole(unittest.TestCase):
 
 
 @unittest.skipUnless(shutil.which("tmux"), "tmux is not installed")
+class ExecCells(unittest.TestCase):
+    """Workers whose Python cannot import IPython run cells through exec,
+    and say so."""
+
+    def test_plain_python_without_ipython(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            # Debian's Python and torch, with every package but IPython.
+            farm = os.path.join(tmp, "site")
+            os.mkdir(farm)
+            dist = "/usr/lib/python3/dist-packages"
+            for name in os.listdir(dist):
+                if not name.startswith(("IPython", "ipython")):
+                    os.symlink(os.path.join(dist, name), os.path.join(farm, name))
+            python = os.path.join(tmp, "python3")
+            with open(python, "w") as f:
+                f.write(f'#!/bin/sh\nPYTHONPATH="$PYTHONPATH:{farm}" exec /usr/bin/python3 -S "$@"\n')
+            os.chmod(python, 0o755)
+            c = Console(2, f"--python={python}")
+            try:
+                c.send("%status\nv = rank\n!ls\n%bogus\n%rank 1 raise ValueError('plain')\nv\n")
+                self.assertEqual(c.finish(), 0, c.text())
+            finally:
+                if c.p.poll() is None:
+                    c.kill()
+        out = c.text()
+        self.assertIn("cells run through exec on every rank (no IPython in the workers' "
+                      "Python: no magics, !cmd or obj?)", out)
+        self.assertIn("SyntaxError: invalid syntax (line 1); nothing was run", out)
+        self.assertIn("unknown magic %bogus; %help lists them", out)
+        self.assertIn('[rank 1]   File "<cell>", line 1, in <module>', out)
+        self.assertIn("[rank 1] ValueError: plain", out)
+        self.assertIn("[rank 0] 0\n[rank 1] 1", out)
+
+
 class TmuxConsole(unittest.TestCase):
     """The console in a real terminal: line editing, Ctrl-C from the keyboard."""
 

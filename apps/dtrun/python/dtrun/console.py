@@ -110,7 +110,13 @@ class Console:
             if lines[0].lstrip().startswith("%%"):
                 return False  # a cell magic's body ends with an empty line
             status, _ = self.ipython.check_complete(source + "\n")
-            return status != "incomplete"
+            if status != "incomplete":
+                return True
+            source = self.ipython.transform_cell(source)  # "def f(:" is not incomplete
+        try:
+            return self.compiler(source, "<cell>", "single") is not None
+        except (SyntaxError, OverflowError, ValueError):
+            return True  # let it fail at compile time with the message
         try:
             return self.compiler(source, "<cell>", "single") is not None
         except (SyntaxError, OverflowError, ValueError):
@@ -215,7 +221,8 @@ class Console:
         elif word in ("%shutdown", "%exit", "%quit"):
             return False
         else:
-            self.say(f"unknown magic {word}; %help lists them")
+            self.say(f"unknown magic {word}; %help lists them (the workers' Python has no "
+                     "IPython, whose magics would run on the ranks)")
         return True
 
     def pull(self, arg):
@@ -247,7 +254,6 @@ class Console:
 
     def status(self):
         st = self.s.statuses(fresh=True)
-        self.say(runner_line(st))
         dead = set(self.s.dead_ranks(list(st)))
         for s in st.values():  # on several nodes, the address each node advertises
             s["host"] += f" ({s['addr']})" if s.get("addr") else ""
@@ -265,6 +271,7 @@ class Console:
             self.say(f"{r:>4}  {s['host']:{host_width}}  {s['pid']:>7}  "
                      f"{'no' if r in dead else 'yes':5}  {'busy' if s['busy'] else 'idle':5}  "
                      f"{last:>9}  {mem:>9}  {s['device']}{gpu}")
+        self.say(runner_line(st))
 
     def use_ipython(self):
         """Checks and completes cells as the ranks' IPython will read them,

@@ -218,7 +218,6 @@ def _complete(text):
 
 def _status_lines(session):
     st = session.statuses(fresh=True)
-    yield runner_line(st)
     dead = set(session.dead_ranks(list(st)))
     for r in range(session.world):
         s = st.get(r, {})
@@ -227,6 +226,7 @@ def _status_lines(session):
         yield (f"rank {r}: host {host}, pid {s.get('pid')}, "
                f"{'dead' if r in dead else 'alive'}, {'busy' if s.get('busy') else 'idle'}, "
                f"last cell {s.get('last_cell')}, {s.get('rss_mb')} MB, {s.get('device')}{gpu}")
+    yield runner_line(st)
 
 
 @magics_class

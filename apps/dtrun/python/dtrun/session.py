@@ -635,7 +635,7 @@ class Session:
         for r in ranks:
             res = {"died": r in died, "restarted": True, "elsewhere": elsewhere}
             if crash is not None and crash["rank"] == r:
-                res["crash"] = crash
+                res["crash"] = dict(crash, nodes=self.rdzv is not None)
             out[r] = res
         return out
 
@@ -739,8 +739,9 @@ def runner_line(statuses):
 def crash_lines(crash):
     """How a worker died, where, and the last lines it wrote to stderr."""
     where = crash["host"] + (f" ({crash['addr']})" if crash.get("addr") else "")
-    lines = [f"worker died on {where} ({crash['how']}); dtrun started a new round on every "
-             "node: every rank has fresh state"]
+    restart = ("dtrun started a new round on every node" if crash.get("nodes")
+               else "dtrun restarted the group")
+    lines = [f"worker died on {where} ({crash['how']}); {restart}: every rank has fresh state"]
     tail = (crash.get("stderr_tail") or "").rstrip("\n").splitlines()[-8:]
     if tail:
         lines.append(f"its last stderr lines ({crash.get('stderr_file') or 'stderr'}):")

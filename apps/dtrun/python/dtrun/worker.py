@@ -337,7 +337,7 @@ class Worker:
 
         result = {"ok": True}
         displays = []
-        _patch_display(self.display)
+        _patch_display(self.display, self.runner.name == "exec")
         thread = threading.Thread(target=self._cell_body, args=(cell, sink, result, displays),
                                   name=f"cell-{n}", daemon=True)
         started = time.monotonic()
@@ -495,14 +495,18 @@ def _flush_figures(display):
     plt.close("all")
 
 
-def _patch_display(display):
-    """display() and plt.show() of modules a cell imported send to the client."""
+def _patch_display(display, ipython_too):
+    """display() and plt.show() of modules a cell imported send to the
+    client. ipython_too: IPython's display() as well (cells run by exec;
+    through IPython's shell it publishes to the client by itself)."""
     plt = sys.modules.get("matplotlib.pyplot")
     if plt is not None and getattr(plt.show, "__name__", "") != "_dtrun_show":
         def _dtrun_show(*args, **kwargs):
             _flush_figures(display)
         plt.show = _dtrun_show
-    for name in ("IPython.display", "IPython.core.display_functions", "IPython.core.display"):
+    if not ipython_too:
+        return
+    for name in ("IPython.display", "IPython.core.display_functions"):
         module = sys.modules.get(name)
         if module is not None and getattr(module, "display", display) is not display:
             module.display = display
