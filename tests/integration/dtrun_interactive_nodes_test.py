@@ -130,7 +130,7 @@ class TwoNodes(unittest.TestCase):
         self.out.expect("[rank 3] ready 3")
         t = time.monotonic()
         self.send("import os, signal\nmark = 1\n"
-                  "%rank 3 os.kill(os.getpid(), signal.SIGKILL)\n"
+                  "%rank 3 os.write(2, b'goodbye from 3\\n'); os.kill(os.getpid(), signal.SIGKILL)\n"
                   "print('back', rank, 'mark' in dir())\n")
         # Noticed through the store (the round moved on), not a local pid:
         # rank 3 runs on the other node, which published the crash.
@@ -138,6 +138,9 @@ class TwoNodes(unittest.TestCase):
         self.assertEqual(line, f"[rank 3] worker died on {socket.gethostname()} (127.0.0.3) "
                          "(SIGKILL); dtrun started a new round on every node: every rank has "
                          "fresh state")
+        # Its last stderr lines, from the file on the other node.
+        self.out.expect("[rank 3] its last stderr lines (", after=t)
+        self.out.expect("[rank 3]   goodbye from 3", after=t)
         for r in range(4):
             self.out.expect(f"[rank {r}] back {r} False", after=t)
         self.assertEqual(self.finish(), (0, 0), self.out.text() + "\n--- node 1:\n" + self.out1.text())

@@ -374,6 +374,16 @@ class TwoNodes(Kernel):
         status = self.execute("%dist_status")
         self.assertRegex(status, r"rank 3: host \S+ \(127\.0\.0\.3\), pid \d+, alive")
         self.assertRegex(status, r"rank 0: host \S+ \(127\.0\.0\.2\), pid \d+, alive")
+        # A rank that dies on node 1: named with its host, how, and its last
+        # stderr lines; every rank starts afresh and the session goes on.
+        out = self.execute("%%rank 2\nimport os, signal\nos.write(2, b'last words of 2\\n')\n"
+                           "os.kill(os.getpid(), signal.SIGKILL)")
+        self.assertIn(f"[rank 2] worker died on {socket.gethostname()} (127.0.0.3) (SIGKILL); "
+                      "dtrun started a new round on every node: every rank has fresh state\n"
+                      "[rank 2] its last stderr lines (", out)
+        self.assertIn("[rank 2]   last words of 2\n", out)
+        out = self.execute("print(dist.get_world_size(), 'y' in dir())")
+        self.assertIn("[rank 0] 4 False\n[rank 1] 4 False\n[rank 2] 4 False\n[rank 3] 4 False", out)
         self.execute("%dist_shutdown")
         self.assertEqual(self.node1.wait(timeout=60), 0, self.node1.stderr.read())
 
