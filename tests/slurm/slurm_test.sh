@@ -47,20 +47,36 @@ check "/tmp/$tag/sbatch.out" "sbatch"
 
 # An interactive session across the two nodes: srun gives stdin to task 0,
 # whose dtrun runs the console; node 1's dtrun hosts its workers only.
+# An error on one rank leaves the others (and its own state) as they were;
+# a cell through the ranks' IPython; %shutdown ends every worker and both
+# dtruns (the pids %status printed are gone when srun returns).
 printf '%s\n' 'x = torch.ones(1) * rank' 'dist.all_reduce(x)' \
-  'print("sum", x.item(), "world", dist.get_world_size())' '%status' |
+  'print("sum", x.item(), "world", dist.get_world_size())' \
+  '%rank 3 raise ValueError("only on rank 3")' 'print("still", rank, x.item())' \
+  '!echo shell on $rank' '%status' '%shutdown' |
   srun -N2 --ntasks-per-node=1 --input=0 scripts/dtrun-srun --interactive \
     --nproc-per-node=2 >"/tmp/$tag/interactive.out" 2>&1
 ok=1
 for r in 0 1 2 3; do
   grep -q "\[rank $r\] sum 6.0 world 4" "/tmp/$tag/interactive.out" || ok=0
+  grep -q "\[rank $r\] still $r 6.0" "/tmp/$tag/interactive.out" || ok=0
+  grep -q "\[rank $r\] shell on $r" "/tmp/$tag/interactive.out" || ok=0
 done
+grep -q "\[rank 3\] ValueError: only on rank 3" "/tmp/$tag/interactive.out" || ok=0
+grep -q "ValueError" <(grep -v "^\[rank 3\]" "/tmp/$tag/interactive.out") && ok=0
 grep -qE "^ +3 +$tag-h1 " "/tmp/$tag/interactive.out" || ok=0
 grep -qE "^ +0 +$tag-h0 " "/tmp/$tag/interactive.out" || ok=0
+pids=$(awk -v t="$tag" '$2 ~ "^" t "-h[01]$" && $3 ~ /^[0-9]+$/ {print $3}' "/tmp/$tag/interactive.out")
+[[ $(wc -w <<<"$pids") -eq 4 ]] || ok=0
+left=""
+for pid in $pids; do kill -0 "$pid" 2>/dev/null && left+=" $pid"; done
+[[ -z $left ]] || ok=0
 if (( ok )); then
-  echo "PASS: interactive session under srun: 4 ranks on 2 nodes, %status names both hosts"
+  echo "PASS: interactive session under srun: 4 ranks on 2 nodes, an error on rank 3 only," \
+    "IPython's !cmd on every rank, %status names both hosts, %shutdown left no worker"
 else
-  echo "FAIL: interactive session under srun"; cat "/tmp/$tag/interactive.out"; exit 1
+  echo "FAIL: interactive session under srun (workers left:${left:- none})"
+  cat "/tmp/$tag/interactive.out"; exit 1
 fi
 
 # SLURM's warning before the end of an allocation (sbatch --signal=USR1@T,
