@@ -145,6 +145,27 @@ class TwoNodes(unittest.TestCase):
             self.out.expect(f"[rank {r}] back {r} False", after=t)
         self.assertEqual(self.finish(), (0, 0), self.out.text() + "\n--- node 1:\n" + self.out1.text())
 
+    def test_a_rank_dying_on_node_1_in_a_noblock_cell_is_named_by_result(self):
+        self.send("print('ready', rank)\n")
+        self.out.expect("[rank 3] ready 3")
+        t = time.monotonic()
+        self.send("%rank 2-3 --noblock import os, time, signal; time.sleep(1); "
+                  "os.kill(os.getpid(), signal.SIGKILL) if rank == 3 else time.sleep(60)\n")
+        self.out.expect("c1: running on rank(s) 2-3", after=t)
+        self.send("%result c1\n")
+        self.out.expect("[rank 3] ... still running", after=t)
+        time.sleep(3)
+        t = time.monotonic()
+        self.send("%result c1\n")
+        _, line = self.out.expect("[rank 3] worker died on", after=t)
+        self.assertIn("(127.0.0.3) (SIGKILL); dtrun started a new round on every node", line)
+        self.out.expect("[rank 2] restarted with fresh state", after=t)
+        self.send("%result c1\nprint('on', rank)\n")
+        self.out.expect("error: c1 is gone: the workers restarted since it started (fresh state)",
+                        after=t)
+        self.out.expect("[rank 3] on 3", after=t)
+        self.assertEqual(self.finish(), (0, 0), self.out.text() + "\n--- node 1:\n" + self.out1.text())
+
     def test_empty_cell_round_trip(self):
         self.send("print('ready', rank)\n")
         self.out.expect("[rank 3] ready 3")

@@ -208,7 +208,7 @@ class IPythonCells(unittest.TestCase):
         self.assertIn("[rank 0] 3\n[rank 1] 6\n", out)
         self.assertIn("[rank 0] Type:", stream_text(c[4]))
         self.assertIn("[rank 1] String form: 6", stream_text(c[4]))
-        self.assertRegex(stream_text(c[5]).splitlines()[0],
+        self.assertRegex(stream_text(c[5]).splitlines()[-1],
                          r"^cells run through IPython \d+\.\d+\.\d+ on every rank")
 
     def test_noblock_returns_at_once_and_shows_what_arrived(self):

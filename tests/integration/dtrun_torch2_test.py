@@ -179,7 +179,10 @@ class Torch2Interactive(unittest.TestCase):
         c = interactive.Console(2, f"--python={PYTHON2}")
         try:
             c.send("import sys\n%rank 0 print(torch.__version__, sys.version_info[:2])\n"
-                   "x = torch.ones(2) * (rank + 1)\ndist.all_reduce(x)\nprint(x)\n")
+                   "x = torch.ones(2) * (rank + 1)\ndist.all_reduce(x)\nprint(x)\n"
+                   "!echo shell on $rank\n%time y = rank * 3\n"
+                   "%rank all --noblock import time; time.sleep(0.5 + rank); y\n"
+                   "%result c1 --wait\n%timeline 2\n%status\n")
             self.assertEqual(c.finish(SLOW), 0, c.text())
         finally:
             if c.p.poll() is None:
@@ -188,6 +191,13 @@ class Torch2Interactive(unittest.TestCase):
         self.assertIn("[rank 0] 2.6.0", out)
         self.assertIn("(3, 13)", out)
         self.assertIn("[rank 0] tensor([3., 3.])\n[rank 1] tensor([3., 3.])", out)
+        # Cells through the root's IPython; a non-blocking cell; the timeline.
+        self.assertIn("[rank 0] shell on 0\n[rank 1] shell on 1\n", out)
+        self.assertRegex(out, r"\[rank 1\] Wall time: ")
+        self.assertIn("c1: running on rank(s) 0-1", out)
+        self.assertIn("[rank 0] 0\n[rank 1] 3\n", out)
+        self.assertRegex(out, r"\[c1\] import time; time\.s\S* +\d{3}\.\d ms +1\.\d\d s\* +rank 1")
+        self.assertRegex(out, r"cells run through IPython 8\.\d+\.\d+ on every rank")
 
 
 class TorchShim(WorkerTestCase):

@@ -14,6 +14,7 @@ import io
 import json
 import os
 import pickle
+import queue
 import rlcompleter
 import socket
 import sys
@@ -185,6 +186,34 @@ class _RunnerLoader(threading.Thread):
             return _ExecRunner(namespace, display)
 
 
+class _CellThread(threading.Thread):
+    """The thread cells run on, kept from one cell to the next (a thread
+    started per cell cost each rank a tenth of a millisecond); one left
+    behind in native code is replaced."""
+
+    def __init__(self):
+        super().__init__(name="dtrun-cell", daemon=True)
+        self.jobs = queue.Queue()
+        self.start()
+
+    def submit(self, job):
+        """Runs job() on this thread; returns an Event set when it ends."""
+        done = threading.Event()
+        self.jobs.put((job, done))
+        return done
+
+    def run(self):
+        while True:
+            try:
+                job, done = self.jobs.get()
+                try:
+                    job()
+                finally:
+                    done.set()
+            except BaseException:  # noqa: BLE001 - an interrupt that came as a cell ended
+                continue
+
+
 class Worker:
     def __init__(self):
         loader = _RunnerLoader()
@@ -214,6 +243,7 @@ class Worker:
         self.stderr = _ThreadOutput(sys.stderr, "err")
         sys.stdout, sys.stderr = self.stdout, self.stderr
         self.runner = loader.runner(self.namespace, self.display)
+        self.cell_thread = None
         self.runner_note = loader.note
         self.last_cell = None
         self.last_was_long = False  # the previous cell ran past the first status update
@@ -338,11 +368,12 @@ class Worker:
         result = {"ok": True}
         displays = []
         _patch_display(self.display, self.runner.name == "exec")
-        thread = threading.Thread(target=self._cell_body, args=(cell, sink, result, displays),
-                                  name=f"cell-{n}", daemon=True)
+        if self.cell_thread is None:
+            self.cell_thread = _CellThread()
+        thread = self.cell_thread
         started = time.monotonic()
-        thread.start()
-        busy_published = self._watch_cell(n, thread, result, cell.get("timeout"))
+        done = thread.submit(lambda: self._cell_body(cell, sink, result, displays))
+        busy_published = self._watch_cell(n, thread, done, result, cell.get("timeout"))
         result["wall"] = round(time.monotonic() - started, 6)
         self.last_was_long = busy_published
         self.stdout.sinks.pop(thread.ident, None)
@@ -359,8 +390,8 @@ class Worker:
         return result
 
     def _cell_body(self, cell, sink, result, displays):
-        """Runs on the cell's own thread, so that an interrupt can leave it
-        behind when it is stuck in native code."""
+        """Runs on the cell thread, so that an interrupt can leave it behind
+        when it is stuck in native code."""
         self.stdout.sinks[threading.get_ident()] = sink
         self.stderr.sinks[threading.get_ident()] = sink
         self.display_sinks[threading.get_ident()] = displays
@@ -377,41 +408,39 @@ class Worker:
         except BaseException:  # noqa: BLE001 - the user's exception, shown to the user
             result.update(ok=False, error=self.runner.error_text(*sys.exc_info()))
 
-    def _watch_cell(self, n, thread, result, timeout):
-        """Waits for the cell's thread while answering interrupts, the
+    def _watch_cell(self, n, thread, done, result, timeout):
+        """Waits for the cell (done set) while answering interrupts, the
         cell's timeout (seconds, or None) and %restart; returns whether a
         busy status was published."""
         interrupt = proto.interrupt_key(n)
         busy_published = False
         deadline = time.monotonic() + timeout if timeout else None
-        while thread.is_alive():
-            thread.join(0.05)
-            if not thread.is_alive():
-                break
+        while not done.wait(0.05):
             if not busy_published:  # status updates cost round trips: only for long cells
                 self.publish(busy=True)
                 busy_published = True
             if deadline is not None and time.monotonic() > deadline:
                 result["timed_out"] = timeout
-                self.interrupt(thread, result)
+                self.interrupt(thread, done, result)
                 break
             if self.store.add(interrupt, 0) > 0:
-                self.interrupt(thread, result)
+                self.interrupt(thread, done, result)
                 break
             if self.store.add(proto.restart_key(ATTEMPT), 0) > 0:
                 os._exit(1)  # %restart while this cell runs
         return busy_published
 
-    def interrupt(self, thread, result):
-        # Python code: a KeyboardInterrupt raised in the cell's thread.
+    def interrupt(self, thread, done, result):
+        # Python code: a KeyboardInterrupt raised in the cell thread.
         ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread.ident),
                                                    ctypes.py_object(KeyboardInterrupt))
-        thread.join(1.0)
-        if thread.is_alive():
+        if not done.wait(1.0):
             # Blocked in native code, e.g. a collective that other ranks never
             # entered: leave the thread behind (its process group is retired
-            # and kept alive so nothing is torn down under it).
+            # and kept alive so nothing is torn down under it); the next cell
+            # gets a new thread.
             self.abandoned.append((thread, dist.group.WORLD))
+            self.cell_thread = None
             result.update(ok=False, interrupted=True, abandoned=True)
 
     def reset_process_group(self):
