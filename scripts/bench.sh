@@ -192,6 +192,9 @@ if want interactive; then
     echo "-- the same console round trip with torch 2.6 workers (PET_PYTHON=$py2)"
     env "$shim2" PET_PYTHON="$py2" /usr/bin/python3 tests/bench/interactive_bench.py \
       --dtrun $b/apps/dtrun --only console
+    echo "-- the notebook's overhead with torch 2.6 workers (%dist_init --python $py2)"
+    /usr/bin/python3 tests/bench/interactive_bench.py --dtrun $b/apps/dtrun --only notebook \
+      --sizes 2,8 --python "$py2"
   fi
 fi
 

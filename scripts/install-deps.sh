@@ -10,7 +10,8 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   clang libclang-rt-14-dev clang-format
   python3-sklearn
-  tmux jupyter-core jupyter-nbconvert python3-nbclient python3-ipykernel python3-matplotlib
+  tmux jupyter-core jupyter-nbconvert python3-nbclient python3-ipykernel python3-ipython
+  python3-matplotlib
   iproute2 procps util-linux
   help2man dpkg-dev debootstrap universal-ctags
   libhwloc-dev hwloc

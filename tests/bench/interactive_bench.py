@@ -8,6 +8,8 @@ gloo), one JSON line per measurement:
             (jupyter_client; NB_REPS cells)
   kernel-only  the same empty cell run in the kernel (%dist_mode off): the
             part of the notebook's round trip that is Jupyter's own
+  notebook-overhead  notebook minus kernel-only, the two measured in
+            alternating rounds (ROUNDS) of the same notebook: dtrun's share
   pull      %dist_pull of a PULL_MB MB tensor from rank 0 of a 2-rank
             session into the client (best and median of 5)
   nodes     the console's empty cell on a session of two nodes on loopback
@@ -30,6 +32,8 @@ p.add_argument("--nb-reps", type=int, default=100)
 p.add_argument("--sizes", default="1,2,4,8")
 p.add_argument("--pull-mb", type=int, default=100)
 p.add_argument("--only", default="console,notebook,pull,nodes")
+p.add_argument("--rounds", type=int, default=3, help="notebook: alternating rounds")
+p.add_argument("--python", default=None, help="the workers' Python (default: dtrun's)")
 a = p.parse_args()
 PY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "apps", "dtrun", "python")
 sys.path.insert(0, PY)
@@ -44,8 +48,9 @@ def summary(kind, n, times, **extra):
 
 
 def with_session(n, body):
+    python = [f"--python={a.python}"] if a.python else []
     proc = subprocess.Popen([a.dtrun, "--interactive", "--no-console", f"--nproc-per-node={n}",
-                             "--log-level=error"], stdout=subprocess.PIPE, text=True)
+                             "--log-level=error"] + python, stdout=subprocess.PIPE, text=True)
     try:
         fields = proc.stdout.readline().split()
         s = Session(fields[2], int(fields[4]), n)
@@ -115,27 +120,39 @@ def notebook(n):
     env = dict(os.environ, PYTHONPATH=PY, DTRUN=a.dtrun, PATH="/usr/bin:" + os.environ["PATH"],
                PYDEVD_DISABLE_FILE_VALIDATION="1")
     km, kc = jupyter_client.manager.start_new_kernel(kernel_name="python3", env=env)
-    try:
-        kc.execute_interactive("%load_ext dtrun", timeout=60)
-        kc.execute_interactive(f"%dist_init --num-processes {n}", timeout=300)
+    quiet = {"timeout": 60, "output_hook": lambda msg: None}
+
+    def cells(count):
         times = []
-        for i in range(a.nb_reps + 10):
+        for i in range(count + 10):
             t = time.perf_counter()
-            reply = kc.execute_interactive("pass", timeout=60, output_hook=lambda msg: None)
+            reply = kc.execute_interactive("pass", **quiet)
             if i >= 10:
                 times.append((time.perf_counter() - t) * 1000)
             assert reply["content"]["status"] == "ok", reply
-        summary("notebook", n, times)
-        # The same empty cell run by the kernel itself: what Jupyter costs.
-        kc.execute_interactive("%dist_mode off", timeout=60, output_hook=lambda msg: None)
-        times = []
-        for i in range(a.nb_reps + 10):
-            t = time.perf_counter()
-            kc.execute_interactive("pass", timeout=60, output_hook=lambda msg: None)
-            if i >= 10:
-                times.append((time.perf_counter() - t) * 1000)
-        summary("kernel-only", n, times)
-        kc.execute_interactive("%dist_shutdown", timeout=60, output_hook=lambda msg: None)
+        return times
+
+    try:
+        kc.execute_interactive("%load_ext dtrun", timeout=60)
+        python = f" --python {a.python}" if a.python else ""
+        kc.execute_interactive(f"%dist_init --num-processes {n}{python}", timeout=300)
+        on, off, overheads = [], [], []
+        for _ in range(a.rounds):  # the two sides alternate
+            kc.execute_interactive("%dist_mode on", **quiet)
+            got_on = cells(a.nb_reps)
+            # The same empty cell run by the kernel itself: what Jupyter costs.
+            kc.execute_interactive("%dist_mode off", **quiet)
+            got_off = cells(a.nb_reps)
+            on += got_on
+            off += got_off
+            overheads.append(statistics.median(got_on) - statistics.median(got_off))
+        summary("notebook", n, on)
+        summary("kernel-only", n, off)
+        print(json.dumps({"kind": "notebook-overhead", "ranks": n,
+                          "median_ms": round(statistics.median(overheads), 3),
+                          "min_ms": round(min(overheads), 3), "max_ms": round(max(overheads), 3),
+                          "rounds": a.rounds, "python": a.python or "dtrun's"}), flush=True)
+        kc.execute_interactive("%dist_shutdown", **quiet)
     finally:
         kc.stop_channels()
         km.shutdown_kernel(now=True)

@@ -143,7 +143,8 @@ class TwoNodes(unittest.TestCase):
         self.out.expect("[rank 3]   goodbye from 3", after=t)
         for r in range(4):
             self.out.expect(f"[rank {r}] back {r} False", after=t)
-        self.assertEqual(self.finish(), (0, 0), self.out.text() + "\n--- node 1:\n" + self.out1.text())
+        self.assertEqual(self.finish(), (0, 0),
+                         self.out.text() + "\n--- node 1:\n" + self.out1.text())
 
     def test_a_rank_dying_on_node_1_in_a_noblock_cell_is_named_by_result(self):
         self.send("print('ready', rank)\n")
@@ -164,7 +165,8 @@ class TwoNodes(unittest.TestCase):
         self.out.expect("error: c1 is gone: the workers restarted since it started (fresh state)",
                         after=t)
         self.out.expect("[rank 3] on 3", after=t)
-        self.assertEqual(self.finish(), (0, 0), self.out.text() + "\n--- node 1:\n" + self.out1.text())
+        self.assertEqual(self.finish(), (0, 0),
+                         self.out.text() + "\n--- node 1:\n" + self.out1.text())
 
     def test_empty_cell_round_trip(self):
         self.send("print('ready', rank)\n")

@@ -315,7 +315,8 @@ class ExecCells(unittest.TestCase):
                     os.symlink(os.path.join(dist, name), os.path.join(farm, name))
             python = os.path.join(tmp, "python3")
             with open(python, "w") as f:
-                f.write(f'#!/bin/sh\nPYTHONPATH="$PYTHONPATH:{farm}" exec /usr/bin/python3 -S "$@"\n')
+                f.write(f'#!/bin/sh\nPYTHONPATH="$PYTHONPATH:{farm}" '
+                        'exec /usr/bin/python3 -S "$@"\n')
             os.chmod(python, 0o755)
             c = Console(2, f"--python={python}")
             try:

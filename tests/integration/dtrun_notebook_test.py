@@ -6,7 +6,6 @@ the clients stop their kernels."""
 import argparse
 import os
 import queue
-import re
 import shutil
 import socket
 import subprocess
@@ -334,7 +333,8 @@ class Kernel(unittest.TestCase):
         out = self.execute("%dist_result c1 --wait", until="[rank 0] nb start",
                            then=self.km.interrupt_kernel, timeout=60)
         self.assertIn("[rank 0] interrupted", out)
-        self.assertEqual(self.execute("print('after', rank)"), "[rank 0] after 0\n[rank 1] after 1\n")
+        self.assertEqual(self.execute("print('after', rank)"),
+                         "[rank 0] after 0\n[rank 1] after 1\n")
 
 
 class TwoNodes(Kernel):

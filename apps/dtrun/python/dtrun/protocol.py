@@ -8,11 +8,12 @@ checks that both agree. apps/dtrun/python/README.md describes the protocol.
 
 Workers' store (each attempt, or each round with several nodes, has its own):
   dtrun/i/ready                  counter; each worker adds 1 once it serves cells
-  dtrun/i/status/<rank>          JSON {pid, host, attempt, busy, last_cell, rss_mb, ...}
+  dtrun/i/status/<rank>          JSON {pid, host, attempt, busy, last_cell, rss_mb, runner, ...}
   dtrun/i/has_status/<rank>      counter; > 0 once status/<rank> exists
-  dtrun/i/cell/<n>               JSON {kind, code, ranks, stream, ...}
+  dtrun/i/cell/<n>               JSON {kind, code, ranks, stream, timeout?, noblock?, ...}
   dtrun/i/statusn/<n>            counter of ranks that refreshed their status for cell n
-  dtrun/i/result/<n>/<rank>      JSON {ok, out, err, value?, error?, interrupted?, abandoned?}
+  dtrun/i/result/<n>/<rank>      JSON {ok, out, err, wall, value?, error?, interrupted?,
+                                 abandoned?, timed_out?, cancelled?}
   dtrun/i/interrupt/<n>          counter; the client adds 1 to interrupt cell n
   dtrun/i/restart/<attempt>      counter; > 0: the workers of that attempt exit
   dtrun/i/stream/<n>/<rank>/<k>  JSON [which, text]: output chunk k

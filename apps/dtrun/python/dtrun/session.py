@@ -26,6 +26,7 @@ import os
 import pickle
 import queue
 import socket
+import struct
 import threading
 import time
 from datetime import timedelta
@@ -65,19 +66,56 @@ def get_record(store, key):
     return json.loads(value) if value else None
 
 
-# A value no record ever has: compare_set(key, _ABSENT, _ABSENT) reads a key
-# in one round trip (torch's get waits for the key first: two), changes
-# nothing, and answers _ABSENT when the key does not exist.
-_ABSENT = "\x00dtrun-absent"
+# A value no record ever has: COMPARE_SET(key, _ABSENT, _ABSENT) reads a key
+# without waiting for it, changes nothing, and answers _ABSENT when the key
+# does not exist.
+_ABSENT = b"\x00dtrun-absent"
+_COMPARE_SET = b"\x01"  # opcode of the 1.13 dialect, which the store detects
 
 
-def peek_record(store, key):
-    """The JSON record under `key`, or None if there is none (yet): one
-    round trip, no wait."""
-    value = store.compare_set(key, _ABSENT, _ABSENT)
-    if isinstance(value, bytes):
-        value = value.decode()
-    return None if value in (_ABSENT, "") else json.loads(value)
+class Reader:
+    """Reads the JSON records under many keys in one round trip: their
+    COMPARE_SETs pipelined on a connection of its own, spoken here because
+    torch's client sends one request at a time and its get waits for the
+    key first (two round trips a key). Keys get the leading '/' torch's
+    client gives them."""
+
+    def __init__(self, host, port):
+        self.addr = (host, port)
+        self.sock = None
+
+    def peek(self, keys):
+        """[record or None (no such key yet)] for `keys`, in order."""
+        msg = bytearray()
+        for key in keys:
+            msg += _COMPARE_SET
+            for part in (("/" + key).encode(), _ABSENT, _ABSENT):
+                msg += struct.pack("<Q", len(part)) + part
+        try:
+            if self.sock is None:
+                self.sock = socket.create_connection(self.addr, timeout=60)
+                self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self.sock.sendall(msg)
+            values = [self._exact(struct.unpack("<Q", self._exact(8))[0]) for _ in keys]
+        except OSError as e:
+            self.close()  # the stream may be cut mid-reply: start afresh next time
+            raise RuntimeError(f"the session's store at {self.addr[0]}:{self.addr[1]}: "
+                               f"{e}") from None
+        return [None if v in (_ABSENT, b"") else json.loads(v) for v in values]
+
+    def _exact(self, n):
+        buf = bytearray()
+        while len(buf) < n:
+            got = self.sock.recv(n - len(buf))
+            if not got:
+                raise OSError("the store closed the connection")
+            buf += got
+        return bytes(buf)
+
+    def close(self):
+        if self.sock is not None:
+            self.sock.close()
+            self.sock = None
 
 
 _INT_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
@@ -210,10 +248,11 @@ class Session:
         if rdzv_key:  # several nodes: host:port is the rendezvous store
             self.rdzv = dist.TCPStore(host, port, None, False, timedelta(days=30), False)
             self.rdzv.set_timeout(timedelta(seconds=1))  # wait_ready polls for the first round
-            self.store = self.waiter = None
+            self.store = self.waiter = self.reader = None
         else:
             self.store = dist.TCPStore(host, port, None, False, timedelta(days=30), False)
             self.waiter = _Waiter(host, port)
+            self.reader = Reader(host, port)
         self.next_cell = 0
         self.attempt = None
         self.workers = {}  # rank -> (host, pid) of the current attempt
@@ -244,7 +283,10 @@ class Session:
         waiter = _Waiter(host, port)
         if self.waiter is not None:
             self.waiter.requests.put(None)  # its thread ends with its next wait
+        if self.reader is not None:
+            self.reader.close()
         self.round, self.world, self.store, self.waiter = rnd, world, store, waiter
+        self.reader = Reader(host, port)
         self.next_cell = 0
 
     # -- workers ---------------------------------------------------------
@@ -372,6 +414,8 @@ class Session:
         if self.waiter is not None:
             self.waiter.requests.put(None)
             self.waiter.join(5)
+        if self.reader is not None:
+            self.reader.close()
         self.store = None
 
     # -- cells -----------------------------------------------------------
@@ -464,11 +508,15 @@ class Session:
                 h.lost = True
                 continue
             try:
-                got = {r: peek_record(self.store, result_key(h.n, r)) for r in h.ranks}
+                got = self.peek_results(h.n, h.ranks)
             except RuntimeError:  # the round's store went away: the next wait tells
                 return
             if None not in got.values():
                 self._finish(h, got)
+
+    def peek_results(self, n, ranks):
+        """{rank: result of cell n, or None while it has none}: one round trip."""
+        return dict(zip(ranks, self.reader.peek([result_key(n, r) for r in ranks])))
 
     def _finish(self, h, results):
         h.results = results
@@ -501,8 +549,7 @@ class Session:
 
     def _so_far(self, h):
         got = {}
-        for r in h.ranks:
-            res = peek_record(self.store, result_key(h.n, r))
+        for r, res in self.peek_results(h.n, h.ranks).items():
             if res is None:
                 before = self._unfinished_before(h, r)
                 if before:
@@ -521,15 +568,15 @@ class Session:
         for other in self.handles.values():
             if (other.n < h.n and other.attempt == h.attempt and other.round == h.round
                     and rank in other.ranks and other.results is None and not other.lost
-                    and peek_record(self.store, result_key(other.n, rank)) is None):
+                    and self.reader.peek([result_key(other.n, rank)])[0] is None):
                 return other.name
         return None
 
     def _streamed(self, n, rank):
         """A running cell's output so far on `rank`: (out, err)."""
         out, err = [], []
-        for k in range(self.store.add(stream_count_key(n, rank), 0)):
-            record = peek_record(self.store, stream_key(n, rank, k))
+        count = self.store.add(stream_count_key(n, rank), 0)
+        for record in self.reader.peek([stream_key(n, rank, k) for k in range(count)]):
             if record is not None:
                 (out if record[0] == "out" else err).append(record[1])
         return "".join(out), "".join(err)
@@ -551,7 +598,7 @@ class Session:
         results = None
         try:
             if not died:
-                results = {r: peek_record(self.store, result_key(n, r)) for r in ranks}
+                results = self.peek_results(n, ranks)
         except RuntimeError:  # the round's store went away with its workers
             if self.rdzv is None:
                 raise
@@ -615,7 +662,7 @@ class Session:
             if h.n >= n:  # sent after (or is) the interrupted cell
                 continue
             busy = [r for r in set(h.ranks) & set(ranks)
-                    if peek_record(self.store, result_key(h.n, r)) is None]
+                    if self.reader.peek([result_key(h.n, r)])[0] is None]
             self._answer_for(n, busy, {"ok": False, "interrupted": True, "cancelled": True,
                                        "behind": name})
 

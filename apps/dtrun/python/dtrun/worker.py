@@ -186,6 +186,28 @@ class _RunnerLoader(threading.Thread):
             return _ExecRunner(namespace, display)
 
 
+class _Locked:
+    """A store client shared by the worker's threads (a cell's output is
+    sent from the cell thread while the main thread watches for
+    interrupts): one request at a time, as torch's client needs."""
+
+    def __init__(self, store):
+        self.lock = threading.Lock()
+        self.store = store
+
+    def set(self, key, value):
+        with self.lock:
+            self.store.set(key, value)
+
+    def add(self, key, amount):
+        with self.lock:
+            return self.store.add(key, amount)
+
+    def get(self, key):
+        with self.lock:
+            return self.store.get(key)
+
+
 class _CellThread(threading.Thread):
     """The thread cells run on, kept from one cell to the next (a thread
     started per cell cost each rank a tenth of a millisecond); one left
@@ -222,7 +244,8 @@ class Worker:
         # Two connections: one blocks waiting for the next cell, the other
         # answers and watches for interrupts while a cell runs.
         self.cells = dist.TCPStore(host, port, None, False, forever, False)
-        self.store = dist.TCPStore(host, port, None, False, forever, False)
+        self.store = _Locked(dist.TCPStore(host, port, None, False, forever, False))
+        self.store_addr = (host, port)
         self.backend = "nccl" if torch.cuda.is_available() else "gloo"
         if self.backend == "nccl":
             gpu = GPU_IDS[LOCAL_RANK] if LOCAL_RANK < len(GPU_IDS) else LOCAL_RANK
@@ -450,7 +473,10 @@ class Worker:
         retired = dist.group.WORLD
         self.abandoned.append((None, retired))
         dist.destroy_process_group()
-        store = dist.PrefixStore(protocol.pg_prefix(self.pg_generation), self.store)
+        # A connection of the group's own: torch's client is not safe to
+        # share between threads, and the group may use it from its own.
+        conn = dist.TCPStore(*self.store_addr, None, False, timedelta(days=30), False)
+        store = dist.PrefixStore(protocol.pg_prefix(self.pg_generation), conn)
         dist.init_process_group(self.backend, store=store, rank=RANK, world_size=WORLD)
         return {"ok": True, "out": "", "err": ""}
 
