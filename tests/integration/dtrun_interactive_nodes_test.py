@@ -18,8 +18,11 @@ import unittest
 
 p = argparse.ArgumentParser()
 p.add_argument("--dtrun", required=True)
+p.add_argument("--python", default="/usr/bin/python3",
+               help="the workers' and console's Python (scripts/torch2-python: torch 2.6)")
 ARGS, REST = p.parse_known_args()
 ARGS.dtrun = os.path.abspath(ARGS.dtrun)
+PYTHON = f"--python={ARGS.python}"
 SESSIONS = tempfile.TemporaryDirectory(prefix="dtrun-interactive-nodes-test-")
 ENV = dict(os.environ, PATH="/usr/bin:" + os.environ.get("PATH", ""), TMPDIR=SESSIONS.name)
 
@@ -65,7 +68,7 @@ class TwoNodes(unittest.TestCase):
     """Static rendezvous: node 0 hosts the rendezvous store."""
 
     def node_args(self, port):
-        common = [ARGS.dtrun, "--interactive", "--nnodes=2", "--nproc-per-node=2",
+        common = [ARGS.dtrun, "--interactive", "--nnodes=2", "--nproc-per-node=2", PYTHON,
                   "--master-addr=127.0.0.2", f"--master-port={port}"]
         return common + ["--node-rank=0"], common + ["--node-rank=1"]
 
@@ -196,7 +199,7 @@ class TwoNodesC10d(TwoNodes):
     starts first); whichever node is group rank 0 hosts the workers' store."""
 
     def node_args(self, port):
-        common = [ARGS.dtrun, "--interactive", "--nnodes=2", "--nproc-per-node=2",
+        common = [ARGS.dtrun, "--interactive", "--nnodes=2", "--nproc-per-node=2", PYTHON,
                   "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.2:{port}",
                   "--rdzv-id=nodes", "--rdzv-conf=is_host=1"]
         return common, common[:-1] + ["--rdzv-conf=is_host=0"]

@@ -349,7 +349,7 @@ class TwoNodes(Kernel):
         cls.flags = ["--nnodes=2", "--master-addr=127.0.0.2", f"--master-port={port}"]
         cls.node1 = subprocess.Popen(
             [ARGS.dtrun, "--interactive", "--no-console", "--nproc-per-node=2",
-             "--python=/usr/bin/python3", "--node-rank=1", "--local-addr=127.0.0.3"] + cls.flags,
+             f"--python={ARGS.python}", "--node-rank=1", "--local-addr=127.0.0.3"] + cls.flags,
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         super().setUpClass()
 
@@ -365,7 +365,7 @@ class TwoNodes(Kernel):
 
     def test_a_session_across_two_nodes(self):
         self.execute("%load_ext dtrun")
-        out = self.execute("%dist_init --num-processes 2 --node-rank 0 --local-addr 127.0.0.2 " +
+        out = self.execute(f"{INIT} --node-rank 0 --local-addr 127.0.0.2 " +
                            " ".join(f.replace("=", " ") for f in self.flags))
         self.assertIn("4 rank(s) ready", out)
         out = self.execute("y = torch.ones(1) * rank\ndist.all_reduce(y)\n"
