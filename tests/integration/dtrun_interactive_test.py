@@ -8,6 +8,7 @@ workers with the launcher."""
 import argparse
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -419,6 +420,12 @@ class Notebook(unittest.TestCase):
         self.assertTrue(any("[rank 1] ValueError: a mistake on rank 1" in o for o in outputs))
         self.assertIn("[rank 1] kept on rank 1\n", outputs)
         self.assertTrue(any(o.startswith("[rank 0] final loss ") for o in outputs), outputs)
+        self.assertTrue(any(o.startswith("c1: running on rank(s) 0-1;") for o in outputs))
+        self.assertTrue(any("[rank 1] step 2\n" in o and "[rank 1] 1\n" in o for o in outputs))
+        self.assertTrue(any(o.startswith("[rank 0] shell on rank 0\n") and "Wall time" in o
+                            for o in outputs), outputs)
+        self.assertTrue(any(re.search(r"\[c1\] import time .*\* +rank 1", o) for o in outputs),
+                        outputs)
         images = [o for c in nb["cells"] for o in c.get("outputs", [])
                   if o["output_type"] == "display_data" and "image/png" in o["data"]]
         self.assertEqual([o["metadata"]["dtrun"]["rank"] for o in images], [0])
