@@ -144,6 +144,23 @@ class PipeConsole(unittest.TestCase):
         self.assertIn("[rank 0] tensor([2.])\n[rank 1] tensor([2.])", out)
         self.assertIn("[rank 0] 'still here'\n[rank 1] 'still here'", out)
 
+    def test_ctrl_c_and_timeout_reach_noblock_cells(self):
+        self.c = Console(2)
+        self.c.send("%rank 0 --noblock import time; kept = 1; time.sleep(120)\n")
+        self.c.expect("c1: running on rank(s) 0;")
+        self.c.send("%result c1 --wait\n")
+        time.sleep(1.5)  # the console waits for c1
+        os.kill(self.c.p.pid, signal.SIGINT)
+        self.c.expect("[rank 0] interrupted")
+        self.c.send("%timeout 1\n%rank all --noblock while True: pass\n")
+        self.c.expect("c2: running on rank(s) 0-1;")
+        self.c.send("%result c2 --wait\n%timeout off\nkept\n")
+        self.assertEqual(self.c.finish(), 0, self.c.text())
+        out = self.c.text()
+        self.assertIn("[rank 0] timed out after 1 s\n[rank 1] timed out after 1 s", out)
+        self.assertIn("[rank 0] 1\n", out)  # rank 0 kept its variables
+        self.assertIn("[rank 1] NameError: name 'kept' is not defined", out)
+
     def test_timeout_interrupts_python_code(self):
         self.c = Console(2)
         self.c.send("%timeout 1\nwhile True: pass\n\n%timeout off\nrank\n")
