@@ -221,7 +221,7 @@ class PipeConsole(unittest.TestCase):
     def test_bad_input_gets_a_message_and_the_session_goes_on(self):
         self.c = Console(2)
         self.c.send("def broken(:\n%bogus\n%rank 5 1\n%rank x 1\n%timeout soon\n%stream maybe\n"
-                    "%help\nrank + 100\n")
+                    "%result\n%result c9\n%timeline x\n%help\nrank + 100\n")
         self.assertEqual(self.c.finish(), 0, self.c.text())
         out = self.c.text()
         self.assertIn("SyntaxError: ", out)
@@ -231,6 +231,9 @@ class PipeConsole(unittest.TestCase):
         self.assertIn("error: rank list 'x': 'x' is not a rank or a range like 1-3", out)
         self.assertIn("usage: %timeout SECONDS (> 0) | off", out)
         self.assertIn("usage: %stream on|off", out)
+        self.assertIn("usage: %result NAME [--wait]", out)
+        self.assertIn("error: no non-blocking cell named 'c9' (this session has: none)", out)
+        self.assertIn("usage: %timeline [N] (the last N cells, default 10)", out)
         self.assertIn("%restart", out)
         self.assertIn("[rank 0] 100\n[rank 1] 101", out)
 
