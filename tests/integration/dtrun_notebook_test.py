@@ -216,7 +216,7 @@ class IPythonCells(unittest.TestCase):
         so_far = stream_text(c[7])
         self.assertIn("[rank 0] begin 0\n[rank 0] end 0\n[rank 0] 0\n", so_far)
         self.assertRegex(so_far, r"\[rank 1\] begin 1\n\[rank 1\] \.\.\. still running "
-                                 r"\([12]\.\d s so far\)")
+                                 r"\(\d+\.\d s so far\)")
         self.assertNotIn("end 1", so_far)
         self.assertIn("[rank 1] end 1\n", stream_text(c[8]))
         self.assertIn("[rank 1] 11", stream_text(c[8]))
@@ -243,12 +243,12 @@ class IPythonCells(unittest.TestCase):
         self.assertRegex(lines[0], r"^ *cell +code +rank 0 +rank 1 +slowest$")
         # c1: rank 0 slept 0.2 s, rank 1 4 s.
         [c1] = [line for line in lines if "[c1]" in line]
-        self.assertRegex(c1, r"\[c1\] import time +2\d\d\.\d ms +4\.\d\d s\* +"
+        self.assertRegex(c1, r"\[c1\] import time +\d+\.\d+ m?s +4\.\d\d s\* +"
                              r"rank 1 \(\+3\.\d\d s\)$")
         [c3] = [line for line in lines if "[c3]" in line]
         self.assertRegex(c3, r"\[c3\] while True: pass +2\.\d\d s\*? +2\.\d\d s\*? +rank")
         self.assertRegex(lines[-2], r"\[c4\] both_nb = 3 +- +\d+\.\d ms +$")
-        self.assertRegex(lines[-1], r"import time +3\d\d\.\d ms +- +$")
+        self.assertRegex(lines[-1], r"import time +\d+\.\d+ m?s +- +$")
 
     def test_bad_input(self):
         c = self.cells
