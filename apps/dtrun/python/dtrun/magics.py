@@ -74,7 +74,7 @@ def _start(num_processes, python=None, dtrun=None, gpu_ids=None, timeout=300.0, 
         proc.kill()
         proc.wait()
         raise
-    _STATE.update(session=session, proc=proc, mode=True)
+    _STATE.update(session=session, proc=proc, mode=True, shows={})
     return session
 
 

@@ -198,32 +198,53 @@ def parse_ranks(spec, world):
     return sorted(ranks)
 
 
-class _Waiter(threading.Thread):
-    """Blocks in store.wait on a connection of its own, so that the caller's
-    thread stays free for Ctrl-C, streaming and liveness checks."""
+class JobThread(threading.Thread):
+    """Runs jobs one after another; submit() returns an Event set when the
+    job ends, whatever it raised (a job reports through its own state).
+    stop() ends the thread after the jobs already submitted."""
 
-    def __init__(self, host, port):
-        super().__init__(name="dtrun-waiter", daemon=True)
-        self.conn = dist.TCPStore(host, port, None, False, timedelta(days=30), False)
-        self.requests = queue.Queue()
+    def __init__(self, name):
+        super().__init__(name=name, daemon=True)
+        self.jobs = queue.Queue()
         self.start()
 
-    def wait(self, keys):
+    def submit(self, job):
         done = threading.Event()
-        self.requests.put((keys, done))
+        self.jobs.put((job, done))
         return done
+
+    def stop(self):
+        self.jobs.put(None)
 
     def run(self):
         while True:
-            request = self.requests.get()
-            if request is None:
-                break
-            keys, done = request
             try:
-                self.conn.wait(keys)
-            except Exception:  # noqa: BLE001 - the round's store went away
-                pass
-            done.set()
+                item = self.jobs.get()
+                if item is None:
+                    return
+                job, done = item
+                try:
+                    job()
+                finally:
+                    done.set()
+            except BaseException:  # noqa: BLE001 - a job's error, or an interrupt as it ended
+                continue
+
+
+class _Waiter(JobThread):
+    """Blocks in store.wait on a connection of its own, so that the caller's
+    thread stays free for Ctrl-C, streaming and liveness checks. A wait on a
+    round's store that went away ends as if the keys had come."""
+
+    def __init__(self, host, port):
+        self.conn = dist.TCPStore(host, port, None, False, timedelta(days=30), False)
+        super().__init__("dtrun-waiter")
+
+    def wait(self, keys):
+        return self.submit(lambda: self.conn.wait(keys))
+
+    def run(self):
+        super().run()
         self.conn = None
 
 
@@ -282,7 +303,7 @@ class Session:
         store = dist.TCPStore(host, port, None, False, timedelta(days=30), False)
         waiter = _Waiter(host, port)
         if self.waiter is not None:
-            self.waiter.requests.put(None)  # its thread ends with its next wait
+            self.waiter.stop()  # its thread ends after its last wait
         if self.reader is not None:
             self.reader.close()
         self.round, self.world, self.store, self.waiter = rnd, world, store, waiter
@@ -412,7 +433,7 @@ class Session:
         except Exception:  # noqa: BLE001 - the store may be gone already
             pass
         if self.waiter is not None:
-            self.waiter.requests.put(None)
+            self.waiter.stop()
             self.waiter.join(5)
         if self.reader is not None:
             self.reader.close()
@@ -470,9 +491,8 @@ class Session:
         died get {"died": True}; the group is then restarted by dtrun and
         this waits for it (results say so with "restarted")."""
         n = self.send(code, ranks)
-        started = time.monotonic()
         results = self.collect(n, ranks, on_stream)
-        self.note_timeline(code, ranks, results, time.monotonic() - started)
+        self.note_timeline(code, results)
         return results
 
     # -- non-blocking cells --------------------------------------------
@@ -520,7 +540,7 @@ class Session:
 
     def _finish(self, h, results):
         h.results = results
-        self.note_timeline(h.code, h.ranks, results, time.monotonic() - h.started, h.name)
+        self.note_timeline(h.code, results, h.name)
         if any(res.get("abandoned") for res in results.values()):
             self.reset_process_group()
 
@@ -582,13 +602,13 @@ class Session:
         return "".join(out), "".join(err)
 
     # -- timeline --------------------------------------------------------
-    def note_timeline(self, code, ranks, results, client_s, name=None):
+    def note_timeline(self, code, results, name=None):
         """Each rank's wall time of a finished cell (as the rank measured
         it), for %dist_timeline."""
         self.cells_run += 1
         walls = {r: res["wall"] for r, res in results.items() if "wall" in res}
         self.timeline.append({"cell": self.cells_run, "code": code, "ranks": walls,
-                              "name": name, "client_s": client_s})
+                              "name": name})
 
     def collect(self, n, ranks, on_stream=None):
         keys = [result_key(n, r) for r in ranks]

@@ -14,7 +14,6 @@ import io
 import json
 import os
 import pickle
-import queue
 import rlcompleter
 import socket
 import sys
@@ -166,8 +165,8 @@ class _RunnerLoader(threading.Thread):
         super().__init__(name="dtrun-ipython", daemon=True)
         self.cls = _ExecRunner
         self.note = None
-        if importlib.util.find_spec("IPython") is not None and not os.environ.get(
-                "DTRUN_NO_IPYTHON"):
+        if importlib.util.find_spec("IPython") is not None and os.environ.get(
+                "DTRUN_NO_IPYTHON", "0") in ("", "0"):
             self.start()
 
     def run(self):
@@ -177,7 +176,7 @@ class _RunnerLoader(threading.Thread):
             self.note = f"IPython did not import ({e!r})"
 
     def runner(self, namespace, display):
-        if self.is_alive() or self.ident is not None:
+        if self.ident is not None:  # started: IPython is there
             self.join()
         try:
             return self.cls(namespace, display)
@@ -206,34 +205,6 @@ class _Locked:
     def get(self, key):
         with self.lock:
             return self.store.get(key)
-
-
-class _CellThread(threading.Thread):
-    """The thread cells run on, kept from one cell to the next (a thread
-    started per cell cost each rank a tenth of a millisecond); one left
-    behind in native code is replaced."""
-
-    def __init__(self):
-        super().__init__(name="dtrun-cell", daemon=True)
-        self.jobs = queue.Queue()
-        self.start()
-
-    def submit(self, job):
-        """Runs job() on this thread; returns an Event set when it ends."""
-        done = threading.Event()
-        self.jobs.put((job, done))
-        return done
-
-    def run(self):
-        while True:
-            try:
-                job, done = self.jobs.get()
-                try:
-                    job()
-                finally:
-                    done.set()
-            except BaseException:  # noqa: BLE001 - an interrupt that came as a cell ended
-                continue
 
 
 class Worker:
@@ -392,7 +363,10 @@ class Worker:
         displays = []
         _patch_display(self.display, self.runner.name == "exec")
         if self.cell_thread is None:
-            self.cell_thread = _CellThread()
+            # Kept from one cell to the next (a thread started per cell cost
+            # each rank a tenth of a millisecond); one left behind in native
+            # code is replaced.
+            self.cell_thread = proto.JobThread("dtrun-cell")
         thread = self.cell_thread
         started = time.monotonic()
         done = thread.submit(lambda: self._cell_body(cell, sink, result, displays))
