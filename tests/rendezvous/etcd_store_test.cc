@@ -269,10 +269,10 @@ class GarbageServer {
     while (!stop_) {
       int c = ::accept(fd_, nullptr, nullptr);
       if (c < 0) return;
+      ++served_;  // before the reply, so the client never sees it first
       char buf[4096];
       (void)::recv(c, buf, sizeof(buf), 0);
       (void)::send(c, reply_.data(), reply_.size(), MSG_NOSIGNAL);
-      ++served_;
       ::close(c);
     }
   }
@@ -304,6 +304,10 @@ TEST(EtcdClientTest, MalformedRepliesAreErrorsNotCrashes) {
     EXPECT_NE(c.status().message().find(server.endpoint()), std::string::npos)
         << c.status().message();
     EXPECT_LT(std::chrono::steady_clock::now() - t0, milliseconds(2000));
+    // The client did reach it (the server's thread may run late on a loaded
+    // machine; it counts a connection once accepted).
+    for (int i = 0; i < 200 && server.served() < 1; ++i)
+      std::this_thread::sleep_for(milliseconds(10));
     EXPECT_GE(server.served(), 1);
   }
 }
