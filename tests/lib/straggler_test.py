@@ -17,8 +17,12 @@ p.add_argument("--train-cfg", required=True)
 ARGS, REST = p.parse_known_args()
 HERE = os.path.dirname(os.path.abspath(__file__))
 CONFIG = os.path.join(HERE, "..", "..", "examples", "configs", "digits_ddp.toml")
-# 50 steps of a 256-wide MLP: steps of milliseconds, long enough to time.
-SHORT = ["train.steps=50", "model.hidden=[256, 256]", "train.eval_every=0"]
+# 50 steps of a 256-wide MLP on batches of 256: ~20 ms of compute a step, so
+# that the window of 20 steps spans ~0.4 s and a hiccup of the host's
+# (another program on a core for a tenth of a second) cannot fill it; with
+# steps of ~3 ms it did, once in some tens of undisturbed runs.
+SHORT = ["train.steps=50", "model.hidden=[256, 256]", "train.batch_size=256",
+         "train.eval_every=0"]
 
 
 class Stragglers(unittest.TestCase):
