@@ -18,6 +18,8 @@ import threading
 import time
 import unittest
 
+from dtrun_proc import rank_ordered
+
 p = argparse.ArgumentParser()
 p.add_argument("--dtrun", required=True)
 ARGS, REST = p.parse_known_args()
@@ -433,8 +435,10 @@ class Notebook(unittest.TestCase):
             with open(os.path.join(tmp, "out.ipynb")) as f:
                 nb = json.load(f)
         # A cell's stream outputs joined (the kernel may split a stream in several).
-        outputs = ["".join("".join(o.get("text", "")) for o in c.get("outputs", [])
-                           if o["output_type"] == "stream") for c in nb["cells"]]
+        # Streamed: two ranks' lines may come either way round.
+        outputs = [rank_ordered("".join("".join(o.get("text", "")) for o in c.get("outputs", [])
+                                        if o["output_type"] == "stream"))
+                   for c in nb["cells"]]
         self.assertIn("[rank 0] tensor([3., 3.])\n[rank 1] tensor([3., 3.])\n", outputs)
         self.assertIn("[rank 0] hello from rank 0 of 2\n", outputs)
         self.assertTrue(any("[rank 1] ValueError: a mistake on rank 1" in o for o in outputs))

@@ -14,6 +14,8 @@ import tempfile
 import time
 import unittest
 
+from dtrun_proc import rank_ordered
+
 p = argparse.ArgumentParser()
 p.add_argument("--dtrun", required=True)
 p.add_argument("--python", default="/usr/bin/python3",
@@ -103,7 +105,7 @@ class Magics(unittest.TestCase):
         self.assertIn("dtrun: 2 rank(s) ready", stream_text(c[1]))
         self.assertIn("dist_mode off", stream_text(c[2]))
         self.assertEqual(stream_text(c[3]), "kernel has 42\n")
-        self.assertEqual(stream_text(c[4]),
+        self.assertEqual(rank_ordered(stream_text(c[4])),
                          "[rank 0] has local_only: False\n[rank 1] has local_only: False\n")
         self.assertEqual(stream_text(c[5]), "[rank 0] both set\nboth set\n")
         self.assertEqual(stream_text(c[6]), "kernel both 7\n")
@@ -200,7 +202,8 @@ class IPythonCells(unittest.TestCase):
 
     def test_shell_magics_and_help_run_through_ipython_on_each_rank(self):
         c = self.cells
-        self.assertEqual(stream_text(c[2]), "[rank 0] shell on 0\n[rank 1] shell on 1\n")
+        self.assertEqual(rank_ordered(stream_text(c[2])),
+                         "[rank 0] shell on 0\n[rank 1] shell on 1\n")
         out = stream_text(c[3])
         self.assertRegex(out, r"\[rank 0\] Wall time: .*\n")
         self.assertRegex(out, r"\[rank 1\] CPU times: .*\n")
@@ -234,7 +237,7 @@ class IPythonCells(unittest.TestCase):
 
     def test_local_means_ranks_and_kernel_for_both_magics(self):
         c = self.cells
-        self.assertEqual(stream_text(c[16]), "[rank 0] set\n[rank 1] set\nset\n")
+        self.assertEqual(rank_ordered(stream_text(c[16])), "[rank 0] set\n[rank 1] set\nset\n")
         self.assertIn("kernel shared 5", stream_text(c[17]))
         self.assertIn("kernel both_nb 3", stream_text(c[19]))
 
@@ -333,7 +336,7 @@ class Kernel(unittest.TestCase):
         out = self.execute("%dist_result c1 --wait", until="[rank 0] nb start",
                            then=self.km.interrupt_kernel, timeout=60)
         self.assertIn("[rank 0] interrupted", out)
-        self.assertEqual(self.execute("print('after', rank)"),
+        self.assertEqual(rank_ordered(self.execute("print('after', rank)")),
                          "[rank 0] after 0\n[rank 1] after 1\n")
 
 
@@ -368,8 +371,8 @@ class TwoNodes(Kernel):
         out = self.execute(f"{INIT} --node-rank 0 --local-addr 127.0.0.2 " +
                            " ".join(f.replace("=", " ") for f in self.flags))
         self.assertIn("4 rank(s) ready", out)
-        out = self.execute("y = torch.ones(1) * rank\ndist.all_reduce(y)\n"
-                           "print(dist.get_world_size(), y.item())")
+        out = rank_ordered(self.execute("y = torch.ones(1) * rank\ndist.all_reduce(y)\n"
+                                        "print(dist.get_world_size(), y.item())"))
         self.assertIn("[rank 0] 4 6.0\n[rank 1] 4 6.0\n[rank 2] 4 6.0\n[rank 3] 4 6.0", out)
         status = self.execute("%dist_status")
         self.assertRegex(status, r"rank 3: host \S+ \(127\.0\.0\.3\), pid \d+, alive")
@@ -382,7 +385,7 @@ class TwoNodes(Kernel):
                       "dtrun started a new round on every node: every rank has fresh state\n"
                       "[rank 2] its last stderr lines (", out)
         self.assertIn("[rank 2]   last words of 2\n", out)
-        out = self.execute("print(dist.get_world_size(), 'y' in dir())")
+        out = rank_ordered(self.execute("print(dist.get_world_size(), 'y' in dir())"))
         self.assertIn("[rank 0] 4 False\n[rank 1] 4 False\n[rank 2] 4 False\n[rank 3] 4 False", out)
         self.execute("%dist_shutdown")
         self.assertEqual(self.node1.wait(timeout=60), 0, self.node1.stderr.read())

@@ -1,6 +1,7 @@
 """Runs the dtrun binary for integration tests and checks processes by pid."""
 import argparse
 import os
+import re
 import signal
 import subprocess
 import tempfile
@@ -130,3 +131,15 @@ class NodesTestCase(WorkerTestCase):
                 p.kill()
                 p.communicate()
         super().tearDown()
+
+
+def rank_ordered(text):
+    """Streamed output shows each rank's lines as they come, so two ranks'
+    lines may interleave either way: their labelled lines in rank order
+    (each rank's own order kept), every other line where it was."""
+    lines = text.split("\n")
+    at = [i for i, line in enumerate(lines) if re.match(r"\[rank \d+\] ", line)]
+    ranked = sorted((lines[i] for i in at), key=lambda line: int(line[6:line.index("]")]))
+    for i, line in zip(at, ranked):
+        lines[i] = line
+    return "\n".join(lines)
