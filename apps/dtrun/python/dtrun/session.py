@@ -646,9 +646,17 @@ class Session:
                 done.wait(0.1)
                 if done.is_set():
                     break
-                if on_stream:
-                    self._pump(n, ranks, shown, on_stream)
-                died = self.dead_ranks(ranks)
+                try:
+                    if on_stream:
+                        self._pump(n, ranks, shown, on_stream)
+                except RuntimeError:
+                    # The round's store closed under us: a worker on another
+                    # node died and the round is ending (before it shows as
+                    # moved on), its workers with it.
+                    if self.rdzv is None:
+                        raise
+                    died = [None]
+                died = died or self.dead_ranks(ranks)
                 if not died and self._round_moved():
                     # A worker on another node died (or that node's dtrun
                     # restarted the round): the ranks here start afresh too.
@@ -662,8 +670,12 @@ class Session:
             except KeyboardInterrupt:
                 if not interrupted:
                     interrupted = True
-                    self.store.add(interrupt_key(n), 1)
-                    self._cancel_queued(n, ranks)
+                    try:
+                        self.store.add(interrupt_key(n), 1)
+                        self._cancel_queued(n, ranks)
+                    except RuntimeError:  # the round ends: the loop sees why
+                        if self.rdzv is None:
+                            raise
         return died
 
     def _answer_for(self, n, ranks, result):
