@@ -25,7 +25,7 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 # DTRUN_BENCH_ONLY=store,launcher,... runs only those parts: store, store-load,
 # launcher, multinode, rdzv-sim, rdzv-scale, etcd, ddp, fsdp, interactive,
-# hang, status, checkpoint.
+# hang, status, straggler, checkpoint.
 want() { [[ -z ${DTRUN_BENCH_ONLY:-} || ",$DTRUN_BENCH_ONLY," == *",$1,"* ]]; }
 
 torch2=${DTRUN_BENCH_TORCH2:-1}
@@ -217,6 +217,14 @@ if want hang; then
   echo "| measure | value |"
   echo "|---|---|"
   /usr/bin/python3 tests/bench/hang_bench.py --dtrun $b/apps/dtrun --cpp-bench $b/tests/bench/hang_bench
+fi
+
+if want straggler; then
+  echo
+  echo "== stragglers: false alarms and detections, 2 ranks, another suite beside"
+  /usr/bin/python3 tests/bench/straggler_bench.py --dtrun $b/apps/dtrun \
+    --train-cfg $b/examples/train_cfg --runs 50 \
+    --load "ctest --test-dir $PWD/$b -L unit -j2 >/dev/null 2>&1"
 fi
 
 if want status; then

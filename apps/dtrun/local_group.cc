@@ -648,8 +648,11 @@ void LocalGroup::ReadComputeBeats() {
     if (seen != beat_mtime_ns_.end() && seen->second == mtime) continue;
     beat_mtime_ns_[local_rank] = mtime;
     std::string text = os::ReadFileOrEmpty(path);
+    // The main thread's wait for a core: the host's noise, taken off.
+    double waited = ParseSchedstatWait(
+        os::ReadFileOrEmpty("/proc/" + std::to_string(pid) + "/schedstat"));
     stragglers_.OnBeat(assignment_.base_rank + local_rank, ParseBeatStep(text),
-                       ParseBeatCompute(text));
+                       ParseBeatCompute(text), waited);
     fresh = true;
   }
   if (!fresh) return;

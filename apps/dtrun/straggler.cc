@@ -18,11 +18,21 @@ double FirstQuartile(std::vector<double> v) {
 }  // namespace
 
 // One sample per step: the same beat read twice (no new step) adds none.
-void StragglerScorer::OnBeat(int rank, int64_t step, double compute_s) {
+// The beats are read some times a step, so the wait since the last one read
+// is usually one step's; when steps were missed it is shared out evenly.
+void StragglerScorer::OnBeat(int rank, int64_t step, double compute_s,
+                             double run_wait_s) {
   Samples& s = samples_[rank];
-  if (compute_s < 0 || step <= s.last_step || step <= warmup_) return;
+  if (step <= s.last_step) return;
+  double waited = 0;
+  if (run_wait_s >= 0 && s.last_wait_s >= 0 && s.last_step >= 0) {
+    waited = std::max(0.0, run_wait_s - s.last_wait_s) /
+             static_cast<double>(step - s.last_step);
+  }
   s.last_step = step;
-  s.compute_s.push_back(compute_s);
+  s.last_wait_s = run_wait_s;
+  if (compute_s < 0 || step <= warmup_) return;
+  s.compute_s.push_back(std::max(0.0, compute_s - waited));
   if (s.compute_s.size() > window_) s.compute_s.pop_front();
 }
 
@@ -49,16 +59,21 @@ std::optional<RankScore> StragglerScorer::Straggler() const {
   return worst;
 }
 
+// Persistence counted in the straggler's own steps, not in calls: the
+// launcher reads beats at its own pace, which has nothing to do with how
+// long a slow spell lasted.
 std::optional<RankScore> StragglerScorer::Check() {
   auto now = Straggler();
   if (!now) {
     streak_rank_ = -1;
-    streak_ = 0;
     return std::nullopt;
   }
-  streak_ = now->rank == streak_rank_ ? streak_ + 1 : 1;
-  streak_rank_ = now->rank;
-  if (streak_ < confirm_) return std::nullopt;
+  const int64_t step = samples_[now->rank].last_step;
+  if (now->rank != streak_rank_) {
+    streak_rank_ = now->rank;
+    streak_from_ = step;
+  }
+  if (step - streak_from_ < confirm_) return std::nullopt;
   return now;
 }
 
@@ -92,6 +107,13 @@ double ParseBeatCompute(const std::string& text) {
   char* stop = nullptr;
   double v = std::strtod(text.c_str() + space + 1, &stop);
   return stop == text.c_str() + space + 1 || v < 0 ? -1 : v;
+}
+
+double ParseSchedstatWait(const std::string& text) {
+  std::istringstream in(text);
+  unsigned long long on_cpu = 0, waited = 0;
+  if (!(in >> on_cpu >> waited)) return -1;
+  return static_cast<double>(waited) * 1e-9;
 }
 
 // Only the first line counts: a shorter beat written over a longer one

@@ -8,6 +8,15 @@
 // rule and threshold, with medians there). Scored here, in the launcher, from
 // data the workers send anyway: no collective is added, so sub-groups cannot
 // deadlock on it.
+//
+// The host's own noise is taken out first: a step's compute is wall time,
+// and a rank that waited for a core (another program on the host, or the
+// other ranks sharing too few cores) looks slow without being so. The kernel
+// counts that wait per thread (/proc/<pid>/schedstat, run_delay); the
+// launcher passes it with each beat and the scorer takes each step's share
+// of the wait off its compute. A rank is then named only when it stayed the
+// straggler for a whole window of its steps (persistence), so a burst of
+// noise the wait does not explain (a hypervisor's steal) names nobody.
 
 #include <cstdint>
 #include <deque>
@@ -30,29 +39,33 @@ class StragglerScorer {
   // `window`: the steps kept per rank; `min_samples`: needed per rank
   // before any rank is scored; `threshold`: a score under it is a straggler;
   // `warmup`: the first steps, slower on every rank (allocations, caches),
-  // are not scored; `confirm`: Check() names a straggler only once it is
-  // the same rank this many times in a row.
+  // are not scored; `confirm`: Check() names a straggler only once the
+  // same rank has been the straggler, without a break, over this many of
+  // its own steps.
   explicit StragglerScorer(size_t window = 20, size_t min_samples = 8,
                            double threshold = 0.75, int64_t warmup = 3,
-                           int confirm = 10)
+                           int64_t confirm = 20)
       : window_(window),
         min_samples_(min_samples),
         threshold_(threshold),
         warmup_(warmup),
         confirm_(confirm) {}
 
-  // Rank `rank` beat `step` having computed `compute_s` in it. A beat of a
-  // step already seen, of a warm-up step, or without a compute time (< 0)
-  // is ignored.
-  void OnBeat(int rank, int64_t step, double compute_s);
+  // Rank `rank` beat `step` having computed `compute_s` in it, its main
+  // thread having waited `run_wait_s` seconds in all for a core since it
+  // started (-1: unknown). The wait since the last beat, spread over the
+  // steps since then, is taken off the compute. A beat of a step already
+  // seen, of a warm-up step, or without a compute time (< 0) is not scored.
+  void OnBeat(int rank, int64_t step, double compute_s, double run_wait_s = -1);
   // Forgets every rank (a new attempt).
   void Reset() {
     samples_.clear();
     streak_rank_ = -1;
-    streak_ = 0;
+    streak_from_ = 0;
   }
   // Call after new beats: the straggler once Straggler() has named the
-  // same rank `confirm` times in a row (one noisy window names nobody).
+  // same rank at every call over `confirm` of its steps (a noisy window
+  // names nobody).
   std::optional<RankScore> Check();
   // Every rank seen, in rank order; scores only once every rank has
   // min_samples.
@@ -64,15 +77,16 @@ class StragglerScorer {
  private:
   struct Samples {
     int64_t last_step = -1;
+    double last_wait_s = -1;  // the run wait at last_step
     std::deque<double> compute_s;
   };
   size_t window_, min_samples_;
   double threshold_;
   int64_t warmup_;
-  int confirm_;
+  int64_t confirm_;
   std::map<int, Samples> samples_;
   int streak_rank_ = -1;
-  int streak_ = 0;
+  int64_t streak_from_ = 0;  // the straggler's step when its streak began
 };
 
 // Scores from typical times already known (each node's status record
@@ -82,6 +96,11 @@ std::vector<RankScore> ScoreTypical(const std::map<int, double>& typical);
 // The compute seconds a beat's text carries after its step ("170 0.0123"),
 // -1 when it carries none.
 double ParseBeatCompute(const std::string& text);
+
+// The seconds a thread has waited on a run queue, from the text of
+// /proc/<pid>/schedstat ("<on-cpu ns> <run-queue ns> <slices>"); -1 when
+// the text is not that.
+double ParseSchedstatWait(const std::string& text);
 
 // The total steps a beat's text carries third ("170 0.0123 1000"), 0 when
 // it carries none.

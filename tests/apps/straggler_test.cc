@@ -57,16 +57,77 @@ TEST(StragglerTest, WarmUpStepsAreNotScored) {
   EXPECT_FALSE(s.Straggler());
 }
 
-TEST(StragglerTest, CheckNamesOnlyARankFlaggedSeveralTimesInARow) {
+TEST(StragglerTest, CheckNamesOnlyARankFlaggedOverConfirmOfItsSteps) {
   StragglerScorer s(20, 2, 0.75, 0, 3);
   Feed(&s, {0.010, 0.020}, 2, 1);
-  EXPECT_FALSE(s.Check());  // flagged once
-  EXPECT_FALSE(s.Check());  // twice
-  auto named = s.Check();   // three times: named
+  EXPECT_FALSE(s.Check());  // flagged at step 2
+  EXPECT_FALSE(s.Check());  // read again with no new step: still step 2
+  EXPECT_FALSE(s.Check());
+  Feed(&s, {0.010, 0.020}, 2, 3);
+  EXPECT_FALSE(s.Check());  // step 4: two steps of the streak
+  Feed(&s, {0.010, 0.020}, 1, 5);
+  auto named = s.Check();  // step 5: three
   ASSERT_TRUE(named);
   EXPECT_EQ(named->rank, 1);
-  Feed(&s, {0.020, 0.010}, 20, 3);  // now rank 0 is the slow one
+  Feed(&s, {0.020, 0.010}, 20, 6);  // now rank 0 is the slow one
   EXPECT_FALSE(s.Check());          // a new streak starts
+}
+
+TEST(StragglerTest, ABreakInTheStreakStartsItOver) {
+  StragglerScorer s(4, 2, 0.75, 0, 6);
+  Feed(&s, {0.010, 0.020}, 4, 1);
+  EXPECT_FALSE(s.Check());         // flagged at step 4
+  Feed(&s, {0.010, 0.010}, 4, 5);  // evens out: nobody
+  EXPECT_FALSE(s.Check());
+  Feed(&s, {0.010, 0.020}, 4, 9);  // slow again from step 9
+  EXPECT_FALSE(s.Check());         // step 12: a new streak
+  Feed(&s, {0.010, 0.020}, 3, 13);
+  EXPECT_FALSE(s.Check());  // step 15: 3 steps into it
+  Feed(&s, {0.010, 0.020}, 3, 16);
+  EXPECT_TRUE(s.Check());  // step 18: 6
+}
+
+// The host's noise: rank 1 shares its core with another program and waits
+// for it a third of each step. Its wall-clock compute looks 1.5 times as
+// long; the wait taken off, it is as fast as rank 0.
+TEST(StragglerTest, TimeWaitingForACoreIsNotCompute) {
+  StragglerScorer s(20, 8, 0.75, 0, 0);
+  double wait1 = 0.5;
+  for (int step = 1; step <= 30; ++step) {
+    s.OnBeat(0, step, 0.010, 0.1);
+    wait1 += 0.005;
+    s.OnBeat(1, step, 0.015, wait1);
+  }
+  EXPECT_FALSE(s.Check());
+  for (const RankScore& r : s.Scores()) EXPECT_NEAR(r.score, 1.0, 0.01);
+  // A rank slow without waiting (a slower device) is still named.
+  StragglerScorer slow(20, 8, 0.75, 0, 0);
+  for (int step = 1; step <= 30; ++step) {
+    slow.OnBeat(0, step, 0.010, 0.1);
+    slow.OnBeat(1, step, 0.015, 0.2);
+  }
+  auto named = slow.Check();
+  ASSERT_TRUE(named);
+  EXPECT_EQ(named->rank, 1);
+}
+
+// Beats read every few steps: the wait since the last one read is shared
+// over the steps it spans.
+TEST(StragglerTest, AWaitOverSeveralStepsIsSharedOut) {
+  StragglerScorer s(20, 1, 0.75, 0, 0);
+  s.OnBeat(0, 1, 0.010, 1.0);
+  s.OnBeat(0, 5, 0.030, 1.08);  // 0.08 s over 4 steps: 0.02 a step
+  auto scores = s.Scores();
+  ASSERT_EQ(scores.size(), 1u);
+  EXPECT_NEAR(scores[0].typical_s, 0.010, 1e-9);
+  s.OnBeat(0, 6, 0.010, 0.5);  // a counter that went back: no wait
+  EXPECT_NEAR(s.Scores()[0].typical_s, 0.010, 1e-9);
+}
+
+TEST(StragglerTest, SchedstatText) {
+  EXPECT_DOUBLE_EQ(ParseSchedstatWait("393492 92211000 3\n"), 0.092211);
+  EXPECT_EQ(ParseSchedstatWait(""), -1);
+  EXPECT_EQ(ParseSchedstatWait("12\n"), -1);
 }
 
 TEST(StragglerTest, AStepIsCountedOnceAndBeatsWithoutTimesAreIgnored) {
