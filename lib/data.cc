@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <numeric>
 #include <random>
 #include <sstream>
@@ -64,8 +65,12 @@ Dataset MakeSynthetic(int samples, int features, int classes, uint64_t seed) {
   return d;
 }
 
-// Every k-th row goes to the test set: no randomness, so every rank and
-// every run agree on the split without talking to each other.
+// Every k-th row of each class goes to the test set: no randomness, so
+// every rank and every run agree on the split without talking to each
+// other, and a class with k rows or more is on both sides whatever order the
+// rows come in (every k-th row overall, with the synthetic set's class
+// i % classes in row i, 100 classes and k = 4, held out only classes 3, 7,
+// ..., 99, which training then never saw).
 void SplitTrainTest(const Dataset& all, double test_fraction, Dataset* train,
                     Dataset* test) {
   size_t every = test_fraction > 0
@@ -76,8 +81,10 @@ void SplitTrainTest(const Dataset& all, double test_fraction, Dataset* train,
     d->features = all.features;
     d->classes = all.classes;
   }
+  std::map<int64_t, size_t> seen;  // rows of each class so far
   for (size_t i = 0; i < all.rows(); ++i) {
-    Dataset* to = every && i % every == every - 1 ? test : train;
+    size_t n = seen[all.y[i]]++;
+    Dataset* to = every && n % every == every - 1 ? test : train;
     to->x.insert(to->x.end(), all.x.begin() + i * all.features,
                  all.x.begin() + (i + 1) * all.features);
     to->y.push_back(all.y[i]);

@@ -15,6 +15,8 @@
 #include <set>
 #include <type_traits>
 
+#include "rendezvous/util/os_util.h"
+
 namespace dtrun::memory_checkpoint {
 namespace {
 
@@ -254,9 +256,17 @@ std::string ShardName(int64_t step, int64_t rank) {
   return name;
 }
 
-// One folder's newest step: its shards, then its step's file.
+// One folder's newest step: its shards, then its step's file. The folder
+// is made first: a job whose first checkpoints lived only in memory may
+// never have written to it.
 void PersistStep(const std::vector<const MemoryCopy*>& copies,
                  PersistReport* report) {
+  if (copies.empty()) return;
+  Status made = os::MakeDirs(copies.front()->dir);
+  if (!made.ok()) {
+    report->notes.push_back(copies.front()->dir + ": " + made.message());
+    return;
+  }
   const MemoryCopy* step_file_copy = nullptr;
   const MemoryFile* step_file = nullptr;
   for (const MemoryCopy* c : copies) {

@@ -60,6 +60,22 @@ TEST(DataTest, SplitHoldsOutEveryKthRow) {
   EXPECT_EQ(train.x.size(), 80u * 3);
 }
 
+// The synthetic set's classes take turns (class i % classes in row i): with
+// 100 classes and every 4th row held out, a split by row number alone held
+// out only classes 3, 7, ..., 99. Every class is on both sides.
+TEST(DataTest, EveryClassIsInBothSplits) {
+  for (int classes : {2, 4, 10, 100, 1000}) {
+    Dataset all = MakeSynthetic(classes * 8, 3, classes, 1);
+    Dataset train, test;
+    SplitTrainTest(all, 0.25, &train, &test);
+    std::set<int64_t> in_train(train.y.begin(), train.y.end());
+    std::set<int64_t> in_test(test.y.begin(), test.y.end());
+    EXPECT_EQ(in_train.size(), static_cast<size_t>(classes)) << classes;
+    EXPECT_EQ(in_test.size(), static_cast<size_t>(classes)) << classes;
+    EXPECT_EQ(test.rows(), all.rows() / 4) << classes;
+  }
+}
+
 TEST(DataTest, MissingDigitsFileIsAClearError) {
   auto d = LoadDigits("/nonexistent/digits.csv.gz");
   ASSERT_FALSE(d.ok());

@@ -152,6 +152,29 @@ TEST_F(NodeCopiesTest, PersistWritesTheNewestStepWhole) {
   EXPECT_TRUE(mc::PersistMemoryCopies(prefix_).written.empty());  // all there
 }
 
+// A job whose checkpoints so far lived only in memory never made its
+// folder: the persist before a restart makes it, parents included.
+TEST_F(NodeCopiesTest, PersistMakesAFolderNothingWroteToYet) {
+  const std::string dir = dir_ + "/not/made/yet";
+  auto copies = NodeCopies::FromEnv(0, dir);
+  ASSERT_NE(copies, nullptr);
+  ASSERT_TRUE(WriteCopy(*copies, 10, "ten").ok());
+  mc::PersistReport report = mc::PersistMemoryCopies(prefix_);
+  ASSERT_EQ(report.written.size(), 1u)
+      << (report.notes.empty() ? "" : report.notes[0]);
+  EXPECT_EQ(report.written[0], dir + "/" + CheckpointDir::ShardName(10, 0));
+  // A folder that cannot be made is named, and nothing is written.
+  const std::string blocked = dir_ + "/a_file/ckpt";
+  ASSERT_TRUE(WriteCheckpointFile(dir_ + "/a_file", "x").ok());
+  mc::RemoveMemoryCopies(prefix_);
+  auto other = NodeCopies::FromEnv(0, blocked);
+  ASSERT_TRUE(WriteCopy(*other, 20, "twenty").ok());
+  report = mc::PersistMemoryCopies(prefix_);
+  EXPECT_TRUE(report.written.empty());
+  ASSERT_EQ(report.notes.size(), 1u);
+  EXPECT_EQ(report.notes[0].rfind(blocked + ": ", 0), 0u) << report.notes[0];
+}
+
 TEST_F(NodeCopiesTest, RemovesTheCopiesOfADtrunThatIsGone) {
   pid_t child = fork();
   if (child == 0) _exit(0);
