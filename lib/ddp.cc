@@ -15,10 +15,11 @@
 #include <random>
 #include <sstream>
 #include <thread>
+#include <utility>
 
 #include "lib/process_group.h"
 #include "lib/shm_allreduce.h"
-#include "rendezvous/util/log.h"
+#include "rendezvous/util/log_line.h"
 
 namespace dtrun::train {
 
@@ -111,7 +112,11 @@ struct DistributedDataParallel::Impl {
   std::mutex mu;  // hooks may run on autograd's threads
   // Each parameter's gradient accumulator (kept alive: autograd holds it
   // weakly) and the key of the hook DDP put on it.
-  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators;
+  // shared_ptr<Node> up to torch 2.6 at least, intrusive_ptr<Node> in 2.14:
+  // the type grad_accumulator() returns, whichever it is.
+  std::vector<decltype(torch::autograd::impl::grad_accumulator(
+      std::declval<const at::Tensor&>()))>
+      accumulators;
   std::vector<uintptr_t> hook_keys;
 
   // The bucket's memory for parameter k, shaped as the parameter. Not an
@@ -226,9 +231,9 @@ struct DistributedDataParallel::Impl {
       if (seg) {
         shm = std::make_unique<ShmQueue>(std::move(seg));
       } else if (!why.empty()) {
-        Logger("dtrun.ddp")
-            ->info("rank {}: all-reduce through the process group ({})",
-                   pg->getRank(), why);
+        LogLine("dtrun.ddp", LogLevel::kInfo,
+                "rank " + std::to_string(pg->getRank()) +
+                    ": all-reduce through the process group (" + why + ")");
       }
     }
     int64_t at = 0;

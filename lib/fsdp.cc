@@ -184,11 +184,16 @@ struct FullyShardedDataParallel::Impl {
     stats.wait_s += std::chrono::duration<double>(Clock::now() - t0).count();
   }
 
-  // Gloo in Torch 1.13 moves no bfloat16 (nor int16); data movement
-  // (all-gather, all-to-all) carries it as float16 of the same bits, which
-  // it copies without looking at them.
+  // Gloo's 16-bit types differ by build: Torch 1.13's moves no bfloat16,
+  // Debian forky's 2.14 neither bfloat16 nor float16 ("Invalid scalar
+  // type"). Data movement (all-gather, all-to-all) copies bits without
+  // looking at them, so 16-bit tensors go as their bytes, which every gloo
+  // moves; flat tensors only, as FSDP's are.
   at::Tensor Wire(const at::Tensor& t) const {
-    return !nccl && t.scalar_type() == at::kBFloat16 ? t.view(at::kHalf) : t;
+    const auto type = t.scalar_type();
+    return !nccl && (type == at::kBFloat16 || type == at::kHalf)
+               ? t.view(at::kByte)
+               : t;
   }
 
   // All-gathers `src_` ([S] per rank) into `dst_` ([S * world]). Gloo's

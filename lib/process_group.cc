@@ -1,7 +1,12 @@
 #include "lib/process_group.h"
 
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+// pip's torch wheels ship no gloo headers although their torch has gloo:
+// CMake defines DTRUN_HAVE_GLOO only when it found them.
+#ifdef DTRUN_HAVE_GLOO
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#endif
 #ifdef DTRUN_HAVE_NCCL
 #include <c10/cuda/CUDAFunctions.h>
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
@@ -25,10 +30,27 @@ std::string Text(const std::vector<uint8_t>& v) { return {v.begin(), v.end()}; }
 // code (deadlines, clear errors) as the agents. Statuses become exceptions.
 class DtrunC10dStore : public c10d::Store {
  public:
-  DtrunC10dStore(std::unique_ptr<rendezvous::TcpStoreClient> client, int rank)
+  DtrunC10dStore(std::unique_ptr<rendezvous::TcpStoreClient> client, int rank,
+                 rendezvous::StoreClientOptions options)
       : c10d::Store(client->timeout()),
         client_(std::move(client)),
-        rank_(rank) {}
+        rank_(rank),
+        options_(std::move(options)) {}
+
+#if DTRUN_TORCH_AT_LEAST(2, 7)
+  // A store for another thread (torch >= 2.7 asks for one; NCCL's watchdog
+  // and the abort path use it): a connection of its own to the same store,
+  // as TCPStore's clone is.
+  c10::intrusive_ptr<c10d::Store> clone() override {
+    auto client = rendezvous::TcpStoreClient::Connect(options_);
+    if (!client.ok()) {
+      throw StoreError("rank " + std::to_string(rank_) + ": " +
+                       client.status().message());
+    }
+    return c10::make_intrusive<DtrunC10dStore>(std::move(*client), rank_,
+                                               options_);
+  }
+#endif
 
   void set(const std::string& key, const std::vector<uint8_t>& value) override {
     Check(client_->Set(key, Text(value)));
@@ -77,6 +99,7 @@ class DtrunC10dStore : public c10d::Store {
 
   std::unique_ptr<rendezvous::TcpStoreClient> client_;
   int rank_;
+  rendezvous::StoreClientOptions options_;  // for clone()
 };
 
 }  // namespace
@@ -86,6 +109,10 @@ struct Distributed::Impl {
   std::string backend;
   c10::intrusive_ptr<ProcessGroup> pg;
   rendezvous::StoreClientOptions store_options;  // for ConnectStore
+#ifdef DTRUN_HAVE_NCCL
+  c10::intrusive_ptr<c10d::ProcessGroupNCCL> nccl;  // pg, when it is NCCL
+#endif
+  bool shut_down = false;
 };
 
 namespace {
@@ -100,10 +127,28 @@ int VisibleGpus() {
 #endif
 }
 
+#ifdef DTRUN_HAVE_GLOO
+constexpr bool kHaveGloo = true;
+#else
+constexpr bool kHaveGloo = false;
+#endif
+
+// Gloo asked for (or the only choice) in a build without its headers.
+Error NoGloo(const std::string& who, const std::string& why) {
+  return Error(who + why +
+               ", but this build of lib has no gloo: its Torch's include "
+               "folder has no gloo headers (pip's torch wheels ship none). "
+               "Install gloo's headers for that torch (Debian: libgloo-dev) "
+               "and rebuild, or use backend \"nccl\" on GPUs");
+}
+
 // Resolves "auto" and refuses what this build or machine cannot do.
 std::string ChooseBackend(const std::string& wanted, const DistEnv& env) {
   const std::string who = "rank " + std::to_string(env.rank) + ": ";
-  if (wanted == "gloo") return wanted;
+  if (wanted == "gloo") {
+    if (!kHaveGloo) throw NoGloo(who, "backend \"gloo\" asked for");
+    return wanted;
+  }
   if (wanted != "nccl" && wanted != "auto") {
     throw Error(who + "unknown backend '" + wanted +
                 "': use \"gloo\", \"nccl\" or \"auto\"");
@@ -120,6 +165,7 @@ std::string ChooseBackend(const std::string& wanted, const DistEnv& env) {
   if (gpus == 0) {
     if (wanted == "nccl")
       throw Error(who + "backend \"nccl\" asked for, but no GPU is visible");
+    if (!kHaveGloo) throw NoGloo(who, "no GPU is visible for \"auto\"");
     return "gloo";
   }
   if (env.local_rank >= gpus) {
@@ -130,6 +176,49 @@ std::string ChooseBackend(const std::string& wanted, const DistEnv& env) {
   }
   return "nccl";
 }
+
+}  // namespace
+
+namespace {
+
+#ifdef DTRUN_HAVE_NCCL
+// NCCL on GPU LOCAL_RANK (of those CUDA_VISIBLE_DEVICES leaves). torch
+// older than 2.2 reads async error handling under its old name only; dtrun
+// sets the new one, so it is copied unless the user set the old.
+void StartNccl(Distributed::Impl* impl, c10::intrusive_ptr<c10d::Store> store,
+               const ProcessGroupOptions& options) {
+#if !DTRUN_TORCH_AT_LEAST(2, 2)
+  const char* async_errors = std::getenv("TORCH_NCCL_ASYNC_ERROR_HANDLING");
+  if (async_errors && !std::getenv("NCCL_ASYNC_ERROR_HANDLING"))
+    setenv("NCCL_ASYNC_ERROR_HANDLING", async_errors, 0);
+#endif
+  const DistEnv& env = impl->env;
+  c10::cuda::set_device(static_cast<c10::DeviceIndex>(env.local_rank));
+  auto opts = c10d::ProcessGroupNCCL::Options::create();
+  opts->timeout = options.timeout;
+  impl->nccl = c10::make_intrusive<c10d::ProcessGroupNCCL>(
+      store, env.rank, env.world_size, opts);
+  impl->pg = impl->nccl;
+}
+#endif
+
+#ifdef DTRUN_HAVE_GLOO
+// GLOO_SOCKET_IFNAME as in PyTorch: without it gloo binds to the address
+// the host name resolves to, which on some hosts is not the network the
+// other nodes can reach.
+void StartGloo(Distributed::Impl* impl, c10::intrusive_ptr<c10d::Store> store,
+               const ProcessGroupOptions& options) {
+  auto gloo = c10d::ProcessGroupGloo::Options::create(options.timeout);
+  const char* ifname = std::getenv("GLOO_SOCKET_IFNAME");
+  gloo->devices.push_back(
+      ifname && *ifname
+          ? c10d::ProcessGroupGloo::createDeviceForInterface(ifname)
+          : c10d::ProcessGroupGloo::createDefaultDevice());
+  gloo->threads = 2;  // PyTorch's default: DDP's bucket all-reduces overlap
+  impl->pg = c10::make_intrusive<c10d::ProcessGroupGloo>(
+      store, impl->env.rank, impl->env.world_size, gloo);
+}
+#endif
 
 }  // namespace
 
@@ -147,46 +236,41 @@ std::unique_ptr<Distributed> Distributed::FromEnv(
   // 1.13's dialect: torchrun's store answers it as well as dtrun's.
   copts.dialect = rendezvous::Dialect::kTorch113;
   impl->store_options = copts;
+  impl->backend = ChooseBackend(options.backend, *env);
   auto client = rendezvous::TcpStoreClient::Connect(copts);
   if (!client.ok()) {
     throw StoreError("rank " + std::to_string(env->rank) + ": " +
                      client.status().message());
   }
   auto base =
-      c10::make_intrusive<DtrunC10dStore>(std::move(*client), env->rank);
+      c10::make_intrusive<DtrunC10dStore>(std::move(*client), env->rank, copts);
   // torchrun 1.13 keeps one store across restarts; the attempt prefix keeps
   // attempts apart there (dtrun gives each attempt a fresh store anyway).
   auto store = c10::make_intrusive<c10d::PrefixStore>(
       "/worker/attempt_" + std::to_string(env->restart_count) + "/dtrun_pg",
       base);
-  impl->backend = ChooseBackend(options.backend, *env);
 #ifdef DTRUN_HAVE_NCCL
-  if (impl->backend == "nccl") {
-    c10::cuda::set_device(static_cast<c10::DeviceIndex>(env->local_rank));
-    auto nccl = c10d::ProcessGroupNCCL::Options::create();
-    nccl->timeout = options.timeout;
-    impl->pg = c10::make_intrusive<c10d::ProcessGroupNCCL>(
-        store, env->rank, env->world_size, nccl);
-    return std::unique_ptr<Distributed>(new Distributed(std::move(impl)));
-  }
+  if (impl->backend == "nccl") StartNccl(impl.get(), store, options);
 #endif
-  // GLOO_SOCKET_IFNAME as in PyTorch: without it gloo binds to the address
-  // the host name resolves to, which on some hosts is not the network the
-  // other nodes can reach.
-  auto gloo = c10d::ProcessGroupGloo::Options::create(options.timeout);
-  const char* ifname = std::getenv("GLOO_SOCKET_IFNAME");
-  gloo->devices.push_back(
-      ifname && *ifname
-          ? c10d::ProcessGroupGloo::createDeviceForInterface(ifname)
-          : c10d::ProcessGroupGloo::createDefaultDevice());
-  gloo->threads = 2;  // PyTorch's default: DDP's bucket all-reduces overlap
-  impl->pg = c10::make_intrusive<c10d::ProcessGroupGloo>(store, env->rank,
-                                                         env->world_size, gloo);
+#ifdef DTRUN_HAVE_GLOO
+  if (impl->backend == "gloo") StartGloo(impl.get(), store, options);
+#endif
   return std::unique_ptr<Distributed>(new Distributed(std::move(impl)));
 }
 
 Distributed::Distributed(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
-Distributed::~Distributed() = default;
+Distributed::~Distributed() { Shutdown(); }
+
+// torch >= 2.4 warns at exit that "destroy_process_group() was not called"
+// when a NCCL group is destroyed without shutting down: its communicators
+// are released here, after pending work, as destroy_process_group does.
+void Distributed::Shutdown() {
+  if (impl_->shut_down) return;
+  impl_->shut_down = true;
+#if defined(DTRUN_HAVE_NCCL) && DTRUN_TORCH_AT_LEAST(2, 4)
+  if (impl_->nccl) impl_->nccl->shutdown();
+#endif
+}
 const DistEnv& Distributed::env() const { return impl_->env; }
 ProcessGroup& Distributed::pg() { return *impl_->pg; }
 const std::string& Distributed::backend() const { return impl_->backend; }

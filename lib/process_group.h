@@ -40,7 +40,9 @@ struct ProcessGroupOptions {
 // MASTER_ADDR:MASTER_PORT (dtrun's client, 1.13 dialect, so torchrun's store
 // works too) in the attempt's key space "/worker/attempt_<n>", and gloo on
 // CPU, NCCL on the GPU numbered LOCAL_RANK (which becomes the current CUDA
-// device). Thread rules: those of c10d's process groups.
+// device). Thread rules: those of c10d's process groups. Gloo needs its
+// headers at build time: a lib built against a Torch without them (pip's
+// wheels) refuses "gloo", and "auto" without a GPU, naming why.
 class Distributed {
  public:
   // Throws Error naming the rank, the store address and the time waited.
@@ -62,6 +64,10 @@ class Distributed {
   std::unique_ptr<rendezvous::TcpStoreClient> ConnectStore() const;
   // "/worker/attempt_<n>/": this attempt's key space in the store.
   std::string attempt_prefix() const;
+  // Releases the group's communicators (NCCL's), as torch's
+  // destroy_process_group does; collectives fail after it. The destructor
+  // calls it; calling it earlier, at the end of a run, is the same.
+  void Shutdown();
 
   struct Impl;
 

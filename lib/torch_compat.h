@@ -11,6 +11,11 @@
 #include <string>
 #include <type_traits>
 
+// True when the libtorch compiled against is at least MAJOR.MINOR.
+#define DTRUN_TORCH_AT_LEAST(major, minor) \
+  (TORCH_VERSION_MAJOR > (major) ||        \
+   (TORCH_VERSION_MAJOR == (major) && TORCH_VERSION_MINOR >= (minor)))
+
 #if TORCH_VERSION_MAJOR >= 2
 namespace c10d {
 class Backend;

@@ -7,6 +7,8 @@
 #   suite     the Debian suite to bootstrap (trixie)
 #   root      the root's folder (kept between runs)
 #   packages  array: what the root holds beyond minbase (may be empty)
+#   script    optional: the debootstrap script for a suite newer than the
+#             host's debootstrap knows (forky: sid's)
 #   takes_packages=1  to accept more package names as arguments
 # The root is never deleted while anything is mounted below it: a recursive
 # delete would walk into the host's /tmp and checkout.
@@ -93,8 +95,12 @@ bootstrap() {
   rm -rf "$root"
   mkdir -p "$root"
   echo "$name: debootstrap $suite into $root (first run: a few minutes)"
-  debootstrap --variant=minbase "$suite" "$root" "$(mirror)" >"$root.debootstrap.log" 2>&1 ||
+  debootstrap --variant=minbase "$suite" "$root" "$(mirror)" \
+    ${script:+/usr/share/debootstrap/scripts/$script} >"$root.debootstrap.log" 2>&1 ||
     die "debootstrap failed; see $root.debootstrap.log"
+  # A testing suite's Release file is valid for a week; a mirror that lags
+  # behind must not stop the root's apt.
+  echo 'Acquire::Check-Valid-Until "false";' >"$root/etc/apt/apt.conf.d/99dtrun-valid-until"
   # No services start inside the root.
   printf '#!/bin/sh\nexit 101\n' >"$root/usr/sbin/policy-rc.d"
   chmod +x "$root/usr/sbin/policy-rc.d"

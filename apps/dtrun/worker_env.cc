@@ -68,11 +68,13 @@ void SetTorchDefaults(const EnvMap& base, const WorkerPlace& p, EnvMap* env) {
     (*env)["OMP_NUM_THREADS"] = "1";
   // Async error handling makes a NCCL collective with a dead peer abort the
   // worker instead of blocking forever, which is what lets a restart happen.
-  // 1.13 reads the first name, 2.x the second; both are set, as torchrun does.
-  for (const char* key :
-       {"NCCL_ASYNC_ERROR_HANDLING", "TORCH_NCCL_ASYNC_ERROR_HANDLING"}) {
-    if (!base.count(key)) (*env)[key] = "1";
-  }
+  // torch >= 2.2 reads TORCH_NCCL_ASYNC_ERROR_HANDLING and warns that the
+  // old name NCCL_ASYNC_ERROR_HANDLING is deprecated whenever it is set, as
+  // torchrun >= 2.2 sets only the new one. Older torch reads only the old
+  // name: the Python shim and lib's NCCL group copy the new name's value to
+  // it there (a user's own old name passes through untouched).
+  constexpr const char* kAsyncErrors = "TORCH_NCCL_ASYNC_ERROR_HANDLING";
+  if (!base.count(kAsyncErrors)) (*env)[kAsyncErrors] = "1";
 }
 
 }  // namespace

@@ -43,8 +43,9 @@ using EnvMap = std::map<std::string, std::string>;
 // The environment of one worker: `base` (the agent's own) overridden with
 // torchrun's variables. Pure function.
 //  - OMP_NUM_THREADS=1 when local_world_size > 1 and base has none.
-//  - NCCL_ASYNC_ERROR_HANDLING and TORCH_NCCL_ASYNC_ERROR_HANDLING keep the
-//    base value, else "1".
+//  - TORCH_NCCL_ASYNC_ERROR_HANDLING keeps the base value, else "1"; the
+//    deprecated NCCL_ASYNC_ERROR_HANDLING is never added (torch >= 2.2 warns
+//    about it; older torch gets it from the shim or lib).
 //  - virtual_local_rank: LOCAL_RANK=0, CUDA_VISIBLE_DEVICES the local rank's
 //    entry of base's list (its index when base has none).
 EnvMap WorkerEnv(const EnvMap& base, const AttemptEnv& attempt,

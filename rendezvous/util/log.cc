@@ -6,6 +6,7 @@
 #include <spdlog/sinks/base_sink.h>
 
 #include "rendezvous/util/console.h"
+#include "rendezvous/util/log_line.h"
 
 namespace dtrun {
 namespace {
@@ -69,6 +70,25 @@ bool SetLogLevel(const std::string& level) {
   spdlog::apply_all(
       [parsed](std::shared_ptr<spdlog::logger> l) { l->set_level(parsed); });
   return true;
+}
+
+void LogLine(const std::string& component, LogLevel level,
+             const std::string& text) {
+  auto logger = Logger(component);
+  switch (level) {
+    case LogLevel::kDebug:
+      logger->debug("{}", text);
+      break;
+    case LogLevel::kInfo:
+      logger->info("{}", text);
+      break;
+    case LogLevel::kWarn:
+      logger->warn("{}", text);
+      break;
+    case LogLevel::kError:
+      logger->error("{}", text);
+      break;
+  }
 }
 
 }  // namespace dtrun

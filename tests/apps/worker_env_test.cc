@@ -61,6 +61,16 @@ TEST(WorkerEnvTest, NcclAsyncErrorHandlingKeepsUserValue) {
   EnvMap env = WorkerEnv({{"NCCL_ASYNC_ERROR_HANDLING", "0"}}, Attempt(), p);
   EXPECT_EQ(env["NCCL_ASYNC_ERROR_HANDLING"], "0");
   EXPECT_EQ(env["TORCH_NCCL_ASYNC_ERROR_HANDLING"], "1");
+  env = WorkerEnv({{"TORCH_NCCL_ASYNC_ERROR_HANDLING", "3"}}, Attempt(), p);
+  EXPECT_EQ(env["TORCH_NCCL_ASYNC_ERROR_HANDLING"], "3");
+}
+
+// torch >= 2.2 warns "NCCL_ASYNC_ERROR_HANDLING is deprecated" whenever the
+// old name is set: dtrun sets only the new one, as torchrun >= 2.2 does.
+TEST(WorkerEnvTest, TheDeprecatedNcclNameIsNotAdded) {
+  EnvMap env = WorkerEnv({}, Attempt(), WorkerPlace{});
+  EXPECT_EQ(env.count("NCCL_ASYNC_ERROR_HANDLING"), 0u);
+  EXPECT_EQ(env["TORCH_NCCL_ASYNC_ERROR_HANDLING"], "1");
 }
 
 TEST(TorchShimTest, GoesFirstOnPythonPathKeepingTheUsersEntries) {

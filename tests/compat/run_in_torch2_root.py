@@ -14,7 +14,9 @@ import sys
 from dtstore_proc import DtStore, parse_args
 
 CHECKOUT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-TORCH2_SH = os.path.join(CHECKOUT, "scripts", "torch2.sh")
+# torch 2.6's root, or the one DTRUN_TORCH_PEER names (torch214: forky's 2.14).
+PEER = os.environ.get("DTRUN_TORCH_PEER", "torch2")
+TORCH2_SH = os.path.join(CHECKOUT, "scripts", f"{PEER}.sh")
 
 
 def root_ready():
@@ -29,7 +31,7 @@ def main():
         sys.exit("usage: run_in_torch2_root.py [--dtstore BINARY] SCRIPT [ARGS...]")
     root, ready = root_ready()
     if not ready:
-        print(f"compat2: no torch 2.6 root at {root}; these tests need it. "
+        print(f"compat2: no root at {root} ({PEER}); these tests need it. "
               f"Make it first (as root, a few minutes once): {TORCH2_SH}",
               file=sys.stderr)
         return 1

@@ -81,8 +81,16 @@ def check_torchrun_env(test, env, rank, world, local_rank=None, local_world=None
         f"/attempt_{restart}/{local_rank}/error.json"), "TORCHELASTIC_ERROR_FILE")
     if local_world > 1 and "OMP_NUM_THREADS" not in os.environ:
         test.assertEqual(env.get("OMP_NUM_THREADS"), "1")
-    for key in ("NCCL_ASYNC_ERROR_HANDLING", "TORCH_NCCL_ASYNC_ERROR_HANDLING"):
-        test.assertEqual(env.get(key), os.environ.get(key, "1"), key)
+    new = os.environ.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
+    test.assertEqual(env.get("TORCH_NCCL_ASYNC_ERROR_HANDLING"), new)
+    # The deprecated name: the user's, else only for torch < 2.2, where the
+    # shim copies the new name's value once torch.distributed is imported.
+    old = os.environ.get("NCCL_ASYNC_ERROR_HANDLING")
+    version = tuple(int(v) for v in env.get("torch.__version__", "2.2").split(".")[:2])
+    if old is None and version >= (2, 2):
+        test.assertNotIn("NCCL_ASYNC_ERROR_HANDLING", env)
+    else:
+        test.assertEqual(env.get("NCCL_ASYNC_ERROR_HANDLING"), old or new)
 
 
 def kill_all(pids):

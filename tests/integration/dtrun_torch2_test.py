@@ -21,8 +21,13 @@ DTRUN = os.path.abspath(ARGS.dtrun)
 FAKE = os.path.abspath(ARGS.fake_worker)
 HERE = os.path.dirname(os.path.abspath(__file__))
 CHECKOUT = os.path.normpath(os.path.join(HERE, "..", ".."))
-TORCH2_SH = os.path.join(CHECKOUT, "scripts", "torch2.sh")
-PYTHON2 = os.path.join(CHECKOUT, "scripts", "torch2-python")
+# The peer: torch 2.6 (scripts/torch2.sh, trixie) unless DTRUN_TORCH_PEER
+# names another root's script: torch214 (scripts/torch214.sh, forky).
+PEER = os.environ.get("DTRUN_TORCH_PEER", "torch2")
+PEER_VERSION = {"torch2": "2.6", "torch214": "2.14"}[PEER]
+PEER_PYTHON = {"torch2": "(3, 13)", "torch214": "(3, 14)"}[PEER]
+TORCH2_SH = os.path.join(CHECKOUT, "scripts", f"{PEER}.sh")
+PYTHON2 = os.path.join(CHECKOUT, "scripts", f"{PEER}-python")
 PY2 = ["--python", PYTHON2]
 PY1 = ["--python", "/usr/bin/python3"]
 WORKER = os.path.join(HERE, "torch_worker.py")
@@ -75,7 +80,7 @@ def setUpModule():
     root = subprocess.run([TORCH2_SH, "path"], capture_output=True, text=True,
                           check=True).stdout.strip()
     if not os.path.exists(os.path.join(root, ".dtrun-packages")):
-        raise RuntimeError(f"no torch 2.6 root at {root}; make it first (as root, a few "
+        raise RuntimeError(f"no torch {PEER_VERSION} root at {root}; make it first (as root, a few "
                            f"minutes): {TORCH2_SH}")
 
 
@@ -87,7 +92,8 @@ class Torch2Workers(WorkerTestCase):
             with open(os.path.join(self.dir, f"env_{rank}.json")) as f:
                 env = json.load(f)
             check_torchrun_env(self, env, rank, 4)
-            self.assertTrue(env["torch.__version__"].startswith("2.6"), env["torch.__version__"])
+            self.assertTrue(env["torch.__version__"].startswith(PEER_VERSION + "."),
+                            env["torch.__version__"])
 
     def test_gloo_all_reduce(self):
         rc, out, err = run(DTRUN, PY2 + ["--nproc-per-node=4", WORKER, "allreduce"], SLOW)
@@ -188,8 +194,8 @@ class Torch2Interactive(unittest.TestCase):
             if c.p.poll() is None:
                 c.kill()
         out = c.text()
-        self.assertIn("[rank 0] 2.6.0", out)
-        self.assertIn("(3, 13)", out)
+        self.assertIn(f"[rank 0] {PEER_VERSION}.", out)
+        self.assertIn(PEER_PYTHON, out)
         self.assertIn("[rank 0] tensor([3., 3.])\n[rank 1] tensor([3., 3.])", out)
         # Cells through the root's IPython; a non-blocking cell; the timeline.
         self.assertIn("[rank 0] shell on 0\n[rank 1] shell on 1\n", out)

@@ -13,6 +13,10 @@ What this does, and nothing more:
   torch's "without libuv support" error is retried once with
   `use_libuv=False` (the same protocol on the wire). Any other outcome,
   an explicit `use_libuv`, torch 1.x, a torch with libuv, is untouched.
+- Once it is imported, on torch older than 2.2 only, NCCL_ASYNC_ERROR_HANDLING
+  (the only name those read) gets TORCH_NCCL_ASYNC_ERROR_HANDLING's value
+  unless it is set: dtrun sets the new name alone, as torchrun >= 2.2 does,
+  since newer torch warns about the old one.
 - The `sitecustomize` this one shadows (Debian's /etc/python3.X, or one
   on the user's PYTHONPATH) still runs, as `sitecustomize`.
 - DTRUN_TORCH_SHIM=0 turns the patch off.
@@ -53,6 +57,23 @@ def _wrap_tcpstore(dist):
     store.__init__ = __init__
 
 
+def _torch_version(dist):
+    torch = sys.modules.get(dist.__name__.partition(".")[0])
+    text = getattr(torch, "__version__", "") or ""
+    try:
+        return tuple(int(v) for v in str(text).split("+")[0].split(".")[:2])
+    except ValueError:
+        return None
+
+
+def _old_nccl_name(dist):
+    old, new = "NCCL_ASYNC_ERROR_HANDLING", "TORCH_NCCL_ASYNC_ERROR_HANDLING"
+    version = _torch_version(dist)
+    if version is None or version >= (2, 2) or old in os.environ or new not in os.environ:
+        return
+    os.environ[old] = os.environ[new]
+
+
 class _PatchingLoader:
     """The real loader of torch.distributed, then the patch; the module keeps
     the real loader, which does everything else."""
@@ -72,6 +93,7 @@ class _PatchingLoader:
         self._loader.exec_module(module)
         try:
             _wrap_tcpstore(module)
+            _old_nccl_name(module)
         except Exception:  # a torch this does not know: leave it as it is
             pass
 
