@@ -9,7 +9,7 @@ packages=(
   libcli11-dev libspdlog-dev libasio-dev nlohmann-json3-dev libtomlplusplus-dev libssl-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   clang libclang-rt-14-dev clang-format
-  python3-sklearn
+  python3-sklearn python3-yaml
   tmux jupyter-core jupyter-nbconvert python3-nbclient python3-ipykernel python3-ipython
   python3-matplotlib
   iproute2 procps util-linux

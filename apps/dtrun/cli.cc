@@ -6,6 +6,7 @@
 
 #include "apps/dtrun/argv_rules.h"
 #include "apps/dtrun/completion.h"
+#include "apps/dtrun/cpu_quota.h"
 #include "apps/dtrun/job_status.h"
 #include "apps/dtrun/slurm_env.h"
 #include "rendezvous/util/environment.h"
@@ -399,9 +400,9 @@ std::string ApplySizes(const RawFlags& raw, const std::optional<SlurmJob>& job,
     return "--nnodes: '" + raw.nnodes +
            "' is not N or MIN:MAX with 0 < MIN <= MAX";
   }
-  int cpus = job && job->cpus_on_node > 0
-                 ? job->cpus_on_node
-                 : static_cast<int>(std::thread::hardware_concurrency());
+  // Elsewhere what this process may use: a container's CPU limit, a CPU
+  // set (a Kubernetes pod limited to 4 CPUs on a 128-core node gets 4).
+  int cpus = job && job->cpus_on_node > 0 ? job->cpus_on_node : UsableCpus();
   // Devices are counted only for a named count: a number needs no look at
   // /dev and /sys (dtrun's start-up is on the critical path of big jobs).
   DeviceCounts devices;

@@ -87,7 +87,10 @@ Result<std::unique_ptr<rendezvous::TcpStoreClient>> ElasticJob::ConnectUntil(
   // In steps of at most a second, so that a signal stops the wait at once
   // (a store that is not up yet would otherwise hold dtrun for the whole
   // join timeout, deaf to Ctrl-C and SIGTERM).
+  // A name that does not resolve yet (a Kubernetes headless service's
+  // records appear some seconds after the pods) is said once, not failed on.
   auto deadline = clock_->Now() + limit;
+  bool said = false;
   for (;;) {
     auto left =
         std::chrono::duration_cast<milliseconds>(deadline - clock_->Now());
@@ -95,6 +98,16 @@ Result<std::unique_ptr<rendezvous::TcpStoreClient>> ElasticJob::ConnectUntil(
         std::max(milliseconds(1), std::min(left, milliseconds(1000)));
     auto client = rendezvous::TcpStoreClient::Connect(opts);
     if (client.ok() || left <= milliseconds(1000)) return client;
+    const std::string& why = client.status().message();
+    if (!said && why.find("cannot resolve host") != std::string::npos) {
+      said = true;
+      Logger("dtrun.rdzv")
+          ->warn(
+              "the rendezvous endpoint {} does not resolve yet ({}); "
+              "retrying until the join timeout ({} s left)",
+              opts.host, why.substr(why.find("cannot resolve host")),
+              left.count() / 1000);
+    }
     if (group_.Interrupted()) {
       return Status::Canceled("stopped by " + SignalName(group_.stop_signal()) +
                               " while connecting to the rendezvous store");
@@ -179,9 +192,11 @@ Status ElasticJob::ConnectRendezvous() {
   if (!client.ok() && client.status().code() == Status::Code::kCanceled)
     return client.status();
   if (!client.ok()) {
-    return Status::Unavailable("cannot reach the rendezvous endpoint " + host +
-                               ":" + std::to_string(port) + ": " +
-                               client.status().message());
+    return Status::Unavailable(
+        "cannot reach the rendezvous endpoint " + host + ":" +
+        std::to_string(port) + " within the join timeout (" +
+        std::to_string(rc.join_timeout.count() / 1000) +
+        " s; --rdzv-conf join_timeout=SECONDS): " + client.status().message());
   }
   rendezvous::TcpStoreClient* tcp = client->get();
   rdzv_address_ = tcp->address();

@@ -70,6 +70,21 @@ TEST(CliTest, PetEnvironmentFillsUnsetFlags) {
   EXPECT_EQ(b.config.nproc_per_node, 2);
 }
 
+// PyTorchJob v1 with an elastic policy sets PET_STANDALONE="" (torchrun
+// fails on it: int("")): empty is unset, so the job is not standalone.
+TEST(CliTest, AnEmptyPetStandaloneIsUnset) {
+  setenv("PET_STANDALONE", "", 1);
+  auto empty = Parse({"--nnodes=1:2", "--rdzv-backend=c10d",
+                      "--rdzv-endpoint=127.0.0.1:29400", "true"});
+  setenv("PET_STANDALONE", "1", 1);
+  auto one = Parse({"true"});
+  unsetenv("PET_STANDALONE");
+  EXPECT_EQ(empty.exit_code, -1);
+  EXPECT_FALSE(empty.config.standalone);
+  EXPECT_EQ(empty.config.max_nodes, 2);
+  EXPECT_TRUE(one.config.standalone);
+}
+
 TEST(CliTest, StreamSpecsAndRendezvousSettingsParse) {
   auto a = Parse({"-r", "3", "-t", "0:1,1:2", "--rdzv-conf",
                   "join_timeout=5,is_host=1", "--nnodes", "1:4",

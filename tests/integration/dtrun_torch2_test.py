@@ -203,7 +203,7 @@ class Torch2Interactive(unittest.TestCase):
         self.assertIn("c1: running on rank(s) 0-1", out)
         self.assertIn("[rank 0] 0\n[rank 1] 3\n", out)
         self.assertRegex(out, r"\[c1\] import time; time\.s\S* +\d+\.\d+ m?s +\d\.\d\d s\* +rank 1")
-        self.assertRegex(out, r"cells run through IPython 8\.\d+\.\d+ on every rank")
+        self.assertRegex(out, r"cells run through IPython \d+\.\d+\.\d+ on every rank")
 
 
 class TorchShim(WorkerTestCase):
