@@ -292,7 +292,13 @@ int ElasticJob::Run() {
       }
     }
   }
-  Status s = ConnectRendezvous();
+  // The health port answers through the rendezvous (alive, not ready).
+  Status s = group_.StartServers();
+  if (!s.ok()) {
+    log->error("{}", s.message());
+    return kExitUsage;
+  }
+  s = ConnectRendezvous();
   if (!s.ok() && s.code() == Status::Code::kCanceled) {
     log->warn("{}; no worker was started", s.message());
     return ExitBySignal(group_.stop_signal());

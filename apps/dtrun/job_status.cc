@@ -109,7 +109,8 @@ nlohmann::json NodeStatusJson(const NodeFacts& f,
                      {"step_time_last_s", w.step_time_last_s},
                      {"step_time_median_s", w.step_time_median_s},
                      {"rss_mb", w.seen.rss_mb},
-                     {"cpu_pct", w.cpu_pct}});
+                     {"cpu_pct", w.cpu_pct},
+                     {"cpu_seconds", w.seen.cpu_seconds}});
   }
   return {{"run_id", f.run_id},
           {"host", f.host},

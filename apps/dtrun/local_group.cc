@@ -27,6 +27,11 @@ namespace {
 
 using std::chrono::milliseconds;
 
+// How long the agent's loop may go without a pass (it passes at least once
+// a second) while the workers run before the health port answers 503: the
+// loop is wedged, and a kubelet's liveness probe should say so.
+constexpr milliseconds kLoopSilentLimit{30000};
+
 AgentOptions AgentOptionsOf(const LaunchConfig& c, bool elastic) {
   // With rendezvous, restarts are counted by the rendezvous, the same on
   // every node; the local agent only reports that its group failed.
@@ -397,6 +402,7 @@ void LocalGroup::Apply(const std::vector<Action>& actions) {
 // The attempt is over: how, for the job (which may restart it, or join a
 // new round when elastic) and for the log.
 void LocalGroup::OnFinished(const Action& finish) {
+  if (health_) health_->SetPhase(HealthPhase::kStarting, kLoopSilentLimit);
   stop_signal_ = finish.signo;
   outcome_ = finish.signo    ? Outcome::kSignaled
              : finish.failed ? Outcome::kFailed
@@ -539,6 +545,8 @@ void LocalGroup::StartWorkers(int restart_count) {
   straggler_named_ = -1;
   log->info("attempt {}: started {} worker(s), pids {}", restart_count,
             config_.nproc_per_node, pid_list);
+  // The health port: ready, and the loop's passes watched from now.
+  if (health_) health_->SetPhase(HealthPhase::kRunning, kLoopSilentLimit);
 }
 
 // The Agent gave up waiting for workers that outlived SIGKILL: their later
@@ -591,13 +599,16 @@ std::vector<WorkerObservation> LocalGroup::Observe() const {
   return out;
 }
 
-// Started in Prepare, before any worker: a port that cannot be served is a
-// usage error, reported before the job costs anything.
+// Started in Prepare, or before the rendezvous, before any worker: a port
+// that cannot be served is a usage error, reported before the job costs
+// anything.
 Status LocalGroup::StartServers() {
+  if (servers_started_) return Status::Ok();
+  servers_started_ = true;
   auto log = Logger("dtrun.agent");
   if (config_.metrics_port >= 0) {
     auto m = MetricsServer::Start(
-        "0.0.0.0", static_cast<uint16_t>(config_.metrics_port), false);
+        "", static_cast<uint16_t>(config_.metrics_port), false);
     if (!m.ok())
       return Status::Invalid("--metrics-port: " + m.status().message());
     metrics_ = std::move(*m);
@@ -605,13 +616,14 @@ Status LocalGroup::StartServers() {
   }
   if (config_.health_check_port >= 0) {
     auto h = MetricsServer::Start(
-        "0.0.0.0", static_cast<uint16_t>(config_.health_check_port), true);
+        "", static_cast<uint16_t>(config_.health_check_port), true);
     if (!h.ok()) {
       return Status::Invalid("TORCHELASTIC_HEALTH_CHECK_PORT: " +
                              h.status().message());
     }
     health_ = std::move(*h);
-    log->info("health check on port {}", health_->port());
+    log->info("health check on port {} (/healthz alive, /readyz ready)",
+              health_->port());
   }
   return Status::Ok();
 }
@@ -934,6 +946,7 @@ void LocalGroup::RecordEvents(bool succeeded) {
 }
 
 void LocalGroup::Finish(bool succeeded) {
+  if (health_) health_->SetPhase(HealthPhase::kStopping, kLoopSilentLimit);
   copies_.Finish();  // persisted when the last attempt failed, then removed
   console::DisableStatusLine();
   // Workers are gone, but a grandchild holding a pipe open must not keep

@@ -65,6 +65,11 @@ class LocalGroup {
   // Takes the environment and makes the run folder (under --log-dir, else a
   // temporary one) named after `run_id`. Status::Io names the folder.
   Status Prepare(const std::string& run_id);
+  // The metrics and health ports (Prepare starts them too, if not yet):
+  // a job that meets other nodes first starts them before, so the health
+  // port answers through the rendezvous. A port that cannot be served is
+  // Invalid, naming its flag. Idempotent.
+  Status StartServers();
   // What workers are told about the store and the attempt; the job fills
   // the store's address.
   AttemptEnv& attempt() { return attempt_; }
@@ -196,9 +201,8 @@ class LocalGroup {
   bool progress_line_ = false;  // dtrun's stdout is a terminal
   // --metrics-port and TORCHELASTIC_HEALTH_CHECK_PORT, fed every second.
   std::unique_ptr<MetricsServer> metrics_, health_;
+  bool servers_started_ = false;
   JobCounts counts_;
-  // Starts them; Status names the port that cannot be served.
-  Status StartServers();
   // Healthy: some worker beat within the hang timeout (else 300 s), or
   // none beat yet.
   bool Healthy(const std::vector<WorkerStatus>& workers) const;

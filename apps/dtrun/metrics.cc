@@ -2,11 +2,16 @@
 // serves it (asio, one thread of its own).
 #include "apps/dtrun/metrics.h"
 
+#include <atomic>
+#include <cmath>
+#include <chrono>
 #include <mutex>
 #include <thread>
 
 #include <asio.hpp>
 
+#include "apps/dtrun/http_request.h"
+#include "dtrun_version.h"
 #include "rendezvous/store_server.h"
 
 namespace dtrun::agent {
@@ -25,11 +30,15 @@ std::string Label(const std::string& v) {
   return out;
 }
 
-// Nine significant digits: a step count stays exact, a time keeps its
-// microseconds.
+// A whole number exactly (a counter or a byte count past 10^9 too), else
+// nine significant digits: a time keeps its microseconds.
 std::string Number(double v) {
   char buf[32];
-  std::snprintf(buf, sizeof(buf), "%.9g", v);
+  if (v == std::floor(v) && std::fabs(v) < 9007199254740992.0) {
+    std::snprintf(buf, sizeof(buf), "%lld", static_cast<long long>(v));
+  } else {
+    std::snprintf(buf, sizeof(buf), "%.9g", v);
+  }
   return buf;
 }
 
@@ -37,9 +46,10 @@ std::string Number(double v) {
 // from `field` of each rank's record (a value under 0 means unknown and is
 // left out, as Prometheus would rather have no sample than a wrong one).
 std::string Family(const nlohmann::json& node, const std::string& name,
-                   const std::string& help, const char* field, double scale) {
+                   const std::string& help, const char* field, double scale,
+                   const char* type = "gauge") {
   std::string out =
-      "# HELP " + name + " " + help + "\n# TYPE " + name + " gauge\n";
+      "# HELP " + name + " " + help + "\n# TYPE " + name + " " + type + "\n";
   const std::string run = Label(node.value("run_id", std::string()));
   const std::string host = Label(node.value("host", std::string()));
   for (const nlohmann::json& r : node.value("ranks", nlohmann::json::array())) {
@@ -61,11 +71,15 @@ std::string Counter(const std::string& name, const std::string& help,
          "\n";
 }
 
-// A job-wide gauge: one sample, labelled with the run alone.
+// A job-wide gauge: one sample, labelled with the run alone, or none
+// while the value is not known (an alert on `eta < 600` must not fire on a
+// stand-in value).
 std::string Gauge(const std::string& name, const std::string& help,
-                  const std::string& run, double value) {
-  return "# HELP " + name + " " + help + "\n# TYPE " + name + " gauge\n" +
-         name + "{run_id=\"" + Label(run) + "\"} " + Number(value) + "\n";
+                  const std::string& run, double value, bool known = true) {
+  std::string out =
+      "# HELP " + name + " " + help + "\n# TYPE " + name + " gauge\n";
+  if (!known) return out;
+  return out + name + "{run_id=\"" + Label(run) + "\"} " + Number(value) + "\n";
 }
 
 // A family with one sample per store this node hosts.
@@ -90,20 +104,22 @@ std::string JobMetricsText(const JobProgress& p, const std::string& run) {
          Gauge("dtrun_job_ranks_running", "Workers running, on every node.",
                run, p.running) +
          Gauge("dtrun_job_step", "The lowest step any running rank beat.", run,
-               static_cast<double>(p.step)) +
+               static_cast<double>(p.step), p.step >= 0) +
          Gauge("dtrun_job_steps_planned",
-               "The steps the run takes in all, when its beats say; else 0.",
-               run, static_cast<double>(p.total_steps)) +
+               "The steps the run takes in all (no sample until the beats "
+               "say).",
+               run, static_cast<double>(p.total_steps), p.total_steps > 0) +
          Gauge("dtrun_job_step_seconds",
-               "The slowest rank's median seconds per step; -1 when unknown.",
-               run, p.step_time_s) +
+               "The slowest rank's median seconds per step (no sample until "
+               "known).",
+               run, p.step_time_s, p.step_time_s >= 0) +
          Gauge("dtrun_job_eta_seconds",
-               "Seconds left at the current pace; -1 when unknown.", run,
-               p.eta_s) +
+               "Seconds left at the current pace (no sample until known).", run,
+               p.eta_s, p.eta_s >= 0) +
          Gauge("dtrun_job_slowest_rank",
                "The rank with the lowest straggler score (else the longest "
-               "step time); -1 when none.",
-               run, p.slowest_rank);
+               "step time; no sample when none).",
+               run, p.slowest_rank, p.slowest_rank >= 0);
 }
 
 // The counts are read on the store's own loop (a posted task), so the
@@ -117,9 +133,9 @@ StoreSample SampleStore(const std::string& role,
 std::string StoreMetricsText(const std::vector<StoreSample>& stores,
                              int64_t round, const std::string& run) {
   std::string out = Gauge("dtrun_rendezvous_round",
-                          "The rendezvous round this node is in; -1 without "
-                          "a rendezvous.",
-                          run, static_cast<double>(round));
+                          "The rendezvous round this node is in (no sample "
+                          "without a rendezvous).",
+                          run, static_cast<double>(round), round >= 0);
   if (stores.empty()) return out;
   return out +
          StoreFamily(stores, "dtrun_store_connections",
@@ -164,8 +180,13 @@ std::string MetricsText(const nlohmann::json& node, const JobCounts& counts) {
                 "straggler_score", 1) +
          Family(node, "dtrun_worker_resident_bytes",
                 "Resident memory of the worker process.", "rss_mb", 1 << 20) +
-         Family(node, "dtrun_worker_cpu_ratio",
-                "CPU time per second of the worker process.", "cpu_pct", 0.01) +
+         Family(node, "dtrun_worker_cpu_seconds_total",
+                "User and system CPU seconds of the worker process.",
+                "cpu_seconds", 1, "counter") +
+         "# HELP dtrun_build_info The dtrun serving these metrics.\n"
+         "# TYPE dtrun_build_info gauge\n"
+         "dtrun_build_info{version=\"" DTRUN_VERSION "\",revision=\"" +
+         Label(DTRUN_GIT_COMMIT) + "\"} 1\n" +
          Counter("dtrun_restarts_total", "Attempts after the first.", run,
                  counts.restarts) +
          Counter("dtrun_hangs_total", "Attempts stopped as hung.", run,
@@ -174,37 +195,67 @@ std::string MetricsText(const nlohmann::json& node, const JobCounts& counts) {
                  counts.stragglers);
 }
 
+namespace {
+
+// What one server holds at once, and how long a connection may take to
+// send its request: a scraper that opens connections and sends nothing
+// neither grows dtrun's memory nor holds the server.
+constexpr size_t kMaxConnections = 64;
+constexpr auto kIdleTimeout = std::chrono::seconds(10);
+
+// HTTP/1.0 with a length and Connection: close: every client (Prometheus,
+// curl, a kubelet's probe) reads it, and no connection stays open between
+// scrapes. HEAD gets the same head without the body.
+std::string Response(const std::string& status, const std::string& type,
+                     const std::string& body, bool head_only,
+                     const std::string& extra = "") {
+  return "HTTP/1.0 " + status + "\r\nContent-Type: " + type +
+         "\r\nContent-Length: " + std::to_string(body.size()) + "\r\n" + extra +
+         "Connection: close\r\n\r\n" + (head_only ? "" : body);
+}
+
+}  // namespace
+
 struct MetricsServer::Impl {
   asio::io_context io{1};
   tcp::acceptor acceptor{io};
   std::thread thread;
   bool health = false;
+  std::atomic<size_t> connections{0};
   std::mutex mu;
-  std::string text;     // guarded by mu
-  bool healthy = true;  // guarded by mu
+  std::string text;                            // guarded by mu
+  bool progressing = true;                     // guarded by mu
+  HealthPhase phase = HealthPhase::kStarting;  // guarded by mu
+  std::chrono::steady_clock::time_point last_pass =
+      std::chrono::steady_clock::now();           // guarded by mu
+  std::chrono::milliseconds pass_timeout{30000};  // guarded by mu
 
   void Accept();
   void Answer(std::shared_ptr<tcp::socket> socket,
-              std::shared_ptr<std::string> request);
-  std::string Reply(const std::string& request);
+              std::shared_ptr<std::string> request,
+              std::shared_ptr<asio::steady_timer> idle);
+  std::string Reply(const HttpRequest& request);
+  std::string HealthReply(const std::string& path, bool head_only);
 };
 
-// One connection: read up to the end of the request line and headers (a
-// request that does not end within 8 KiB is answered as it is), reply, close.
+// One connection: read up to the end of the head (at most kMaxRequestHead
+// bytes, within kIdleTimeout), reply, close.
 void MetricsServer::Impl::Answer(std::shared_ptr<tcp::socket> socket,
-                                 std::shared_ptr<std::string> request) {
+                                 std::shared_ptr<std::string> request,
+                                 std::shared_ptr<asio::steady_timer> idle) {
   auto buf = std::make_shared<std::array<char, 1024>>();
-  socket->async_read_some(asio::buffer(*buf), [this, socket, request, buf](
-                                                  asio::error_code ec,
-                                                  size_t n) {
+  socket->async_read_some(asio::buffer(*buf), [this, socket, request, idle,
+                                               buf](asio::error_code ec,
+                                                    size_t n) {
     if (ec) return;
     request->append(buf->data(), n);
-    if (request->find("\r\n\r\n") == std::string::npos &&
-        request->size() < 8192) {
-      Answer(socket, request);
+    HttpRequest parsed = ParseHttpRequest(*request);
+    if (parsed.state == HttpRequest::State::kIncomplete) {
+      Answer(socket, request, idle);
       return;
     }
-    auto reply = std::make_shared<std::string>(Reply(*request));
+    idle->cancel();
+    auto reply = std::make_shared<std::string>(Reply(parsed));
     asio::async_write(*socket, asio::buffer(*reply),
                       [socket, reply](asio::error_code, size_t) {
                         asio::error_code ignored;
@@ -213,52 +264,115 @@ void MetricsServer::Impl::Answer(std::shared_ptr<tcp::socket> socket,
   });
 }
 
-// HTTP/1.0 with a length and Connection: close: every client (Prometheus,
-// curl, a browser) reads it, and no connection stays open between scrapes.
-std::string MetricsServer::Impl::Reply(const std::string& request) {
-  auto response = [](const char* status, const std::string& type,
-                     const std::string& body) {
-    return std::string("HTTP/1.0 ") + status + "\r\nContent-Type: " + type +
-           "\r\nContent-Length: " + std::to_string(body.size()) +
-           "\r\nConnection: close\r\n\r\n" + body;
-  };
+std::string MetricsServer::Impl::Reply(const HttpRequest& request) {
+  if (request.state == HttpRequest::State::kMalformed) {
+    return Response("400 Bad Request", "text/plain",
+                    "dtrun: not an HTTP request line\n", false);
+  }
+  const bool head = request.method == "HEAD";
+  if (!head && request.method != "GET") {
+    return Response("405 Method Not Allowed", "text/plain",
+                    "dtrun answers GET and HEAD\n", false,
+                    "Allow: GET, HEAD\r\n");
+  }
+  if (health) return HealthReply(request.path, head);
+  if (request.path == "/metrics") {
+    std::lock_guard<std::mutex> lock(mu);
+    return Response("200 OK", "text/plain; version=0.0.4; charset=utf-8", text,
+                    head);
+  }
+  return Response("404 Not Found", "text/plain", "dtrun serves /metrics\n",
+                  head);
+}
+
+// /healthz: the agent is alive (its loop passed within the timeout while
+// the workers run; before and after, the process answering is enough).
+// /readyz: the workers run and make progress. Any other path is torch's
+// one health path: alive and making progress.
+std::string MetricsServer::Impl::HealthReply(const std::string& path,
+                                             bool head_only) {
   std::lock_guard<std::mutex> lock(mu);
-  if (health) {
-    return healthy ? response("200 OK", "text/plain", "ok\n")
-                   : response("503 Service Unavailable", "text/plain",
-                              "no progress\n");
+  const auto silent = std::chrono::duration_cast<std::chrono::milliseconds>(
+      std::chrono::steady_clock::now() - last_pass);
+  const bool running = phase == HealthPhase::kRunning;
+  std::string why;
+  if (running && silent > pass_timeout) {
+    why = "agent loop silent for " + std::to_string(silent.count() / 1000) +
+          " s (limit " + std::to_string(pass_timeout.count() / 1000) + " s)";
   }
-  if (request.rfind("GET /metrics", 0) == 0) {
-    return response("200 OK", "text/plain; version=0.0.4; charset=utf-8", text);
+  if (why.empty() && path != "/healthz") {
+    if (phase == HealthPhase::kStarting)
+      why = path == "/readyz" ? "not ready: the workers have not started" : "";
+    else if (phase == HealthPhase::kStopping)
+      why = path == "/readyz" ? "not ready: the job is ending" : "";
+    else if (!progressing)
+      why = "no progress";
   }
-  return response("404 Not Found", "text/plain", "dtrun serves /metrics\n");
+  if (!why.empty()) {
+    return Response("503 Service Unavailable", "text/plain", why + "\n",
+                    head_only);
+  }
+  return Response("200 OK", "text/plain", "ok\n", head_only);
 }
 
 // Accepts forever; a failed accept is skipped, not fatal (the next client
-// gets its turn).
+// gets its turn). Past kMaxConnections a new connection is closed at once.
 void MetricsServer::Impl::Accept() {
   acceptor.async_accept([this](asio::error_code ec, tcp::socket s) {
     if (!acceptor.is_open()) return;
-    if (!ec) {
-      Answer(std::make_shared<tcp::socket>(std::move(s)),
-             std::make_shared<std::string>());
+    if (!ec && connections.load() < kMaxConnections) {
+      ++connections;
+      auto socket = std::shared_ptr<tcp::socket>(new tcp::socket(std::move(s)),
+                                                 [this](tcp::socket* t) {
+                                                   delete t;
+                                                   --connections;
+                                                 });
+      auto idle = std::make_shared<asio::steady_timer>(io, kIdleTimeout);
+      idle->async_wait([socket](asio::error_code e) {
+        asio::error_code ignored;
+        if (!e) socket->close(ignored);
+      });
+      Answer(socket, std::make_shared<std::string>(), idle);
     }
     Accept();
   });
 }
 
+namespace {
+
+// `host` as given, or, for "", IPv6's any address taking IPv4 too, else
+// IPv4's where the host has no IPv6 (as dtstore binds).
+asio::error_code Listen(tcp::acceptor& acceptor, const std::string& host,
+                        uint16_t port) {
+  asio::error_code ec;
+  for (const char* any : {"::", "0.0.0.0"}) {
+    const std::string at_host = host.empty() ? any : host;
+    ec.clear();
+    acceptor.close(ec);
+    ec.clear();
+    tcp::endpoint at(asio::ip::make_address(at_host, ec), port);
+    if (!ec) acceptor.open(at.protocol(), ec);
+    if (!ec && at.address().is_v6())
+      acceptor.set_option(asio::ip::v6_only(false), ec);
+    if (!ec) acceptor.set_option(tcp::acceptor::reuse_address(true), ec);
+    if (!ec) acceptor.bind(at, ec);
+    if (!ec) acceptor.listen(64, ec);
+    if (!ec || !host.empty()) return ec;
+  }
+  return ec;
+}
+
+}  // namespace
+
 Result<std::unique_ptr<MetricsServer>> MetricsServer::Start(
     const std::string& host, uint16_t port, bool health) {
   auto impl = std::make_unique<Impl>();
   impl->health = health;
-  asio::error_code ec;
-  tcp::endpoint at(asio::ip::make_address(host, ec), port);
-  if (!ec) impl->acceptor.open(at.protocol(), ec);
-  if (!ec) impl->acceptor.set_option(tcp::acceptor::reuse_address(true), ec);
-  if (!ec) impl->acceptor.bind(at, ec);
-  if (!ec) impl->acceptor.listen(64, ec);
+  asio::error_code ec = Listen(impl->acceptor, host, port);
   if (ec) {
-    return Status::Unavailable("cannot serve metrics on " + host + ":" +
+    return Status::Unavailable("cannot serve " +
+                               std::string(health ? "health" : "metrics") +
+                               " on " + (host.empty() ? "*" : host) + ":" +
                                std::to_string(port) + ": " + ec.message());
   }
   impl->Accept();
@@ -289,9 +403,18 @@ void MetricsServer::Update(std::string text) {
   impl_->text = std::move(text);
 }
 
-void MetricsServer::SetHealthy(bool healthy) {
+void MetricsServer::SetHealthy(bool progressing) {
   std::lock_guard<std::mutex> lock(impl_->mu);
-  impl_->healthy = healthy;
+  impl_->progressing = progressing;
+  impl_->last_pass = std::chrono::steady_clock::now();
+}
+
+void MetricsServer::SetPhase(HealthPhase phase,
+                             std::chrono::milliseconds pass_timeout) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  impl_->phase = phase;
+  impl_->pass_timeout = pass_timeout;
+  impl_->last_pass = std::chrono::steady_clock::now();
 }
 
 }  // namespace dtrun::agent

@@ -9,6 +9,7 @@
 // own. apps/dtrun/README.md, "Metrics", lists the metrics.
 
 #include <cstdint>
+#include <chrono>
 #include <memory>
 #include <string>
 #include <vector>
@@ -58,21 +59,33 @@ StoreSample SampleStore(const std::string& role,
 std::string StoreMetricsText(const std::vector<StoreSample>& stores,
                              int64_t round, const std::string& run);
 
-// A small HTTP/1.0 server on its own thread: GET /metrics answers the last
-// text given to Update; with `health`, GET on any path answers 200 "ok"
-// while SetHealthy(true), else 503. Every other request gets 404. One
-// request per connection.
+// Where the job is, for the health port's answers.
+enum class HealthPhase { kStarting, kRunning, kStopping };
+
+// A small HTTP/1.0 server on its own thread. GET or HEAD of /metrics
+// answers the last text given to Update. With `health`: /healthz answers
+// 200 while the agent is alive (while the workers run: its loop called
+// SetHealthy within the pass timeout), /readyz while the workers run and
+// make progress, and any other path (torch's one health path) while both
+// alive and progressing; else 503 with the reason. Other methods 405, a
+// malformed request 400, other paths 404. One request per connection, at
+// most 64 connections, 10 s to send a request.
 class MetricsServer {
  public:
-  // Listens on `host`:`port` (0: a free one); Unavailable naming the
-  // address when it cannot.
+  // Listens on `host`:`port` (0: a free one; "" for host: "::" taking IPv4
+  // too, else 0.0.0.0); Unavailable naming the address when it cannot.
   static Result<std::unique_ptr<MetricsServer>> Start(const std::string& host,
                                                       uint16_t port,
                                                       bool health);
   ~MetricsServer();
   uint16_t port() const;
   void Update(std::string text);
-  void SetHealthy(bool healthy);
+  // One pass of the agent's loop: the workers make progress or not.
+  void SetHealthy(bool progressing);
+  // The job's phase; `pass_timeout`: how long the loop may stay silent
+  // while the workers run.
+  void SetPhase(HealthPhase phase, std::chrono::milliseconds pass_timeout =
+                                       std::chrono::milliseconds(30000));
 
   struct Impl;
 

@@ -19,7 +19,8 @@ nlohmann::json Node() {
              {"compute_typical_s", 0.008},
              {"straggler_score", 1.0},
              {"rss_mb", 2.0},
-             {"cpu_pct", 50.0}},
+             {"cpu_pct", 50.0},
+             {"cpu_seconds", 1234567890123.0}},
             {{"rank", 5},
              {"local_rank", 1},
              {"state", "exited"},
@@ -39,8 +40,15 @@ TEST(MetricsTextTest, OneSamplePerKnownValueWithItsLabels) {
   EXPECT_NE(text.find("dtrun_worker_up" + labels + " 1\n"), std::string::npos);
   EXPECT_NE(text.find("dtrun_worker_resident_bytes" + labels + " 2097152\n"),
             std::string::npos);
-  EXPECT_NE(text.find("dtrun_worker_cpu_ratio" + labels + " 0.5\n"),
+  // CPU as a counter of seconds, exact past 10^9 (no precomputed rate).
+  EXPECT_NE(text.find("# TYPE dtrun_worker_cpu_seconds_total counter\n"),
             std::string::npos);
+  EXPECT_NE(
+      text.find("dtrun_worker_cpu_seconds_total" + labels + " 1234567890123\n"),
+      std::string::npos)
+      << text;
+  EXPECT_EQ(text.find("cpu_ratio"), std::string::npos);
+  EXPECT_NE(text.find("dtrun_build_info{version=\""), std::string::npos);
   EXPECT_NE(text.find("dtrun_restarts_total{run_id=\"job\\\"7\"} 2\n"),
             std::string::npos);
   EXPECT_NE(text.find("# TYPE dtrun_hangs_total counter\n"), std::string::npos);
@@ -50,6 +58,30 @@ TEST(MetricsTextTest, OneSamplePerKnownValueWithItsLabels) {
             std::string::npos);
   EXPECT_EQ(text.find("dtrun_worker_step{run_id=\"job\\\"7\",host=\"node3\","
                       "rank=\"5\""),
+            std::string::npos);
+}
+
+// Values not known yet have no sample, never a stand-in -1 or 0.
+TEST(MetricsTextTest, UnknownJobValuesHaveNoSample) {
+  JobProgress p;
+  p.nodes = 1;
+  p.step_time_s = -1;
+  p.eta_s = -1;
+  p.slowest_rank = -1;
+  p.total_steps = 0;
+  std::string text = JobMetricsText(p, "r");
+  for (const char* name :
+       {"dtrun_job_eta_seconds", "dtrun_job_step_seconds",
+        "dtrun_job_slowest_rank", "dtrun_job_steps_planned"}) {
+    EXPECT_NE(text.find(std::string("# TYPE ") + name + " gauge\n"),
+              std::string::npos);
+    EXPECT_EQ(text.find(std::string(name) + "{"), std::string::npos) << name;
+  }
+  p.eta_s = 12.5;
+  EXPECT_NE(
+      JobMetricsText(p, "r").find("dtrun_job_eta_seconds{run_id=\"r\"} 12.5\n"),
+      std::string::npos);
+  EXPECT_EQ(StoreMetricsText({}, -1, "r").find("dtrun_rendezvous_round{"),
             std::string::npos);
 }
 

@@ -111,7 +111,11 @@ class MetricsTest(unittest.TestCase):
             lambda r: 'dtrun_job_step{run_id="metricsjob"}' in r[1] and r[1])(
                 get(f"http://127.0.0.1:{port}/metrics")))
         self.assertIn('dtrun_job_ranks_running{run_id="metricsjob"} 2\n', text)
-        self.assertIn('dtrun_rendezvous_round{run_id="metricsjob"} -1\n', text)
+        # One node has no rendezvous: the family, and no stand-in sample.
+        self.assertIn('# TYPE dtrun_rendezvous_round gauge\n', text)
+        self.assertNotIn('dtrun_rendezvous_round{', text)
+        self.assertRegex(text, r'dtrun_worker_cpu_seconds_total\{run_id="metricsjob",[^}]*\} \d')
+        self.assertRegex(text, r'dtrun_build_info\{version="[^"]+",revision="[^"]*"\} 1\n')
         self.assertRegex(text, r'dtrun_store_connections\{run_id="metricsjob",store="workers"\} \d')
 
     def test_two_nodes_the_first_adds_the_job_wide_view(self):
@@ -162,6 +166,21 @@ class MetricsTest(unittest.TestCase):
         port, health = free_port(), free_port()
         self.job(port, health)
         self.wait_for("a healthy answer", lambda: get(f"http://127.0.0.1:{health}/")[0] == 200)
+
+    def test_the_health_port_is_up_before_the_rendezvous(self):
+        # Node 1 of 2 waits for a node 0 that does not come: alive, not ready.
+        health = free_port()
+        env = dict(os.environ, TORCHELASTIC_HEALTH_CHECK_PORT=str(health))
+        self.start([ARGS.dtrun, "--nnodes=2", "--node-rank=1", "--master-addr=127.0.0.1",
+                    f"--master-port={free_port()}", "--rdzv-conf=join_timeout=60",
+                    "--no-python", "true"], env)
+        self.wait_for("a live answer", lambda: get(f"http://127.0.0.1:{health}/healthz")[0] == 200)
+        code, body = get(f"http://127.0.0.1:{health}/readyz")
+        self.assertEqual(code, 503)
+        self.assertIn("the workers have not started", body)
+        with urllib.request.urlopen(urllib.request.Request(
+                f"http://127.0.0.1:{health}/healthz", method="HEAD"), timeout=10) as r:
+            self.assertEqual((r.status, r.read()), (200, b""))
 
     def test_a_port_in_use_exits_2_naming_the_flag(self):
         with socket.socket() as s:
