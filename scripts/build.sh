@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Configures (once) and builds dtrun with CMake + ninja, ccache when present.
 # Usage: scripts/build.sh [BUILD_DIR] [extra cmake -D options...]
+# DTRUN_BUILD_TARGETS="a b" builds only those targets (default: all).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build_dir=${1:-build}
@@ -13,4 +14,5 @@ export CCACHE_DIR=${CCACHE_DIR:-$HOME/.cache/ccache}
 export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$(pwd)}
 export CCACHE_NOHASHDIR=${CCACHE_NOHASHDIR:-1}
 cmake -S . -B "$build_dir" -G Ninja "$@" >/dev/null
-ninja -C "$build_dir"
+# shellcheck disable=SC2086 # a list of target names
+ninja -C "$build_dir" ${DTRUN_BUILD_TARGETS:-}

@@ -7,16 +7,19 @@
 # Usage: scripts/run-main.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/install-deps.sh
-scripts/build.sh build
+# Only what the job needs: the tests' packages (SLURM, Prometheus, etcd,
+# clang, Jupyter, the Debian roots) and targets are scripts/test.sh's.
+scripts/install-deps.sh --main
+DTRUN_BUILD_TARGETS="dtrun train_cfg" scripts/build.sh build-main \
+  -DDTRUN_BUILD_TESTS=OFF -DDTRUN_FUZZ=OFF
 
 ckpt=$(mktemp -d)
 out=$(mktemp)
 trap 'rm -rf "$ckpt" "$out"' EXIT
 echo "== dtrun --nproc-per-node=2 --max-restarts=1 train_cfg examples/configs/digits_ddp.toml" \
      "(rank 1 killed after step 170)"
-build/apps/dtrun --nproc-per-node=2 --max-restarts=1 \
-  build/examples/train_cfg examples/configs/digits_ddp.toml \
+build-main/apps/dtrun --nproc-per-node=2 --max-restarts=1 \
+  build-main/examples/train_cfg examples/configs/digits_ddp.toml \
   --set checkpoint.dir="\"$ckpt\"" --set fault.kill_rank=1 --set fault.kill_at_step=170 \
   | tee "$out"
 acc=$(sed -n 's/.*done: .*eval_accuracy=\([0-9.]*\).*/\1/p' "$out")
