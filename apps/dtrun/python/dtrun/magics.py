@@ -2,7 +2,6 @@
 import json
 import os
 import shlex
-import shutil
 import subprocess
 import tempfile
 
@@ -12,6 +11,7 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 from IPython.display import publish_display_data
 
 from dtrun import protocol
+from dtrun._binary import find as find_binary
 from dtrun.session import (LabelledLines, Session, SessionError, format_results,
                            format_timeline, parse_ranks, runner_line, spans)
 
@@ -35,7 +35,7 @@ NODE_FLAGS = ("nnodes", "node_rank", "master_addr", "master_port", "rdzv_backend
 
 
 def _start(num_processes, python=None, dtrun=None, gpu_ids=None, timeout=300.0, nodes=None):
-    exe = dtrun or os.environ.get("DTRUN") or shutil.which("dtrun")
+    exe = dtrun or find_binary("dtrun")
     if not exe:
         raise _usage("cannot find the dtrun binary: pass --dtrun PATH or set $DTRUN")
     cmd = [exe, "--interactive", "--no-console", f"--nproc-per-node={num_processes}"]

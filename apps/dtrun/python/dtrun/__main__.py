@@ -1,0 +1,19 @@
+"""`python -m dtrun ...`: the launcher, with torchrun's flags and rules, as
+`python -m torch.distributed.run ...` is torchrun. The process becomes the
+dtrun binary (same pid, so signals reach the launcher itself)."""
+import os
+import sys
+
+from dtrun._binary import find
+
+
+def main():
+    exe = find("dtrun")
+    if not exe:
+        sys.exit("python -m dtrun: cannot find the dtrun binary (install the dtrun "
+                 "wheel, put dtrun on PATH or set $DTRUN)")
+    os.execv(exe, ["dtrun"] + sys.argv[1:])
+
+
+if __name__ == "__main__":
+    main()
