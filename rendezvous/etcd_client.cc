@@ -58,11 +58,43 @@ std::string Lower(std::string s) {
   return s;
 }
 
+// What a reply may take, so that a member (or whatever answers in its
+// place) that sends an endless head, a huge length or chunk, or a stream
+// that never ends a message costs a clear error, not memory until the
+// deadline. etcd's own replies stay far below: its requests are capped at
+// 1.5 MiB by default.
+constexpr size_t kMaxHead = 64 << 10;
+constexpr size_t kMaxChunkLine = 1024;
+constexpr size_t kMaxBody = size_t{256} << 20;
+
+// A length or chunk size: digits of `base` only (blanks around them
+// allowed), at most kMaxBody; -1 otherwise, overflow included.
+int64_t ParseSize(const std::string& text, int base) {
+  size_t i = text.find_first_not_of(" \t");
+  size_t j = text.find_last_not_of(" \t");
+  if (i == std::string::npos) return -1;
+  int64_t value = 0;
+  for (size_t k = i; k <= j; ++k) {
+    const char c = static_cast<char>(std::tolower(text[k]));
+    int digit = c >= '0' && c <= '9'                 ? c - '0'
+                : base == 16 && c >= 'a' && c <= 'f' ? c - 'a' + 10
+                                                     : -1;
+    if (digit < 0) return -1;
+    value = value * base + digit;
+    if (value > static_cast<int64_t>(kMaxBody)) return -1;
+  }
+  return value;
+}
+
 // An asio error for people: the timeouts Run reports read as what they
-// mean for a member ("no answer in time"), the rest as the system says.
+// mean for a member ("no answer in time"), a reply past the bounds above as
+// such, the rest as the system says.
 std::string Describe(const asio::error_code& ec) {
   if (ec == asio::error::timed_out || ec == asio::error::would_block)
     return "no answer in time";
+  if (ec == asio::error::message_size)
+    return "reply malformed or too large (a head over 64 KiB, a length or "
+           "chunk over 256 MiB)";
   return ec.message();
 }
 
@@ -141,8 +173,10 @@ class EtcdClient::Connection {
   asio::error_code ReadHead(TimePoint deadline, int* status) {
     size_t end;
     while ((end = in_.find("\r\n\r\n")) == std::string::npos) {
+      if (in_.size() > kMaxHead) return asio::error::message_size;
       if (auto ec = ReadMore(deadline)) return ec;
     }
+    if (end > kMaxHead) return asio::error::message_size;
     const std::string head = in_.substr(0, end);
     in_.erase(0, end + 4);
     if (head.compare(0, 5, "HTTP/") != 0 || head.size() < 12)
@@ -155,8 +189,10 @@ class EtcdClient::Connection {
     while (pos != std::string::npos) {
       size_t next = head.find("\r\n", pos + 2);
       std::string line = Lower(head.substr(pos + 2, next - pos - 2));
-      if (line.rfind("content-length:", 0) == 0)
-        length_ = std::atoll(line.c_str() + 15);
+      if (line.rfind("content-length:", 0) == 0) {
+        length_ = ParseSize(line.substr(15), 10);
+        if (length_ < 0) return asio::error::message_size;
+      }
       if (line.rfind("transfer-encoding:", 0) == 0 &&
           line.find("chunked") != std::string::npos)
         chunked_ = true;
@@ -186,6 +222,8 @@ class EtcdClient::Connection {
       bool last = false;
       if (auto ec = NextChunk(deadline, &chunk, &last)) return ec;
       if (last) return {};
+      if (body->size() + chunk.size() > kMaxBody)
+        return asio::error::message_size;
       *body += chunk;
     }
   }
@@ -195,9 +233,15 @@ class EtcdClient::Connection {
                              bool* last) {
     size_t eol;
     while ((eol = in_.find("\r\n")) == std::string::npos) {
+      if (in_.size() > kMaxChunkLine) return asio::error::message_size;
       if (auto ec = ReadMore(deadline)) return ec;
     }
-    size_t size = std::strtoul(in_.c_str(), nullptr, 16);
+    if (eol > kMaxChunkLine) return asio::error::message_size;
+    // The size, up to a chunk extension (";name=value"), hex digits only.
+    const int64_t parsed =
+        ParseSize(in_.substr(0, std::min(eol, in_.find(';'))), 16);
+    if (parsed < 0) return asio::error::message_size;
+    const size_t size = static_cast<size_t>(parsed);
     while (in_.size() < eol + 2 + size + 2) {
       if (auto ec = ReadMore(deadline)) return ec;
     }
@@ -530,6 +574,10 @@ Status EtcdWatch::OpenOn(const std::string& endpoint) {
     ec = c.NextChunk(deadline, &chunk, &last);
     if (!ec && last) ec = asio::error::eof;
     if (ec) break;
+    if (stream_->pending.size() + chunk.size() > kMaxBody) {
+      ec = asio::error::message_size;
+      break;
+    }
     stream_->pending += chunk;
     size_t eol;
     while (!ec && created < keys_.size() &&
@@ -619,8 +667,8 @@ Status EtcdWatch::TakeChanges(std::vector<KeyChange>* changes) {
     bool last = false;
     auto ec = stream_->conn->NextChunk(Clock::now() + milliseconds(200), &chunk,
                                        &last);
-    if (ec || last) {
-      broken = true;
+    if (ec || last || stream_->pending.size() + chunk.size() > kMaxBody) {
+      broken = true;  // an endless message: a new stream
       break;
     }
     stream_->pending += chunk;

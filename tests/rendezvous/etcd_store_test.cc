@@ -243,7 +243,10 @@ TEST(EtcdClientTest, BadOptionsAreNamed) {
 // closes), for the client's handling of malformed replies.
 class GarbageServer {
  public:
-  explicit GarbageServer(std::string reply) : reply_(std::move(reply)) {
+  // `keep_open`: after the reply the connection stays open (a server that
+  // says it will send more), so only the client's own bounds end the wait.
+  explicit GarbageServer(std::string reply, bool keep_open = false)
+      : reply_(std::move(reply)), keep_open_(keep_open) {
     fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
     sockaddr_in a{};
     a.sin_family = AF_INET;
@@ -273,10 +276,17 @@ class GarbageServer {
       char buf[4096];
       (void)::recv(c, buf, sizeof(buf), 0);
       (void)::send(c, reply_.data(), reply_.size(), MSG_NOSIGNAL);
-      ::close(c);
+      if (keep_open_) {
+        open_.push_back(c);
+      } else {
+        ::close(c);
+      }
     }
+    for (int c : open_) ::close(c);
   }
   std::string reply_;
+  bool keep_open_ = false;
+  std::vector<int> open_;
   int fd_ = -1;
   uint16_t port_ = 0;
   std::atomic<bool> stop_{false};
@@ -309,6 +319,36 @@ TEST(EtcdClientTest, MalformedRepliesAreErrorsNotCrashes) {
     for (int i = 0; i < 200 && server.served() < 1; ++i)
       std::this_thread::sleep_for(milliseconds(10));
     EXPECT_GE(server.served(), 1);
+  }
+}
+
+// Hostile framing from something that keeps the connection open: an
+// endless head, a length or chunk size past any reply's, one that
+// overflows. Each is refused as soon as it is read, and said so (the
+// client tries again until its deadline, as with any member that fails),
+// not read on with memory growing until the deadline says "no answer".
+TEST(EtcdClientTest, OversizedOrOverflowingFramingIsRefusedAtOnce) {
+  const std::string ok = "HTTP/1.1 200 OK\r\n";
+  std::string endless_head = ok;
+  while (endless_head.size() < (80 << 10)) endless_head += "X-Filler: aaaa\r\n";
+  const std::vector<std::string> replies = {
+      endless_head,
+      ok + "Content-Length: 99999999999\r\n\r\n{",
+      ok + "Content-Length: 18446744073709551617\r\n\r\n{",
+      ok + "Content-Length: -5\r\n\r\n{",
+      ok + "Transfer-Encoding: chunked\r\n\r\n7fffffffffff\r\n{",
+      ok + "Transfer-Encoding: chunked\r\n\r\n10000000000000001\r\n{",
+      ok + "Transfer-Encoding: chunked\r\n\r\n" + std::string(4096, '1'),
+  };
+  for (const std::string& reply : replies) {
+    GarbageServer server(reply, true);
+    EtcdOptions o;
+    o.endpoints = {server.endpoint()};
+    o.timeout = milliseconds(800);
+    auto c = EtcdClient::Connect(o);
+    ASSERT_FALSE(c.ok()) << reply.substr(0, 80);
+    EXPECT_NE(c.status().message().find("too large"), std::string::npos)
+        << c.status().message();
   }
 }
 
