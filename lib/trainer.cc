@@ -27,6 +27,12 @@
 namespace dtrun::train {
 namespace {
 
+double UnixSeconds() {
+  return std::chrono::duration<double>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
 // Fault injection: stop beating and wait forever, as a wedged rank does.
 [[gnu::noinline]] void HangForever(int rank, int64_t step) {
   std::fprintf(stderr, "fault injection: rank %d hangs after step %lld\n", rank,
@@ -256,6 +262,7 @@ class Trainer {
   std::ofstream metrics_;                // rank 0, with metrics_path
   double loss_ = 0;                      // the last step's, averaged over ranks
   double compute_s_ = 0;  // the last step's time outside collectives
+  std::string resumed_from_ = "disk";  // "memory", "disk" or "none"
   // Throughput since the last progress line.
   std::chrono::steady_clock::time_point window_start_;
   int64_t window_samples_ = 0;
@@ -296,7 +303,13 @@ int Trainer::Run() {
                    "written as in \"async\" mode\n");
     }
   }
+  // For dtrun's recovery report: when this rank was set up (its process
+  // group and model) and when its state was in place.
+  const double init_unix = UnixSeconds();
   const int64_t start = ckpt_ ? Resume() : 0;
+  if (start == 0) resumed_from_ = "none";
+  rendezvous::Heartbeat::Resumed(start, resumed_from_.c_str(), init_unix,
+                                 UnixSeconds());
   if (rank_ == 0 && !c_.metrics_path.empty())
     metrics_.open(c_.metrics_path, std::ios::app);
   const bool first_attempt = dist_->env().restart_count == 0;
@@ -329,7 +342,9 @@ int Trainer::Run() {
 int64_t Trainer::Resume() {
   if (c_.checkpoint_mode == CheckpointMode::kMemory) {
     const int64_t step = ResumeFromMemory();
+    resumed_from_ = "memory";
     if (step >= 0) return step;
+    resumed_from_ = "disk";
   }
   const auto start = std::chrono::steady_clock::now();
   std::vector<std::string> skipped;

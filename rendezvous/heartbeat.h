@@ -56,6 +56,28 @@ class Heartbeat {
                           static_cast<long long>(total_steps));
     (void)!::pwrite(fd_, buf, static_cast<size_t>(n), 0);
   }
+  // Once an attempt's state is in place: the resume record dtrun's
+  // recovery report reads, "<step> <source> <init> <load>\n" in the file
+  // beside the beat (<DTRUN_HEARTBEAT_FILE>.resume): the step resumed from
+  // and its source ("disk", "memory", "none"), when the rank was set up and
+  // when its state was loaded (unix seconds). A no-op without dtrun.
+  static void Resumed(int64_t step, const char* source, double init_unix,
+                      double load_unix) {
+    const char* beat = std::getenv(kEnv);
+    if (!beat || !*beat) return;
+    char path[4096];
+    if (std::snprintf(path, sizeof(path), "%s.resume", beat) >=
+        static_cast<int>(sizeof(path)))
+      return;
+    char line[160];
+    int n = std::snprintf(line, sizeof(line), "%lld %s %.6f %.6f\n",
+                          static_cast<long long>(step), source, init_unix,
+                          load_unix);
+    int fd = ::open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) return;
+    (void)!::write(fd, line, static_cast<size_t>(n));
+    ::close(fd);
+  }
   // The loop is over: dtrun stops watching (teardown may take a while).
   void Done() {
     if (fd_ >= 0) (void)!::pwrite(fd_, "done\n", 5, 0);

@@ -94,3 +94,23 @@ void WriteEvent(const std::string& handler, const std::string& line) {
 }
 
 }  // namespace dtrun::agent
+
+namespace dtrun::agent {
+
+std::string RecoveryEventJson(const RecoveryBreakdown& b,
+                              const std::string& run_id, int group_rank,
+                              int attempt, double timestamp) {
+  nlohmann::json md = {{"run_id", run_id},   {"group_rank", group_rank},
+                       {"attempt", attempt}, {"total", b.total},
+                       {"detect", b.detect}, {"regroup", b.regroup},
+                       {"start", b.start},   {"init", b.init},
+                       {"load", b.load},     {"first_step", b.first_step},
+                       {"step", b.step},     {"source", b.source}};
+  nlohmann::json j = {{"name", "dtrun.recovery"},
+                      {"source", "AGENT"},
+                      {"timestamp", static_cast<int64_t>(timestamp)},
+                      {"metadata", md}};
+  return j.dump();
+}
+
+}  // namespace dtrun::agent

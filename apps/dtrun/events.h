@@ -6,6 +6,8 @@
 
 #include <string>
 
+#include "apps/dtrun/recovery.h"
+
 namespace dtrun::agent {
 
 // One torchelastic event: "torchelastic.worker.status.<state>" from the
@@ -55,5 +57,11 @@ std::string AttemptJson(const AttemptRecord& a);
 // Appends `line` + '\n' for `handler` ("null", "console", "file:PATH");
 // errors are logged, never fatal.
 void WriteEvent(const std::string& handler, const std::string& line);
+
+// A recovery's event: name "dtrun.recovery", source AGENT, its breakdown
+// in seconds in the metadata.
+std::string RecoveryEventJson(const RecoveryBreakdown& b,
+                              const std::string& run_id, int group_rank,
+                              int attempt, double timestamp);
 
 }  // namespace dtrun::agent

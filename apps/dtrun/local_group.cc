@@ -277,6 +277,12 @@ void LocalGroup::OnChildExits() {
     if (abandoned_.erase(e.pid)) continue;  // counted as gone already
     exit_time_[e.pid] = os::UnixNow();
     hang_.OnExit(e.local_rank);
+    const bool first_failure = e.failed() && agent_.phase() == Phase::kRunning;
+    if (first_failure) {
+      recovery_ = RecoveryTimes();
+      recovery_.failed = exit_time_[e.pid];
+      recovering_ = true;
+    }
     if (e.failed() && agent_.phase() == Phase::kRunning) {
       std::string how = e.signal ? SignalName(e.signal)
                                  : "exit code " + std::to_string(e.exit_code);
@@ -287,6 +293,7 @@ void LocalGroup::OnChildExits() {
       CheckProgress();
     }
     Apply(agent_.OnWorkerExit(e, clock_->Now()));
+    if (first_failure) recovery_.decided = os::UnixNow();
   }
 }
 
@@ -506,6 +513,8 @@ WorkerSpec LocalGroup::SpecFor(int lr, const std::string& attempt_dir) {
 // any other failure, with the spawn error as its message.
 void LocalGroup::StartWorkers(int restart_count) {
   auto log = Logger("dtrun.agent");
+  recovering_ = recovering_ && restart_count > 0 && recovery_.decided > 0;
+  if (recovering_) recovery_.spawn_begin = os::UnixNow();
   if (before_start) before_start(restart_count);
   if (restart_count > 0 && !elastic_) {
     log->warn("restarting the worker group: attempt {} of {}",
@@ -537,6 +546,7 @@ void LocalGroup::StartWorkers(int restart_count) {
     pid_list += (pid_list.empty() ? "" : ",") + std::to_string(*pid);
   }
   agent_.OnGroupStarted();
+  if (recovering_) recovery_.spawn_end = os::UnixNow();
   hang_.Reset(config_.nproc_per_node, attempt_dir_, restart_count);
   sampler_.Reset();
   next_status_ = clock_->Now();  // the new pids at once
@@ -660,6 +670,8 @@ void LocalGroup::ReadComputeBeats() {
     if (seen != beat_mtime_ns_.end() && seen->second == mtime) continue;
     beat_mtime_ns_[local_rank] = mtime;
     std::string text = os::ReadFileOrEmpty(path);
+    if (recovering_)
+      NoteRecovery(local_rank, ParseBeatStep(text), mtime * 1e-9);
     // The main thread's wait for a core: the host's noise, taken off.
     double waited = ParseSchedstatWait(
         os::ReadFileOrEmpty("/proc/" + std::to_string(pid) + "/schedstat"));
@@ -684,6 +696,36 @@ void LocalGroup::ReadComputeBeats() {
           "the fastest rank {:.4f} s (score {:.2f}, under {:.2f})",
           straggler->rank, straggler->typical_s, fastest, straggler->score,
           stragglers_.threshold());
+}
+
+// A new worker's beat while a recovery is under way: its resume record
+// (beside its beat file) once written, then its first step past it.
+void LocalGroup::NoteRecovery(int local_rank, int64_t step, double beat_unix) {
+  if (!recovery_.resumed.count(local_rank)) {
+    auto r = ParseResumeRecord(os::ReadFileOrEmpty(
+        attempt_dir_ + "/" + std::to_string(local_rank) + "/heartbeat.resume"));
+    if (!r) return;
+    recovery_.resumed[local_rank] = *r;
+  }
+  if (step > recovery_.resumed[local_rank].step &&
+      !recovery_.first_step.count(local_rank))
+    recovery_.first_step[local_rank] = beat_unix;
+  auto b = Breakdown(recovery_, config_.nproc_per_node);
+  if (!b) return;
+  recovering_ = false;
+  ReportRecovery(*b);
+}
+
+// The log line, the event, the histogram and the run's table.
+void LocalGroup::ReportRecovery(const RecoveryBreakdown& b) {
+  const std::string line = RecoveryLine(b);
+  Logger("dtrun.agent")->info("{}", line);
+  report_events_.push_back({os::UnixNow(), "recovery", line, -1});
+  counts_.recovery_seconds.push_back(b.total);
+  recoveries_.push_back({attempt_.restart_count, b});
+  WriteEvent(config_.event_log_handler,
+             RecoveryEventJson(b, attempt_.run_id, assignment_.group_rank,
+                               attempt_.restart_count, os::UnixNow()));
 }
 
 std::string LocalGroup::StacksJson() {
@@ -945,8 +987,31 @@ void LocalGroup::RecordEvents(bool succeeded) {
   WriteEvent(config_.event_log_handler, EventJson(e));
 }
 
+// The run's recoveries, one row each, at the end (the log lines came one by
+// one, mixed with the workers' output).
+void LocalGroup::SummarizeRecoveries() const {
+  if (recoveries_.empty()) return;
+  std::string table =
+      "recoveries (seconds from the failure to the next step of every new "
+      "worker):\n  attempt   total  detect regroup   start    init    load "
+      "first-step  from";
+  for (const Recovered& r : recoveries_) {
+    const RecoveryBreakdown& b = r.breakdown;
+    char row[200];
+    std::snprintf(row, sizeof(row),
+                  "\n  %7d %7.2f %7.3f %7.3f %7.3f %7.2f %7.2f %10.2f  step "
+                  "%lld (%s)",
+                  r.attempt, b.total, b.detect, b.regroup, b.start, b.init,
+                  b.load, b.first_step, static_cast<long long>(b.step),
+                  b.source.c_str());
+    table += row;
+  }
+  Logger("dtrun.agent")->info("{}", table);
+}
+
 void LocalGroup::Finish(bool succeeded) {
   if (health_) health_->SetPhase(HealthPhase::kStopping, kLoopSilentLimit);
+  SummarizeRecoveries();
   copies_.Finish();  // persisted when the last attempt failed, then removed
   console::DisableStatusLine();
   // Workers are gone, but a grandchild holding a pipe open must not keep

@@ -17,6 +17,7 @@
 #include "apps/dtrun/hang_watch.h"
 #include "apps/dtrun/job_status.h"
 #include "apps/dtrun/metrics.h"
+#include "apps/dtrun/recovery.h"
 #include "apps/dtrun/run_report.h"
 #include "apps/dtrun/straggler.h"
 #include "apps/dtrun/launch_config.h"
@@ -214,6 +215,18 @@ class LocalGroup {
   TimePoint next_beat_read_{};
   std::map<int, int64_t> beat_mtime_ns_;  // local rank -> last beat read
   int straggler_named_ = -1;              // rank last logged as straggler
+  // The recovery under way after a failure this node saw: its moments, to
+  // the first step every new worker completes after its resume.
+  RecoveryTimes recovery_;
+  bool recovering_ = false;
+  struct Recovered {
+    int attempt = 0;
+    RecoveryBreakdown breakdown;
+  };
+  std::vector<Recovered> recoveries_;  // for the run's summary
+  void NoteRecovery(int local_rank, int64_t step, double beat_unix);
+  void ReportRecovery(const RecoveryBreakdown& b);
+  void SummarizeRecoveries() const;
   static constexpr std::chrono::milliseconds kStatusEvery{1000};
   TimePoint next_status_{};
   int64_t highest_step_ = -1;

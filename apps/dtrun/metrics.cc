@@ -71,6 +71,30 @@ std::string Counter(const std::string& name, const std::string& help,
          "\n";
 }
 
+// A job-wide histogram of `values` (Prometheus' cumulative buckets).
+std::string Histogram(const std::string& name, const std::string& help,
+                      const std::string& run,
+                      const std::vector<double>& values) {
+  static const double kBounds[] = {0.5, 1, 2, 5, 10, 30, 60, 120, 300};
+  const std::string labels = "run_id=\"" + Label(run) + "\"";
+  std::string out =
+      "# HELP " + name + " " + help + "\n# TYPE " + name + " histogram\n";
+  double sum = 0;
+  for (double v : values) sum += v;
+  for (double bound : kBounds) {
+    size_t n = 0;
+    for (double v : values) n += v <= bound;
+    out += name + "_bucket{" + labels + ",le=\"" + Number(bound) + "\"} " +
+           std::to_string(n) + "\n";
+  }
+  out += name + "_bucket{" + labels + ",le=\"+Inf\"} " +
+         std::to_string(values.size()) + "\n";
+  out += name + "_sum{" + labels + "} " + Number(sum) + "\n";
+  out +=
+      name + "_count{" + labels + "} " + std::to_string(values.size()) + "\n";
+  return out;
+}
+
 // A job-wide gauge: one sample, labelled with the run alone, or none
 // while the value is not known (an alert on `eta < 600` must not fire on a
 // stand-in value).
@@ -192,7 +216,11 @@ std::string MetricsText(const nlohmann::json& node, const JobCounts& counts) {
          Counter("dtrun_hangs_total", "Attempts stopped as hung.", run,
                  counts.hangs) +
          Counter("dtrun_stragglers_total", "Stragglers named.", run,
-                 counts.stragglers);
+                 counts.stragglers) +
+         Histogram("dtrun_recovery_seconds",
+                   "Seconds from a worker's failure to the next step every "
+                   "new worker completed.",
+                   run, counts.recovery_seconds);
 }
 
 namespace {

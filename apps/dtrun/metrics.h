@@ -27,9 +27,10 @@ namespace dtrun::agent {
 
 // What the status record does not carry: counts over the whole job.
 struct JobCounts {
-  int64_t restarts = 0;    // attempts after the first
-  int64_t hangs = 0;       // attempts stopped as hung
-  int64_t stragglers = 0;  // stragglers named
+  int64_t restarts = 0;                  // attempts after the first
+  int64_t hangs = 0;                     // attempts stopped as hung
+  int64_t stragglers = 0;                // stragglers named
+  std::vector<double> recovery_seconds;  // failure -> next step, each time
 };
 
 // The text of one scrape from a node's status record (NodeStatusJson with

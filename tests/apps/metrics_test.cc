@@ -31,7 +31,11 @@ nlohmann::json Node() {
 }
 
 TEST(MetricsTextTest, OneSamplePerKnownValueWithItsLabels) {
-  std::string text = MetricsText(Node(), JobCounts{2, 1, 0});
+  JobCounts counts;
+  counts.restarts = 2;
+  counts.hangs = 1;
+  counts.recovery_seconds = {0.8, 3.5};
+  std::string text = MetricsText(Node(), counts);
   const std::string labels =
       "{run_id=\"job\\\"7\",host=\"node3\",rank=\"4\",local_rank=\"0\"}";
   EXPECT_NE(text.find("dtrun_worker_step" + labels + " 120\n"),
@@ -49,6 +53,15 @@ TEST(MetricsTextTest, OneSamplePerKnownValueWithItsLabels) {
       << text;
   EXPECT_EQ(text.find("cpu_ratio"), std::string::npos);
   EXPECT_NE(text.find("dtrun_build_info{version=\""), std::string::npos);
+  // Each recovery's seconds in a histogram.
+  EXPECT_NE(text.find("# TYPE dtrun_recovery_seconds histogram\n"),
+            std::string::npos);
+  EXPECT_NE(text.find("dtrun_recovery_seconds_bucket{run_id=\"job\\\"7\","
+                      "le=\"1\"} 1\n"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("dtrun_recovery_seconds_count{run_id=\"job\\\"7\"} 2\n"),
+            std::string::npos);
   EXPECT_NE(text.find("dtrun_restarts_total{run_id=\"job\\\"7\"} 2\n"),
             std::string::npos);
   EXPECT_NE(text.find("# TYPE dtrun_hangs_total counter\n"), std::string::npos);

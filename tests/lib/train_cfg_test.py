@@ -1,5 +1,6 @@
 """train_cfg under the real dtrun: accuracy on digits, bitwise resume, a
 worker killed with SIGKILL and recovered from its checkpoint, bad configs."""
+import json
 import os
 import re
 import shutil
@@ -75,6 +76,30 @@ class TrainCfg(unittest.TestCase):
         self.assertIn("SIGKILL", err)
         self.assertIn("resumed from", out)
         self.assertEqual(self.done(out), clean)
+
+    def test_a_recovery_is_measured_and_reported(self):
+        # The failure to the next step of every new worker, phase by phase:
+        # the log line, the run's table, the dtrun.recovery event.
+        events = os.path.join(self.tmp.name, "events.jsonl")
+        rc, out, err = train(2, self.ckpt("rec"), "fault.kill_rank=1",
+                             "fault.kill_at_step=170", 'checkpoint.mode="memory"',
+                             restarts=1, flags=[f"--event-log-handler=file:{events}"])
+        self.assertEqual(rc, 0, err)
+        m = re.search(r"recovered in ([\d.]+) s: detect ([\d.]+), regroup ([\d.]+), "
+                      r"start ([\d.]+), init ([\d.]+), load ([\d.]+), first step "
+                      r"([\d.]+) \(from step 150, memory\)", err)
+        self.assertIsNotNone(m, err)
+        total, *phases = (float(v) for v in m.groups())
+        self.assertGreater(total, 0)
+        self.assertAlmostEqual(sum(phases), total, delta=0.02)  # printed rounded
+        self.assertRegex(err, r"recoveries \(seconds.*\n.*attempt.*\n +1 +[\d.]+ ")
+        with open(events) as f:
+            recs = [json.loads(line) for line in f if "dtrun.recovery" in line]
+        self.assertEqual(len(recs), 1)
+        md = recs[0]["metadata"]
+        self.assertEqual((md["step"], md["source"], md["attempt"]), (150, "memory", 1))
+        self.assertAlmostEqual(md["total"], sum(md[k] for k in (
+            "detect", "regroup", "start", "init", "load", "first_step")), delta=1e-6)
 
     def test_hang_at_step_170_is_detected_and_resumes_bitwise(self):
         rc, out, err = train(2, self.ckpt("clean"))
