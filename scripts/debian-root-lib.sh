@@ -6,12 +6,24 @@
 #   name      its own name, for messages (torch2.sh)
 #   suite     the Debian suite to bootstrap (trixie)
 #   root      the root's folder (kept between runs)
-#   packages  array: what the root holds beyond minbase (may be empty)
+#   packages  array: what the root holds beyond minbase (may be empty; a
+#             torch peer sets it from torch_peer_packages after sourcing)
 #   script    optional: the debootstrap script for a suite newer than the
 #             host's debootstrap knows (forky: sid's)
 #   takes_packages=1  to accept more package names as arguments
 # The root is never deleted while anything is mounted below it: a recursive
 # delete would walk into the host's /tmp and checkout.
+
+# What a torch peer's root holds (torch2.sh, torch214.sh): that release's
+# torch for Python and C++, and the project's build dependencies in its
+# versions.
+torch_peer_packages=(
+  python3-torch python3-numpy python3-sklearn python3-ipython libtorch-dev
+  cmake ninja-build g++ ccache pkg-config libgloo-dev
+  libcli11-dev libspdlog-dev libasio-dev nlohmann-json3-dev libtomlplusplus-dev
+  libgtest-dev libgmock-dev libbenchmark-dev
+  procps iproute2 libhwloc-dev libssl-dev libzstd-dev
+)
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 lock=${root%/}.lock

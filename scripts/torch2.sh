@@ -20,14 +20,6 @@ set -euo pipefail
 name=torch2.sh
 suite=trixie
 root=${DTRUN_TORCH2_ROOT:-/var/cache/dtrun/torch2-trixie}
-# torch 2.6 for Python and C++, and the project's build dependencies in
-# trixie's versions.
-packages=(
-  python3-torch python3-numpy python3-sklearn python3-ipython libtorch-dev
-  cmake ninja-build g++ ccache pkg-config libgloo-dev
-  libcli11-dev libspdlog-dev libasio-dev nlohmann-json3-dev libtomlplusplus-dev
-  libgtest-dev libgmock-dev libbenchmark-dev
-  procps iproute2 libhwloc-dev libssl-dev libzstd-dev
-)
 source "$(dirname "${BASH_SOURCE[0]}")/debian-root-lib.sh"
+packages=("${torch_peer_packages[@]}")
 debian_root_main "$@"

@@ -21,14 +21,6 @@ name=torch214.sh
 suite=forky
 script=sid
 root=${DTRUN_TORCH214_ROOT:-/var/cache/dtrun/torch214-forky}
-# torch 2.14 for Python and C++, and the project's build dependencies in
-# forky's versions.
-packages=(
-  python3-torch python3-numpy python3-sklearn python3-ipython libtorch-dev
-  cmake ninja-build g++ ccache pkg-config libgloo-dev
-  libcli11-dev libspdlog-dev libasio-dev nlohmann-json3-dev libtomlplusplus-dev
-  libgtest-dev libgmock-dev libbenchmark-dev
-  procps iproute2 libhwloc-dev libssl-dev libzstd-dev
-)
 source "$(dirname "${BASH_SOURCE[0]}")/debian-root-lib.sh"
+packages=("${torch_peer_packages[@]}")
 debian_root_main "$@"
