@@ -26,7 +26,7 @@ const std::map<std::string, std::set<std::string>> kKeys = {
     {"data",
      {"source", "path", "samples", "features", "classes", "test_fraction"}},
     {"strategy",
-     {"type", "backend", "bucket_cap_mb", "min_unit_params",
+     {"type", "backend", "device", "bucket_cap_mb", "min_unit_params",
       "reshard_after_forward", "prefetch", "param_dtype", "reduce_dtype",
       "cpu_offload", "shared_memory"}},
     {"optimizer", {"type", "lr", "momentum", "weight_decay"}},
@@ -132,6 +132,7 @@ TrainConfig ToConfig(const toml::table& t) {
   Read(t, "data", "test_fraction", &c.test_fraction);
   ReadChoice(t, "strategy", "type", &c.strategy);
   Read(t, "strategy", "backend", &c.backend);
+  Read(t, "strategy", "device", &c.device);
   Read(t, "strategy", "bucket_cap_mb", &c.bucket_cap_mb);
   Read(t, "strategy", "min_unit_params", &c.min_unit_params);
   Read(t, "strategy", "reshard_after_forward", &c.reshard_after_forward);

@@ -704,9 +704,16 @@ std::vector<at::Tensor> FullyShardedDataParallel::FullParameters() {
 }
 
 std::map<std::string, at::Tensor> FullyShardedDataParallel::StateDict(
-    torch::optim::Optimizer& opt, bool full) {
+    torch::optim::Optimizer& opt, bool full,
+    const std::function<at::Tensor(const at::Tensor&)>& copy_) {
   Impl& d = *impl_;
   at::NoGradGuard no_grad;
+  // A host tensor of its own: a new one (gathered) is kept when on the CPU.
+  auto copy = [&copy_](const at::Tensor& t, bool fresh) {
+    if (t.is_cpu() && fresh) return t;
+    if (copy_) return copy_(t);
+    return t.is_cpu() ? t.clone() : t.to(at::kCPU);
+  };
   std::map<std::string, at::Tensor> out;
   for (size_t k = 0; k < d.units.size(); ++k) {
     Impl::Unit& u = d.units[k];
@@ -718,11 +725,11 @@ std::map<std::string, at::Tensor> FullyShardedDataParallel::StateDict(
     // and where it begins, from which any world size can reassemble it.
     for (auto& [name, t] : tensors) {
       if (name == "step") {
-        out[pre + name] = t.to(at::kCPU).clone();
+        out[pre + name] = copy(t.detach(), false);
       } else if (full) {  // gathered into a new tensor
-        out[pre + name] = d.GatherFloat(t).narrow(0, 0, u.numel).to(at::kCPU);
+        out[pre + name] = copy(d.GatherFloat(t).narrow(0, 0, u.numel), true);
       } else {
-        out[pre + name] = t.detach().to(at::kCPU).clone();
+        out[pre + name] = copy(t.detach(), false);
       }
     }
     out[pre + "begin"] =

@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -96,9 +97,12 @@ class FullyShardedDataParallel {
   // every range complete (gathered: collective; every rank gets it).
   // Optimizers: SGD (momentum buffer), Adam and AdamW (step, exp_avg,
   // exp_avg_sq, max_exp_avg_sq with amsgrad). Every tensor is a copy of
-  // its own: training may go on while it is written (async checkpoints).
-  std::map<std::string, at::Tensor> StateDict(torch::optim::Optimizer& opt,
-                                              bool full);
+  // its own: training may go on while it is written (async checkpoints),
+  // on the CPU; `copy` makes it (HostStaging's copier: into pinned host
+  // memory on a side stream), or, when null, a synchronous copy to the CPU.
+  std::map<std::string, at::Tensor> StateDict(
+      torch::optim::Optimizer& opt, bool full,
+      const std::function<at::Tensor(const at::Tensor&)>& copy = nullptr);
   // Restores this rank's shards and optimizer state from one or more state
   // dicts of either kind, saved on any number of ranks: each element is
   // taken from whichever dict holds its range. Throws Error when a range is

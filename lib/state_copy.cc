@@ -20,31 +20,41 @@ Key StateKey(const torch::Tensor& p) {
   }
 }
 
-torch::Tensor CloneIfDefined(const torch::Tensor& t) {
-  return t.defined() ? t.clone() : t;
+torch::Tensor CopyIfDefined(const torch::Tensor& t, const TensorCopier& copy) {
+  return t.defined() ? copy(t) : t;
 }
 
-void DeepClone(torch::optim::SGDParamState& s) {
-  s.momentum_buffer(CloneIfDefined(s.momentum_buffer()));
+void DeepCopy(torch::optim::SGDParamState& s, const TensorCopier& copy) {
+  s.momentum_buffer(CopyIfDefined(s.momentum_buffer(), copy));
 }
 template <typename AdamState>
-void DeepCloneAdam(AdamState& s) {
-  s.exp_avg(CloneIfDefined(s.exp_avg()));
-  s.exp_avg_sq(CloneIfDefined(s.exp_avg_sq()));
-  s.max_exp_avg_sq(CloneIfDefined(s.max_exp_avg_sq()));
+void DeepCopyAdam(AdamState& s, const TensorCopier& copy) {
+  s.exp_avg(CopyIfDefined(s.exp_avg(), copy));
+  s.exp_avg_sq(CopyIfDefined(s.exp_avg_sq(), copy));
+  s.max_exp_avg_sq(CopyIfDefined(s.max_exp_avg_sq(), copy));
 }
-void DeepClone(torch::optim::AdamParamState& s) { DeepCloneAdam(s); }
-void DeepClone(torch::optim::AdamWParamState& s) { DeepCloneAdam(s); }
+void DeepCopy(torch::optim::AdamParamState& s, const TensorCopier& copy) {
+  DeepCopyAdam(s, copy);
+}
+void DeepCopy(torch::optim::AdamWParamState& s, const TensorCopier& copy) {
+  DeepCopyAdam(s, copy);
+}
+
+TensorCopier OrClone(const TensorCopier& copy) {
+  if (copy) return copy;
+  return [](const torch::Tensor& t) { return t.detach().clone(); };
+}
 
 // The copy for one optimizer kind; null when `live` is not of it. The
-// state's clone() copies the struct (tensor handles shared); DeepClone
+// state's clone() copies the struct (tensor handles shared); DeepCopy
 // then gives it tensors of its own.
 template <typename Opt, typename Options, typename State>
 std::unique_ptr<torch::optim::Optimizer> CopyAs(
-    torch::optim::Optimizer& live, const std::vector<torch::Tensor>& params) {
+    torch::optim::Optimizer& live, const std::vector<torch::Tensor>& params,
+    const TensorCopier& copy) {
   if (!dynamic_cast<Opt*>(&live)) return nullptr;
   const auto& group = live.param_groups().at(0);
-  auto copy = std::make_unique<Opt>(
+  auto out = std::make_unique<Opt>(
       params, static_cast<const Options&>(group.options()));
   using Key = typename std::decay_t<decltype(live.state())>::key_type;
   for (size_t i = 0; i < params.size(); ++i) {
@@ -52,10 +62,10 @@ std::unique_ptr<torch::optim::Optimizer> CopyAs(
     if (it == live.state().end()) continue;
     std::unique_ptr<torch::optim::OptimizerParamState> state =
         it->second->clone();
-    DeepClone(static_cast<State&>(*state));
-    copy->state()[StateKey<Key>(params[i])] = std::move(state);
+    DeepCopy(static_cast<State&>(*state), copy);
+    out->state()[StateKey<Key>(params[i])] = std::move(state);
   }
-  return copy;
+  return out;
 }
 
 }  // namespace
@@ -69,16 +79,17 @@ std::vector<torch::Tensor> ModuleCopy::AllParams() const {
   return out;
 }
 
-ModuleCopy CopyModule(const torch::nn::Module& m) {
+ModuleCopy CopyModule(const torch::nn::Module& m, const TensorCopier& copy) {
+  const TensorCopier copier = OrClone(copy);
   ModuleCopy c;
   torch::NoGradGuard no_grad;
   for (const auto& p : m.named_parameters(/*recurse=*/false))
-    c.params.emplace_back(p.key(), p.value().detach().clone());
+    c.params.emplace_back(p.key(), copier(p.value()));
   for (const auto& b : m.named_buffers(/*recurse=*/false))
-    c.buffers.emplace_back(b.key(), b.value().clone());
+    c.buffers.emplace_back(b.key(), copier(b.value()));
   for (const auto& child : m.named_children()) {
     if (child.value()->is_serializable())
-      c.children.emplace_back(child.key(), CopyModule(*child.value()));
+      c.children.emplace_back(child.key(), CopyModule(*child.value(), copier));
   }
   return c;
 }
@@ -97,18 +108,20 @@ void SaveModuleCopy(const ModuleCopy& c, torch::serialize::OutputArchive& out) {
 }
 
 std::unique_ptr<torch::optim::Optimizer> CopyOptimizer(
-    torch::optim::Optimizer& live, const std::vector<torch::Tensor>& params) {
+    torch::optim::Optimizer& live, const std::vector<torch::Tensor>& params,
+    const TensorCopier& copy) {
   if (live.param_groups().size() != 1 ||
       live.param_groups()[0].params().size() != params.size())
     return nullptr;
+  const TensorCopier copier = OrClone(copy);
   if (auto c = CopyAs<torch::optim::SGD, torch::optim::SGDOptions,
-                      torch::optim::SGDParamState>(live, params))
+                      torch::optim::SGDParamState>(live, params, copier))
     return c;
   if (auto c = CopyAs<torch::optim::AdamW, torch::optim::AdamWOptions,
-                      torch::optim::AdamWParamState>(live, params))
+                      torch::optim::AdamWParamState>(live, params, copier))
     return c;
   return CopyAs<torch::optim::Adam, torch::optim::AdamOptions,
-                torch::optim::AdamParamState>(live, params);
+                torch::optim::AdamParamState>(live, params, copier);
 }
 
 }  // namespace dtrun::train

@@ -57,11 +57,12 @@ class DdpStrategy : public Strategy {
   // serialized now (the bytes are a copy too).
   // Every rank holds the same state; those that write no step's file copy
   // nothing.
-  Snapshot Copy(torch::optim::Optimizer& opt, bool whole) override {
+  Snapshot Copy(torch::optim::Optimizer& opt, bool whole,
+                const TensorCopier& copy) override {
     if (!whole) return {};
-    auto module = std::make_shared<ModuleCopy>(CopyModule(*model_));
+    auto module = std::make_shared<ModuleCopy>(CopyModule(*model_, copy));
     std::shared_ptr<torch::optim::Optimizer> optimizer =
-        CopyOptimizer(opt, module->AllParams());
+        CopyOptimizer(opt, module->AllParams(), copy);
     if (!optimizer) {
       return {
           Serialize([&](auto& m) { model_->save(m); }, opt), std::nullopt, {}};
@@ -169,8 +170,9 @@ class FsdpStrategy : public Strategy {
   }
   // The state dict is already a copy (FullyShardedDataParallel::StateDict
   // copies every tensor): cloning it again doubled FSDP's async stall.
-  Snapshot Copy(torch::optim::Optimizer& opt, bool) override {
-    TensorMap state = fsdp_.StateDict(opt, /*full=*/full_format_);
+  Snapshot Copy(torch::optim::Optimizer& opt, bool,
+                const TensorCopier& copy) override {
+    TensorMap state = fsdp_.StateDict(opt, /*full=*/full_format_, copy);
     if (full_format_) {
       state[kFsdpShards] = torch::tensor(int64_t{0});
       return {std::move(state), std::nullopt, {}};

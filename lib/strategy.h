@@ -14,6 +14,7 @@
 
 #include "lib/checkpoint.h"
 #include "lib/checkpoint_payload.h"
+#include "lib/host_staging.h"
 #include "lib/torch_compat.h"
 #include "lib/trainer.h"
 #include "rendezvous/util/status.h"
@@ -52,7 +53,11 @@ class Strategy {
     // (DDP: torch's serializer, several times slower than the copy).
     std::function<TensorMap()> encode;
   };
-  virtual Snapshot Copy(torch::optim::Optimizer& opt, bool whole) = 0;
+  // Every tensor is copied with `copy` (HostStaging's: device tensors into
+  // pinned host memory on a side stream; the caller waits for it before
+  // reading them).
+  virtual Snapshot Copy(torch::optim::Optimizer& opt, bool whole,
+                        const TensorCopier& copy) = 0;
   // Where Complete() reads a step's shard files from.
   struct ShardSource {
     // Shard `rank` of `step`: its payload, verified, or why not.

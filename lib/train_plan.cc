@@ -93,12 +93,17 @@ std::string ParseChoice(const std::string& key, const std::string& value,
 std::string ValidateConfig(const TrainConfig& c) {
   for (const std::string& err : {
            OneOf("strategy.backend", c.backend, {"auto", "gloo", "nccl"}),
+           OneOf("strategy.device", c.device, {"auto", "cpu", "cuda"}),
            OneOf("strategy.param_dtype", c.param_dtype,
                  {"float32", "bfloat16"}),
            OneOf("strategy.reduce_dtype", c.reduce_dtype,
                  {"float32", "bfloat16"}),
        }) {
     if (!err.empty()) return err;
+  }
+  if (c.backend == "nccl" && c.device == "cpu") {
+    return "strategy.device = \"cpu\" with backend \"nccl\": NCCL moves GPU "
+           "tensors only; use backend \"gloo\" on the CPU";
   }
   if (c.batch_size < 1 || c.steps < 1 || c.accumulate < 1) {
     return "train.batch_size, train.steps and train.accumulate must be >= 1";
@@ -183,6 +188,33 @@ double LearningRate(const TrainConfig& c, int64_t step) {
 uint64_t RankSeed(const TrainConfig& c, int rank, int64_t step) {
   return c.seed * 1000003ULL + static_cast<uint64_t>(rank + 1) * 7919ULL +
          static_cast<uint64_t>(step) * 104729ULL;
+}
+
+DeviceChoice ChooseDevice(const std::string& wanted, const std::string& backend,
+                          int local_rank, int visible_gpus) {
+  DeviceChoice d;
+  if (backend == "nccl") {
+    if (wanted == "cpu") {
+      d.error = "strategy.device = \"cpu\" with backend \"nccl\": NCCL "
+                "moves GPU tensors only; use backend \"gloo\" on the CPU";
+    } else if (local_rank >= visible_gpus) {
+      d.error = "LOCAL_RANK " + std::to_string(local_rank) + " but only " +
+                std::to_string(visible_gpus) + " GPU(s) visible";
+    } else {
+      d.index = local_rank;
+    }
+    return d;
+  }
+  if (wanted != "cuda") return d;
+  if (visible_gpus < 1) {
+    d.error =
+        "strategy.device = \"cuda\", but no GPU is visible (this libtorch "
+        "was built without CUDA, or CUDA_VISIBLE_DEVICES hides every GPU); "
+        "use device \"cpu\" or \"auto\" here";
+    return d;
+  }
+  d.index = local_rank % visible_gpus;
+  return d;
 }
 
 }  // namespace dtrun::train

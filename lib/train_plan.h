@@ -5,6 +5,7 @@
 // functions of the config, so they are unit-tested without a process group.
 
 #include <cstdint>
+#include <string>
 
 #include "lib/trainer.h"
 
@@ -41,5 +42,19 @@ double LearningRate(const TrainConfig& config, int64_t step);
 // The seed of `rank`'s own generator (dropout) at `step`: distinct per rank
 // and per step, the same on every run.
 uint64_t RankSeed(const TrainConfig& config, int rank, int64_t step);
+
+// The device a rank trains on: the CPU (index -1) or CUDA device `index`
+// among those CUDA_VISIBLE_DEVICES leaves, from strategy.device (`wanted`:
+// "auto", "cpu" or "cuda"), the backend the process group runs ("gloo" or
+// "nccl"), LOCAL_RANK and the GPUs visible. NCCL: GPU LOCAL_RANK, as
+// torchrun's workers take it. Gloo: the CPU unless "cuda" is asked for,
+// then GPU LOCAL_RANK modulo the GPUs visible, so that several ranks share
+// one GPU. `error` names what cannot be done, or is empty.
+struct DeviceChoice {
+  int index = -1;
+  std::string error;
+};
+DeviceChoice ChooseDevice(const std::string& wanted, const std::string& backend,
+                          int local_rank, int visible_gpus);
 
 }  // namespace dtrun::train

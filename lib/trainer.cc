@@ -3,6 +3,7 @@
 #include <signal.h>
 #include <unistd.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <c10/core/impl/VirtualGuardImpl.h>
 #include <torch/torch.h>
 
 #include <chrono>
@@ -17,6 +18,7 @@
 #include "lib/checkpoint.h"
 #include "lib/checkpoint_payload.h"
 #include "lib/data.h"
+#include "lib/host_staging.h"
 #include "lib/node_copies.h"
 #include "lib/process_group.h"
 #include "lib/sha256.h"
@@ -183,10 +185,17 @@ std::vector<torch::Tensor> GatherRngStates(ProcessGroup& pg,
   return out[0];
 }
 
-torch::Device DeviceOf(const Distributed& dist) {
-  if (!dist.uses_cuda()) return torch::Device(torch::kCPU);
-  return torch::Device(torch::kCUDA,
-                       static_cast<c10::DeviceIndex>(dist.env().local_rank));
+// strategy.device resolved (ChooseDevice); a GPU becomes the current one.
+torch::Device DeviceOf(const Distributed& dist, const TrainConfig& c) {
+  const int gpus = static_cast<int>(torch::cuda::device_count());
+  DeviceChoice d =
+      ChooseDevice(c.device, dist.backend(), dist.env().local_rank, gpus);
+  if (!d.error.empty())
+    throw Error("rank " + std::to_string(dist.rank()) + ": " + d.error);
+  if (d.index < 0) return torch::Device(torch::kCPU);
+  torch::Device device(torch::kCUDA, static_cast<c10::DeviceIndex>(d.index));
+  c10::impl::VirtualGuardImpl(device.type()).setDevice(device);
+  return device;
 }
 
 Dataset LoadDataset(const TrainConfig& c) {
@@ -231,6 +240,7 @@ class Trainer {
     StepFile file;
     std::optional<TensorMap> shard;
     std::function<TensorMap()> encode;
+    HostStaging::Ready ready;  // the copies' arrival in host memory
   };
   // Starts `job` on the saver's thread; WaitForSave() before the next.
   void StartSave(SaveJob job);
@@ -245,6 +255,10 @@ class Trainer {
   void Log(int64_t done, double lr);
   void Eval(int64_t done);
   void InjectFaults(const StepActions& actions, int64_t done);
+  // Background checkpoints from a GPU: the pinned buffers made once, after
+  // the first step (when the optimizer's state exists), not at the first
+  // checkpoint, which then waits only for its copies to be enqueued.
+  void ReserveStaging();
   int Finish();
   double Evaluate();
   bool Evaluates() const { return rank_ == 0 || strategy_->CollectiveEval(); }
@@ -253,6 +267,7 @@ class Trainer {
   std::unique_ptr<Distributed> dist_;
   const int rank_, world_;
   const torch::Device device_;
+  HostStaging staging_;  // background checkpoints' copies
   Dataset train_, test_;
   std::shared_ptr<torch::nn::SequentialImpl> model_;
   std::unique_ptr<Strategy> strategy_;
@@ -277,7 +292,8 @@ Trainer::Trainer(const TrainConfig& c, std::unique_ptr<Distributed> dist)
       dist_(std::move(dist)),
       rank_(dist_->rank()),
       world_(dist_->world_size()),
-      device_(DeviceOf(*dist_)) {
+      device_(DeviceOf(*dist_, c_)),
+      staging_(device_) {
   Dataset all = LoadDataset(c_);
   SplitTrainTest(all, c_.test_fraction, &train_, &test_);
   // MakeModel seeds the shared generator with c.seed, so every rank starts
@@ -287,6 +303,11 @@ Trainer::Trainer(const TrainConfig& c, std::unique_ptr<Distributed> dist)
   strategy_ = MakeStrategy(model_, &dist_->pg(), c_);
   opt_ = MakeOptimizer(c_, strategy_->OptimizerParams());
   torch::manual_seed(RankSeed(c_, rank_, 0));
+  if (rank_ == 0) {
+    std::printf("training on %s (backend %s, %d rank%s)\n",
+                device_.str().c_str(), dist_->backend().c_str(), world_,
+                world_ == 1 ? "" : "s");
+  }
 }
 
 int Trainer::Run() {
@@ -317,6 +338,7 @@ int Trainer::Run() {
   rendezvous::Heartbeat heartbeat;  // dtrun --hang-timeout: one pwrite per step
   for (int64_t step = start; step < c_.steps; ++step) {
     loss_ = Step(step);
+    if (step == start) ReserveStaging();
     window_samples_ +=
         static_cast<int64_t>(c_.batch_size) * c_.accumulate * world_;
     const int64_t done = step + 1;
@@ -478,6 +500,7 @@ double Trainer::Step(int64_t step) {
   for (int m = 0; m < c_.accumulate; ++m) {
     step_loss += MicroBatch(step * c_.accumulate + m, m + 1 == c_.accumulate);
   }
+  staging_.Fence();  // the last checkpoint's copies read the state first
   opt_->step();
   compute_s_ =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
@@ -519,7 +542,10 @@ void Trainer::Checkpoint(int64_t done, const StepActions& actions) {
     // DDP: rank 0 writes the folder's step file; in memory, so does each
     // node's first rank, so that every node can resume from its own copy.
     job.whole = rank_ == 0 || (copies_ && dist_->env().local_rank == 0);
-    Strategy::Snapshot copy = strategy_->Copy(*opt_, job.whole);
+    staging_.Begin();
+    Strategy::Snapshot copy =
+        strategy_->Copy(*opt_, job.whole, staging_.copier());
+    job.ready = staging_.End();
     job.file.parts = std::move(copy.parts);
     job.shard = std::move(copy.shard);
     job.encode = std::move(copy.encode);
@@ -587,6 +613,24 @@ void Trainer::WaitForSave(int64_t due) {
   }
 }
 
+void Trainer::ReserveStaging() {
+  if (!staging_.staged() || !ckpt_ ||
+      c_.checkpoint_mode == CheckpointMode::kSync)
+    return;
+  const auto start = std::chrono::steady_clock::now();
+  const bool whole = rank_ == 0 || (copies_ && dist_->env().local_rank == 0);
+  staging_.Begin();
+  strategy_->Copy(*opt_, whole, staging_.copier());
+  staging_.End().Wait();
+  staging_.Fence();
+  if (rank_ == 0) {
+    std::printf("checkpoint buffers: %.1f MB of pinned host memory, made in "
+                "%.1f ms\n",
+                static_cast<double>(staging_.pinned_bytes()) / 1e6,
+                MsSince(start));
+  }
+}
+
 void Trainer::StartSave(SaveJob job) {
   if (job.shard && !save_store_) save_store_ = dist_->ConnectStore();
   saver_.Start(job.step, [this, job = std::move(job)]() mutable {
@@ -601,6 +645,7 @@ void Trainer::StartSave(SaveJob job) {
 // as an async checkpoint would, so a node that dies loses at most the
 // steps since then.
 Status Trainer::WriteSave(SaveJob& job) {
+  job.ready.Wait();
   if (c_.save_delay_ms > 0) {  // [fault] save_delay_ms: a slow disk
     std::this_thread::sleep_for(std::chrono::milliseconds(c_.save_delay_ms));
   }

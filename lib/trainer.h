@@ -54,6 +54,10 @@ struct TrainConfig {
   StrategyKind strategy = StrategyKind::kDdp;  // ddp [ddp] | fsdp
   // gloo | nccl | auto (nccl if built and a GPU is visible)
   std::string backend = "auto";
+  // where the model and the batches live: auto [auto] (GPU LOCAL_RANK with
+  // nccl, the CPU with gloo) | cpu | cuda (with gloo too: GPU LOCAL_RANK
+  // modulo the GPUs visible, so several ranks can share one GPU)
+  std::string device = "auto";
   double bucket_cap_mb = 25;          // ddp
   int64_t min_unit_params = 0;        // fsdp wrap policy (see FsdpOptions)
   bool reshard_after_forward = true;  // fsdp

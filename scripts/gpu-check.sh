@@ -3,13 +3,19 @@
 # against whatever CUDA torch the machine has (pip's wheels: no gloo headers,
 # their own fmt) and runs, within about 8 minutes, the launcher on the GPU,
 # train_cfg's DDP and FSDP on NCCL in the three checkpoint modes with a
-# SIGKILL each (same hash as an undisturbed run), and the checkpoint stall
-# against one device-to-host copy of the same bytes; then prints one table.
+# SIGKILL each (same hash as an undisturbed run), DDP and FSDP with gloo on
+# CUDA tensors (two ranks on one GPU), the checkpoint stall against one
+# device-to-host copy of the same bytes and against DCP's async_save, and
+# train_cfg's step against PyTorch's DDP on the same model; then prints one
+# table (README.md, "On a GPU", keeps the last).
 #
 # A GPU machine has no network: what the build needs comes from here.
 #   scripts/gpu-check.sh --fetch     on this Debian machine (apt): downloads
 #                                    the -dev packages the GPU machine lacks
-#                                    into build-gpu-debs/ and builds the
+#                                    into build-gpu-debs/ (gloo's headers
+#                                    from Debian forky, through the forky
+#                                    root of scripts/torch214.sh: pip's
+#                                    torch ships none) and builds the
 #                                    static dtrun (build/apps/dtrun)
 #   scripts/gpu-check.sh             on the GPU machine, with build-gpu-debs/
 #                                    and build/apps/dtrun carried there
@@ -26,6 +32,9 @@ if [[ ${1:-} == --fetch ]]; then
   set -e
   mkdir -p "$debs"
   (cd "$debs" && apt-get download "${deps[@]}")
+  mkdir -p "$debs/gloo"
+  scripts/torch214.sh >/dev/null
+  scripts/torch214.sh run sh -c "cd $debs/gloo && apt-get download libgloo-dev"
   scripts/build.sh build >/dev/null
   echo "gpu-check: carry $debs/ and build/apps/dtrun to the GPU machine"
   exit 0
@@ -38,13 +47,23 @@ rm -rf "$out"
 mkdir -p "$out"
 rows=()
 failed=0
-row() { rows+=("| $1 | $2 | $3 |"); [[ $2 == ok ]] || failed=1; }
+# Each row is printed as it is made too, so a run cut short still says
+# how far it got.
+row() {
+  rows+=("| $1 | $2 | $3 |")
+  echo "gpu-check: | $1 | $2 | $3 |"
+  [[ $2 == ok ]] || failed=1
+}
 
 # --- build: the -dev packages unpacked into a prefix, torch from $py
 build_lib() {
   local prefix=$PWD/build-gpu/deps torch_cmake
   mkdir -p "$prefix"
   for d in "$debs"/*.deb; do dpkg -x "$d" "$prefix"; done
+  # gloo's headers alone, in a folder of their own: the rest of that
+  # prefix (fmt 9) must not come before torch's own headers
+  rm -rf build-gpu/gloo && mkdir -p build-gpu/gloo
+  for d in "$debs"/gloo/*.deb; do dpkg -x "$d" build-gpu/gloo; done
   torch_cmake=$("$py" -c 'import torch; print(torch.utils.cmake_prefix_path)') || return 1
   export PKG_CONFIG=$prefix/usr/bin/pkgconf PKG_CONFIG_SYSROOT_DIR=$prefix
   export PKG_CONFIG_PATH=$prefix/usr/lib/x86_64-linux-gnu/pkgconfig:$prefix/usr/share/pkgconfig
@@ -53,14 +72,27 @@ build_lib() {
     -DDTRUN_FUZZ=OFF -DDTRUN_WERROR=ON -DCMAKE_PREFIX_PATH="$prefix/usr;$torch_cmake" \
     -DOPENSSL_ROOT_DIR="$prefix/usr" -DZLIB_INCLUDE_DIR="$prefix/usr/include" \
     -DZLIB_LIBRARY=/usr/lib/x86_64-linux-gnu/libz.so.1 -DASIO_INCLUDE_DIR="$prefix/usr/include" \
+    -DDTRUN_GLOO_INCLUDE_DIR="${gloo_dir:-$PWD/build-gpu/gloo/usr/include}" \
     -DTORCH_CUDA_ARCH_LIST="${TORCH_CUDA_ARCH_LIST:-9.0}" >"$out/configure.log" 2>&1 &&
     grep -q 'building the NCCL process group' "$out/configure.log" &&
     ninja -C build-gpu/lib train_cfg >"$out/build.log" 2>&1
 }
 start=$(date +%s)
-if build_lib; then
+built=build_lib
+if ! build_lib; then
+  # gloo's headers from Debian may not fit this torch's ProcessGroupGloo.hpp:
+  # then the rest without gloo, and the gloo rows say so
+  cp "$out/build.log" "$out/build-with-gloo.log" 2>/dev/null
+  rm -rf build-gpu/lib
+  gloo_dir=DTRUN_GLOO_INCLUDE_DIR-NOTFOUND built=
+  build_lib && built=build_lib
+fi
+if [[ -n $built ]]; then
+  gloo="gloo on"
+  grep -q "no gloo headers" "$out/configure.log" && gloo="no gloo"
+  [[ -f $out/build-with-gloo.log ]] && gloo="no gloo: with Debian's gloo headers it failed, see $out/build-with-gloo.log"
   row "lib + train_cfg built against $("$py" -c 'import torch; print(torch.__version__)')" ok \
-    "$(($(date +%s) - start)) s, NCCL on"
+    "$(($(date +%s) - start)) s, NCCL on, $gloo"
 else
   row "lib + train_cfg built" FAILED "see $out/configure.log, $out/build.log"
   printf '%s\n' "${rows[@]}"
@@ -89,15 +121,29 @@ else
   row "dtrun --nproc-per-node=gpu, Python NCCL worker" FAILED "see $out/launcher.err"
 fi
 
+cat >"$out/placement.py" <<'EOF'
+import os, torch
+print(f"LOCAL_RANK={os.environ['LOCAL_RANK']} "
+      f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '-')} "
+      f"gpus={torch.cuda.device_count()}")
+EOF
+if timeout 120 "$dtrun" --nproc-per-node=gpu --virtual-local-rank --python "$py" \
+  "$out/placement.py" >"$out/placement.out" 2>"$out/placement.err" &&
+  grep -q "LOCAL_RANK=0 CUDA_VISIBLE_DEVICES=0 gpus=1" "$out/placement.out"; then
+  row "dtrun --virtual-local-rank" ok "$(head -1 "$out/placement.out")"
+else
+  row "dtrun --virtual-local-rank" FAILED "see $out/placement.out"
+fi
+
 # --- train_cfg on NCCL: each strategy and mode undisturbed, then killed
 hash_of() { sed -n 's/.*params_sha256=\([0-9a-f]*\).*/\1/p' "$1" | tail -1; }
 train() {  # train NAME STRATEGY MODE [--set ...]
   local name=$1 strategy=$2 mode=$3
   shift 3
-  timeout 120 "$dtrun" --nproc-per-node=1 --max-restarts=1 "$train_cfg" \
+  timeout 120 "$dtrun" --nproc-per-node="${nproc:-1}" --max-restarts=1 "$train_cfg" \
     examples/configs/digits_ddp.toml --set 'data.source="synthetic"' \
     --set 'data.samples=4096' --set 'data.features=64' --set 'data.classes=10' \
-    --set "strategy.type=\"$strategy\"" --set 'strategy.backend="nccl"' \
+    --set "strategy.type=\"$strategy\"" --set "strategy.backend=\"${backend:-nccl}\"" \
     --set "checkpoint.mode=\"$mode\"" --set "checkpoint.dir=\"$out/ckpt_$name\"" \
     --set 'train.steps=200' --set 'checkpoint.every=50' "$@" \
     >"$out/$name.out" 2>"$out/$name.err"
@@ -126,7 +172,66 @@ for strategy in ddp fsdp; do
   done
 done
 
-# --- the checkpoint stall against one device-to-host copy of the state
+# --- gloo on CUDA tensors: two ranks share the one GPU, DDP and FSDP
+for strategy in ddp fsdp; do
+  what="train_cfg $strategy, gloo on CUDA tensors, 2 ranks on GPU 0, SIGKILL at step 120"
+  if [[ $gloo != "gloo on" ]]; then
+    row "$what" FAILED "this build has no gloo"
+    continue
+  fi
+  if ! nproc=2 backend=gloo train "gloo_${strategy}_clean" "$strategy" async \
+    --set 'strategy.device="cuda"'; then
+    row "$what" FAILED "undisturbed run failed: $out/gloo_${strategy}_clean.err"
+    continue
+  fi
+  if ! nproc=2 backend=gloo train "gloo_${strategy}_kill" "$strategy" async \
+    --set 'strategy.device="cuda"' --set 'fault.kill_rank=1' --set 'fault.kill_at_step=120'; then
+    row "$what" FAILED "killed run failed: $out/gloo_${strategy}_kill.err"
+    continue
+  fi
+  clean=$(hash_of "$out/gloo_${strategy}_clean.out")
+  killed=$(hash_of "$out/gloo_${strategy}_kill.out")
+  where=$(sed -n 's/^training on \([^ ]*\).*/\1/p' "$out/gloo_${strategy}_clean.out" | head -1)
+  if [[ -z $clean || $clean != "$killed" ]]; then
+    row "$what" FAILED "hash ${clean:0:12} vs ${killed:0:12}"
+  elif [[ $where != cuda:0 ]]; then
+    row "$what" FAILED "trained on '${where}', not cuda:0"
+  else
+    row "$what" ok "same hash ${clean:0:12}, on $where"
+  fi
+done
+
+# --- the checkpoint stall: the steps around each checkpoint against the
+# steps without one (log every step), against one D2H copy of the same
+# state and against DCP's async_save of it
+big=(--set 'model.hidden=[4096, 4096, 4096]' --set 'data.features=2048'
+  --set 'data.classes=1000' --set 'train.steps=100' --set 'train.log_every=1'
+  --set 'train.batch_size=32'   --set 'train.eval_every=0')
+cat >"$out/stall.py" <<'EOF'
+import re, statistics, sys
+every = int(sys.argv[2])
+t = {}
+for line in open(sys.argv[1]):
+    m = re.match(r"step (\d+) loss \S+ lr \S+ samples/s (\S+)", line)
+    if m:
+        t[int(m.group(1))] = 32.0 / float(m.group(2)) * 1000
+ckpt = [c for c in range(every, 100, every)]
+near = set(ckpt) | {c + 1 for c in ckpt}
+base = statistics.median(v for s, v in t.items() if s > 5 and s not in near)
+stall = statistics.median(t[c] + t[c + 1] - 2 * base for c in ckpt) if ckpt else 0.0
+print(f"{stall:.2f} {base:.3f}")
+EOF
+declare -A stall
+for mode in none sync async memory; do
+  every=20
+  [[ $mode == none ]] && every=1000
+  if ! train "stall_$mode" ddp "${mode/none/sync}" "${big[@]}" --set "checkpoint.every=$every"; then
+    row "checkpoint stall, $mode" FAILED "see $out/stall_$mode.err"
+    continue
+  fi
+  read -r stall[$mode] step_ms < <("$py" "$out/stall.py" "$out/stall_$mode.out" "$every")
+  [[ $mode == none ]] && base_ms=$step_ms
+done
 cat >"$out/d2h.py" <<'EOF'
 import sys, time, torch
 n = int(sys.argv[1])
@@ -137,19 +242,106 @@ times = []
 for _ in range(5):
     t = time.perf_counter(); dst.copy_(src, non_blocking=True); torch.cuda.synchronize()
     times.append(time.perf_counter() - t)
-print(f"{sorted(times)[2] * 1000:.1f}")
+print(f"{sorted(times)[2] * 1000:.2f}")
 EOF
-for mode in sync async memory; do
-  train "stall_$mode" ddp "$mode" --set 'model.hidden=[4096, 4096, 4096]' \
-    --set 'data.features=2048' --set 'data.classes=1000' --set 'train.steps=60' \
-    --set 'checkpoint.every=20' || { row "checkpoint stall, $mode" FAILED "see $out/stall_$mode.err"; continue; }
-  waited=$(sed -n 's/.*training waited \([0-9.]*\) ms.*/\1/p' "$out/stall_$mode.out" | sort -n | tail -1)
-  row "checkpoint stall, $mode (longest wait of the loop)" ok "${waited:-?} ms"
-done
 bytes=$("$py" -c 'print(2 * 4 * (2048*4096 + 4096 + 2*(4096*4096 + 4096) + 4096*1000 + 1000))')
-copy=$("$py" "$out/d2h.py" "$bytes" 2>"$out/d2h.err") &&
-  row "one D2H copy of the same state ($((bytes / 1000000)) MB, pinned)" ok "$copy ms" ||
-  row "one D2H copy" FAILED "see $out/d2h.err"
+copy=$("$py" "$out/d2h.py" "$bytes" 2>"$out/d2h.err") || copy=
+if [[ -n $copy ]]; then
+  row "one D2H copy of the state ($((bytes / 1000000)) MB, pinned)" ok "$copy ms"
+else
+  row "one D2H copy of the state" FAILED "see $out/d2h.err"
+fi
+buffers=$(sed -n 's/^checkpoint buffers: //p' "$out/stall_async.out" | head -1)
+for mode in sync async memory; do
+  [[ -n ${stall[$mode]:-} ]] || continue
+  detail="${stall[$mode]} ms per checkpoint (step ${base_ms:-?} ms)"
+  if [[ $mode == sync || -z $copy ]]; then
+    row "checkpoint stall, $mode" ok "$detail"
+  elif "$py" -c "import sys; sys.exit(0 if ${stall[$mode]} <= 1.2 * $copy else 1)"; then
+    row "checkpoint stall, $mode (target <= 1.2 x copy)" ok "$detail; $buffers"
+  else
+    row "checkpoint stall, $mode (target <= 1.2 x copy)" FAILED "$detail; $buffers"
+  fi
+done
+cat >"$out/dcp.py" <<'EOF'
+import statistics, sys, time, torch, torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+dist.init_process_group("cpu:gloo,cuda:nccl")
+torch.cuda.set_device(0)
+L = torch.nn.Linear
+m = torch.nn.Sequential(L(2048, 4096), torch.nn.ReLU(), L(4096, 4096), torch.nn.ReLU(),
+                        L(4096, 4096), torch.nn.ReLU(), L(4096, 1000)).cuda()
+opt = torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9)
+x = torch.randn(32, 2048, device="cuda"); y = torch.randint(0, 1000, (32,), device="cuda")
+def step():
+    opt.zero_grad(); torch.nn.functional.cross_entropy(m(x), y).backward(); opt.step()
+step(); torch.cuda.synchronize()
+kw, how = {}, "async_save"
+try:
+    from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+    kw["async_stager"] = DefaultStager(StagingOptions(
+        use_pinned_memory=True, use_shared_memory=False,
+        use_async_staging=True, use_non_blocking_copy=True))
+    how = "async_save, pinned DefaultStager"
+except Exception:
+    pass
+waits = []
+for i in range(5):
+    state = {"model": m.state_dict(), "optim": opt.state_dict()}
+    t = time.perf_counter()
+    r = dcp.async_save(state, checkpoint_id=f"{sys.argv[1]}/step{i}", **kw)
+    if hasattr(r, "staging_completion"):
+        r.staging_completion.result()
+    waits.append((time.perf_counter() - t) * 1000)
+    step(); torch.cuda.synchronize()
+    getattr(r, "upload_completion", r).result()
+print(f"{statistics.median(waits[1:]):.1f} ms ({how}; first {waits[0]:.1f} ms)")
+dist.destroy_process_group()
+EOF
+if dcp=$(timeout 180 "$dtrun" --nproc-per-node=1 --python "$py" "$out/dcp.py" "$out/dcp_ckpt" \
+  2>"$out/dcp.err" | tail -1) && [[ $dcp == *ms* ]]; then
+  row "DCP async_save of the same state, loop blocked (torch's own)" ok "$dcp"
+else
+  row "DCP async_save of the same state" FAILED "see $out/dcp.err"
+fi
+
+# --- train_cfg's step against PyTorch's DDP on the same model (NCCL, 1 GPU)
+cat >"$out/torch_ddp.py" <<'EOF'
+import os, statistics, time, torch, torch.distributed as dist
+import torch.nn.functional as F
+dist.init_process_group("nccl")
+torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+torch.manual_seed(1)
+L = torch.nn.Linear
+m = torch.nn.Sequential(L(2048, 4096), torch.nn.ReLU(), L(4096, 4096), torch.nn.ReLU(),
+                        L(4096, 4096), torch.nn.ReLU(), L(4096, 1000)).cuda()
+ddp = torch.nn.parallel.DistributedDataParallel(m, device_ids=[torch.cuda.current_device()])
+opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
+X, Y = torch.randn(4096, 2048), torch.randint(0, 1000, (4096,))
+times = []
+for s in range(100):
+    t = time.perf_counter()
+    idx = torch.randint(0, 4096, (32,))
+    x, y = X[idx].cuda(), Y[idx].cuda()
+    opt.zero_grad()
+    loss = F.cross_entropy(ddp(x), y)
+    v = loss.item()
+    loss.backward()
+    opt.step()
+    mean = torch.tensor([v], dtype=torch.float64, device="cuda")
+    dist.all_reduce(mean)
+    mean.item()
+    times.append((time.perf_counter() - t) * 1000)
+print(f"{statistics.median(times[5:]):.3f}")
+dist.destroy_process_group()
+EOF
+if torch_ms=$(timeout 180 "$dtrun" --nproc-per-node=1 --python "$py" "$out/torch_ddp.py" \
+  2>"$out/torch_ddp.err" | tail -1) && [[ -n ${base_ms:-} && -n $torch_ms ]]; then
+  row "train_cfg DDP step vs PyTorch DDP (same MLP, batch 32, NCCL)" ok \
+    "$base_ms ms vs $torch_ms ms: $("$py" -c "print(f'{$base_ms / $torch_ms:.2f}x')")"
+else
+  row "train_cfg DDP step vs PyTorch DDP" FAILED "see $out/torch_ddp.err"
+fi
 
 echo "gpu-check: $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1), $(date -u +%F)"
 echo "| check | result | detail |"

@@ -228,5 +228,49 @@ TEST(ValidateConfigTest, RefusesOutOfRangeNumbers) {
   EXPECT_EQ(ValidateConfig(c), "data.test_fraction must be in (0, 1)");
 }
 
+TEST(ChooseDeviceTest, NcclTakesTheGpuOfLocalRank) {
+  EXPECT_EQ(ChooseDevice("auto", "nccl", 3, 4).index, 3);
+  EXPECT_EQ(ChooseDevice("cuda", "nccl", 0, 1).index, 0);
+  DeviceChoice d = ChooseDevice("auto", "nccl", 2, 2);
+  EXPECT_NE(d.error.find("LOCAL_RANK 2 but only 2 GPU(s) visible"),
+            std::string::npos)
+      << d.error;
+  d = ChooseDevice("cpu", "nccl", 0, 1);
+  EXPECT_NE(d.error.find("use backend \"gloo\""), std::string::npos) << d.error;
+}
+
+TEST(ChooseDeviceTest, GlooStaysOnTheCpuUnlessCudaIsAskedFor) {
+  EXPECT_EQ(ChooseDevice("auto", "gloo", 1, 8).index, -1);
+  EXPECT_EQ(ChooseDevice("cpu", "gloo", 1, 8).index, -1);
+  EXPECT_EQ(ChooseDevice("auto", "gloo", 0, 0).error, "");
+}
+
+TEST(ChooseDeviceTest, GlooOnCudaSharesTheVisibleGpusAmongTheRanks) {
+  // --virtual-local-rank: every worker is LOCAL_RANK 0 with one GPU visible
+  EXPECT_EQ(ChooseDevice("cuda", "gloo", 0, 1).index, 0);
+  // four ranks on one GPU, and on two
+  for (int r = 0; r < 4; ++r) {
+    EXPECT_EQ(ChooseDevice("cuda", "gloo", r, 1).index, 0);
+    EXPECT_EQ(ChooseDevice("cuda", "gloo", r, 2).index, r % 2);
+  }
+  DeviceChoice d = ChooseDevice("cuda", "gloo", 0, 0);
+  EXPECT_EQ(d.index, -1);
+  EXPECT_NE(d.error.find("no GPU is visible"), std::string::npos) << d.error;
+}
+
+TEST(ValidateConfigTest, DeviceIsAChoiceAndNcclNeedsAGpu) {
+  TrainConfig c;
+  for (const char* ok : {"auto", "cpu", "cuda"}) {
+    c.device = ok;
+    EXPECT_EQ(ValidateConfig(c), "") << ok;
+  }
+  c.device = "gpu";
+  EXPECT_NE(ValidateConfig(c).find("strategy.device"), std::string::npos);
+  c.device = "cpu";
+  c.backend = "nccl";
+  EXPECT_NE(ValidateConfig(c).find("NCCL moves GPU tensors only"),
+            std::string::npos);
+}
+
 }  // namespace
 }  // namespace dtrun::train
