@@ -16,9 +16,10 @@
 #                                    from Debian forky, through the forky
 #                                    root of scripts/torch214.sh: pip's
 #                                    torch ships none) and builds the
-#                                    static dtrun (build/apps/dtrun)
+#                                    static dtrun, stripped
+#                                    (build-gpu-bin/dtrun)
 #   scripts/gpu-check.sh             on the GPU machine, with build-gpu-debs/
-#                                    and build/apps/dtrun carried there
+#                                    and build-gpu-bin/ carried there
 # PYTHON (default: python3 on PATH) is the interpreter with the CUDA torch.
 # Exit 0 when every check passed, 1 when one failed (its row says which).
 set -uo pipefail
@@ -36,12 +37,14 @@ if [[ ${1:-} == --fetch ]]; then
   scripts/torch214.sh >/dev/null
   scripts/torch214.sh run sh -c "cd $debs/gloo && apt-get download libgloo-dev"
   scripts/build.sh build >/dev/null
-  echo "gpu-check: carry $debs/ and build/apps/dtrun to the GPU machine"
+  mkdir -p build-gpu-bin
+  strip -o build-gpu-bin/dtrun build/apps/dtrun  # 8 MB, not 70
+  echo "gpu-check: carry $debs/ and build-gpu-bin/ to the GPU machine"
   exit 0
 fi
 
 py=${PYTHON:-python3}
-dtrun=$PWD/build/apps/dtrun
+dtrun=${DTRUN:-$PWD/build-gpu-bin/dtrun}
 out=build-gpu/check
 rm -rf "$out"
 mkdir -p "$out"
