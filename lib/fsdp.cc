@@ -14,6 +14,7 @@
 #include "lib/ddp.h"
 #include "lib/process_group.h"
 #include "lib/shm_allreduce.h"
+#include "lib/state_copy.h"
 #include "rendezvous/util/check.h"
 
 namespace dtrun::train {
@@ -458,68 +459,6 @@ struct FullyShardedDataParallel::Impl {
     return out;
   }
 
-  template <typename S>
-  static std::unique_ptr<S> AdamState(
-      std::map<std::string, at::Tensor>& state) {
-    auto a = std::make_unique<S>();
-    a->exp_avg(state.at("exp_avg"));
-    a->exp_avg_sq(state.at("exp_avg_sq"));
-    if (state.count("max_exp_avg_sq"))
-      a->max_exp_avg_sq(state.at("max_exp_avg_sq"));
-    a->step(state.at("step").item<int64_t>());
-    return a;
-  }
-
-  // The optimizer steps the shards, so its per-parameter state is per shard
-  // too: this rank's slice of the unit's momentum or moments.
-  std::map<std::string, at::Tensor> OptimizerState(torch::optim::Optimizer& opt,
-                                                   const Unit& u) {
-    std::map<std::string, at::Tensor> out;
-    auto it = opt.state().find(OptimizerStateKey(opt, u.shard));
-    if (it == opt.state().end()) return out;
-    if (auto* s =
-            dynamic_cast<torch::optim::SGDParamState*>(it->second.get())) {
-      if (s->momentum_buffer().defined())
-        out["momentum_buffer"] = s->momentum_buffer();
-    } else if (auto* a = dynamic_cast<torch::optim::AdamWParamState*>(
-                   it->second.get())) {
-      out["exp_avg"] = a->exp_avg();
-      out["exp_avg_sq"] = a->exp_avg_sq();
-      if (a->max_exp_avg_sq().defined())
-        out["max_exp_avg_sq"] = a->max_exp_avg_sq();
-      out["step"] = torch::tensor(a->step(), torch::kLong);
-    } else if (auto* a = dynamic_cast<torch::optim::AdamParamState*>(
-                   it->second.get())) {
-      out["exp_avg"] = a->exp_avg();
-      out["exp_avg_sq"] = a->exp_avg_sq();
-      if (a->max_exp_avg_sq().defined())
-        out["max_exp_avg_sq"] = a->max_exp_avg_sq();
-      out["step"] = torch::tensor(a->step(), torch::kLong);
-    } else {
-      throw Error(
-          "FSDP checkpoints support SGD, Adam and AdamW optimizer state only");
-    }
-    return out;
-  }
-
-  void SetOptimizerState(torch::optim::Optimizer& opt, const Unit& u,
-                         std::map<std::string, at::Tensor> state) {
-    if (state.empty()) return;
-    const auto key = OptimizerStateKey(opt, u.shard);
-    if (dynamic_cast<torch::optim::SGD*>(&opt)) {
-      auto s = std::make_unique<torch::optim::SGDParamState>();
-      s->momentum_buffer(state.at("momentum_buffer"));
-      opt.state()[key] = std::move(s);
-    } else if (dynamic_cast<torch::optim::AdamW*>(&opt)) {
-      opt.state()[key] = AdamState<torch::optim::AdamWParamState>(state);
-    } else if (dynamic_cast<torch::optim::Adam*>(&opt)) {
-      opt.state()[key] = AdamState<torch::optim::AdamParamState>(state);
-    } else {
-      throw Error(
-          "FSDP checkpoints support SGD, Adam and AdamW optimizer state only");
-    }
-  }
-
   // The names saved for unit k ("param", optimizer state), after checking
   // that every dict holds a unit of this model's size.
   std::set<std::string> SavedNames(size_t k, const StateDicts& dicts) const {
@@ -718,7 +657,8 @@ std::map<std::string, at::Tensor> FullyShardedDataParallel::StateDict(
   for (size_t k = 0; k < d.units.size(); ++k) {
     Impl::Unit& u = d.units[k];
     const std::string pre = "u" + std::to_string(k) + ".";
-    std::map<std::string, at::Tensor> tensors = d.OptimizerState(opt, u);
+    std::map<std::string, at::Tensor> tensors =
+        ParamOptimizerState(opt, u.shard);
     tensors["param"] = u.shard.detach();
     // "step" is a scalar, the same on every rank. A full state gathers the
     // shards and drops the padding; a sharded one keeps this rank's slice
@@ -762,7 +702,7 @@ void FullyShardedDataParallel::LoadStateDicts(
                   " has no parameters");
     u.shard.detach().copy_(state["param"]);
     state.erase("param");
-    d.SetOptimizerState(opt, u, std::move(state));
+    SetParamOptimizerState(opt, u.shard, std::move(state));
   }
 }
 
@@ -785,7 +725,7 @@ int64_t FullyShardedDataParallel::HeldBytes(
              Bytes(u.rs_out) + Bytes(u.gather_input) +
              (u.gathered || u.gather_work ? Bytes(u.full) : 0);
     for (const auto& p : u.params) total += Bytes(p.grad());
-    for (const auto& [name, t] : d.OptimizerState(opt, u)) {
+    for (const auto& [name, t] : ParamOptimizerState(opt, u.shard)) {
       if (name != "step") total += Bytes(t);
     }
   }

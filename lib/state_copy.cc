@@ -1,127 +1,144 @@
 #include "lib/state_copy.h"
 
-#include <sstream>
-#include <type_traits>
+#include "lib/process_group.h"
+#include "lib/torch_compat.h"
 
 namespace dtrun::train {
 namespace {
 
-// The optimizer's state map key for a parameter: its TensorImpl's address,
-// as a string in libtorch 1.13 (c10::guts::to_string of the pointer) and
-// as the pointer itself in 2.x.
-template <typename Key>
-Key StateKey(const torch::Tensor& p) {
-  if constexpr (std::is_same_v<Key, std::string>) {
-    std::ostringstream s;
-    s << p.unsafeGetTensorImpl();
-    return s.str();
-  } else {
-    return p.unsafeGetTensorImpl();
-  }
-}
+constexpr char kModelPrefix[] = "ddp.model.";
+constexpr char kOptimPrefix[] = "ddp.optim.";
 
-torch::Tensor CopyIfDefined(const torch::Tensor& t, const TensorCopier& copy) {
-  return t.defined() ? copy(t) : t;
-}
+const char kOptimizers[] =
+    "checkpoints hold SGD, Adam and AdamW optimizer state only";
 
-void DeepCopy(torch::optim::SGDParamState& s, const TensorCopier& copy) {
-  s.momentum_buffer(CopyIfDefined(s.momentum_buffer(), copy));
-}
 template <typename AdamState>
-void DeepCopyAdam(AdamState& s, const TensorCopier& copy) {
-  s.exp_avg(CopyIfDefined(s.exp_avg(), copy));
-  s.exp_avg_sq(CopyIfDefined(s.exp_avg_sq(), copy));
-  s.max_exp_avg_sq(CopyIfDefined(s.max_exp_avg_sq(), copy));
-}
-void DeepCopy(torch::optim::AdamParamState& s, const TensorCopier& copy) {
-  DeepCopyAdam(s, copy);
-}
-void DeepCopy(torch::optim::AdamWParamState& s, const TensorCopier& copy) {
-  DeepCopyAdam(s, copy);
+void AdamFields(const AdamState& a, std::map<std::string, torch::Tensor>* out) {
+  (*out)["exp_avg"] = a.exp_avg();
+  (*out)["exp_avg_sq"] = a.exp_avg_sq();
+  if (a.max_exp_avg_sq().defined())
+    (*out)["max_exp_avg_sq"] = a.max_exp_avg_sq();
+  (*out)["step"] = torch::tensor(a.step(), torch::kLong);
 }
 
-TensorCopier OrClone(const TensorCopier& copy) {
-  if (copy) return copy;
-  return [](const torch::Tensor& t) { return t.detach().clone(); };
+template <typename S>
+std::unique_ptr<S> AdamState(std::map<std::string, torch::Tensor>& state) {
+  auto a = std::make_unique<S>();
+  a->exp_avg(state.at("exp_avg"));
+  a->exp_avg_sq(state.at("exp_avg_sq"));
+  if (state.count("max_exp_avg_sq"))
+    a->max_exp_avg_sq(state.at("max_exp_avg_sq"));
+  a->step(state.at("step").item<int64_t>());
+  return a;
 }
 
-// The copy for one optimizer kind; null when `live` is not of it. The
-// state's clone() copies the struct (tensor handles shared); DeepCopy
-// then gives it tensors of its own.
-template <typename Opt, typename Options, typename State>
-std::unique_ptr<torch::optim::Optimizer> CopyAs(
-    torch::optim::Optimizer& live, const std::vector<torch::Tensor>& params,
-    const TensorCopier& copy) {
-  if (!dynamic_cast<Opt*>(&live)) return nullptr;
-  const auto& group = live.param_groups().at(0);
-  auto out = std::make_unique<Opt>(
-      params, static_cast<const Options&>(group.options()));
-  using Key = typename std::decay_t<decltype(live.state())>::key_type;
-  for (size_t i = 0; i < params.size(); ++i) {
-    auto it = live.state().find(StateKey<Key>(group.params()[i]));
-    if (it == live.state().end()) continue;
-    std::unique_ptr<torch::optim::OptimizerParamState> state =
-        it->second->clone();
-    DeepCopy(static_cast<State&>(*state), copy);
-    out->state()[StateKey<Key>(params[i])] = std::move(state);
+// The saved tensor at `key` for `live`: there, and of its shape.
+const torch::Tensor& Saved(const std::map<std::string, torch::Tensor>& parts,
+                           const std::string& key, const torch::Tensor& live) {
+  auto it = parts.find(key);
+  if (it == parts.end()) {
+    throw Error("the checkpoint has no '" + key +
+                "': it was saved from another model (model.type and "
+                "model.hidden must be the run's)");
   }
-  return out;
+  if (it->second.sizes() != live.sizes()) {
+    throw Error("the checkpoint's '" + key + "' has shape " +
+                c10::str(it->second.sizes()) + ", this model's " +
+                c10::str(live.sizes()) +
+                ": it was saved from another model");
+  }
+  return it->second;
 }
 
 }  // namespace
 
-std::vector<torch::Tensor> ModuleCopy::AllParams() const {
-  std::vector<torch::Tensor> out;
-  for (const auto& [name, t] : params) out.push_back(t);
-  for (const auto& [name, child] : children) {
-    for (torch::Tensor& t : child.AllParams()) out.push_back(std::move(t));
+std::map<std::string, torch::Tensor> ParamOptimizerState(
+    torch::optim::Optimizer& opt, const torch::Tensor& param) {
+  std::map<std::string, torch::Tensor> out;
+  auto it = opt.state().find(OptimizerStateKey(opt, param));
+  if (it == opt.state().end()) return out;
+  torch::optim::OptimizerParamState* s = it->second.get();
+  if (auto* sgd = dynamic_cast<torch::optim::SGDParamState*>(s)) {
+    if (sgd->momentum_buffer().defined())
+      out["momentum_buffer"] = sgd->momentum_buffer();
+  } else if (auto* aw = dynamic_cast<torch::optim::AdamWParamState*>(s)) {
+    AdamFields(*aw, &out);
+  } else if (auto* a = dynamic_cast<torch::optim::AdamParamState*>(s)) {
+    AdamFields(*a, &out);
+  } else {
+    throw Error(kOptimizers);
   }
   return out;
 }
 
-ModuleCopy CopyModule(const torch::nn::Module& m, const TensorCopier& copy) {
-  const TensorCopier copier = OrClone(copy);
-  ModuleCopy c;
-  torch::NoGradGuard no_grad;
-  for (const auto& p : m.named_parameters(/*recurse=*/false))
-    c.params.emplace_back(p.key(), copier(p.value()));
-  for (const auto& b : m.named_buffers(/*recurse=*/false))
-    c.buffers.emplace_back(b.key(), copier(b.value()));
-  for (const auto& child : m.named_children()) {
-    if (child.value()->is_serializable())
-      c.children.emplace_back(child.key(), CopyModule(*child.value(), copier));
-  }
-  return c;
-}
-
-// Module::save's layout: own parameters, own buffers, then one nested
-// archive per serializable child under its name.
-void SaveModuleCopy(const ModuleCopy& c, torch::serialize::OutputArchive& out) {
-  for (const auto& [name, t] : c.params) out.write(name, t);
-  for (const auto& [name, t] : c.buffers)
-    out.write(name, t, /*is_buffer=*/true);
-  for (const auto& [name, child] : c.children) {
-    torch::serialize::OutputArchive nested(out.compilation_unit());
-    SaveModuleCopy(child, nested);
-    out.write(name, nested);
+void SetParamOptimizerState(torch::optim::Optimizer& opt,
+                            const torch::Tensor& param,
+                            std::map<std::string, torch::Tensor> state) {
+  if (state.empty()) return;
+  const auto key = OptimizerStateKey(opt, param);
+  try {
+    if (dynamic_cast<torch::optim::SGD*>(&opt)) {
+      auto s = std::make_unique<torch::optim::SGDParamState>();
+      s->momentum_buffer(state.at("momentum_buffer"));
+      opt.state()[key] = std::move(s);
+    } else if (dynamic_cast<torch::optim::AdamW*>(&opt)) {
+      opt.state()[key] = AdamState<torch::optim::AdamWParamState>(state);
+    } else if (dynamic_cast<torch::optim::Adam*>(&opt)) {
+      opt.state()[key] = AdamState<torch::optim::AdamParamState>(state);
+    } else {
+      throw Error(kOptimizers);
+    }
+  } catch (const std::out_of_range&) {
+    throw Error("the checkpoint's optimizer state lacks a field this "
+                "optimizer keeps: it was saved with another optimizer.type");
   }
 }
 
-std::unique_ptr<torch::optim::Optimizer> CopyOptimizer(
-    torch::optim::Optimizer& live, const std::vector<torch::Tensor>& params,
+std::map<std::string, torch::Tensor> ModelAndOptimizerState(
+    torch::nn::Module& model, torch::optim::Optimizer& opt,
     const TensorCopier& copy) {
-  if (live.param_groups().size() != 1 ||
-      live.param_groups()[0].params().size() != params.size())
-    return nullptr;
-  const TensorCopier copier = OrClone(copy);
-  if (auto c = CopyAs<torch::optim::SGD, torch::optim::SGDOptions,
-                      torch::optim::SGDParamState>(live, params, copier))
-    return c;
-  if (auto c = CopyAs<torch::optim::AdamW, torch::optim::AdamWOptions,
-                      torch::optim::AdamWParamState>(live, params, copier))
-    return c;
-  return CopyAs<torch::optim::Adam, torch::optim::AdamOptions,
-                torch::optim::AdamParamState>(live, params, copier);
+  torch::NoGradGuard no_grad;
+  std::map<std::string, torch::Tensor> out;
+  for (const auto& p : model.named_parameters())
+    out[kModelPrefix + p.key()] = copy(p.value());
+  for (const auto& b : model.named_buffers())
+    out[kModelPrefix + b.key()] = copy(b.value());
+  const std::vector<torch::Tensor> params = model.parameters();
+  for (size_t i = 0; i < params.size(); ++i) {
+    for (const auto& [field, t] : ParamOptimizerState(opt, params[i]))
+      out[kOptimPrefix + std::to_string(i) + "." + field] = copy(t);
+  }
+  return out;
+}
+
+bool HasModelAndOptimizerState(
+    const std::map<std::string, torch::Tensor>& parts) {
+  auto it = parts.lower_bound(kModelPrefix);
+  return it != parts.end() && it->first.rfind(kModelPrefix, 0) == 0;
+}
+
+void RestoreModelAndOptimizerState(
+    const std::map<std::string, torch::Tensor>& parts, torch::nn::Module& model,
+    torch::optim::Optimizer& opt) {
+  torch::NoGradGuard no_grad;
+  for (const auto& p : model.named_parameters())
+    p.value().copy_(Saved(parts, kModelPrefix + p.key(), p.value()));
+  for (const auto& b : model.named_buffers())
+    b.value().copy_(Saved(parts, kModelPrefix + b.key(), b.value()));
+  const std::vector<torch::Tensor> params = model.parameters();
+  for (size_t i = 0; i < params.size(); ++i) {
+    const std::string pre = kOptimPrefix + std::to_string(i) + ".";
+    std::map<std::string, torch::Tensor> state;
+    for (auto it = parts.lower_bound(pre);
+         it != parts.end() && it->first.rfind(pre, 0) == 0; ++it) {
+      const std::string field = it->first.substr(pre.size());
+      state[field] = field == "step"
+                         ? it->second
+                         : torch::empty_like(params[i]).copy_(
+                               Saved(parts, it->first, params[i]));
+    }
+    SetParamOptimizerState(opt, params[i], std::move(state));
+  }
 }
 
 }  // namespace dtrun::train

@@ -1,44 +1,47 @@
 #pragma once
 
-// Copies of a model's and an optimizer's state that serialize exactly as
-// the originals would, made fast on the training loop's thread (a memcpy
-// per tensor) and serialized later on another (async checkpoints): torch's
-// serializer is several times slower than the copy.
+// A model's and an optimizer's state as named tensors, and back: DDP's
+// checkpoint (every tensor by name, nothing in torch's pickled archives,
+// so a checkpoint saved by one libtorch loads in another), and the
+// per-parameter optimizer state FSDP saves per shard. Copies are made
+// with a TensorCopier (HostStaging's: from a GPU into pinned host memory),
+// so that another thread may serialize them while training goes on.
 
 #include <torch/torch.h>
 
-#include <memory>
+#include <map>
 #include <string>
-#include <utility>
-#include <vector>
 
 #include "lib/host_staging.h"
 
 namespace dtrun::train {
 
-// A module tree's parameters and buffers, cloned, with the tree's names.
-struct ModuleCopy {
-  std::vector<std::pair<std::string, torch::Tensor>> params, buffers;
-  std::vector<std::pair<std::string, ModuleCopy>> children;
-  // Every parameter in Module::parameters() order (pre-order).
-  std::vector<torch::Tensor> AllParams() const;
-};
+// The optimizer state of `param` (SGD: momentum_buffer; Adam, AdamW:
+// exp_avg, exp_avg_sq, max_exp_avg_sq when amsgrad, and step as an int64
+// scalar), the live tensors; empty before its first step. Throws Error
+// for another optimizer.
+std::map<std::string, torch::Tensor> ParamOptimizerState(
+    torch::optim::Optimizer& opt, const torch::Tensor& param);
+// Sets it from such a map (nothing when empty). Throws Error for another
+// optimizer or a field missing.
+void SetParamOptimizerState(torch::optim::Optimizer& opt,
+                            const torch::Tensor& param,
+                            std::map<std::string, torch::Tensor> state);
 
-// Copies `m`'s state with `copy` (children that are not serializable are
-// left out, as Module::save leaves them). Default: clones.
-ModuleCopy CopyModule(const torch::nn::Module& m,
-                      const TensorCopier& copy = nullptr);
-
-// Writes `c` as Module::save writes the module it was copied from.
-void SaveModuleCopy(const ModuleCopy& c, torch::serialize::OutputArchive& out);
-
-// An optimizer of `live`'s kind (SGD, Adam, AdamW) over `params`, clones of
-// live's parameters in the same order, with copies of its options and of
-// its per-parameter state (tensors copied with `copy`, default clones):
-// saved, it writes what `live` would. Null for another kind or more than
-// one parameter group; then the caller serializes `live` itself.
-std::unique_ptr<torch::optim::Optimizer> CopyOptimizer(
-    torch::optim::Optimizer& live, const std::vector<torch::Tensor>& params,
-    const TensorCopier& copy = nullptr);
+// DDP's checkpoint: "ddp.model.<name>" for each parameter and buffer of
+// `model` (Module::named_parameters/named_buffers names) and
+// "ddp.optim.<i>.<field>" for the optimizer state of model->parameters()[i],
+// each tensor made by `copy`.
+std::map<std::string, torch::Tensor> ModelAndOptimizerState(
+    torch::nn::Module& model, torch::optim::Optimizer& opt,
+    const TensorCopier& copy);
+// Whether `parts` hold such a checkpoint.
+bool HasModelAndOptimizerState(const std::map<std::string, torch::Tensor>& parts);
+// Restores it into `model` (copied into its tensors, on their device) and
+// `opt`, whose parameters are model.parameters(). Throws Error naming the
+// first key missing or of another shape (a checkpoint of another model).
+void RestoreModelAndOptimizerState(
+    const std::map<std::string, torch::Tensor>& parts, torch::nn::Module& model,
+    torch::optim::Optimizer& opt);
 
 }  // namespace dtrun::train

@@ -18,13 +18,13 @@ constexpr char kModel[] = "model";
 constexpr char kOptimizer[] = "optimizer";
 constexpr char kFsdpShards[] = "fsdp_shards";
 
-// DDP's checkpoint is the model's and the optimizer's own archives, as
-// bytes in the step's file: every rank holds the full state.
+// DDP's checkpoint is the model's and the optimizer's tensors by name in
+// the step's file: every rank holds the full state.
 class DdpStrategy : public Strategy {
  public:
   DdpStrategy(std::shared_ptr<torch::nn::SequentialImpl> model,
               ProcessGroup* pg, const TrainConfig& c)
-      : model_(model), rank_(pg->getRank()), ddp_(model, pg, Options(c)) {}
+      : model_(model), ddp_(model, pg, Options(c)) {}
 
   torch::Tensor Forward(const torch::Tensor& x) override {
     return model_->forward(x);
@@ -48,35 +48,26 @@ class DdpStrategy : public Strategy {
   }
   bool CollectiveEval() const override { return false; }
 
+  // Every parameter, buffer and optimizer state tensor by name
+  // (state_copy.h), so that any libtorch loads it: torch's own optimizer
+  // archive does not survive 1.13 -> 2.x (its parameter keys change form).
   TensorMap Save(torch::optim::Optimizer& opt, const CheckpointDir&,
                  int64_t) override {
-    return Serialize([&](auto& m) { model_->save(m); }, opt);
+    return ModelAndOptimizerState(*model_, opt, [](const torch::Tensor& t) {
+      return t.detach();  // encoded before the loop goes on
+    });
   }
-  // Clones of the model's and the optimizer's tensors, serialized later
-  // into the same archives; an optimizer CopyOptimizer cannot copy is
-  // serialized now (the bytes are a copy too).
   // Every rank holds the same state; those that write no step's file copy
   // nothing.
   Snapshot Copy(torch::optim::Optimizer& opt, bool whole,
                 const TensorCopier& copy) override {
     if (!whole) return {};
-    auto module = std::make_shared<ModuleCopy>(CopyModule(*model_, copy));
-    std::shared_ptr<torch::optim::Optimizer> optimizer =
-        CopyOptimizer(opt, module->AllParams(), copy);
-    if (!optimizer) {
-      return {
-          Serialize([&](auto& m) { model_->save(m); }, opt), std::nullopt, {}};
-    }
-    Snapshot s;
-    s.encode = [module, optimizer] {
-      return Serialize([&](auto& m) { SaveModuleCopy(*module, m); },
-                       *optimizer);
-    };
-    return s;
+    return {ModelAndOptimizerState(*model_, opt, copy), std::nullopt, {}};
   }
   Status Complete(const TensorMap& parts, const ShardSource& shards,
                   int64_t) override {
-    if (!parts.count(kModel) || !parts.count(kOptimizer)) {
+    const bool archives = parts.count(kModel) && parts.count(kOptimizer);
+    if (!archives && !HasModelAndOptimizerState(parts)) {
       throw Error(
           shards.where +
           " holds checkpoints of an FSDP run (strategy = \"fsdp\"); resume "
@@ -85,7 +76,14 @@ class DdpStrategy : public Strategy {
     }
     return Status::Ok();
   }
+  // Named tensors, or, from checkpoints written before them, the model's
+  // and the optimizer's torch archives (loadable by the libtorch that
+  // wrote them).
   void Restore(const TensorMap& parts, torch::optim::Optimizer& opt) override {
+    if (!parts.count(kModel)) {
+      RestoreModelAndOptimizerState(parts, *model_, opt);
+      return;
+    }
     torch::Device device = model_->parameters().front().device();
     torch::serialize::InputArchive m, o;
     std::istringstream ms(TensorBytes(parts.at(kModel))),
@@ -97,21 +95,6 @@ class DdpStrategy : public Strategy {
   }
 
  private:
-  // The step file's parts: the model's archive (written by `save_model`)
-  // and the optimizer's, as bytes.
-  template <typename SaveModel>
-  static TensorMap Serialize(SaveModel save_model,
-                             torch::optim::Optimizer& opt) {
-    torch::serialize::OutputArchive m, o;
-    save_model(m);
-    opt.save(o);
-    std::ostringstream ms, os;
-    m.save_to(ms);
-    o.save_to(os);
-    return {{kModel, BytesTensor(ms.str())},
-            {kOptimizer, BytesTensor(os.str())}};
-  }
-
   static DdpOptions Options(const TrainConfig& c) {
     DdpOptions o;
     o.bucket_cap_mb = c.bucket_cap_mb;
@@ -120,7 +103,6 @@ class DdpStrategy : public Strategy {
   }
 
   std::shared_ptr<torch::nn::SequentialImpl> model_;
-  int rank_;  // only rank 0 writes DDP's checkpoint
   DistributedDataParallel ddp_;
 };
 

@@ -538,6 +538,11 @@ void Trainer::Checkpoint(int64_t done, const StepActions& actions) {
   const bool background = c_.checkpoint_mode != CheckpointMode::kSync;
   if (background) WaitForSave(done);
   SaveJob job;
+  // The generators as the next step finds them: restored, a resumed run's
+  // dropout masks are those of an unbroken one. Gathered before the copy,
+  // whose device-to-host transfer the gather's own small one would queue
+  // behind.
+  job.file.rng = GatherRngStates(dist_->pg(), device_);
   if (background) {
     // DDP: rank 0 writes the folder's step file; in memory, so does each
     // node's first rank, so that every node can resume from its own copy.
@@ -552,9 +557,6 @@ void Trainer::Checkpoint(int64_t done, const StepActions& actions) {
   } else {
     job.file.parts = strategy_->Save(*opt_, *ckpt_, done);
   }
-  // The generators as the next step finds them: restored, a resumed run's
-  // dropout masks are those of an unbroken one.
-  job.file.rng = GatherRngStates(dist_->pg(), device_);
   job.file.step = done;
   job.file.world_size = world_;
   if (background) {

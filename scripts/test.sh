@@ -60,6 +60,10 @@ for peer in "torch2 2.6 trixie" "torch214 2.14 forky"; do
   grep -E 'tests passed|Total Test time' "$step_log"
 done
 
+echo "== checkpoints across torch versions (1.13 -> 2.6 -> 2.14 -> 1.13)"
+quietly "resuming checkpoints across torch versions" tests/lib/cross_version_resume_test.sh
+tail -1 "$step_log"
+
 echo "== ThreadSanitizer: store unit and component tests"
 scripts/build.sh build-tsan -DDTRUN_WITH_TORCH=OFF -DDTRUN_FUZZ=OFF \
   -DDTRUN_SANITIZE=thread -DDTRUN_WERROR=ON -DCMAKE_BUILD_TYPE=Debug

@@ -12,7 +12,9 @@
 #     defines SPDLOG_API before it includes fmt) and pass through otherwise.
 #  3. c10d::Store::clone() pure virtual: torch >= 2.7, so 2.14 has it.
 # Then the gloo-less train_cfg, asked for gloo under DTRUN (static: it runs
-# in the root as it is), exits naming why.
+# in the root as it is), exits naming why. Last, gloo's headers given in a
+# folder of their own (-DDTRUN_GLOO_INCLUDE_DIR, as scripts/gpu-check.sh
+# gives forky's to pip's torch): lib has gloo again and trains with it.
 # Usage (as root): tests/lib/pip_layout_test.sh BUILD_DIR DTRUN
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -30,6 +32,7 @@ wheel=$PWD/${build%/}.wheel
 rm -rf "$wheel"
 mkdir -p "$build"
 mkdir -p "$wheel/torch/include/fmt" "$wheel/torch/share/cmake/Torch" "$wheel/empty"
+mkdir -p "$wheel/gloo-include" && cp -r "$root/usr/include/gloo" "$wheel/gloo-include/"
 
 for header in "$root"/usr/include/fmt/*.h; do
   name=$(basename "$header")
@@ -50,20 +53,26 @@ cat >"$wheel/torch/share/cmake/Torch/TorchConfigVersion.cmake" <<CONFIG
 include($torch_cmake/TorchConfigVersion.cmake)
 CONFIG
 
-# The build, in the root, with gloo's headers hidden.
-unshare --mount --propagation private bash -c '
-  mount --bind "$1/empty" "$2/usr/include/gloo"
+# A build in the root with gloo's headers hidden: build DIR MUST_SAY [ARGS].
+build_hidden() {
+  local dir=$1 says=$2
   shift 2
-  exec scripts/torch214.sh run "$@"' sh "$wheel" "$root" \
-  sh -c "export CCACHE_BASEDIR=\$PWD CCACHE_NOHASHDIR=1 &&
-         cmake -S . -B '$build' -G Ninja -DTorch_DIR='$wheel/torch/share/cmake/Torch' \
-           -DDTRUN_WERROR=ON -DDTRUN_FUZZ=OFF -DDTRUN_BUILD_TESTS=OFF >'$build/configure.log' &&
-         grep -q 'no gloo headers' '$build/configure.log' &&
-         ninja -C '$build' train_cfg" || {
-  cat "$build/configure.log" >&2 2>/dev/null || true
-  echo "pip_layout_test: lib did not build against the pip-like Torch (see above)" >&2
-  exit 1
+  mkdir -p "$dir"
+  unshare --mount --propagation private bash -c '
+    mount --bind "$1/empty" "$2/usr/include/gloo"
+    shift 2
+    exec scripts/torch214.sh run "$@"' sh "$wheel" "$root" \
+    sh -c "export CCACHE_BASEDIR=\$PWD CCACHE_NOHASHDIR=1 &&
+           cmake -S . -B '$dir' -G Ninja -DTorch_DIR='$wheel/torch/share/cmake/Torch' \
+             -DDTRUN_WERROR=ON -DDTRUN_FUZZ=OFF -DDTRUN_BUILD_TESTS=OFF $* >'$dir/configure.log' &&
+           grep -q '$says' '$dir/configure.log' &&
+           ninja -C '$dir' train_cfg" || {
+    cat "$dir/configure.log" >&2 2>/dev/null || true
+    echo "pip_layout_test: lib did not build against the pip-like Torch (see above)" >&2
+    exit 1
+  }
 }
+build_hidden "$build" 'no gloo headers'
 
 # Gloo asked for, in a build without it: exit non-zero, the reason named.
 out=$(scripts/torch214.sh run "$dtrun" --nproc-per-node=1 \
@@ -78,4 +87,15 @@ grep -q 'this build of lib has no gloo' <<<"$out" || {
   echo "pip_layout_test: train_cfg without gloo failed without saying why" >&2
   exit 1
 }
-echo "pip_layout_test: lib and train_cfg built against a pip-like torch 2.14; gloo refused by name"
+# gloo's headers in a folder of their own: found, and a gloo job trains.
+build_hidden "$build-gloo" 'process groups use gloo' "-DDTRUN_GLOO_INCLUDE_DIR=$wheel/gloo-include"
+out=$(scripts/torch214.sh run "$dtrun" --nproc-per-node=2 \
+  "$build-gloo/examples/train_cfg" examples/configs/digits_ddp.toml \
+  --set 'strategy.backend="gloo"' --set 'train.steps=20' \
+  --set "checkpoint.dir=\"$wheel/ckpt-gloo\"" 2>&1) &&
+  grep -q 'training on cpu (backend gloo, 2 ranks)' <<<"$out" || {
+  echo "$out"
+  echo "pip_layout_test: train_cfg with gloo's headers from their own folder did not train on gloo" >&2
+  exit 1
+}
+echo "pip_layout_test: lib and train_cfg built against a pip-like torch 2.14; gloo refused by name; with gloo's headers given, trained on gloo"

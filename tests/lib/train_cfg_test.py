@@ -276,14 +276,29 @@ class TrainCfg(unittest.TestCase):
                            "checkpoint.persist_every applies to checkpoint.mode = \"memory\""),
                           ('fault.kill_in="flush"', "fault.kill_in 'flush': use \"step\""),
                           ('fault.kill_in="copy"', "fault.kill_in = \"copy\" or \"write\" needs"),
-                          ('checkpoint.mode="memory"', "use format = \"sharded\" with it")]:
+                          ('checkpoint.mode="memory"', "use format = \"sharded\" with it"),
+                          ('strategy.device="gpu"',
+                           "strategy.device 'gpu': use \"auto\" or \"cpu\" or \"cuda\""),
+                          ('strategy.backend="nccl"',
+                           "strategy.device = \"cpu\" with backend \"nccl\"")]:
             extra = ["--set", 'checkpoint.format="full"'] if "sharded" in says else []
             if bad == "checkpoint.persist_every=0":
                 extra = ["--set", 'checkpoint.mode="memory"']
+            if bad == 'strategy.backend="nccl"':
+                extra = ["--set", 'strategy.device="cpu"']
             p = subprocess.run([ARGS.train_cfg, FSDP, "--set", bad, *extra], capture_output=True,
                                text=True)
             self.assertEqual(p.returncode, 2, bad)
             self.assertIn(says, p.stderr)
+
+    def test_device_cuda_without_a_gpu_says_so_and_where_it_trains_otherwise(self):
+        # Debian's torch has no CUDA: "cuda" cannot be met, and says why
+        rc, out, err = train(2, self.ckpt("d"), 'strategy.device="cuda"', "train.steps=5")
+        self.assertNotEqual(rc, 0)
+        self.assertIn('strategy.device = "cuda", but no GPU is visible', err)
+        rc, out, err = train(2, self.ckpt("d"), 'strategy.device="cpu"', "train.steps=5")
+        self.assertEqual(rc, 0, err)
+        self.assertIn("training on cpu (backend gloo, 2 ranks)", out)
 
     def test_bad_config_exits_2_naming_the_key(self):
         rc, _, err = train(1, "train.stepz=3")
