@@ -25,7 +25,7 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 # DTRUN_BENCH_ONLY=store,launcher,... runs only those parts: store, store-load,
 # launcher, multinode, rdzv-sim, rdzv-scale, etcd, ddp, fsdp, interactive,
-# hang, status, straggler, checkpoint.
+# hang, status, straggler, checkpoint, auto, torch-versions.
 want() { [[ -z ${DTRUN_BENCH_ONLY:-} || ",$DTRUN_BENCH_ONLY," == *",$1,"* ]]; }
 
 torch2=${DTRUN_BENCH_TORCH2:-1}
@@ -238,4 +238,16 @@ if want status; then
   echo "== metrics scrapes, and train_cfg watched vs torchrun 1.13 (via torchrun_shim.py)"
   /usr/bin/python3 tests/bench/observe_bench.py --dtrun $b/apps/dtrun \
     --fake-worker $b/tests/apps/fake_worker --train-cfg $b/examples/train_cfg
+fi
+
+if want auto; then
+  echo
+  echo "== --nproc-per-node=auto under a 1-CPU quota: dtrun vs torchrun 1.13 (via torchrun_shim.py)"
+  /usr/bin/python3 tests/bench/auto_cgroup_bench.py --dtrun $b/apps/dtrun \
+    --train-cfg $b/examples/train_cfg --cpus 1 --reps 5
+fi
+if want torch-versions; then
+  echo
+  echo "== train_cfg on torch 1.13, 2.6 and 2.14 (scripts/test.sh's builds)"
+  /usr/bin/python3 tests/bench/lib_torch_versions_bench.py
 fi
