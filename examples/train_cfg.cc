@@ -226,6 +226,7 @@ int main(int argc, char** argv) {
   try {
     return dtrun::train::Train(config);
   } catch (const std::exception& e) {
+    // Train() wrote the launcher's error file (TORCHELASTIC_ERROR_FILE)
     std::fprintf(stderr, "train_cfg: %s\n", e.what());
     return 1;
   }

@@ -1,6 +1,8 @@
 #include "lib/dist_env.h"
 
+#include <cstdio>
 #include <cstdlib>
+#include <ctime>
 
 namespace dtrun::train {
 namespace {
@@ -59,6 +61,42 @@ Result<DistEnv> ReadDistEnv(const std::map<std::string, std::string>& env) {
   auto id = env.find("TORCHELASTIC_RUN_ID");
   d.run_id = id == env.end() ? "none" : id->second;  // torchrun's default
   return d;
+}
+
+namespace {
+
+std::string JsonString(const std::string& s) {
+  std::string out = "\"";
+  for (unsigned char c : s) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += static_cast<char>(c);
+    } else if (c == '\n') {
+      out += "\\n";
+    } else if (c < 0x20) {
+      char buf[8];
+      std::snprintf(buf, sizeof(buf), "\\u%04x", c);
+      out += buf;
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  return out + "\"";
+}
+
+}  // namespace
+
+bool WriteWorkerErrorFile(const std::string& path, const std::string& type,
+                          const std::string& message) {
+  if (path.empty()) return false;
+  std::FILE* f = std::fopen(path.c_str(), "w");
+  if (!f) return false;
+  const std::string json =
+      "{\"message\": {\"message\": " + JsonString(type + ": " + message) +
+      ", \"extraInfo\": {\"py_callstack\": \"\", \"timestamp\": \"" +
+      std::to_string(static_cast<long long>(std::time(nullptr))) + "\"}}}\n";
+  const bool ok = std::fwrite(json.data(), 1, json.size(), f) == json.size();
+  return std::fclose(f) == 0 && ok;
 }
 
 }  // namespace dtrun::train

@@ -24,4 +24,13 @@ struct DistEnv {
 // under dtrun/torchrun.
 Result<DistEnv> ReadDistEnv(const std::map<std::string, std::string>& env);
 
+// torchrun's worker error file (its @record format): `{"message":
+// {"message": "<type>: <message>", "extraInfo": {"py_callstack": "",
+// "timestamp": "<unix seconds>"}}}`, written to `path`, so that the
+// launcher's failure summary (dtrun's or torchrun's) shows why the worker
+// failed. A worker passes $TORCHELASTIC_ERROR_FILE; empty: nothing written.
+// Returns whether it was written.
+bool WriteWorkerErrorFile(const std::string& path, const std::string& type,
+                          const std::string& message);
+
 }  // namespace dtrun::train

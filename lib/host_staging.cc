@@ -66,9 +66,9 @@ torch::Tensor HostStaging::Copy(const torch::Tensor& t) {
   torch::Tensor& buf = impl_->buffers[k];
   if (!buf.defined() || buf.scalar_type() != src.scalar_type() ||
       buf.numel() != src.numel()) {
-    buf = torch::empty({src.numel()}, torch::TensorOptions()
-                                          .dtype(src.scalar_type())
-                                          .pinned_memory(true));
+    buf = torch::empty(
+        {src.numel()},
+        torch::TensorOptions().dtype(src.scalar_type()).pinned_memory(true));
   }
   {
     c10::StreamGuard on_side(impl_->side);

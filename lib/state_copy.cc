@@ -44,8 +44,7 @@ const torch::Tensor& Saved(const std::map<std::string, torch::Tensor>& parts,
   if (it->second.sizes() != live.sizes()) {
     throw Error("the checkpoint's '" + key + "' has shape " +
                 c10::str(it->second.sizes()) + ", this model's " +
-                c10::str(live.sizes()) +
-                ": it was saved from another model");
+                c10::str(live.sizes()) + ": it was saved from another model");
   }
   return it->second;
 }
@@ -89,8 +88,9 @@ void SetParamOptimizerState(torch::optim::Optimizer& opt,
       throw Error(kOptimizers);
     }
   } catch (const std::out_of_range&) {
-    throw Error("the checkpoint's optimizer state lacks a field this "
-                "optimizer keeps: it was saved with another optimizer.type");
+    throw Error(
+        "the checkpoint's optimizer state lacks a field this "
+        "optimizer keeps: it was saved with another optimizer.type");
   }
 }
 
@@ -132,10 +132,9 @@ void RestoreModelAndOptimizerState(
     for (auto it = parts.lower_bound(pre);
          it != parts.end() && it->first.rfind(pre, 0) == 0; ++it) {
       const std::string field = it->first.substr(pre.size());
-      state[field] = field == "step"
-                         ? it->second
-                         : torch::empty_like(params[i]).copy_(
-                               Saved(parts, it->first, params[i]));
+      state[field] = field == "step" ? it->second
+                                     : torch::empty_like(params[i]).copy_(
+                                           Saved(parts, it->first, params[i]));
     }
     SetParamOptimizerState(opt, params[i], std::move(state));
   }

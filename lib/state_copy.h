@@ -36,7 +36,8 @@ std::map<std::string, torch::Tensor> ModelAndOptimizerState(
     torch::nn::Module& model, torch::optim::Optimizer& opt,
     const TensorCopier& copy);
 // Whether `parts` hold such a checkpoint.
-bool HasModelAndOptimizerState(const std::map<std::string, torch::Tensor>& parts);
+bool HasModelAndOptimizerState(
+    const std::map<std::string, torch::Tensor>& parts);
 // Restores it into `model` (copied into its tensors, on their device) and
 // `opt`, whose parameters are model.parameters(). Throws Error naming the
 // first key missing or of another shape (a checkpoint of another model).

@@ -195,8 +195,9 @@ DeviceChoice ChooseDevice(const std::string& wanted, const std::string& backend,
   DeviceChoice d;
   if (backend == "nccl") {
     if (wanted == "cpu") {
-      d.error = "strategy.device = \"cpu\" with backend \"nccl\": NCCL "
-                "moves GPU tensors only; use backend \"gloo\" on the CPU";
+      d.error =
+          "strategy.device = \"cpu\" with backend \"nccl\": NCCL "
+          "moves GPU tensors only; use backend \"gloo\" on the CPU";
     } else if (local_rank >= visible_gpus) {
       d.error = "LOCAL_RANK " + std::to_string(local_rank) + " but only " +
                 std::to_string(visible_gpus) + " GPU(s) visible";

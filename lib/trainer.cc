@@ -252,6 +252,10 @@ class Trainer {
                      const std::string& step_header,
                      const std::function<void()>& halfway);
   void WaitForSave(int64_t due);
+  // "checkpoint at step N not saved: WHY. The newest checkpoint in DIR is
+  // ...": what a failed write says, so that a full or read-only disk is
+  // named with what still loads.
+  std::string NotSaved(int64_t step, const std::string& why) const;
   void Log(int64_t done, double lr);
   void Eval(int64_t done);
   void InjectFaults(const StepActions& actions, int64_t done);
@@ -284,6 +288,10 @@ class Trainer {
   // async checkpoints: the store connection of the saver's thread (made at
   // the first), and the saver, last so that it is joined first
   std::unique_ptr<rendezvous::TcpStoreClient> save_store_;
+  // memory mode: why the last background write's copy did not reach the
+  // disk (it is in memory); written by the saver's thread, read by the
+  // loop after it joined
+  std::string unpersisted_;
   AsyncSave saver_;
 };
 
@@ -571,9 +579,7 @@ void Trainer::Checkpoint(int64_t done, const StepActions& actions) {
   } else {
     if (rank_ == 0) {
       Status s = ckpt_->Write(done, EncodeTensors(job.file.ToTensors()));
-      if (!s.ok())
-        throw Error("checkpoint at step " + std::to_string(done) + ": " +
-                    s.message());
+      if (!s.ok()) throw Error(NotSaved(done, s.message()));
     }
     // nobody runs ahead of a checkpoint in progress
     dist_->pg().barrier()->wait();
@@ -596,9 +602,19 @@ void Trainer::WaitForSave(int64_t due) {
   const bool was_running = saver_.running();
   AsyncSave::Finished f = saver_.Wait();
   if (f.step < 0) return;
-  if (!f.status.ok()) {
-    throw Error("checkpoint at step " + std::to_string(f.step) +
-                " (written in the background): " + f.status.message());
+  if (!f.status.ok())
+    throw Error(NotSaved(f.step, f.status.message() + " (in the background)"));
+  if (!unpersisted_.empty()) {
+    const std::string why = std::move(unpersisted_);
+    unpersisted_.clear();
+    // The run's end (or a stop) must leave it on disk; until then the copy
+    // in this node's memory holds it, and the next persist retries.
+    if (due < 0) throw Error(NotSaved(f.step, why + " (kept in memory)"));
+    std::fprintf(stderr,
+                 "rank %d: checkpoint step %lld is in this node's memory but "
+                 "not on disk: %s; the next persist (checkpoint.persist_every) "
+                 "retries\n",
+                 rank_, (long long)f.step, why.c_str());
   }
   if (rank_ != 0) return;
   if (was_running) {
@@ -615,6 +631,21 @@ void Trainer::WaitForSave(int64_t due) {
   }
 }
 
+std::string Trainer::NotSaved(int64_t step, const std::string& why) const {
+  const std::vector<int64_t> steps = ckpt_->Steps();
+  std::string newest = "none";
+  for (int64_t s : steps) {
+    if (s < step) {
+      newest = "step " + std::to_string(s) + " (it still loads)";
+      break;
+    }
+  }
+  return "checkpoint at step " + std::to_string(step) + " not saved: " + why +
+         ". The newest checkpoint in " + ckpt_->dir() + " is " + newest +
+         "; free space there (or make it writable), or set checkpoint.dir to "
+         "another folder, then resume";
+}
+
 void Trainer::ReserveStaging() {
   if (!staging_.staged() || !ckpt_ ||
       c_.checkpoint_mode == CheckpointMode::kSync)
@@ -626,10 +657,10 @@ void Trainer::ReserveStaging() {
   staging_.End().Wait();
   staging_.Fence();
   if (rank_ == 0) {
-    std::printf("checkpoint buffers: %.1f MB of pinned host memory, made in "
-                "%.1f ms\n",
-                static_cast<double>(staging_.pinned_bytes()) / 1e6,
-                MsSince(start));
+    std::printf(
+        "checkpoint buffers: %.1f MB of pinned host memory, made in "
+        "%.1f ms\n",
+        static_cast<double>(staging_.pinned_bytes()) / 1e6, MsSince(start));
   }
 }
 
@@ -686,7 +717,10 @@ Status Trainer::WriteSave(SaveJob& job) {
       if (!s.ok()) return s;
     }
     if (!job.persist) return Status::Ok();
-    halfway = nullptr;
+    Status disk = WriteToDisk(job, shard_payload, shard_header, step_payload,
+                              step_header, nullptr);
+    if (!disk.ok()) unpersisted_ = disk.message();
+    return Status::Ok();
   }
   return WriteToDisk(job, shard_payload, shard_header, step_payload,
                      step_header, halfway);
@@ -711,12 +745,16 @@ Status Trainer::WriteToDisk(const SaveJob& job,
       if (written >= total / 2) halfway();
     };
   };
+  // A shard that could not be written is said too ("failed"), so that
+  // rank 0 does not wait for it.
   if (job.shard) {
     Status s =
         WriteCheckpointFile(ckpt_->ShardPath(job.step, rank_), shard_payload,
                             half(shard_payload.size()), shard_header);
-    if (s.ok()) s = save_store_->Set(key + std::to_string(rank_), "1");
+    Status said =
+        save_store_->Set(key + std::to_string(rank_), s.ok() ? "1" : "failed");
     if (!s.ok()) return s;
+    if (!said.ok()) return said;
   }
   if (rank_ != 0) return Status::Ok();
   if (job.shard) {
@@ -724,6 +762,14 @@ Status Trainer::WriteToDisk(const SaveJob& job,
     for (int r = 0; r < world_; ++r) keys.push_back(key + std::to_string(r));
     Status s = save_store_->Wait(keys, save_store_->timeout());
     if (!s.ok()) return s;
+    for (int r = 0; r < world_; ++r) {
+      Result<std::string> v = save_store_->Get(keys[static_cast<size_t>(r)]);
+      if (!v.ok()) return v.status();
+      if (*v != "1") {
+        return Status::Io("rank " + std::to_string(r) +
+                          " could not write its shard (its log says why)");
+      }
+    }
   }
   ckpt_->on_chunk = job.shard ? nullptr : half(step_payload.size());
   return ckpt_->Write(job.step, step_payload, step_header);
@@ -795,7 +841,19 @@ int Train(const TrainConfig& c) {
   ProcessGroupOptions popts;
   popts.backend = c.backend;
   Trainer trainer(c, Distributed::FromEnv(popts));
-  return trainer.Run();
+  try {
+    return trainer.Run();
+  } catch (const std::exception& e) {
+    // Before the unwinding closes the process group: the peers' errors
+    // (a closed connection) come after this one, in time and in the
+    // launcher's choice of the root cause.
+    const char* path = std::getenv("TORCHELASTIC_ERROR_FILE");
+    WriteWorkerErrorFile(path ? path : "",
+                         dynamic_cast<const Error*>(&e) ? "dtrun::train::Error"
+                                                        : "std::exception",
+                         e.what());
+    throw;
+  }
 }
 
 }  // namespace dtrun::train

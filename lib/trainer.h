@@ -129,7 +129,10 @@ std::string ValidateConfig(const TrainConfig& config);
 // checkpoint saved on N ranks resumes on any number of ranks. Rank 0 prints
 // progress lines and a last line
 //   done: steps=N loss=L eval_accuracy=A params_sha256=H
-// Returns the process exit code. Throws dtrun::train::Error on setup errors.
+// Returns the process exit code. Throws dtrun::train::Error on setup errors;
+// an error of the run itself is also written to $TORCHELASTIC_ERROR_FILE
+// (torchrun's format, dist_env.h) before the process group closes, so that
+// the launcher names this rank, not a peer that lost its connection.
 int Train(const TrainConfig& config);
 
 }  // namespace dtrun::train

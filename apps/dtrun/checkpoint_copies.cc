@@ -19,11 +19,9 @@ void CheckpointCopies::Join() {
   if (persist_.joinable()) persist_.join();
 }
 
-void CheckpointCopies::RemoveOrphans() {
-  for (const std::string& path : mc::RemoveOrphanedCopies()) {
-    Logger("dtrun.agent")
-        ->warn("removed {}: a checkpoint copy of a dtrun that is gone", path);
-  }
+void CheckpointCopies::PersistOrphans() {
+  for (const std::string& line : mc::PersistOrphanedCopies())
+    Logger("dtrun.agent")->warn("checkpoint copies in memory: {}", line);
 }
 
 void CheckpointCopies::AddEnv(EnvMap* env) const {
@@ -51,6 +49,8 @@ void CheckpointCopies::PersistInBackground(const std::string& why) {
     }
     for (const std::string& note : report.notes)
       log->warn("{}: checkpoint copy in memory: {}", why, note);
+    if (report.failed) failure_ = report.notes.front();
+    failed_.store(report.failed);
     if (!report.written.empty())
       log->info("{}: {} file(s) persisted in {:.0f} ms", why,
                 report.written.size(), ms);
@@ -63,6 +63,16 @@ void CheckpointCopies::PersistInBackground(const std::string& why) {
 // leaves its newest copies on disk before their segments go.
 void CheckpointCopies::Finish() {
   Join();
+  if (failed_.load()) {
+    Logger("dtrun.agent")
+        ->error(
+            "checkpoint copies in memory kept in /dev/shm ({}-*): they could "
+            "not be persisted ({}); the next dtrun on this node persists "
+            "them before its workers start, once the folder takes them",
+            prefix_, failure_);
+    mc::MarkKept(::getpid());
+    return;
+  }
   int removed = mc::RemoveMemoryCopies(prefix_);
   if (removed > 0) {
     Logger("dtrun.agent")

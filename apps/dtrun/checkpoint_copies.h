@@ -4,8 +4,10 @@
 // [checkpoint] mode = "memory"; the format is
 // rendezvous/util/memory_checkpoint.h). dtrun names them for its workers,
 // persists the newest to disk when the group stops after a failure, and
-// removes them when the job ends, however it ends; a dtrun that was killed
-// first leaves them to the next dtrun on the node, which removes them.
+// removes them when the job ends, however it ends, unless that persisting
+// failed (a full disk, a read-only or failing folder): then they stay, and
+// so does a killed dtrun's; the next dtrun on the node persists such
+// copies before its workers start and removes each once it is on disk.
 // Not thread-safe: the job's thread calls it; the persisting runs on a
 // thread of its own.
 
@@ -24,8 +26,9 @@ class CheckpointCopies {
   CheckpointCopies(const CheckpointCopies&) = delete;
   CheckpointCopies& operator=(const CheckpointCopies&) = delete;
 
-  // Removes the copies of dtrun processes that are gone, and says so.
-  void RemoveOrphans();
+  // Persists, then removes, the copies of dtrun processes that are gone
+  // (kept where persisting fails again), and says so.
+  void PersistOrphans();
   // Names this node's segments for a worker (DTRUN_CHECKPOINT_SHM).
   void AddEnv(EnvMap* env) const;
   // Writes the newest copies that are not on disk yet to their folders, on
@@ -33,7 +36,8 @@ class CheckpointCopies {
   // meanwhile: it reads the same segments, and writes its first copies
   // into the other slot of each rank. `why` goes in the log.
   void PersistInBackground(const std::string& why);
-  // Waits for the persisting, then removes every segment.
+  // Waits for the persisting, then removes every segment, unless the last
+  // persisting failed: then they stay, and the log says where and why.
   void Finish();
   const std::string& prefix() const { return prefix_; }
 
@@ -41,6 +45,8 @@ class CheckpointCopies {
   void Join();
   std::string prefix_;
   std::atomic<bool> running_{false};
+  std::atomic<bool> failed_{false};  // the last persisting's
+  std::string failure_;              // its first note, set before failed_
   std::thread persist_;
 };
 

@@ -5,6 +5,7 @@
 #include "apps/dtrun/error_report.h"
 
 #include <signal.h>
+#include <sys/stat.h>
 #include <string.h>
 
 #include <algorithm>
@@ -87,6 +88,23 @@ std::string Block(const WorkerFailure& f, size_t index,
 
 }  // namespace
 
+// torch writes whole seconds ("1764180000"), so two ranks that fail in the
+// same second tie, and the first detected (often the one that failed
+// second, its peer's exit seen as a closed connection) would be named.
+// The file's modification time, when it falls in that second, says which
+// file came first.
+namespace {
+void RefineWholeSecond(const std::string& path, double* timestamp) {
+  struct stat st;
+  if (*timestamp <= 0 ||
+      *timestamp != static_cast<double>(static_cast<int64_t>(*timestamp)) ||
+      ::stat(path.c_str(), &st) != 0 || st.st_mtim.tv_sec != *timestamp) {
+    return;
+  }
+  *timestamp += static_cast<double>(st.st_mtim.tv_nsec) * 1e-9;
+}
+}  // namespace
+
 void ReadErrorFile(const std::string& path, WorkerFailure* f) {
   // No file is the normal case for workers without @record: error_file stays
   // empty and the summary says <N/A>, as torchrun's does.
@@ -127,6 +145,7 @@ void ReadErrorFile(const std::string& path, WorkerFailure* f) {
   } else if (ts && ts->is_number()) {
     f->timestamp = ts->get<double>();
   }
+  RefineWholeSecond(path, &f->timestamp);
 }
 
 size_t RootCause(const std::vector<WorkerFailure>& failures) {

@@ -81,7 +81,7 @@ Status LocalGroup::Prepare(const std::string& run_id) {
   attempt_.signals_to_handle = config_.signals_to_handle;
   attempt_.virtual_local_rank = config_.virtual_local_rank;
   base_env_ = config_.environment;
-  copies_.RemoveOrphans();
+  copies_.PersistOrphans();
   copies_.AddEnv(&base_env_);
   if (config_.nproc_per_node > 1 && !base_env_.count("OMP_NUM_THREADS")) {
     Logger("dtrun.agent")
@@ -848,6 +848,25 @@ void LocalGroup::CheckProgress() {
   agent_.GiveUp();
 }
 
+// A worker that wrote its error file and was stopped with the group
+// before it exited (a peer that lost its connection to it exited first)
+// failed too, and earlier: its file's time decides the root cause.
+void LocalGroup::AddStoppedAfterError(std::vector<WorkerFailure>* failures) {
+  for (const auto& [local_rank, pid] : pids_) {
+    bool listed = false;
+    for (const WorkerFailure& f : *failures)
+      listed = listed || f.local_rank == local_rank;
+    if (listed) continue;
+    WorkerFailure f;
+    f.local_rank = local_rank;
+    f.rank = assignment_.base_rank + local_rank;
+    f.pid = pid;
+    f.exit_code = 1;
+    ReadErrorFile(ErrorFilePath(attempt_, local_rank), &f);
+    if (!f.error_file.empty()) failures->push_back(f);
+  }
+}
+
 // The failure summary of a failed attempt (hung ranks, a D-state worker,
 // failed exits with their error files), the root cause's error file for
 // --error-file, and the exit code that root cause maps to.
@@ -878,6 +897,7 @@ int LocalGroup::ReportFailure() {
       f.message = spawn_error_[e.local_rank];
     failures.push_back(f);
   }
+  AddStoppedAfterError(&failures);
   DTRUN_CHECK(!failures.empty()) << "a failed attempt with no failed worker";
   const std::string& program = config_.entrypoint[0];
   WriteAll(2, FormatFailureSummary(program.substr(program.rfind('/') + 1),

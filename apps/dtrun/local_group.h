@@ -138,6 +138,9 @@ class LocalGroup {
   void Finish(bool succeeded);
 
  private:
+  // ReportFailure(): the workers stopped with the group after they wrote
+  // their error file.
+  void AddStoppedAfterError(std::vector<WorkerFailure>* failures);
   void Apply(const std::vector<Action>& actions);
   void StartWorkers(int restart_count);
   WorkerSpec SpecFor(int local_rank, const std::string& attempt_dir);

@@ -204,6 +204,27 @@ bool Exists(const std::string& path) {
   return ::stat(path.c_str(), &st) == 0;
 }
 
+// "/dev/shm/dtrun-<pid>-kept": not a segment name ("dtrun-<pid>-ckpt-...").
+std::string KeptMarker(int pid) {
+  return std::string(kShmDir) + "/dtrun-" + std::to_string(pid) + "-kept";
+}
+
+// The largest N of the folder's "ckpt_<N>.dtck" files; -1 when none.
+int64_t NewestStepOnDisk(const std::string& dir) {
+  int64_t newest = -1;
+  DIR* d = ::opendir(dir.c_str());
+  if (!d) return newest;
+  while (const dirent* e = ::readdir(d)) {
+    long long step = 0;
+    int used = 0;
+    if (std::sscanf(e->d_name, "ckpt_%lld.dtck%n", &step, &used) == 1 &&
+        e->d_name[used] == '\0')
+      newest = std::max<int64_t>(newest, step);
+  }
+  ::closedir(d);
+  return newest;
+}
+
 // The folder's entries made durable. Best effort, as for the trainer's own
 // writes: the files are whole either way.
 void SyncFolder(const std::string& dir) {
@@ -265,6 +286,7 @@ void PersistStep(const std::vector<const MemoryCopy*>& copies,
   Status made = os::MakeDirs(copies.front()->dir);
   if (!made.ok()) {
     report->notes.push_back(copies.front()->dir + ": " + made.message());
+    report->failed = true;
     return;
   }
   const MemoryCopy* step_file_copy = nullptr;
@@ -279,10 +301,12 @@ void PersistStep(const std::vector<const MemoryCopy*>& copies,
       const std::string path = c->dir + "/" + f.name;
       if (Exists(path)) continue;
       Status s = PersistFile(*c, f);
-      if (s.ok())
+      if (s.ok()) {
         report->written.push_back(path);
-      else
+      } else {
         report->notes.push_back(path + ": " + s.message());
+        report->failed = true;
+      }
     }
   }
   if (!step_file) return;
@@ -299,10 +323,12 @@ void PersistStep(const std::vector<const MemoryCopy*>& copies,
   }
   SyncFolder(c.dir);  // the shards' names before the step's file names them
   Status s = PersistFile(c, *step_file);
-  if (s.ok())
+  if (s.ok()) {
     report->written.push_back(path);
-  else
+  } else {
     report->notes.push_back(path + ": " + s.message());
+    report->failed = true;
+  }
 }
 
 }  // namespace
@@ -425,7 +451,7 @@ Result<std::string> ReadMemoryFile(const MemoryCopy& copy,
 // on disk already or superseded. Copies of several folders can share a
 // node (two jobs' workers never share a prefix, but one job's ranks may
 // be pointed at different folders); each folder is persisted on its own.
-PersistReport PersistMemoryCopies(const std::string& prefix) {
+PersistReport PersistMemoryCopies(const std::string& prefix, bool only_newer) {
   PersistReport report;
   std::map<std::string, std::vector<const MemoryCopy*>> newest;  // by folder
   const std::vector<MemoryCopy> copies = ScanMemoryCopies(prefix);
@@ -433,7 +459,17 @@ PersistReport PersistMemoryCopies(const std::string& prefix) {
     auto& list = newest[c.dir];
     if (list.empty() || list.front()->step == c.step) list.push_back(&c);
   }
-  for (const auto& [dir, list] : newest) PersistStep(list, &report);
+  for (const auto& [dir, list] : newest) {
+    const int64_t on_disk = only_newer ? NewestStepOnDisk(dir) : -1;
+    if (on_disk >= list.front()->step) {
+      report.notes.push_back(dir + ": step " +
+                             std::to_string(list.front()->step) +
+                             " not persisted, superseded by step " +
+                             std::to_string(on_disk) + " on disk");
+      continue;
+    }
+    PersistStep(list, &report);
+  }
   return report;
 }
 
@@ -445,11 +481,13 @@ int RemoveMemoryCopies(const std::string& prefix) {
   return removed;
 }
 
-// "dtrun-<pid>-ckpt-...": the pid's process is gone (kill(pid, 0) finds
-// none). A live process of that pid that is not dtrun keeps them: a rare
-// leak, never a removal under a running job.
-std::vector<std::string> RemoveOrphanedCopies() {
-  std::vector<std::string> removed;
+namespace {
+
+// The pids of "dtrun-<pid>-ckpt-..." segments whose process is gone
+// (kill(pid, 0) finds none). A live process of that pid that is not dtrun
+// keeps them: a rare leak, never a removal under a running job.
+std::set<long long> OrphanPids() {
+  std::set<long long> pids;
   for (const std::string& name : SegmentNames("dtrun-")) {
     long long pid = 0;
     int used = 0;
@@ -458,8 +496,63 @@ std::vector<std::string> RemoveOrphanedCopies() {
       continue;
     }
     if (::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;
-    const std::string path = std::string(kShmDir) + "/" + name;
-    if (::unlink(path.c_str()) == 0) removed.push_back(path);
+    pids.insert(pid);
+  }
+  return pids;
+}
+
+}  // namespace
+
+void MarkKept(int pid) {
+  const int fd =
+      ::open(KeptMarker(pid).c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
+  if (fd >= 0) ::close(fd);
+}
+
+std::vector<std::string> PersistOrphanedCopies() {
+  std::vector<std::string> lines;
+  for (long long pid : OrphanPids()) {
+    const std::string prefix = PrefixOf(static_cast<int>(pid));
+    const std::string marker = KeptMarker(static_cast<int>(pid));
+    if (!Exists(marker)) {
+      for (const std::string& name : SegmentNames(prefix + "-")) {
+        const std::string path = std::string(kShmDir) + "/" + name;
+        if (::unlink(path.c_str()) == 0)
+          lines.push_back("removed " + path +
+                          ": a checkpoint copy of a dtrun that is gone");
+      }
+      continue;
+    }
+    PersistReport report = PersistMemoryCopies(prefix, /*only_newer=*/true);
+    for (const std::string& path : report.written)
+      lines.push_back("persisted " + path + " from the copy of dtrun " +
+                      std::to_string(pid) + ", which is gone");
+    if (report.failed) {
+      for (const std::string& note : report.notes)
+        lines.push_back("kept the copy of dtrun " + std::to_string(pid) +
+                        " in " + kShmDir + ": " + note);
+      continue;
+    }
+    for (const std::string& note : report.notes)
+      lines.push_back("the copy of dtrun " + std::to_string(pid) + ": " + note);
+    const int removed = RemoveMemoryCopies(prefix);
+    ::unlink(marker.c_str());
+    if (removed > 0)
+      lines.push_back("removed " + std::to_string(removed) +
+                      " checkpoint copies of dtrun " + std::to_string(pid) +
+                      ", which is gone");
+  }
+  return lines;
+}
+
+std::vector<std::string> RemoveOrphanedCopies() {
+  std::vector<std::string> removed;
+  for (long long pid : OrphanPids()) {
+    const std::string prefix = PrefixOf(static_cast<int>(pid)) + "-";
+    for (const std::string& name : SegmentNames(prefix)) {
+      const std::string path = std::string(kShmDir) + "/" + name;
+      if (::unlink(path.c_str()) == 0) removed.push_back(path);
+    }
   }
   return removed;
 }

@@ -102,15 +102,34 @@ Result<std::string> ReadMemoryFile(const MemoryCopy& copy,
 struct PersistReport {
   std::vector<std::string> written;  // paths made durable
   std::vector<std::string> notes;    // what was not, and why
+  // Whether a file this node held could not be written (a full disk, a
+  // read-only or failing folder): its copy must be kept. A shard that
+  // another node held is a note only.
+  bool failed = false;
 };
 // For each folder named by a copy of `prefix`: writes the newest step's
 // files that are not yet there (shards first, then the step's file once
 // all its shards are), each to a temporary name, fsynced, renamed, the
-// folder fsynced. Existing files are left alone.
-PersistReport PersistMemoryCopies(const std::string& prefix);
+// folder fsynced. Existing files are left alone. `only_newer`: a folder
+// whose newest step file on disk is the copies' step or later is left as
+// it is (the copies are superseded; a note says so).
+PersistReport PersistMemoryCopies(const std::string& prefix,
+                                  bool only_newer = false);
+
+// Marks the copies of dtrun `pid` as kept on purpose (their persisting
+// failed), for PersistOrphanedCopies: a /dev/shm file of its own.
+void MarkKept(int pid);
 
 // Removes every segment of `prefix`; returns how many.
 int RemoveMemoryCopies(const std::string& prefix);
+// The copies of dtrun processes that are gone. Those kept on purpose
+// (MarkKept) are persisted where they are newer than their folder's
+// newest step, and removed once nothing of them failed to persist (one
+// still failing stays for the next dtrun); those of a dtrun killed before
+// it removed them are removed, unpersisted: its job went on without them,
+// and a node killed whole loses its memory anyway. Returns what was done,
+// one line each.
+std::vector<std::string> PersistOrphanedCopies();
 // Removes the segments of dtrun processes that are gone (killed before
 // they could remove them); returns their paths.
 std::vector<std::string> RemoveOrphanedCopies();

@@ -1,0 +1,139 @@
+"""Full and read-only checkpoint folders, under the real dtrun: a tmpfs of a
+size that holds one checkpoint file and a half, and a read-only bind mount.
+A write that cannot be made names the folder, the error and the newest
+checkpoint that still loads, and that one does load; in memory mode a
+persist that fails keeps the copy in memory, the run goes on, and at the
+end dtrun keeps the copies in /dev/shm; the next dtrun on the node
+persists them once the folder has room, and resumes from them. Needs root
+(mounts)."""
+import argparse
+import glob
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import unittest
+
+p = argparse.ArgumentParser()
+p.add_argument("--dtrun", required=True)
+p.add_argument("--train-cfg", required=True)
+ARGS, REST = p.parse_known_args()
+HERE = os.path.dirname(os.path.abspath(__file__))
+CONFIGS = os.path.join(HERE, "..", "..", "examples", "configs")
+DDP = os.path.join(CONFIGS, "digits_ddp.toml")
+FSDP = os.path.join(CONFIGS, "digits_fsdp.toml")
+DONE = re.compile(r"done: steps=(\d+) ")
+
+
+def train(ckpt, *sets, config=DDP, restarts=0):
+    cmd = [ARGS.dtrun, "--nproc-per-node=2", f"--max-restarts={restarts}", ARGS.train_cfg,
+           config, "--set", f'checkpoint.dir="{ckpt}"', "--set", "train.eval_every=0"]
+    for s in sets:
+        cmd += ["--set", s]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    return p.returncode, p.stdout, p.stderr
+
+
+def file_size(config):
+    with tempfile.TemporaryDirectory() as d:
+        rc, _, err = train(d, "train.steps=5", "checkpoint.every=5", config=config)
+        assert rc == 0, err
+        return os.path.getsize(os.path.join(d, "ckpt_000000000005.dtck"))
+
+
+class DiskFailure(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp(prefix="dtrun-disk-test-")
+        self.mounts = []
+
+    def tearDown(self):
+        for m in reversed(self.mounts):
+            subprocess.run(["umount", m], check=False)
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def small_tmpfs(self, name, size):
+        path = os.path.join(self.tmp, name)
+        os.makedirs(path)
+        subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", path], check=True)
+        self.mounts.append(path)
+        return path
+
+    def assert_loads(self, folder, step, config=DDP):
+        """A copy of `folder` resumes from `step`."""
+        copy = os.path.join(self.tmp, f"copy-{len(os.listdir(self.tmp))}")
+        shutil.copytree(folder, copy)
+        rc, out, err = train(copy, f"train.steps={step}", config=config)
+        self.assertEqual(rc, 0, err)
+        self.assertIn(f"at step {step} ", out)
+
+    def test_full_disk_sync_and_async_say_what_still_loads(self):
+        size = file_size(DDP)
+        for mode in ["sync", "async"]:
+            with self.subTest(mode=mode):
+                d = self.small_tmpfs(f"full-{mode}", int(size * 1.5))
+                rc, out, err = train(d, "train.steps=20", "checkpoint.every=5",
+                                     f'checkpoint.mode="{mode}"')
+                self.assertNotEqual(rc, 0, out)
+                self.assertIn("checkpoint at step 10 not saved:", err)
+                self.assertIn("No space left on device", err)
+                self.assertIn(f"The newest checkpoint in {d} is step 5 (it still loads)", err)
+                # the worker's error file: dtrun's summary says it too
+                self.assertIn("traceback : dtrun::train::Error: checkpoint at step 10 not saved",
+                              err)
+                self.assertEqual(sorted(os.listdir(d)), ["ckpt_000000000005.dtck"])
+                self.assert_loads(d, 5)
+
+    def test_fsdp_shard_that_cannot_be_written_is_not_waited_for(self):
+        size = file_size(FSDP)  # the step's file; each shard is about half
+        d = self.small_tmpfs("full-fsdp", int(size * 1.6))
+        rc, out, err = train(d, "train.steps=20", "checkpoint.every=5",
+                             'checkpoint.mode="async"', config=FSDP)
+        self.assertNotEqual(rc, 0, out)
+        self.assertIn("not saved:", err)
+        self.assertIn("No space left on device", err)
+
+    def test_read_only_folder(self):
+        d = os.path.join(self.tmp, "ro")
+        rc, out, err = train(d, "train.steps=5", "checkpoint.every=5")
+        self.assertEqual(rc, 0, err)
+        subprocess.run(["mount", "--bind", d, d], check=True)
+        self.mounts.append(d)
+        subprocess.run(["mount", "-o", "remount,ro,bind", d], check=True)
+        rc, out, err = train(d, "train.steps=20", "checkpoint.every=5")
+        self.assertNotEqual(rc, 0, out)
+        self.assertIn("resumed from", out)
+        self.assertIn("checkpoint at step 10 not saved:", err)
+        self.assertIn("Read-only file system", err)
+        self.assertIn("is step 5 (it still loads)", err)
+
+    def test_memory_copies_kept_until_a_persist_succeeds(self):
+        size = file_size(DDP)
+        d = self.small_tmpfs("full-memory", int(size * 1.5))
+        before = set(glob.glob("/dev/shm/dtrun-*-ckpt-*"))
+        # persisted at 10 (fits), 20 (full: kept in memory, the run goes
+        # on) and 30, the end (full: the run fails, dtrun keeps the copies)
+        sets = ["train.steps=30", "checkpoint.every=5", 'checkpoint.mode="memory"',
+                "checkpoint.persist_every=2"]
+        rc, out, err = train(d, *sets)
+        self.assertNotEqual(rc, 0, out)
+        self.assertRegex(err, r"checkpoint step 20 is in this node's memory but not on disk: "
+                              r".*No space left on device")
+        self.assertIn("checkpoint at step 30 not saved:", err)
+        self.assertIn("kept in /dev/shm", err)
+        kept = set(glob.glob("/dev/shm/dtrun-*-ckpt-*")) - before
+        self.assertTrue(kept, err)
+        self.assertEqual(sorted(os.listdir(d)), ["ckpt_000000000010.dtck"])
+        # room again: the next dtrun persists step 30 first and resumes there
+        subprocess.run(["mount", "-o", f"remount,size={size * 4}", d], check=True)
+        rc, out, err = train(d, *sets)
+        self.assertEqual(rc, 0, err)
+        self.assertRegex(err, r"persisted \S*ckpt_000000000030\.dtck from the copy of dtrun \d+")
+        self.assertIn("at step 30 ", out)
+        self.assertEqual(DONE.search(out).group(1), "30")
+        self.assertFalse(kept & set(glob.glob("/dev/shm/dtrun-*-ckpt-*")))
+
+
+if __name__ == "__main__":
+    unittest.main(argv=[sys.argv[0]] + REST, verbosity=2)
