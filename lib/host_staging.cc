@@ -12,6 +12,10 @@
 
 namespace dtrun::train {
 
+// The streams and buffers behind HostStaging. The side stream is one of
+// torch's pooled streams of the device, so that the copies neither wait
+// for nor hold up the loop's kernels; the loop's stream is remembered at
+// Begin() because Fence() must make that very stream wait.
 struct HostStaging::Impl {
   explicit Impl(torch::Device device)
       : guard(device.type()),
@@ -56,6 +60,10 @@ void HostStaging::Begin() {
   impl_->side.wait(begun);
 }
 
+// A buffer is kept from one checkpoint to the next when its tensor has the
+// same dtype and size (the usual case: the state's shapes do not change),
+// so that pinning memory, which takes hundreds of milliseconds for
+// hundreds of megabytes, happens once.
 torch::Tensor HostStaging::Copy(const torch::Tensor& t) {
   if (!impl_ || !t.defined() || t.device().is_cpu())
     return t.defined() ? t.detach().clone() : t;

@@ -94,6 +94,9 @@ void SetParamOptimizerState(torch::optim::Optimizer& opt,
   }
 }
 
+// The optimizer's state is keyed by the parameter's index in
+// model.parameters(), not by the address torch's own archive keys it by:
+// an index means the same parameter in any process and any libtorch.
 std::map<std::string, torch::Tensor> ModelAndOptimizerState(
     torch::nn::Module& model, torch::optim::Optimizer& opt,
     const TensorCopier& copy) {

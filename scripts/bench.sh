@@ -25,7 +25,7 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 # DTRUN_BENCH_ONLY=store,launcher,... runs only those parts: store, store-load,
 # launcher, multinode, rdzv-sim, rdzv-scale, etcd, ddp, fsdp, interactive,
-# hang, status, straggler, checkpoint, auto, torch-versions.
+# hang, status, straggler, checkpoint, auto, torch-versions, wheel, fuzz.
 want() { [[ -z ${DTRUN_BENCH_ONLY:-} || ",$DTRUN_BENCH_ONLY," == *",$1,"* ]]; }
 
 torch2=${DTRUN_BENCH_TORCH2:-1}
@@ -250,4 +250,21 @@ if want torch-versions; then
   echo
   echo "== train_cfg on torch 1.13, 2.6 and 2.14 (scripts/test.sh's builds)"
   /usr/bin/python3 tests/bench/lib_torch_versions_bench.py
+fi
+if want wheel; then
+  echo
+  echo "== dtrun from the build tree, from the wheel, and as python -m dtrun"
+  /usr/bin/python3 tests/bench/wheel_launch_bench.py --build $b
+fi
+if want fuzz; then
+  echo
+  echo "== the parsers of outside bytes fuzzed, 10^6 inputs (ASan + UBSan)"
+  cmake -S . -B build-fuzz -G Ninja -DDTRUN_FUZZ=ON -DDTRUN_WITH_TORCH=OFF \
+    -DDTRUN_BUILD_TESTS=ON >/dev/null
+  ninja -C build-fuzz parsers_fuzz_build >/dev/null
+  rm -rf "$tmp/parsers_corpus" && cp -r tests/fuzz/parser_seeds "$tmp/parsers_corpus"
+  start=$(date +%s.%N)
+  build-fuzz/tests/fuzz/parsers_fuzzer -runs=1000000 -max_len=4096 \
+    -artifact_prefix="$tmp/" "$tmp/parsers_corpus" 2>&1 | grep -E "^Done|ERROR|SUMMARY"
+  awk -v s="$start" -v e="$(date +%s.%N)" 'BEGIN { printf "%.1f s\n", e - s }'
 fi

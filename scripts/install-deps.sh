@@ -26,7 +26,7 @@ test_packages=(
   iproute2 procps util-linux
   help2man dpkg-dev debootstrap universal-ctags
   hwloc
-  prometheus
+  prometheus prometheus-node-exporter
   etcd-server etcd-client python3-etcd
   slurmctld slurmd slurm-client munge
 )

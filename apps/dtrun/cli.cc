@@ -235,6 +235,11 @@ void AddLoggingFlags(CLI::App& app, LaunchConfig& c, RawFlags& raw) {
        logs);
   Flag(app, "--duplicate-stderr-filters", raw.duplicate_stderr_filters,
        "the same for stderr, into filtered_stderr.log", logs);
+  Flag(app, "--metrics-textfile", c.metrics_textfile,
+       "at exit, write the run's outcome (torchrun's success/failure with "
+       "and without retries, counted over this node's runs) to PATH in "
+       "Prometheus's text format, for node_exporter's textfile collector",
+       logs);
   Flag(app, "--event-log-handler", c.event_log_handler,
        "where the agent's events go: null (default), console (stderr) or "
        "file:PATH (JSON lines in torch's event schema)",

@@ -120,6 +120,9 @@ struct LaunchConfig {
   // --event-log-handler: "null", "console" (stderr) or "file:PATH" (JSON
   // lines in torch's event schema).
   std::string event_log_handler = "null";
+  // --metrics-textfile: the run's outcome, for node_exporter's textfile
+  // collector (outcome_metrics.h); empty: none.
+  std::string metrics_textfile;
 
   // dtrun's environment as it started, read once by ParseCommandLine. The
   // workers inherit it (under torchrun's variables); an interactive session

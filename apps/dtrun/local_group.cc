@@ -15,6 +15,7 @@
 #include <cstdlib>
 
 #include "apps/dtrun/events.h"
+#include "apps/dtrun/outcome_metrics.h"
 #include "apps/dtrun/exit_code.h"
 #include "apps/dtrun/numa_binding.h"
 #include "rendezvous/util/check.h"
@@ -1007,6 +1008,22 @@ void LocalGroup::RecordEvents(bool succeeded) {
   WriteEvent(config_.event_log_handler, EventJson(e));
 }
 
+// How the run ended, as torchrun counts runs: an event, and
+// --metrics-textfile for node_exporter.
+void LocalGroup::RecordOutcome(bool succeeded) {
+  RunOutcome o;
+  o.run_id = attempt_.run_id;
+  o.succeeded = succeeded;
+  o.restarts = attempt_.restart_count;
+  o.start = started_at_;
+  o.end = os::UnixNow();
+  if (config_.event_log_handler != "null")
+    WriteEvent(config_.event_log_handler, RunOutcomeEventJson(o));
+  if (config_.metrics_textfile.empty()) return;
+  Status s = WriteOutcomeTextfile(config_.metrics_textfile, o);
+  if (!s.ok()) Logger("dtrun.agent")->error("{}", s.message());
+}
+
 // The run's recoveries, one row each, at the end (the log lines came one by
 // one, mixed with the workers' output).
 void LocalGroup::SummarizeRecoveries() const {
@@ -1038,6 +1055,7 @@ void LocalGroup::Finish(bool succeeded) {
   // dtrun alive: forward what is there for up to a second, then close.
   workers_->Drain(milliseconds(1000));
   RecordEvents(succeeded);
+  RecordOutcome(succeeded);
   WriteReport(succeeded);
   // A temporary folder goes, unless it holds the filtered copies asked for.
   bool keep = !config_.duplicate_stdout_filters.empty() ||

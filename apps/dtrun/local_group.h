@@ -151,6 +151,7 @@ class LocalGroup {
   void PublishCrash(const WorkerExit& e, const std::string& how);
   // --event-log-handler: one event per worker of the last attempt and one
   // for the job, in torch's schema.
+  void RecordOutcome(bool succeeded);
   void RecordEvents(bool succeeded);
   // TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT: looks at each worker's
   // /proc state once a second; one in D state that long ends the group.

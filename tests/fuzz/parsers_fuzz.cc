@@ -1,15 +1,21 @@
 // libFuzzer target for the launcher's small parsers of outside bytes: an
 // HTTP request's head (the metrics and health server), a worker's beat
-// line and /proc's schedstat text (the straggler scores). Each must accept
-// any bytes without crashing, reading past its input, or growing without
-// bound, and answer within its contract.
+// line and /proc's schedstat text (the straggler scores), --rdzv-conf, and
+// train_cfg's TOML config with a --set override (the input's first line).
+// Each must accept any bytes without crashing, reading past its input, or
+// growing without bound, and answer within its contract.
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
 #include <string>
 
+#include <vector>
+
 #include "apps/dtrun/http_request.h"
+#include "apps/dtrun/rdzv_config.h"
 #include "apps/dtrun/straggler.h"
+#include "examples/train_cfg_config.h"
+#include "lib/trainer.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string bytes(reinterpret_cast<const char*>(data), size);
@@ -22,5 +28,27 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (dtrun::agent::ParseBeatCompute(bytes) < -1) std::abort();
   if (dtrun::agent::ParseBeatTotal(bytes) < 0) std::abort();
   if (dtrun::agent::ParseSchedstatWait(bytes) < -1) std::abort();
+
+  // --rdzv-conf: a config or a message naming what is wrong
+  auto conf = dtrun::agent::ParseRdzvConf(bytes);
+  if (conf.ok()) {
+    if (conf->keep_alive_max_attempt < 1 || conf->join_timeout.count() < 0 ||
+        conf->last_call_timeout.count() < 0 ||
+        conf->keep_alive_interval.count() <= 0)
+      std::abort();
+  } else if (conf.status().message().empty()) {
+    std::abort();
+  }
+
+  // train_cfg: what it accepts passes ValidateConfig; what it refuses says why
+  const size_t nl = bytes.find('\n');
+  std::vector<std::string> sets;
+  if (nl != std::string::npos) sets.push_back(bytes.substr(0, nl));
+  dtrun::train::TrainConfig c;
+  const std::string err = dtrun::examples::ReadTrainConfig(
+      nl == std::string::npos ? bytes : bytes.substr(nl + 1), "fuzz.toml", sets,
+      &c);
+  if (err.empty() ? !dtrun::train::ValidateConfig(c).empty() : err.size() < 4)
+    std::abort();
   return 0;
 }

@@ -139,6 +139,42 @@ class MetricsTest(unittest.TestCase):
         self.assertRegex(first + second, r'dtrun_store_requests_total\{run_id="metrics2",'
                                          r'store="rendezvous"\} [1-9]')
 
+    def test_outcome_textfile_counts_runs_for_node_exporter(self):
+        """--metrics-textfile: torchrun's run outcomes counted over this
+        node's runs, checked by promtool and served by a real node_exporter's
+        textfile collector."""
+        folder = os.path.join(self.tmp.name, "textfile")
+        os.makedirs(folder)
+        path = os.path.join(folder, "dtrun.prom")
+        for program, restarts in (("/bin/true", 0), ("/bin/false", 1), ("/bin/true", 0)):
+            subprocess.run([ARGS.dtrun, "--no-python", "--nproc-per-node=1",
+                            f"--max-restarts={restarts}", f"--metrics-textfile={path}",
+                            "--log-level=error", program], capture_output=True, timeout=60)
+        with open(path) as f:
+            text = f.read()
+        self.assertIn('dtrun_runs_total{outcome="success",retries="no_retries"} 2\n', text)
+        self.assertIn('dtrun_runs_total{outcome="failure",retries="with_retries"} 1\n', text)
+        self.assertIn('dtrun_runs_total{outcome="failure",retries="no_retries"} 0\n', text)
+        self.assertRegex(text, r'dtrun_last_run_success\{run_id="[^"]+"\} 1\n')
+        self.assertEqual(os.listdir(folder), ["dtrun.prom"])  # no temporary left
+        promtool = shutil.which("promtool")
+        if promtool:
+            check = subprocess.run([promtool, "check", "metrics"], input=text,
+                                   capture_output=True, text=True)
+            self.assertEqual(check.returncode, 0, check.stdout + check.stderr)
+        exporter = shutil.which("prometheus-node-exporter")
+        if not exporter:
+            self.skipTest("no prometheus-node-exporter")
+        port = free_port()
+        self.start([exporter, f"--web.listen-address=127.0.0.1:{port}",
+                    "--collector.disable-defaults", "--collector.textfile",
+                    f"--collector.textfile.directory={folder}"])
+        scraped = self.wait_for("dtrun_runs_total from node_exporter", lambda: (
+            lambda r: r[0] == 200 and "dtrun_runs_total" in r[1] and r[1])(
+                get(f"http://127.0.0.1:{port}/metrics")))
+        self.assertIn('dtrun_runs_total{outcome="failure",retries="with_retries"} 1', scraped)
+        self.assertIn('\nnode_textfile_scrape_error 0\n', scraped)
+
     @unittest.skipUnless(shutil.which("prometheus"), "needs the prometheus server")
     def test_a_real_prometheus_scrapes_a_two_node_job(self):
         ports, web = self.two_nodes(), free_port()

@@ -304,6 +304,13 @@ class TrainCfg(unittest.TestCase):
         rc, _, err = train(1, "train.stepz=3")
         self.assertNotEqual(rc, 0)
         self.assertIn("unknown key 'train.stepz'", err)
+        # beyond ASCII (toml++ 3.3 mis-reads some such bytes): refused, line named
+        bad = os.path.join(self.tmp.name, "bad.toml")
+        with open(bad, "w", encoding="utf-8") as f:
+            f.write('[model]\ntype = "mlp"\n[train]\nsteps = 3 \u0361\n')
+        p = subprocess.run([ARGS.train_cfg, bad], capture_output=True, text=True)
+        self.assertEqual(p.returncode, 2)
+        self.assertIn("bad.toml line 4: a character beyond ASCII", p.stderr)
         p = subprocess.run([ARGS.train_cfg, "/nonexistent.toml"], capture_output=True, text=True)
         self.assertEqual(p.returncode, 2)
         self.assertIn("/nonexistent.toml", p.stderr)
