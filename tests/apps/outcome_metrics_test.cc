@@ -16,22 +16,25 @@ RunOutcome Outcome(bool succeeded, int restarts) {
   return o;
 }
 
+// The sample line of dtrun_runs_total{outcome, retries} with count n.
+std::string Runs(const char* outcome, const char* retries, int n) {
+  return std::string("dtrun_runs_total{outcome=\"") + outcome +
+         "\",retries=\"" + retries + "\"} " + std::to_string(n) + "\n";
+}
+
+bool Has(const std::string& text, const std::string& line) {
+  return text.find(line) != std::string::npos;
+}
+
 TEST(OutcomeMetricsTest, EverySeriesFromTheFirstRunAndTheRunCounted) {
   const std::string text = OutcomeTextfile(Outcome(true, 0), "");
-  EXPECT_NE(text.find("# TYPE dtrun_runs_total counter\n"), std::string::npos);
-  EXPECT_NE(
-      text.find(
-          "dtrun_runs_total{outcome=\"success\",retries=\"no_retries\"} 1\n"),
-      std::string::npos);
-  EXPECT_NE(
-      text.find(
-          "dtrun_runs_total{outcome=\"failure\",retries=\"with_retries\"} 0\n"),
-      std::string::npos);
-  EXPECT_NE(text.find("dtrun_last_run_success{run_id=\"job\\\"1\"} 1\n"),
-            std::string::npos);
-  EXPECT_NE(text.find("dtrun_last_run_end_timestamp_seconds{run_id="
-                      "\"job\\\"1\"} 1012.250\n"),
-            std::string::npos);
+  EXPECT_TRUE(Has(text, "# TYPE dtrun_runs_total counter\n"));
+  EXPECT_TRUE(Has(text, Runs("success", "no_retries", 1))) << text;
+  EXPECT_TRUE(Has(text, Runs("failure", "with_retries", 0))) << text;
+  EXPECT_TRUE(Has(text, "dtrun_last_run_success{run_id=\"job\\\"1\"} 1\n"));
+  EXPECT_TRUE(Has(text,
+                  "dtrun_last_run_end_timestamp_seconds{run_id=\"job\\\"1\"} "
+                  "1012.250\n"));
 }
 
 TEST(OutcomeMetricsTest, CountsCarryOnFromThePreviousTextAndGarbageIsDropped) {
@@ -39,17 +42,10 @@ TEST(OutcomeMetricsTest, CountsCarryOnFromThePreviousTextAndGarbageIsDropped) {
   text = OutcomeTextfile(Outcome(false, 2),
                          text + "dtrun_runs_total{oops 9\nnot a metric\n");
   text = OutcomeTextfile(Outcome(false, 1), text);
-  EXPECT_NE(
-      text.find(
-          "dtrun_runs_total{outcome=\"success\",retries=\"no_retries\"} 1\n"),
-      std::string::npos);
-  EXPECT_NE(
-      text.find(
-          "dtrun_runs_total{outcome=\"failure\",retries=\"with_retries\"} 2\n"),
-      std::string::npos);
-  EXPECT_EQ(text.find("oops"), std::string::npos);
-  EXPECT_NE(text.find("dtrun_last_run_restarts{run_id=\"job\\\"1\"} 1\n"),
-            std::string::npos);
+  EXPECT_TRUE(Has(text, Runs("success", "no_retries", 1))) << text;
+  EXPECT_TRUE(Has(text, Runs("failure", "with_retries", 2))) << text;
+  EXPECT_FALSE(Has(text, "oops"));
+  EXPECT_TRUE(Has(text, "dtrun_last_run_restarts{run_id=\"job\\\"1\"} 1\n"));
 }
 
 TEST(OutcomeMetricsTest, TheEventSaysTorchrunsOutcome) {
