@@ -11,7 +11,10 @@
 
 #include <asio.hpp>
 #include <asio/ssl.hpp>
+#include <condition_variable>
 #include <fstream>
+#include <memory>
+#include <mutex>
 #include <optional>
 #include <random>
 #include <thread>
@@ -128,13 +131,8 @@ class EtcdClient::Connection {
   // Resolves, connects and, for TLS, shakes hands verifying the member's
   // certificate against the host name or address it was named by.
   asio::error_code Open(TimePoint deadline) {
-    asio::error_code ec;
     asio::ip::tcp::resolver::results_type found;
-    {
-      std::lock_guard<std::mutex> lock(io_mu_);
-      asio::ip::tcp::resolver resolver(io_);
-      found = resolver.resolve(host_, std::to_string(port_), ec);
-    }
+    asio::error_code ec = Resolve(deadline, &found);
     if (ec) return ec;
     ec = Run(deadline, [&](auto done) {
       asio::async_connect(socket_, found,
@@ -149,6 +147,39 @@ class EtcdClient::Connection {
       tls_->async_handshake(asio::ssl::stream_base::client,
                             [done](asio::error_code e) { done(e); });
     });
+  }
+
+  // The member's addresses, by the deadline. getaddrinfo cannot be
+  // interrupted, and a name server that does not answer holds it for
+  // timeout x attempts of resolv.conf (tens of seconds), so it runs on a
+  // thread of its own that this waits for until the deadline only; one
+  // that is late finishes alone and its answer is dropped.
+  asio::error_code Resolve(TimePoint deadline,
+                           asio::ip::tcp::resolver::results_type* found) {
+    struct Lookup {
+      std::mutex mu;
+      std::condition_variable cv;
+      bool done = false;
+      asio::error_code ec;
+      asio::ip::tcp::resolver::results_type found;
+    };
+    auto lookup = std::make_shared<Lookup>();
+    std::thread([lookup, host = host_, port = std::to_string(port_)] {
+      asio::io_context io;  // a resolver needs one; this thread's own
+      asio::ip::tcp::resolver resolver(io);
+      asio::error_code ec;
+      auto addresses = resolver.resolve(host, port, ec);
+      std::lock_guard<std::mutex> lock(lookup->mu);
+      lookup->ec = ec;
+      lookup->found = std::move(addresses);
+      lookup->done = true;
+      lookup->cv.notify_all();
+    }).detach();
+    std::unique_lock<std::mutex> lock(lookup->mu);
+    if (!lookup->cv.wait_until(lock, deadline, [&] { return lookup->done; }))
+      return asio::error::timed_out;
+    *found = lookup->found;
+    return lookup->ec;
   }
 
   // Sends one POST; the reply's head is read by ReadHead.
