@@ -187,6 +187,7 @@ class EtcdClient::Connection {
                         TimePoint deadline) {
     out_ = "POST " + path + " HTTP/1.1\r\nHost: " + host_ + ":" +
            std::to_string(port_) +
+           (token_.empty() ? "" : "\r\nAuthorization: " + token_) +
            "\r\nContent-Type: application/json\r\nContent-Length: " +
            std::to_string(body.size()) + "\r\n\r\n" + body;
     return Run(deadline, [&](auto done) {
@@ -283,6 +284,8 @@ class EtcdClient::Connection {
   }
 
   bool reusable() const { return keep_ && socket_.is_open(); }
+  // etcd's auth token, sent with each request from now on ("": none).
+  void set_token(std::string token) { token_ = std::move(token); }
 
   // Whether a read would not block: bytes buffered here or in TLS, or the
   // socket readable (data, end of stream or an error). Waits for that up to
@@ -363,6 +366,7 @@ class EtcdClient::Connection {
   std::mutex& io_mu_;
   asio::ip::tcp::socket socket_;
   std::unique_ptr<TlsStream> tls_;
+  std::string token_;
   std::string out_, in_;
   bool chunked_ = false, keep_ = true;
   int64_t length_ = -1;
@@ -446,18 +450,38 @@ struct EtcdClient::Tries {
   // reached: a member took the request (up, but maybe unable to commit);
   // refused: a TLS handshake failed.
   bool reached = false, refused = false;
+  // a member refused the request's auth token (gRPC code 16)
+  bool unauthenticated = false;
 };
 
+// With a user, the first request authenticates, and one that etcd refuses
+// for its token (expired: gRPC's Unauthenticated) authenticates again and
+// is sent once more.
 Result<nlohmann::json> EtcdClient::Call(const std::string& path,
                                         const nlohmann::json& body) {
   std::lock_guard<std::mutex> lock(mu_);
+  const std::string text = body.dump();
+  if (!options_.user.empty() && Token().empty()) {
+    Status s = Authenticate();
+    if (!s.ok()) return s;
+  }
+  bool unauthenticated = false;
+  auto reply = CallLocked(path, text, &unauthenticated);
+  if (!unauthenticated || options_.user.empty()) return reply;
+  Status s = Authenticate();
+  if (!s.ok()) return s;
+  return CallLocked(path, text, &unauthenticated);
+}
+
+Result<nlohmann::json> EtcdClient::CallLocked(const std::string& path,
+                                              const std::string& text,
+                                              bool* unauthenticated) {
   const TimePoint deadline = Clock::now() + options_.timeout;
   const size_t n = options_.endpoints.size();
   // Each member gets a share of the time, so that one that accepts and
   // never answers (stopped, cut off) does not hold the request.
   const auto share =
       std::max(milliseconds(100), options_.timeout / static_cast<int64_t>(n));
-  const std::string text = body.dump();
   Tries tries;
   tries.said.resize(n);
   for (int pass = 0; Clock::now() < deadline; ++pass) {
@@ -465,7 +489,10 @@ Result<nlohmann::json> EtcdClient::Call(const std::string& path,
       const size_t at = (current_ + i) % n;
       auto reply =
           Try(at, path, text, std::min(deadline, Clock::now() + share), &tries);
-      if (reply) return std::move(*reply);
+      if (reply) {
+        *unauthenticated = tries.unauthenticated;
+        return std::move(*reply);
+      }
     }
     std::this_thread::sleep_for(milliseconds(std::min(50 * (pass + 1), 200)));
   }
@@ -492,6 +519,7 @@ std::optional<Result<nlohmann::json>> EtcdClient::Try(size_t at,
   }
   int status = 0;
   std::string reply;
+  conn_->set_token(Token());
   if (!ec) ec = conn_->Send(path, text, until);
   // Sent, and no answer in time: the member is up but cannot commit (or is
   // stopped); a reset or refusal means it is down.
@@ -515,6 +543,7 @@ std::optional<Result<nlohmann::json>> EtcdClient::Try(size_t at,
   std::string error = json.is_object() ? json.value("error", reply) : reply;
   int code = json.is_object() ? json.value("code", 0) : 0;
   tries->said[at] = error;
+  tries->unauthenticated = code == 16 || status == 401;
   if (!RetryableCode(code) && status != 503) {
     trouble_ = EtcdTrouble::kRefused;
     return Result<nlohmann::json>(Status::Invalid(
@@ -714,8 +743,44 @@ Status EtcdWatch::TakeChanges(std::vector<KeyChange>* changes) {
 
 std::unique_ptr<EtcdClient::Connection> EtcdClient::NewConnection(
     const std::string& host, uint16_t port) {
-  return std::make_unique<Connection>(
+  auto conn = std::make_unique<Connection>(
       host, port, tls_ ? &tls_->context : nullptr, io_->io, io_->mu);
+  conn->set_token(Token());
+  return conn;
+}
+
+std::string EtcdClient::Token() const {
+  std::lock_guard<std::mutex> lock(token_mu_);
+  return token_;
+}
+
+// etcd's Authenticate: the user's token for the requests that follow
+// (etcd's simple tokens expire after 5 minutes unused by default; Call
+// asks again when told so). REQUIRES: mu_ held.
+Status EtcdClient::Authenticate() {
+  {
+    std::lock_guard<std::mutex> lock(token_mu_);
+    token_.clear();
+  }
+  const nlohmann::json credentials = {{"name", options_.user},
+                                      {"password", options_.password}};
+  bool unauthenticated = false;
+  auto reply =
+      CallLocked("/v3/auth/authenticate", credentials.dump(), &unauthenticated);
+  if (!reply.ok()) {
+    if (trouble_ != EtcdTrouble::kRefused) return reply.status();
+    return Status::Invalid("etcd refused user '" + options_.user +
+                           "' (check --rdzv-conf user and password_file): " +
+                           reply.status().message());
+  }
+  const std::string token = reply->value("token", std::string());
+  if (token.empty()) {
+    return Status::Invalid("etcd authenticated user '" + options_.user +
+                           "' but gave no token");
+  }
+  std::lock_guard<std::mutex> lock(token_mu_);
+  token_ = token;
+  return Status::Ok();
 }
 
 std::string EtcdClient::endpoint() const {

@@ -36,6 +36,10 @@ struct EtcdOptions {
   // empty: the system's roots), and presenting `cert` + `key` when given.
   bool tls = false;
   std::string cacert, cert, key;
+  // etcd's authentication (`etcdctl auth enable`): this user's token, got
+  // with `password` at the first request and again when etcd says it
+  // expired, goes with every request and watch. Empty: none.
+  std::string user, password;
   // Bound on one request, failovers included.
   std::chrono::milliseconds timeout{10000};
   // Bound on one connection attempt to one member.
@@ -90,6 +94,13 @@ class EtcdClient {
 
   explicit EtcdClient(EtcdOptions options);
   Status Init();
+  // Call's failover over the members, under mu_; *unauthenticated: the
+  // answer was etcd refusing the auth token.
+  Result<nlohmann::json> CallLocked(const std::string& path,
+                                    const std::string& text,
+                                    bool* unauthenticated);
+  Status Authenticate();
+  std::string Token() const;
   std::optional<Result<nlohmann::json>> Try(size_t at, const std::string& path,
                                             const std::string& text,
                                             TimePoint until, Tries* tries);
@@ -105,6 +116,8 @@ class EtcdClient {
   size_t current_ = 0;
   std::string local_address_;
   EtcdTrouble trouble_ = EtcdTrouble::kNone;
+  mutable std::mutex token_mu_;  // watches read the token from their thread
+  std::string token_;            // etcd's, for options_.user
 };
 
 // Pushed changes of keys through etcd watches (Rendezvous's push mode): one

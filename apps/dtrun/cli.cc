@@ -423,6 +423,23 @@ std::string ApplySizes(const RawFlags& raw, const std::optional<SlurmJob>& job,
   return "";
 }
 
+// The --rdzv-conf keys that must agree with each other on etcd.
+std::string CheckEtcdConf(const RdzvConfig& rc) {
+  if (rc.is_host) {
+    // Nothing to host: the etcd cluster is the rendezvous store.
+    return "--rdzv-conf: is_host is for --rdzv-backend=c10d; with etcd-v2 no "
+           "node hosts the rendezvous store (drop it)";
+  }
+  if (rc.protocol == "http" && (!rc.cacert.empty() || !rc.cert.empty())) {
+    return "--rdzv-conf: cacert, cert and key need protocol=https";
+  }
+  if (rc.user.empty() != rc.password_file.empty()) {
+    return "--rdzv-conf: user and password_file go together (etcd's user "
+           "and a file holding its password)";
+  }
+  return "";
+}
+
 // etcd's members from --rdzv-endpoint: "[scheme://]host[:port],..."; the
 // scheme, when given, must agree with --rdzv-conf protocol. torchrun's etcd
 // backend reads `timeout` as the join timeout.
@@ -474,14 +491,7 @@ std::string ApplyEtcdEndpoints(const std::string& text, LaunchConfig* c) {
     }
     rc.protocol = scheme;
   }
-  if (rc.is_host) {
-    // Nothing to host: the etcd cluster is the rendezvous store.
-    return "--rdzv-conf: is_host is for --rdzv-backend=c10d; with etcd-v2 no "
-           "node hosts the rendezvous store (drop it)";
-  }
-  if (rc.protocol == "http" && (!rc.cacert.empty() || !rc.cert.empty())) {
-    return "--rdzv-conf: cacert, cert and key need protocol=https";
-  }
+  if (std::string bad = CheckEtcdConf(rc); !bad.empty()) return bad;
   // The first member names the endpoint in messages and the registry.
   c->rdzv_endpoint = *ParseEndpoint(c->etcd_endpoints[0]);
   return "";
@@ -500,7 +510,8 @@ std::string ApplyRendezvous(const RawFlags& raw, LaunchConfig* c) {
     return ApplyEtcdEndpoints(raw.rdzv_endpoint, c);
   if (c->rdzv_conf.etcd_keys_given()) {
     return std::string(
-               "--rdzv-conf: protocol, cacert, cert and key are for "
+               "--rdzv-conf: protocol, cacert, cert, key, user and "
+               "password_file are for "
                "--rdzv-backend=etcd-v2, not ") +
            RdzvBackendName(c->rdzv_backend);
   }

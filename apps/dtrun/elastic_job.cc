@@ -115,21 +115,62 @@ Result<std::unique_ptr<rendezvous::TcpStoreClient>> ElasticJob::ConnectUntil(
   }
 }
 
+namespace {
+
+// The etcd client's options from the flags; the password read from its
+// file now.
+Status EtcdOptionsOf(const LaunchConfig& config, rendezvous::EtcdOptions* eo) {
+  const RdzvConfig& rc = config.rdzv_conf;
+  eo->endpoints = config.etcd_endpoints;
+  eo->tls = rc.protocol == "https";
+  eo->cacert = rc.cacert;
+  eo->cert = rc.cert;
+  eo->key = rc.key;
+  eo->user = rc.user;
+  if (!rc.password_file.empty()) {
+    auto password = os::ReadFile(rc.password_file);
+    if (!password.ok()) {
+      return Status::Invalid("--rdzv-conf password_file=" + rc.password_file +
+                             ": " + password.status().message());
+    }
+    eo->password = password->substr(0, password->find('\n'));
+  }
+  // As for the TCP store: an operation may take as long as a node may stay
+  // silent (read_timeout overrides); connecting, the join timeout.
+  eo->timeout =
+      rc.read_timeout.value_or(std::max(rc.silent_limit(), milliseconds(1000)));
+  return Status::Ok();
+}
+
+// A member answers its status to anyone; whether this node may use the
+// keys is another question, asked at start rather than at the first write.
+Status CheckEtcdKeys(rendezvous::EtcdClient& client, const std::string& list,
+                     const std::string& user) {
+  auto probe =
+      client.Call("/v3/kv/range",
+                  {{"key", rendezvous::Base64Encode("/dtrun/")}, {"limit", 1}});
+  if (probe.ok() || client.trouble() != rendezvous::EtcdTrouble::kRefused)
+    return Status::Ok();
+  return Status::Invalid(
+      "etcd at " + list + " refuses this node its keys (" +
+      probe.status().message() + "): " +
+      (user.empty() ? "it has authentication on; give --rdzv-conf "
+                      "user=NAME,password_file=FILE"
+                    : "give user '" + user +
+                          "' read and write on /dtrun/ (etcdctl role "
+                          "grant-permission --prefix ROLE readwrite /dtrun/)"));
+}
+
+}  // namespace
+
 // The rendezvous store on etcd: no node hosts it, so there is nothing to
 // bind and no host to infer; each node connects to the members it is given
 // (one that answers is enough) under the key prefix /dtrun/.
 Status ElasticJob::ConnectEtcd() {
   const RdzvConfig& rc = config_.rdzv_conf;
   rendezvous::EtcdOptions eo;
-  eo.endpoints = config_.etcd_endpoints;
-  eo.tls = rc.protocol == "https";
-  eo.cacert = rc.cacert;
-  eo.cert = rc.cert;
-  eo.key = rc.key;
-  // As for the TCP store: an operation may take as long as a node may stay
-  // silent (read_timeout overrides); connecting, the join timeout.
-  eo.timeout =
-      rc.read_timeout.value_or(std::max(rc.silent_limit(), milliseconds(1000)));
+  Status made = EtcdOptionsOf(config_, &eo);
+  if (!made.ok()) return made;
   std::string list;
   for (const std::string& e : eo.endpoints)
     list += (list.empty() ? "" : ",") + e;
@@ -148,6 +189,8 @@ Status ElasticJob::ConnectEtcd() {
     return code == Status::Code::kInvalid ? Status::Invalid(msg)
                                           : Status::Unavailable(msg);
   }
+  Status allowed = CheckEtcdKeys(**client, list, rc.user);
+  if (!allowed.ok()) return allowed;
   (*client)->set_timeout(eo.timeout);
   etcd_ = client->get();
   local_address_ = [etcd = etcd_] { return etcd->LocalAddress(); };

@@ -84,20 +84,9 @@ Status ReadableFile(const std::string& key, const std::string& value,
 // an unknown key can list every known one.
 using Setter = std::function<Status(const std::string& value, RdzvConfig* c)>;
 
-const std::map<std::string, Setter>& Setters() {
-  static const std::map<std::string, Setter> kSetters = {
-      {"join_timeout",
-       [](const std::string& v, RdzvConfig* c) {
-         c->join_timeout_given = true;
-         return ParseSeconds("join_timeout", v, true, &c->join_timeout);
-       }},
-      {"timeout",
-       [](const std::string& v, RdzvConfig* c) {
-         milliseconds t{};
-         Status s = ParseSeconds("timeout", v, true, &t);
-         if (s.ok()) c->timeout = t;
-         return s;
-       }},
+// The etcd backend's keys: TLS and authentication.
+std::map<std::string, Setter> EtcdSetters() {
+  return {
       {"protocol",
        [](const std::string& v, RdzvConfig* c) {
          if (v != "http" && v != "https")
@@ -114,33 +103,64 @@ const std::map<std::string, Setter>& Setters() {
                   RdzvConfig* c) { return ReadableFile("cert", v, &c->cert); }},
       {"key", [](const std::string& v,
                  RdzvConfig* c) { return ReadableFile("key", v, &c->key); }},
-      {"last_call_timeout",
+      {"user",
        [](const std::string& v, RdzvConfig* c) {
-         return ParseSeconds("last_call_timeout", v, false,
-                             &c->last_call_timeout);
+         if (v.empty()) return Bad("user", v, "an etcd user name");
+         c->user = v;
+         return Status::Ok();
        }},
-      {"keep_alive_interval",
+      {"password_file",
        [](const std::string& v, RdzvConfig* c) {
-         return ParseSeconds("keep_alive_interval", v, true,
-                             &c->keep_alive_interval);
-       }},
-      {"keep_alive_max_attempt",
-       [](const std::string& v, RdzvConfig* c) {
-         return ParseAttempts("keep_alive_max_attempt", v,
-                              &c->keep_alive_max_attempt);
-       }},
-      {"read_timeout",
-       [](const std::string& v, RdzvConfig* c) {
-         milliseconds t{};
-         Status s = ParseSeconds("read_timeout", v, true, &t);
-         if (s.ok()) c->read_timeout = t;
-         return s;
-       }},
-      {"is_host",
-       [](const std::string& v, RdzvConfig* c) {
-         return ParseBool("is_host", v, &c->is_host);
+         return ReadableFile("password_file", v, &c->password_file);
        }},
   };
+}
+
+const std::map<std::string, Setter>& Setters() {
+  static const std::map<std::string, Setter> kSetters = [] {
+    std::map<std::string, Setter> common = {
+        {"join_timeout",
+         [](const std::string& v, RdzvConfig* c) {
+           c->join_timeout_given = true;
+           return ParseSeconds("join_timeout", v, true, &c->join_timeout);
+         }},
+        {"timeout",
+         [](const std::string& v, RdzvConfig* c) {
+           milliseconds t{};
+           Status s = ParseSeconds("timeout", v, true, &t);
+           if (s.ok()) c->timeout = t;
+           return s;
+         }},
+        {"last_call_timeout",
+         [](const std::string& v, RdzvConfig* c) {
+           return ParseSeconds("last_call_timeout", v, false,
+                               &c->last_call_timeout);
+         }},
+        {"keep_alive_interval",
+         [](const std::string& v, RdzvConfig* c) {
+           return ParseSeconds("keep_alive_interval", v, true,
+                               &c->keep_alive_interval);
+         }},
+        {"keep_alive_max_attempt",
+         [](const std::string& v, RdzvConfig* c) {
+           return ParseAttempts("keep_alive_max_attempt", v,
+                                &c->keep_alive_max_attempt);
+         }},
+        {"read_timeout",
+         [](const std::string& v, RdzvConfig* c) {
+           milliseconds t{};
+           Status s = ParseSeconds("read_timeout", v, true, &t);
+           if (s.ok()) c->read_timeout = t;
+           return s;
+         }},
+        {"is_host",
+         [](const std::string& v, RdzvConfig* c) {
+           return ParseBool("is_host", v, &c->is_host);
+         }},
+    };
+    common.merge(EtcdSetters());
+    return common;
+  }();
   return kSetters;
 }
 

@@ -36,6 +36,10 @@ struct RdzvConfig {
   std::string protocol = "http";
   bool protocol_given = false;
   std::string cacert, cert, key;
+  // etcd's own authentication: `user`, with the password read from the
+  // file `password_file` (its first line; a password on the command line
+  // would show in every process listing).
+  std::string user, password_file;
   // `timeout`: torchrun's etcd backend's join timeout (s); other backends
   // ignore it (it also lands in `ignored`).
   std::optional<std::chrono::milliseconds> timeout;
@@ -45,7 +49,8 @@ struct RdzvConfig {
   std::vector<std::string> ignored;
 
   bool etcd_keys_given() const {
-    return protocol_given || !cacert.empty() || !cert.empty() || !key.empty();
+    return protocol_given || !cacert.empty() || !cert.empty() || !key.empty() ||
+           !user.empty() || !password_file.empty();
   }
   // How long a node may stay silent before the others declare it dead.
   std::chrono::milliseconds silent_limit() const {

@@ -326,6 +326,53 @@ class Tls(EtcdCase):
         self.assertEqual(n.wait(60), 0, n.err())
 
 
+class Auth(EtcdCase):
+    """etcd's user/password authentication, on one member (whose tokens a
+    restart forgets)."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.etcd = EtcdCluster(size=1).start()
+        cls.etcd.enable_auth("root", "s3cret")
+
+    def conf(self, password="s3cret"):
+        path = os.path.join(self.dir, "password")
+        with open(path, "w") as f:
+            f.write(password + "\n")
+        return f"{FAST},user=root,password_file={path}"
+
+    def test_user_and_password_are_accepted(self):
+        n = self.node(0, self.etcd_flags(conf=self.conf()) +
+                      ["--nnodes=1", "--no-python", ARGS.fake_worker])
+        self.assertEqual(n.wait(60), 0, n.err())
+
+    def test_a_wrong_password_is_refused_naming_the_user(self):
+        t0 = time.monotonic()
+        n = self.node(0, self.etcd_flags(conf=self.conf("wrong")) +
+                      ["--nnodes=1", "--no-python", ARGS.fake_worker])
+        self.assertEqual(n.wait(60), 2, n.err())  # a setting to fix: no requeue
+        self.assertIn("etcd refused user 'root'", n.err())
+        self.assertLess(time.monotonic() - t0, 20)
+
+    def test_without_credentials_the_node_is_told_to_give_them(self):
+        t0 = time.monotonic()
+        n = self.node(0, self.etcd_flags() + ["--nnodes=1", "--no-python", ARGS.fake_worker])
+        self.assertEqual(n.wait(60), 2, n.err())
+        self.assertIn("it has authentication on; give --rdzv-conf user=", n.err())
+        self.assertLess(time.monotonic() - t0, 20)
+
+    def test_the_token_is_renewed_when_the_member_forgets_it(self):
+        pid_dir = os.path.join(self.dir, "pids")
+        os.makedirs(pid_dir)
+        n = self.node(0, self.etcd_flags(conf=self.conf()) + [
+            "--nnodes=1", "--max-restarts=0", "--no-python", ARGS.fake_worker,
+            "--pid-dir", pid_dir, "--sleep-ms", "6000"])
+        self.assertTrue(wait_for(lambda: os.listdir(pid_dir), 30), n.err())
+        self.etcd.kill(0)  # a restarted member knows no token it gave
+        self.etcd.start_member(0)
+        self.assertEqual(n.wait(60), 0, n.err())
+
+
 class Errors(unittest.TestCase):
     def run_dtrun(self, *args):
         p = subprocess.run([ARGS.dtrun, *args, "--no-python", ARGS.fake_worker],
@@ -347,6 +394,7 @@ class Errors(unittest.TestCase):
             (["--rdzv-conf=protocol=ftp"], "protocol='ftp'"),
             (["--rdzv-conf=protocol=https,cacert=/nonexistent.pem"], "cacert='/nonexistent.pem'"),
             (["--rdzv-conf=cacert=" + ALLREDUCE], "need protocol=https"),
+            (["--rdzv-conf=user=root"], "user and password_file go together"),
             ([], "needs --rdzv-endpoint"),
         ]
         for extra, words in cases:

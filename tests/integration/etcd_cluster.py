@@ -154,6 +154,15 @@ class EtcdCluster:
                 continue
         return None
 
+    def enable_auth(self, user, password):
+        """etcd's authentication on: `user` (root, which etcd requires
+        first) with `password`, then `auth enable`."""
+        ctl = ["etcdctl", f"--endpoints={self.scheme}://{self.endpoint(0)}"]
+        env = dict(os.environ, ETCDCTL_API="3")
+        for args in (["user", "add", user, f"--new-user-password={password}"],
+                     ["auth", "enable"]):
+            subprocess.run(ctl + args, env=env, check=True, capture_output=True, timeout=30)
+
     def alive(self, i):
         return self.procs[i] is not None and self.procs[i].poll() is None
 
