@@ -80,6 +80,15 @@ Status ReadableFile(const std::string& key, const std::string& value,
   return Status::Ok();
 }
 
+// Seconds (> 0) into a setting that has no value until given.
+Status ParseOptionalSeconds(const std::string& key, const std::string& value,
+                            std::optional<milliseconds>* out) {
+  milliseconds t{};
+  Status s = ParseSeconds(key, value, true, &t);
+  if (s.ok()) *out = t;
+  return s;
+}
+
 // One table entry per key, so a key has exactly one parser and the error for
 // an unknown key can list every known one.
 using Setter = std::function<Status(const std::string& value, RdzvConfig* c)>;
@@ -126,10 +135,7 @@ const std::map<std::string, Setter>& Setters() {
          }},
         {"timeout",
          [](const std::string& v, RdzvConfig* c) {
-           milliseconds t{};
-           Status s = ParseSeconds("timeout", v, true, &t);
-           if (s.ok()) c->timeout = t;
-           return s;
+           return ParseOptionalSeconds("timeout", v, &c->timeout);
          }},
         {"last_call_timeout",
          [](const std::string& v, RdzvConfig* c) {
@@ -148,10 +154,7 @@ const std::map<std::string, Setter>& Setters() {
          }},
         {"read_timeout",
          [](const std::string& v, RdzvConfig* c) {
-           milliseconds t{};
-           Status s = ParseSeconds("read_timeout", v, true, &t);
-           if (s.ok()) c->read_timeout = t;
-           return s;
+           return ParseOptionalSeconds("read_timeout", v, &c->read_timeout);
          }},
         {"is_host",
          [](const std::string& v, RdzvConfig* c) {
