@@ -28,6 +28,9 @@ int Usage(const std::string& why) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Line by line, even into a pipe: a rank stopped with its group (the
+  // launcher's SIGTERM) would lose the lines stdio still held.
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
   if (argc < 2) return Usage("no config file given");
   std::ifstream file(argv[1]);
   if (!file) {

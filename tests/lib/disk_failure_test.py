@@ -103,7 +103,7 @@ class DiskFailure(unittest.TestCase):
         subprocess.run(["mount", "-o", "remount,ro,bind", d], check=True)
         rc, out, err = train(d, "train.steps=20", "checkpoint.every=5")
         self.assertNotEqual(rc, 0, out)
-        self.assertIn("resumed from", out)
+        self.assertIn("resumed from", out, err)
         self.assertIn("checkpoint at step 10 not saved:", err)
         self.assertIn("Read-only file system", err)
         self.assertIn("is step 5 (it still loads)", err)
