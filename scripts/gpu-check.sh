@@ -154,6 +154,72 @@ else
   row "dtrun --virtual-local-rank" FAILED "see $out/placement.out"
 fi
 
+# --- the launcher beside torchrun on this machine: NUMA binding, gloo
+# through dtrun's store, GPU DDP ending with torchrun's parameters, and 8
+# workers of `true` (whole process, median of 5, taking turns)
+torchrun=$(dirname "$py")/torchrun
+if numa_out=$(timeout 60 "$dtrun" --nproc-per-node=gpu --numa-binding=node --no-python \
+  sh -c 'grep Cpus_allowed_list /proc/self/status' 2>"$out/numa.err"); then
+  row "dtrun --numa-binding=node" ok "$(tr -s ' \t' ' ' <<<"$numa_out" | head -1)"
+else
+  row "dtrun --numa-binding=node" FAILED "see $out/numa.err"
+fi
+cat >"$out/gloo_worker.py" <<'EOF'
+import torch, torch.distributed as dist
+dist.init_process_group("gloo")
+t = torch.ones(4)
+dist.all_reduce(t)
+print(f"gloo sum {t[0].item():g} over {dist.get_world_size()}")
+dist.destroy_process_group()
+EOF
+if out2=$(timeout 120 "$dtrun" --nproc-per-node=4 --python "$py" "$out/gloo_worker.py" \
+  2>"$out/gloo.err") && grep -q "gloo sum 4 over 4" <<<"$out2"; then
+  row "dtrun, 4 gloo ranks through its store (torch's client)" ok "$(head -1 <<<"$out2")"
+else
+  row "dtrun, 4 gloo ranks through its store" FAILED "see $out/gloo.err"
+fi
+cat >"$out/ddp_hash.py" <<'EOF'
+import hashlib, os, torch, torch.distributed as dist
+dist.init_process_group("nccl")
+torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+torch.manual_seed(0)
+m = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10)).cuda()
+ddp = torch.nn.parallel.DistributedDataParallel(m)
+opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+g = torch.Generator().manual_seed(1)
+for _ in range(50):
+    x, y = torch.randn(32, 64, generator=g).cuda(), torch.randint(0, 10, (32,), generator=g).cuda()
+    opt.zero_grad(); torch.nn.functional.cross_entropy(ddp(x), y).backward(); opt.step()
+if dist.get_rank() == 0:
+    h = hashlib.sha256(b"".join(p.detach().cpu().numpy().tobytes() for p in m.parameters()))
+    print("params_sha256", h.hexdigest())
+dist.destroy_process_group()
+EOF
+export CUBLAS_WORKSPACE_CONFIG=:4096:8
+a=$(timeout 120 "$dtrun" --nproc-per-node=1 --python "$py" "$out/ddp_hash.py" 2>"$out/ddp_dtrun.err" |
+  sed -n 's/^params_sha256 //p')
+b=$(timeout 120 "$torchrun" --nproc_per_node=1 "$out/ddp_hash.py" 2>"$out/ddp_torchrun.err" |
+  sed -n 's/^params_sha256 //p')
+if [[ -n $a && $a == "$b" ]]; then
+  row "GPU DDP (Python) under dtrun and under torchrun" ok "same params_sha256 ${a:0:12}"
+else
+  row "GPU DDP (Python) under dtrun and under torchrun" FAILED "${a:0:12} vs ${b:0:12} (see $out/ddp_*.err)"
+fi
+launch_ms() {  # median ms of 5 whole-process runs of "$@"
+  local i t0 times=()
+  for i in 1 2 3 4 5; do
+    t0=$(date +%s%N)
+    "$@" >/dev/null 2>&1 || return 1
+    times+=($((($(date +%s%N) - t0) / 1000000)))
+  done
+  printf '%s\n' "${times[@]}" | sort -n | sed -n 3p
+}
+d=$(launch_ms "$dtrun" --nproc-per-node=8 --no-python true) &&
+  t=$(launch_ms "$torchrun" --nproc_per_node=8 --no_python true) &&
+  row "8 workers of true: dtrun vs torchrun $("$py" -c 'import torch; print(torch.__version__)')" \
+    ok "$d ms vs $t ms" ||
+  row "8 workers of true: dtrun vs torchrun" FAILED "a launch failed"
+
 # --- train_cfg on NCCL: each strategy and mode undisturbed, then killed
 for strategy in ddp fsdp; do
   for mode in sync async memory; do
