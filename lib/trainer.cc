@@ -840,6 +840,9 @@ int Train(const TrainConfig& c) {
   torch::set_num_threads(1);  // ranks share the host's cores; one thread each
   ProcessGroupOptions popts;
   popts.backend = c.backend;
+  // "auto" picks NCCL when a GPU is visible; asked to train on the CPU, it
+  // means gloo (NCCL moves GPU tensors only).
+  if (c.backend == "auto" && c.device == "cpu") popts.backend = "gloo";
   Trainer trainer(c, Distributed::FromEnv(popts));
   try {
     return trainer.Run();
