@@ -19,6 +19,7 @@ constexpr char kMagic[] = "DTCKPT1\n";
 constexpr size_t kMagicLen = 8, kHeaderLen = kMagicLen + 32 + 8;
 // Written in chunks so that a test can kill the writer halfway (on_chunk).
 constexpr size_t kChunk = 4 << 20;
+constexpr char kEpochsName[] = "epochs.dtck";
 
 std::string Errno(const std::string& what) {
   return what + ": " + std::strerror(errno);
@@ -197,8 +198,15 @@ Status CheckpointDir::Write(int64_t step, const std::string& payload,
   s = WriteCheckpointFile(PathFor(step), payload, on_chunk, header);
   if (!s.ok()) return s;
   // Pruned only after the new file is durable: a crash in between leaves one
-  // checkpoint too many, never one too few.
+  // checkpoint too many, never one too few. Later steps are set aside first
+  // (renamed, not deleted: nothing is lost that someone may want to read).
   auto steps = Steps();
+  while (!steps.empty() && steps.front() > step) {
+    const std::string from = PathFor(steps.front());
+    if (::rename(from.c_str(), (from + ".abandoned").c_str()) != 0)
+      break;  // it stays; the loader still refuses it by its epoch
+    steps.erase(steps.begin());
+  }
   std::vector<int64_t> kept(
       steps.begin(),
       steps.begin() + std::min(steps.size(), static_cast<size_t>(keep_last_)));
@@ -234,6 +242,66 @@ std::vector<int64_t> CheckpointDir::Steps() const {
   closedir(d);
   std::sort(steps.rbegin(), steps.rend());
   return steps;
+}
+
+std::string AbandonedBy(const std::vector<EpochRecord>& epochs, int64_t epoch,
+                        int64_t step) {
+  for (const EpochRecord& later : epochs) {
+    if (later.epoch > epoch && step > later.resumed_from) {
+      return "written in epoch " + std::to_string(epoch) + ", but epoch " +
+             std::to_string(later.epoch) + " resumed from step " +
+             std::to_string(later.resumed_from) +
+             ": a history given up (a node cut off from the job wrote it)";
+    }
+  }
+  return "";
+}
+
+std::string FormatEpochs(const std::vector<EpochRecord>& epochs) {
+  std::string out;
+  for (const EpochRecord& e : epochs)
+    out +=
+        std::to_string(e.epoch) + " " + std::to_string(e.resumed_from) + "\n";
+  return out;
+}
+
+Result<std::vector<EpochRecord>> ParseEpochs(const std::string& text) {
+  std::vector<EpochRecord> out;
+  size_t at = 0;
+  for (int line = 1; at < text.size(); ++line) {
+    size_t end = text.find('\n', at);
+    if (end == std::string::npos) end = text.size();
+    const std::string l = text.substr(at, end - at);
+    at = end + 1;
+    long long epoch = 0, step = 0;
+    char tail = 0;
+    if (std::sscanf(l.c_str(), "%lld %lld%c", &epoch, &step, &tail) != 2 ||
+        epoch < 0 || step < 0) {
+      return Status::Invalid("epochs line " + std::to_string(line) + " '" +
+                             l.substr(0, 40) + "' is not two numbers");
+    }
+    out.push_back({epoch, step});
+  }
+  return out;
+}
+
+std::vector<EpochRecord> CheckpointDir::Epochs() const {
+  auto payload = ReadCheckpointFile(dir_ + "/" + kEpochsName);
+  if (!payload.ok()) return {};
+  auto parsed = ParseEpochs(*payload);
+  return parsed.ok() ? *parsed : std::vector<EpochRecord>{};
+}
+
+Result<int64_t> CheckpointDir::BeginEpoch(int64_t resumed_from) {
+  std::vector<EpochRecord> epochs = Epochs();
+  const int64_t next = epochs.empty() ? 1 : epochs.back().epoch + 1;
+  epochs.push_back({next, resumed_from});
+  if (epochs.size() > kKeptEpochs)
+    epochs.erase(epochs.begin(), epochs.end() - kKeptEpochs);
+  Status s =
+      WriteCheckpointFile(dir_ + "/" + kEpochsName, FormatEpochs(epochs));
+  if (!s.ok()) return s;
+  return next;
 }
 
 // Newest first, past any that fail to verify or to be accepted: a crash

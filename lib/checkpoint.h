@@ -28,6 +28,27 @@ std::string CheckpointHeader(const std::string& payload);
 // ReadCheckpointFile verifies a file's.
 Result<std::string> VerifyCheckpointBytes(const std::string& bytes);
 
+// Epochs. Each time training resumes in a folder (or starts in it), rank 0
+// records a new epoch there: its number and the step it resumed from. Every
+// step's file carries the epoch that wrote it. A file of epoch e at step s
+// belongs to a history that a later epoch E > e abandoned when E resumed
+// from a step before s: a node cut off from the job (a partition) kept
+// going, or persisted its memory copies, after the others had moved on
+// without it. Such a file looks newer than it is, and never loads.
+struct EpochRecord {
+  int64_t epoch = 0;
+  int64_t resumed_from = 0;  // the step; 0 for a start from scratch
+};
+// "" when a file of `epoch` at `step` is of the history `epochs` lead to;
+// else why not ("written in epoch 3, but epoch 4 resumed from step 100").
+// Files without an epoch (written before epochs were kept) are epoch 0.
+std::string AbandonedBy(const std::vector<EpochRecord>& epochs, int64_t epoch,
+                        int64_t step);
+// The records file's payload, one "<epoch> <resumed_from>" line each, and
+// back (Invalid naming the line that is not two numbers).
+std::string FormatEpochs(const std::vector<EpochRecord>& epochs);
+Result<std::vector<EpochRecord>> ParseEpochs(const std::string& text);
+
 // A folder of checkpoints, each one file "ckpt_<step>.dtck":
 // clang-format off
 //   "DTCKPT1\n" | sha256(payload) (32 bytes) | u64 payload length (LE) | payload
@@ -35,7 +56,11 @@ Result<std::string> VerifyCheckpointBytes(const std::string& bytes);
 // Writes go to a temporary file in the same folder, are fsynced, renamed over
 // the final name and the folder fsynced, so a crash mid-write never leaves a
 // file that loads. Loading verifies the checksum and falls back to the
-// previous checkpoint. Not thread-safe; one writer (rank 0) per folder.
+// previous checkpoint. A write of step s moves files of later steps aside
+// ("<name>.abandoned"): the writer resumed before them, so they belong to a
+// history given up (or did not load), and must neither count as the newest
+// nor push a good checkpoint out of the kept ones. Not thread-safe; one
+// writer (rank 0) per folder.
 class CheckpointDir {
  public:
   // keep_last: how many checkpoints to keep (older ones are deleted); >= 1.
@@ -60,6 +85,15 @@ class CheckpointDir {
 
   // Steps of the checkpoints present, newest first.
   std::vector<int64_t> Steps() const;
+
+  // The folder's epochs ("epochs.dtck", framed as a checkpoint file),
+  // oldest first; none when the file is missing or does not verify.
+  std::vector<EpochRecord> Epochs() const;
+  // Records the next epoch (1 + the newest), resumed from `step`; its
+  // number. The record is durable (written as a checkpoint file is) before
+  // this returns. The newest kKeptEpochs records are kept.
+  Result<int64_t> BeginEpoch(int64_t resumed_from);
+  static constexpr size_t kKeptEpochs = 256;
 
   // Sharded checkpoints: each rank writes its shard of `step` to
   // ShardPath(step, rank) with WriteCheckpointFile; once all have, rank 0

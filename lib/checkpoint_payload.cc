@@ -8,6 +8,7 @@ namespace {
 
 constexpr char kStep[] = "step";
 constexpr char kWorldSize[] = "world_size";
+constexpr char kEpoch[] = "epoch";
 
 std::string RngKey(int64_t rank) { return "rng_" + std::to_string(rank); }
 
@@ -76,6 +77,7 @@ TensorMap StepFile::ToTensors() const {
   TensorMap out = parts;
   out[kStep] = torch::tensor(step);
   out[kWorldSize] = torch::tensor(world_size);
+  out[kEpoch] = torch::tensor(epoch);
   for (size_t r = 0; r < rng.size(); ++r) out[RngKey(r)] = rng[r];
   return out;
 }
@@ -86,6 +88,8 @@ Result<StepFile> StepFile::FromTensors(TensorMap tensors) {
   StepFile f;
   Status s = TakeScalar(&tensors, kStep, &f.step);
   if (s.ok()) s = TakeScalar(&tensors, kWorldSize, &f.world_size);
+  if (s.ok() && tensors.count(kEpoch))
+    s = TakeScalar(&tensors, kEpoch, &f.epoch);
   if (!s.ok()) return s;
   for (int64_t r = 0; r < f.world_size; ++r) {
     auto it = tensors.find(RngKey(r));

@@ -34,14 +34,17 @@ std::string TensorBytes(const torch::Tensor& t);
 // (DDP: "model" and "optimizer"; FSDP: "fsdp_shards" and, in the full
 // format, the full state dict); the rest is the trainer's.
 struct StepFile {
-  int64_t step = 0;                // steps done: training resumes at this one
-  int64_t world_size = 0;          // ranks that saved it
+  int64_t step = 0;        // steps done: training resumes at this one
+  int64_t world_size = 0;  // ranks that saved it
+  int64_t epoch = 0;       // the folder's epoch that wrote it (checkpoint.h); 0
+                           // in files written before epochs were kept
   std::vector<torch::Tensor> rng;  // each rank's CPU generator state
   TensorMap parts;
 
   TensorMap ToTensors() const;
   // Invalid when "step" or "world_size" is missing or not a scalar, naming
-  // the key. rng holds the "rng_<r>" there are, for r < world_size.
+  // the key; "epoch" may be missing (0). rng holds the "rng_<r>" there are, for
+  // r < world_size.
   static Result<StepFile> FromTensors(TensorMap tensors);
 };
 

@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <sstream>
 #include <thread>
@@ -228,6 +229,9 @@ class Trainer {
   // Reads them and has the strategy check them; *file gets the step's.
   Status LoadFromMemory(int64_t step, StepFile* file);
   void RestoreRng(const StepFile& file);
+  // Records the folder's next epoch, resumed from `start` (rank 0), and
+  // shares its number with every rank. Collective.
+  void BeginEpoch(int64_t start);
   double Step(int64_t step);
   double MicroBatch(int64_t micro, bool last);
   void Checkpoint(int64_t done, const StepActions& actions);
@@ -282,6 +286,8 @@ class Trainer {
   double loss_ = 0;                      // the last step's, averaged over ranks
   double compute_s_ = 0;  // the last step's time outside collectives
   std::string resumed_from_ = "disk";  // "memory", "disk" or "none"
+  std::vector<EpochRecord> epochs_;    // the folder's, read at the resume
+  int64_t epoch_ = 0;                  // this run's, in every step's file
   // Throughput since the last progress line.
   std::chrono::steady_clock::time_point window_start_;
   int64_t window_samples_ = 0;
@@ -337,6 +343,7 @@ int Trainer::Run() {
   const double init_unix = UnixSeconds();
   const int64_t start = ckpt_ ? Resume() : 0;
   if (start == 0) resumed_from_ = "none";
+  if (ckpt_) BeginEpoch(start);
   rendezvous::Heartbeat::Resumed(start, resumed_from_.c_str(), init_unix,
                                  UnixSeconds());
   if (rank_ == 0 && !c_.metrics_path.empty())
@@ -370,6 +377,7 @@ int Trainer::Run() {
 // The newest checkpoint that loads and whose other files verify; the step
 // to start from (0 when there is none).
 int64_t Trainer::Resume() {
+  epochs_ = ckpt_->Epochs();
   if (c_.checkpoint_mode == CheckpointMode::kMemory) {
     const int64_t step = ResumeFromMemory();
     resumed_from_ = "memory";
@@ -385,6 +393,8 @@ int64_t Trainer::Resume() {
         auto parsed = tensors.ok() ? StepFile::FromTensors(std::move(*tensors))
                                    : Result<StepFile>(tensors.status());
         if (!parsed.ok()) return parsed.status();
+        const std::string stale = AbandonedBy(epochs_, parsed->epoch, l.step);
+        if (!stale.empty()) return Status::Invalid(stale);
         file = std::move(*parsed);
         return strategy_->Complete(file.parts, Strategy::FolderShards(*ckpt_),
                                    l.step);
@@ -438,6 +448,21 @@ int64_t Trainer::ResumeFromMemory() {
   StepFile file;
   Status loaded = Status::Invalid("not every rank holds a copy of a step");
   if (step > 0) loaded = LoadFromMemory(step, &file);
+  const std::string stale =
+      loaded.ok() ? AbandonedBy(epochs_, file.epoch, step) : "";
+  if (!stale.empty()) loaded = Status::Invalid(stale);
+  // Every rank's copy of the step must be of one history: a node that was
+  // cut off keeps copies of the one the others gave up.
+  const int64_t none = std::numeric_limits<int64_t>::max();
+  const int64_t newest =
+      -AllMin(dist_->pg(), loaded.ok() ? -file.epoch : -none, device_);
+  if (loaded.ok() && file.epoch < newest) {
+    loaded = Status::Invalid("written in epoch " + std::to_string(file.epoch) +
+                             ", other ranks' copies in epoch " +
+                             std::to_string(newest) +
+                             ": a history given up (a node cut off from the "
+                             "job kept it)");
+  }
   if (!loaded.ok() && step > 0)
     std::fprintf(stderr, "rank %d: memory copy of step %lld: %s\n", rank_,
                  (long long)step, loaded.message().c_str());
@@ -479,6 +504,24 @@ Status Trainer::LoadFromMemory(int64_t step, StepFile* file) {
   source.own_only = true;
   source.where = copies_->where();
   return strategy_->Complete(file->parts, source, step);
+}
+
+// Without the record (a full or read-only folder) the epoch is still one
+// more than the newest read, but a file it writes cannot be told from a
+// cut-off node's: said once.
+void Trainer::BeginEpoch(int64_t start) {
+  int64_t epoch = 0;
+  if (rank_ == 0) {
+    auto begun = ckpt_->BeginEpoch(start);
+    epoch =
+        begun.ok() ? *begun : (epochs_.empty() ? 0 : epochs_.back().epoch) + 1;
+    if (!begun.ok()) {
+      std::fprintf(stderr, "epoch %lld not recorded in %s: %s\n",
+                   (long long)epoch, ckpt_->dir().c_str(),
+                   begun.status().message().c_str());
+    }
+  }
+  epoch_ = -AllMin(dist_->pg(), -epoch, device_);
 }
 
 // Bitwise resume needs each rank's generator exactly where it was (dropout
@@ -567,6 +610,7 @@ void Trainer::Checkpoint(int64_t done, const StepActions& actions) {
   }
   job.file.step = done;
   job.file.world_size = world_;
+  job.file.epoch = epoch_;
   if (background) {
     // fault.kill_in = "copy": the copy is made and nothing of it written,
     // so the newest copy anywhere is the previous checkpoint's.

@@ -90,6 +90,69 @@ TEST_F(CheckpointTest, ShardsOfDroppedAndUnfinishedStepsAreDeleted) {
   EXPECT_FALSE(ReadCheckpointFile(ckpt.ShardPath(99, 0)).ok());
 }
 
+TEST(Epochs, AFileIsAbandonedOnlyByALaterEpochResumedBeforeIt) {
+  // Epoch 1 started from scratch, epoch 2 resumed from 100 (a node was cut
+  // off at 120), epoch 3 from 150.
+  std::vector<EpochRecord> epochs{{1, 0}, {2, 100}, {3, 150}};
+  EXPECT_EQ(AbandonedBy(epochs, 1, 100), "");  // the point epoch 2 took
+  EXPECT_EQ(AbandonedBy(epochs, 1, 120),
+            "written in epoch 1, but epoch 2 resumed from step 100: a history "
+            "given up (a node cut off from the job wrote it)");
+  EXPECT_EQ(AbandonedBy(epochs, 2, 150), "");
+  EXPECT_NE(AbandonedBy(epochs, 2, 160), "");
+  EXPECT_EQ(AbandonedBy(epochs, 3, 10000), "");  // the newest epoch's own
+  EXPECT_NE(AbandonedBy(epochs, 0, 120), "");    // a file without an epoch
+  EXPECT_EQ(AbandonedBy({}, 0, 120), "");
+}
+
+TEST(Epochs, FormatAndParseRoundTripAndBadLinesAreNamed) {
+  std::vector<EpochRecord> epochs{{1, 0}, {2, 100}};
+  auto parsed = ParseEpochs(FormatEpochs(epochs));
+  ASSERT_TRUE(parsed.ok());
+  ASSERT_EQ(parsed->size(), 2u);
+  EXPECT_EQ((*parsed)[1].epoch, 2);
+  EXPECT_EQ((*parsed)[1].resumed_from, 100);
+  auto bad = ParseEpochs("1 0\n2 x\n");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().message(), "epochs line 2 '2 x' is not two numbers");
+  EXPECT_FALSE(ParseEpochs("1 0 7\n").ok());
+  EXPECT_FALSE(ParseEpochs("-1 0\n").ok());
+}
+
+TEST_F(CheckpointTest, EpochsAreRecordedDurablyAndCountUp) {
+  CheckpointDir ckpt(dir_, 2);
+  EXPECT_TRUE(ckpt.Epochs().empty());
+  auto first = ckpt.BeginEpoch(0);
+  ASSERT_TRUE(first.ok()) << first.status().message();
+  EXPECT_EQ(*first, 1);
+  auto second = CheckpointDir(dir_, 2).BeginEpoch(50);
+  ASSERT_TRUE(second.ok());
+  EXPECT_EQ(*second, 2);
+  auto epochs = ckpt.Epochs();
+  ASSERT_EQ(epochs.size(), 2u);
+  EXPECT_EQ(epochs[1].resumed_from, 50);
+  // The records are not a checkpoint of any step.
+  EXPECT_TRUE(ckpt.Steps().empty());
+  for (size_t i = 0; i < CheckpointDir::kKeptEpochs + 5; ++i)
+    ASSERT_TRUE(ckpt.BeginEpoch(60).ok());
+  epochs = ckpt.Epochs();
+  EXPECT_EQ(epochs.size(), CheckpointDir::kKeptEpochs);
+  EXPECT_EQ(epochs.back().epoch,
+            static_cast<int64_t>(CheckpointDir::kKeptEpochs) + 7);
+}
+
+TEST_F(CheckpointTest, AWriteSetsLaterStepsAsideInsteadOfDroppingItself) {
+  // keep 1: step 120 of a given-up history must not push out the 60 just
+  // written in its place.
+  CheckpointDir ckpt(dir_, 1);
+  ASSERT_TRUE(ckpt.Write(120, "stale").ok());
+  ASSERT_TRUE(ckpt.Write(60, "good").ok());
+  EXPECT_EQ(ckpt.Steps(), (std::vector<int64_t>{60}));
+  EXPECT_EQ(ckpt.LoadLatest()->payload, "good");
+  std::ifstream aside(dir_ + "/" + CheckpointDir::StepName(120) + ".abandoned");
+  EXPECT_TRUE(aside.good());
+}
+
 TEST_F(CheckpointTest, NothingLoadsFromAnEmptyFolder) {
   CheckpointDir ckpt(dir_ + "/none", 1);
   EXPECT_FALSE(ckpt.LoadLatest().has_value());

@@ -66,6 +66,36 @@ class TrainCfg(unittest.TestCase):
         self.assertIn("resumed from", out)
         self.assertEqual(self.done(out), whole)
 
+    def test_a_file_of_a_given_up_history_is_set_aside(self):
+        # A node cut off from the job persists step 20 of a history the
+        # others gave up (here: a run with another learning rate) after they
+        # began again. It looks newest; it must not load, and the next write
+        # sets it aside.
+        short = ["train.steps=30", "checkpoint.every=5", "train.log_every=5"]
+        rc, out, err = train(2, self.ckpt("whole"), *short)
+        self.assertEqual(rc, 0, err)
+        whole = self.done(out)
+        folder = os.path.join(self.tmp.name, "split")
+        rc, out, err = train(2, self.ckpt("split"), *short, "optimizer.lr=0.05",
+                             "train.stop_after_step=20")
+        self.assertEqual(rc, 0, err)
+        name = "ckpt_000000000020.dtck"
+        stale = os.path.join(self.tmp.name, name)
+        shutil.move(os.path.join(folder, name), stale)
+        for f in os.listdir(folder):  # the others begin again from scratch
+            if f.startswith("ckpt_"):
+                os.remove(os.path.join(folder, f))
+        rc, out, err = train(2, self.ckpt("split"), *short, "train.stop_after_step=10")
+        self.assertEqual(rc, 0, err)
+        shutil.copy(stale, os.path.join(folder, name))  # the cut-off node's write
+        rc, out, err = train(2, self.ckpt("split"), *short)
+        self.assertEqual(rc, 0, err)
+        self.assertRegex(err, r"checkpoint skipped: \S+ckpt_000000000020\.dtck: written in "
+                              r"epoch 1, but epoch 2 resumed from step 0")
+        self.assertRegex(out, r"resumed from \S+ckpt_000000000010\.dtck at step 10")
+        self.assertEqual(self.done(out), whole)
+        self.assertTrue(os.path.exists(os.path.join(folder, name + ".abandoned")))
+
     def test_worker_killed_midway_recovers_bitwise(self):
         rc, out, err = train(2, self.ckpt("clean"))
         self.assertEqual(rc, 0, err)
