@@ -17,6 +17,7 @@
 #include "apps/dtrun/interactive_protocol.h"
 #include "apps/dtrun/job_status.h"
 #include "apps/dtrun/metrics.h"
+#include "rendezvous/util/describe.h"
 #include "rendezvous/util/log.h"
 #include "rendezvous/util/os_util.h"
 #include "rendezvous/etcd_store.h"
@@ -226,11 +227,12 @@ Status ElasticJob::ConnectRendezvous() {
   rendezvous::StoreClientOptions copts;
   copts.host = host;
   copts.port = port;
-  // Store operations are bounded by the time a node may stay silent, so a
-  // node cut off from the store notices (and answers signals) as soon as the
-  // others declare it dead; read_timeout overrides.
-  copts.timeout =
-      rc.read_timeout.value_or(std::max(rc.silent_limit(), milliseconds(1000)));
+  // Store operations are bounded by half the time a node may stay silent
+  // (at least 1 s), so a node cut off from the store is fenced within the
+  // silent limit and one operation's deadline of the others declaring it
+  // dead; read_timeout overrides.
+  copts.timeout = rc.read_timeout.value_or(
+      std::max(rc.silent_limit() / 2, milliseconds(1000)));
   auto client = ConnectUntil(copts, rc.join_timeout);
   if (!client.ok() && client.status().code() == Status::Code::kCanceled)
     return client.status();
@@ -384,21 +386,29 @@ int ElasticJob::Run() {
   return rc;
 }
 
-// Runs `op`, a rendezvous call, again while etcd cannot answer it (no
-// quorum, no member reachable), up to the join timeout or a stop signal,
-// saying when that starts and ends. Other stores: once.
+// Runs `op`, a rendezvous call, again while the store cannot answer it
+// (StoreTrouble), up to the join timeout or a stop signal, saying when that
+// starts and ends. Otherwise once.
 template <typename Op>
-auto ElasticJob::UntilEtcdAnswers(Op op) -> decltype(op()) {
+auto ElasticJob::UntilStoreAnswers(Op op) -> decltype(op()) {
   auto result = op();
   const TimePoint until = clock_->Now() + config_.rdzv_conf.join_timeout;
-  while (etcd_ && !result.ok() &&
-         etcd_->trouble() != rendezvous::EtcdTrouble::kNone &&
+  while (!result.ok() && StoreTrouble(result.status()) &&
          !group_.Interrupted() && clock_->Now() < until) {
     NoteStore(result.status());
+    // An etcd request waits out its own deadline; a c10d connect to a
+    // host that is gone may fail at once.
+    if (!etcd_) std::this_thread::sleep_for(milliseconds(200));
     result = op();
   }
   NoteStore(result.status());
   return result;
+}
+
+bool ElasticJob::StoreTrouble(const Status& status) const {
+  if (etcd_) return etcd_->trouble() != rendezvous::EtcdTrouble::kNone;
+  return fenced_ && (status.code() == Status::Code::kUnavailable ||
+                     status.code() == Status::Code::kTimeout);
 }
 
 // Joins rounds until the job ends: each round sets up its workers' store,
@@ -407,7 +417,7 @@ int ElasticJob::JoinRounds() {
   auto log = Logger("dtrun.rdzv");
   for (;;) {
     RecordRdzv("next_rendezvous", "INIT", "joining the next round");
-    auto joined = UntilEtcdAnswers([this] {
+    auto joined = UntilStoreAnswers([this] {
       return rdzv_->Join([this] { return group_.Interrupted(); });
     });
     if (!joined.ok()) {
@@ -423,6 +433,8 @@ int ElasticJob::JoinRounds() {
     }
     assignment_ = *joined;
     joined_ = true;
+    fenced_ = false;
+    store_answers_ = true;
     group_.set_assignment(assignment_);
     group_.set_hang_share(nullptr);
     if (assignment_.group_world_size > 1) {
@@ -480,7 +492,9 @@ void ElasticJob::RecordRdzv(const std::string& name,
 }
 
 void ElasticJob::PublishStatus(const std::string& json) {
-  if (!joined_) return;
+  // A fenced node's store does not answer: each try would hold the loop
+  // for an operation's deadline.
+  if (!joined_ || fenced_ || !store_answers_) return;
   const std::string& run = config_.rdzv_id;
   Status s =
       rdzv_client_->Set(NodeStatusKey(run, assignment_.group_rank), json);
@@ -519,7 +533,7 @@ Status ElasticJob::ServeStackRequest(const std::string* answer) {
 // view does not grow with the number of nodes that look. Until every node
 // of the round has published, the node shows its own ranks.
 std::vector<nlohmann::json> ElasticJob::JobView() {
-  if (!joined_ || assignment_.group_rank != 0) return {};
+  if (!joined_ || assignment_.group_rank != 0 || !store_answers_) return {};
   std::vector<std::string> keys;
   for (int g = 0; g < assignment_.group_world_size; ++g)
     keys.push_back(NodeStatusKey(config_.rdzv_id, g));
@@ -616,8 +630,20 @@ void ElasticJob::Linger() {
 // quorum stops new rounds, not the workers. Other stores' errors are
 // RoundPolicy's to judge.
 void ElasticJob::NoteStore(const Status& status) {
-  if (!etcd_) return;
   auto log = Logger("dtrun.rdzv");
+  if (!etcd_) {
+    if (!fenced_) return;
+    if (!status.ok()) {
+      if (!store_lost_since_) store_lost_since_ = clock_->Now();
+    } else if (store_lost_since_) {
+      log->info("the rendezvous store answers again after {:.1f} s",
+                std::chrono::duration<double>(clock_->Now() -
+                                              *store_lost_since_)
+                    .count());
+      store_lost_since_.reset();
+    }
+    return;
+  }
   if (status.ok() || etcd_->trouble() == rendezvous::EtcdTrouble::kNone) {
     if (store_lost_since_) {
       log->info(
@@ -630,14 +656,26 @@ void ElasticJob::NoteStore(const Status& status) {
   }
   if (store_lost_since_) return;
   store_lost_since_ = clock_->Now();
-  // No member reached is no quorum too, from here: the detail says which.
-  const bool refused = etcd_->trouble() == rendezvous::EtcdTrouble::kRefused;
-  log->error("{}: {}; no new round can start until it is back{}",
-             refused ? "etcd refuses this node" : "etcd has lost quorum",
-             status.message(),
-             group_.outcome() == GroupOutcome::kRunning
-                 ? " (the workers keep running)"
-                 : "");
+  // No quorum is every node's trouble: the workers run on. A node that
+  // reaches no member, or that etcd refuses, is cut off: RoundPolicy fences
+  // it after the silent limit.
+  const rendezvous::EtcdTrouble trouble = etcd_->trouble();
+  const bool running = group_.outcome() == GroupOutcome::kRunning;
+  const char* what = trouble == rendezvous::EtcdTrouble::kRefused
+                         ? "etcd refuses this node"
+                     : trouble == rendezvous::EtcdTrouble::kNoQuorum
+                         ? "etcd has lost quorum"
+                         : "no etcd member answers this node";
+  std::string workers;
+  if (running && trouble == rendezvous::EtcdTrouble::kNoQuorum) {
+    workers = " (the workers keep running)";
+  } else if (running) {
+    workers = " (the workers are stopped if it lasts " +
+              rendezvous::DescribeSeconds(config_.rdzv_conf.silent_limit()) +
+              ": the other nodes go on without this one)";
+  }
+  log->error("{}: {}; no new round can start until it is back{}", what,
+             status.message(), workers);
 }
 
 void ElasticJob::WaitTurn(const RoundPolicy& policy, TimePoint* next_check) {
@@ -672,8 +710,11 @@ ElasticJob::RoundEnd ElasticJob::FollowRound() {
     if (clock_->Now() < next_check) continue;
     next_check = clock_->Now() + tick;
     auto event = rdzv_->Check(assignment_);
+    store_answers_ = event.ok();
     NoteStore(event.status());
-    step = policy.OnCheck(event, group_.outcome(), clock_->Now());
+    const bool no_quorum =
+        etcd_ && etcd_->trouble() == rendezvous::EtcdTrouble::kNoQuorum;
+    step = policy.OnCheck(event, group_.outcome(), clock_->Now(), no_quorum);
     if (auto end = Carry(step, &policy, &next_check)) return *end;
   }
 }
@@ -683,7 +724,7 @@ ElasticJob::RoundEnd ElasticJob::FollowRound() {
 bool ElasticJob::ReportFailure() {
   // etcd without quorum: the next round waits for it, rather than the job
   // ending here.
-  auto failures = UntilEtcdAnswers([this] {
+  auto failures = UntilStoreAnswers([this] {
     return group_.gave_up()
                ? rdzv_->ReportFailure(assignment_, group_.why_gave_up(), true)
                : rdzv_->ReportFailure(assignment_, "local group failed");
@@ -699,6 +740,26 @@ bool ElasticJob::ReportFailure() {
              "round " + std::to_string(assignment_.round) +
                  ": the workers failed here");
   return goes_on;
+}
+
+// The others run a round without this node by now: its workers stop (they
+// would wait on peers that are gone, or write a history the others gave
+// up; lib's checkpoint epochs refuse that), and it joins again as a new
+// node once the store answers, within the join timeout.
+ElasticJob::RoundEnd ElasticJob::Fence(const std::string& why) {
+  const TimePoint started = clock_->Now();
+  Logger("dtrun.rdzv")->error("round {}: {}", assignment_.round, why);
+  fenced_ = true;
+  if (!store_lost_since_) store_lost_since_ = started;
+  group_.StopForNewRound();
+  while (group_.alive() > 0) group_.PollOnce(100);
+  Logger("dtrun.rdzv")
+      ->warn("round {}: fenced: workers stopped {:.2f} s after the store was "
+             "given up",
+             assignment_.round,
+             std::chrono::duration<double>(clock_->Now() - started).count());
+  RecordRdzv("fence", "FAILED", why);
+  return RoundEnd{true, 0};
 }
 
 std::optional<ElasticJob::RoundEnd> ElasticJob::Carry(const RoundStep& step,
@@ -722,6 +783,8 @@ std::optional<ElasticJob::RoundEnd> ElasticJob::Carry(const RoundStep& step,
       log->warn("round {}: {}", assignment_.round, step.why);
       group_.StopForNewRound();
       return std::nullopt;
+    case RoundStep::Kind::kFence:
+      return Fence(step.why);
     case RoundStep::Kind::kRejoin:
       return RoundEnd{true, 0};
     case RoundStep::Kind::kExitWithSummary:

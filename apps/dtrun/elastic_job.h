@@ -51,12 +51,18 @@ class ElasticJob : public Job {
   std::optional<RoundEnd> Carry(const RoundStep& step, RoundPolicy* policy,
                                 TimePoint* next_check);
   bool ReportFailure();
+  // Stops the workers of a node cut off from the store; the round's end.
+  RoundEnd Fence(const std::string& why);
   void WaitTurn(const RoundPolicy& policy, TimePoint* next_check);
   void Linger();
   // Says when etcd stops and starts answering (`status` of a request).
   void NoteStore(const Status& status);
   template <typename Op>
-  auto UntilEtcdAnswers(Op op) -> decltype(op());
+  auto UntilStoreAnswers(Op op) -> decltype(op());
+  // Whether a failed rendezvous call is the store's trouble, to be waited
+  // out: etcd's (no quorum, no member reached), or, once this node was
+  // fenced, a c10d store it cannot reach.
+  bool StoreTrouble(const Status& status) const;
   void NotifyStoreReady();
   // This node's status in the rendezvous store (NodeStatusKey), so that
   // `dtrun --status` on any host sees every node; rank 0 also names the
@@ -99,6 +105,13 @@ class ElasticJob : public Job {
   std::unique_ptr<rendezvous::Rendezvous> rdzv_;
   rendezvous::Assignment assignment_;
   bool joined_ = false;  // assignment_ is a round's (status is published)
+  // Cut off from the store past the silent limit: the workers were
+  // stopped, and the node waits for the store to rejoin as a new one.
+  bool fenced_ = false;
+  // The last check of the round reached the store. While it does not, the
+  // status and the job-wide view are not published (each try would hold
+  // the loop for an operation's deadline).
+  bool store_answers_ = true;
   int64_t stacks_served_ = -1;  // the last `dtrun --stacks` request answered
   int64_t crashes_ = 0;
 };

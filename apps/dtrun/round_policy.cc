@@ -52,19 +52,24 @@ RoundStep RoundPolicy::OnFailureReported(bool job_goes_on) {
 }
 
 RoundStep RoundPolicy::OnCheck(const Result<rendezvous::RoundEvent>& event,
-                               GroupOutcome outcome, TimePoint now) {
+                               GroupOutcome outcome, TimePoint now,
+                               bool no_quorum) {
   if (!event.ok()) {
-    // The store's host may be gone, or only our link. Give it as long as a
-    // node may stay silent (by then the others have declared this one
-    // dead), then give up.
+    // The store's host may be gone, or only our link. By the silent limit
+    // the others have declared this node dead and run a round without it.
     auto silent = now - last_ok_;
-    // etcd without quorum: no new round can start, but nothing is known to
-    // be wrong with the job; the workers run on.
-    if (replicated_ || silent <= silent_limit_) return Step(Kind::kWait);
-    char why[160];
-    std::snprintf(why, sizeof(why), "rendezvous store unreachable for %.1f s: ",
+    // etcd without quorum: no new round can start anywhere, but nothing is
+    // known to be wrong with the job; the workers run on.
+    if ((replicated_ && no_quorum) || silent <= silent_limit_)
+      return Step(Kind::kWait);
+    char why[256];
+    std::snprintf(why, sizeof(why),
+                  "cut off from the rendezvous store for %.1f s (the other "
+                  "nodes have declared this node dead by now): stopping the "
+                  "workers; this node rejoins as a new one when the store "
+                  "answers again: ",
                   std::chrono::duration<double>(silent).count());
-    return Exit(kExitRendezvous, true, why + event.status().message());
+    return Step(Kind::kFence, why + event.status().message());
   }
   last_ok_ = now;
   bool succeeded = outcome == GroupOutcome::kSucceeded;

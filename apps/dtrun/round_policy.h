@@ -24,6 +24,8 @@ struct RoundStep {
                      // OnFailureReported
     kStopWorkers,    // the round ended elsewhere: stop the local workers (not a
                      // failure)
+    kFence,          // cut off from the store past the silent limit: stop the
+                     // local workers, wait for the store, rejoin as a new node
     kRejoin,         // join the next round
     kExit,           // the job is over here: exit with `exit_code`
     kExitWithSummary,  // the job failed here: print the failure summary, exit
@@ -40,9 +42,11 @@ struct RoundStep {
 class RoundPolicy {
  public:
   // A node may lose the rendezvous store for `silent_limit` (the time the
-  // others take to declare it dead) before it gives up.
-  // A `replicated` store (etcd) being unreachable says nothing about the
-  // other nodes: the node waits for it however long, its workers running.
+  // others take to declare it dead); then it is fenced: its workers stop
+  // (the others are running a round without it) and it rejoins when the
+  // store answers again. A `replicated` store (etcd) that answers without
+  // quorum is every node's trouble, not this node's: it waits however
+  // long, its workers running; one it cannot reach at all fences it.
   RoundPolicy(std::chrono::milliseconds silent_limit, TimePoint start,
               bool replicated = false)
       : silent_limit_(silent_limit), last_ok_(start), replicated_(replicated) {}
@@ -57,9 +61,11 @@ class RoundPolicy {
   // again on the next turn).
   void OnMarkedDone(bool ok) { done_marked_ = ok; }
   // A check of the round at `now`: its event, or Status when the store could
-  // not be reached.
+  // not be reached (`no_quorum`: a replicated store's member answered, but
+  // the store cannot commit).
   RoundStep OnCheck(const Result<rendezvous::RoundEvent>& event,
-                    GroupOutcome outcome, TimePoint now);
+                    GroupOutcome outcome, TimePoint now,
+                    bool no_quorum = false);
 
   bool done_marked() const { return done_marked_; }
 

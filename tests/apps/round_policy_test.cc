@@ -90,17 +90,28 @@ TEST_F(RoundPolicyTest, AJobClosedElsewhereStopsWorkersAndExitsOne) {
   EXPECT_TRUE(s.stop_workers);
 }
 
-TEST_F(RoundPolicyTest, AnUnreachableStoreIsToleratedForTheSilentLimit) {
+TEST_F(RoundPolicyTest, AnUnreachableStoreIsToleratedForTheSilentLimitThenFences) {
   now_ += milliseconds(15000);
   EXPECT_EQ(Check(Unreachable()), Kind::kWait);
   now_ += milliseconds(1);
   RoundStep s = Check(Unreachable());
-  EXPECT_EQ(s, Kind::kExit);
-  EXPECT_EQ(s.exit_code, kExitRendezvous);
-  EXPECT_TRUE(s.stop_workers);
-  EXPECT_NE(s.why.find("unreachable for 15.0 s: connection refused"),
+  EXPECT_EQ(s, Kind::kFence);
+  EXPECT_NE(s.why.find("cut off from the rendezvous store for 15.0 s"),
             std::string::npos)
       << s.why;
+  EXPECT_NE(s.why.find("rejoins as a new one"), std::string::npos) << s.why;
+  EXPECT_NE(s.why.find(": connection refused"), std::string::npos) << s.why;
+}
+
+TEST(RoundPolicyEtcd, NoQuorumKeepsTheWorkersRunningButNoMemberReachedFences) {
+  TimePoint now{std::chrono::seconds(50)};
+  RoundPolicy policy(milliseconds(2000), now, /*replicated=*/true);
+  Result<RoundEvent> lost = Status::Unavailable("no leader");
+  now += milliseconds(60000);
+  EXPECT_EQ(policy.OnCheck(lost, GroupOutcome::kRunning, now, true),
+            Kind::kWait);
+  EXPECT_EQ(policy.OnCheck(lost, GroupOutcome::kRunning, now, false),
+            Kind::kFence);
 }
 
 TEST_F(RoundPolicyTest, AReachedStoreRestartsTheSilentLimit) {

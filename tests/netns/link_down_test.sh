@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Two dtrun nodes in network namespaces (--nnodes=1:2, c10d rendezvous on
-# h0). h1's link goes down while the job runs: h0 must declare h1 dead, run
-# a new round alone and finish; h1 must give up and exit non-zero.
+# h0). h1's link goes down while the job runs and stays down: h0 must
+# declare h1 dead, run a new round alone and finish; h1 must be fenced (its
+# workers stopped), wait for the store until the join timeout, then give up
+# and exit non-zero. (partition_test.py brings the link back.)
 # Usage: link_down_test.sh DTRUN FAKE_WORKER. Exit 77 (skip) without root/ip.
 set -euo pipefail
 dtrun=$(realpath "${1:?usage: link_down_test.sh DTRUN FAKE_WORKER}")
@@ -22,7 +24,7 @@ cleanup() {
 trap cleanup EXIT
 "$here/up.sh" "$tag" 2 "$net"
 
-conf=keep_alive_interval=0.2,keep_alive_max_attempt=3,last_call_timeout=1,join_timeout=20
+conf=keep_alive_interval=0.2,keep_alive_max_attempt=3,last_call_timeout=1,join_timeout=8
 node() {  # node I: a dtrun inside TAG-hI
   ip netns exec "$tag-h$1" "$dtrun" --nnodes=1:2 --nproc-per-node=2 --rdzv-backend=c10d \
     --rdzv-endpoint="$net.1:29400" --rdzv-id=linkdown --rdzv-conf="$conf" \
@@ -44,6 +46,7 @@ rc0=0; wait "${pids[0]}" || rc0=$?
 rc1=0; wait "${pids[1]}" || rc1=$?
 pids=()
 echo "h0 exit $rc0, h1 exit $rc1"
+grep -q "fenced: workers stopped" "$work/node1.log" || { echo "FAIL: h1 was not fenced"; cat "$work/node1.log"; exit 1; }
 grep -q "declared dead" "$work/node0.log" || { echo "FAIL: h0 did not declare h1 dead"; cat "$work/node0.log"; exit 1; }
 [[ $rc0 -eq 0 ]] || { echo "FAIL: h0 did not finish"; cat "$work/node0.log"; exit 1; }
 [[ $rc1 -ne 0 ]] || { echo "FAIL: h1 claims success without its link"; exit 1; }
