@@ -22,6 +22,7 @@
 #include "rendezvous/util/log.h"
 
 namespace dtrun::rendezvous {
+namespace framing = etcd_framing;
 namespace {
 
 using std::chrono::milliseconds;
@@ -31,7 +32,7 @@ using TimePoint = Clock::time_point;
 // gRPC status codes the gateway passes on, and those that mean "try another
 // member": unavailable (no leader, member stopping), deadline exceeded
 // (request timed out waiting for a commit), aborted, unknown.
-bool RetryableCode(int code) {
+bool RetryableCode(int64_t code) {
   return code == 14 || code == 4 || code == 10 || code == 2 || code == 1;
 }
 
@@ -52,41 +53,6 @@ bool SplitHostPort(const std::string& text, std::string* host, uint16_t* port) {
   if (value <= 0 || value > 65535) return false;
   *port = static_cast<uint16_t>(value);
   return true;
-}
-
-// Header names are case-insensitive (RFC 9110); etcd's Go server writes
-// them capitalized, proxies may not.
-std::string Lower(std::string s) {
-  for (char& c : s) c = static_cast<char>(std::tolower(c));
-  return s;
-}
-
-// What a reply may take, so that a member (or whatever answers in its
-// place) that sends an endless head, a huge length or chunk, or a stream
-// that never ends a message costs a clear error, not memory until the
-// deadline. etcd's own replies stay far below: its requests are capped at
-// 1.5 MiB by default.
-constexpr size_t kMaxHead = 64 << 10;
-constexpr size_t kMaxChunkLine = 1024;
-constexpr size_t kMaxBody = size_t{256} << 20;
-
-// A length or chunk size: digits of `base` only (blanks around them
-// allowed), at most kMaxBody; -1 otherwise, overflow included.
-int64_t ParseSize(const std::string& text, int base) {
-  size_t i = text.find_first_not_of(" \t");
-  size_t j = text.find_last_not_of(" \t");
-  if (i == std::string::npos) return -1;
-  int64_t value = 0;
-  for (size_t k = i; k <= j; ++k) {
-    const char c = static_cast<char>(std::tolower(text[k]));
-    int digit = c >= '0' && c <= '9'                 ? c - '0'
-                : base == 16 && c >= 'a' && c <= 'f' ? c - 'a' + 10
-                                                     : -1;
-    if (digit < 0) return -1;
-    value = value * base + digit;
-    if (value > static_cast<int64_t>(kMaxBody)) return -1;
-  }
-  return value;
 }
 
 // An asio error for people: the timeouts Run reports read as what they
@@ -203,58 +169,40 @@ class EtcdClient::Connection {
   // Reads the status line and headers; the body follows through ReadBody
   // (sized or chunked) or NextChunk (streams).
   asio::error_code ReadHead(TimePoint deadline, int* status) {
-    size_t end;
-    while ((end = in_.find("\r\n\r\n")) == std::string::npos) {
-      if (in_.size() > kMaxHead) return asio::error::message_size;
-      if (auto ec = ReadMore(deadline)) return ec;
-    }
-    if (end > kMaxHead) return asio::error::message_size;
-    const std::string head = in_.substr(0, end);
-    in_.erase(0, end + 4);
-    if (head.compare(0, 5, "HTTP/") != 0 || head.size() < 12)
-      return asio::error::invalid_argument;
-    *status = std::atoi(head.c_str() + 9);
-    chunked_ = false;
-    length_ = -1;
-    keep_ = true;
-    size_t pos = head.find("\r\n");
-    while (pos != std::string::npos) {
-      size_t next = head.find("\r\n", pos + 2);
-      std::string line = Lower(head.substr(pos + 2, next - pos - 2));
-      if (line.rfind("content-length:", 0) == 0) {
-        length_ = ParseSize(line.substr(15), 10);
-        if (length_ < 0) return asio::error::message_size;
+    for (;;) {
+      switch (framing::TakeHead(&in_, &head_)) {
+        case framing::Took::kItem:
+          *status = head_.status;
+          return {};
+        case framing::Took::kBad:
+          return asio::error::message_size;
+        case framing::Took::kNeedMore:
+          if (auto ec = ReadMore(deadline)) return ec;
       }
-      if (line.rfind("transfer-encoding:", 0) == 0 &&
-          line.find("chunked") != std::string::npos)
-        chunked_ = true;
-      if (line.rfind("connection:", 0) == 0 &&
-          line.find("close") != std::string::npos)
-        keep_ = false;
-      pos = next;
     }
-    return {};
   }
 
-  // A unary reply's body. A reply with neither a length nor chunks would
-  // end only with the connection; etcd never sends one, so it is refused.
+  // A unary reply's body.
   asio::error_code ReadBody(TimePoint deadline, std::string* body) {
     body->clear();
-    if (!chunked_) {
-      if (length_ < 0) return asio::error::invalid_argument;
-      while (static_cast<int64_t>(in_.size()) < length_) {
-        if (auto ec = ReadMore(deadline)) return ec;
+    if (!head_.chunked) {
+      for (;;) {
+        switch (framing::TakeSizedBody(&in_, head_, body)) {
+          case framing::Took::kItem:
+            return {};
+          case framing::Took::kBad:
+            return asio::error::invalid_argument;
+          case framing::Took::kNeedMore:
+            if (auto ec = ReadMore(deadline)) return ec;
+        }
       }
-      body->assign(in_, 0, static_cast<size_t>(length_));
-      in_.erase(0, static_cast<size_t>(length_));
-      return {};
     }
     for (;;) {
       std::string chunk;
       bool last = false;
       if (auto ec = NextChunk(deadline, &chunk, &last)) return ec;
       if (last) return {};
-      if (body->size() + chunk.size() > kMaxBody)
+      if (body->size() + chunk.size() > framing::kMaxBody)
         return asio::error::message_size;
       *body += chunk;
     }
@@ -263,27 +211,19 @@ class EtcdClient::Connection {
   // One chunk of a chunked body; *last on the final (empty) one.
   asio::error_code NextChunk(TimePoint deadline, std::string* chunk,
                              bool* last) {
-    size_t eol;
-    while ((eol = in_.find("\r\n")) == std::string::npos) {
-      if (in_.size() > kMaxChunkLine) return asio::error::message_size;
-      if (auto ec = ReadMore(deadline)) return ec;
+    for (;;) {
+      switch (framing::TakeChunk(&in_, chunk, last)) {
+        case framing::Took::kItem:
+          return {};
+        case framing::Took::kBad:
+          return asio::error::message_size;
+        case framing::Took::kNeedMore:
+          if (auto ec = ReadMore(deadline)) return ec;
+      }
     }
-    if (eol > kMaxChunkLine) return asio::error::message_size;
-    // The size, up to a chunk extension (";name=value"), hex digits only.
-    const int64_t parsed =
-        ParseSize(in_.substr(0, std::min(eol, in_.find(';'))), 16);
-    if (parsed < 0) return asio::error::message_size;
-    const size_t size = static_cast<size_t>(parsed);
-    while (in_.size() < eol + 2 + size + 2) {
-      if (auto ec = ReadMore(deadline)) return ec;
-    }
-    chunk->assign(in_, eol + 2, size);
-    in_.erase(0, eol + 2 + size + 2);
-    *last = size == 0;
-    return {};
   }
 
-  bool reusable() const { return keep_ && socket_.is_open(); }
+  bool reusable() const { return head_.keep_alive && socket_.is_open(); }
   // etcd's auth token, sent with each request from now on ("": none).
   void set_token(std::string token) { token_ = std::move(token); }
 
@@ -368,8 +308,7 @@ class EtcdClient::Connection {
   std::unique_ptr<TlsStream> tls_;
   std::string token_;
   std::string out_, in_;
-  bool chunked_ = false, keep_ = true;
-  int64_t length_ = -1;
+  framing::Head head_;  // the last reply's
 };
 
 // Each client starts at a member of its own choosing, so that a job's nodes
@@ -485,8 +424,10 @@ Result<nlohmann::json> EtcdClient::CallLocked(const std::string& path,
   Tries tries;
   tries.said.resize(n);
   for (int pass = 0; Clock::now() < deadline; ++pass) {
+    // From the member used last, each once a pass (Try moves current_).
+    const size_t first = current_;
     for (size_t i = 0; i < n && Clock::now() < deadline; ++i) {
-      const size_t at = (current_ + i) % n;
+      const size_t at = (first + i) % n;
       auto reply =
           Try(at, path, text, std::min(deadline, Clock::now() + share), &tries);
       if (reply) {
@@ -540,8 +481,9 @@ std::optional<Result<nlohmann::json>> EtcdClient::Try(size_t at,
     trouble_ = EtcdTrouble::kNone;
     return Result<nlohmann::json>(std::move(json));
   }
-  std::string error = json.is_object() ? json.value("error", reply) : reply;
-  int code = json.is_object() ? json.value("code", 0) : 0;
+  std::string error = framing::StrField(json, "error");
+  if (error.empty()) error = reply.substr(0, 200);
+  const int64_t code = framing::IntField(json, "code");
   tries->said[at] = error;
   tries->unauthenticated = code == 16 || status == 401;
   if (!RetryableCode(code) && status != 503) {
@@ -634,7 +576,7 @@ Status EtcdWatch::OpenOn(const std::string& endpoint) {
     ec = c.NextChunk(deadline, &chunk, &last);
     if (!ec && last) ec = asio::error::eof;
     if (ec) break;
-    if (stream_->pending.size() + chunk.size() > kMaxBody) {
+    if (stream_->pending.size() + chunk.size() > framing::kMaxBody) {
       ec = asio::error::message_size;
       break;
     }
@@ -645,17 +587,17 @@ Status EtcdWatch::OpenOn(const std::string& endpoint) {
       auto msg = nlohmann::json::parse(stream_->pending.substr(0, eol), nullptr,
                                        false);
       stream_->pending.erase(0, eol + 1);
-      const auto result = msg.is_object() ? msg.value("result", msg) : msg;
-      if (!result.is_object() || !result.value("created", false)) {
+      auto inner = msg.is_object() ? msg.find("result") : msg.end();
+      const nlohmann::json& result =
+          msg.is_object() && inner != msg.end() ? *inner : msg;
+      if (!framing::BoolField(result, "created")) {
         ec = asio::error::invalid_argument;
         break;
       }
       Key& k = keys_[created++];
-      if (k.revision == 0) {
-        k.revision = std::atoll(result.value("header", nlohmann::json::object())
-                                    .value("revision", std::string("0"))
-                                    .c_str());
-      }
+      auto header = result.find("header");
+      if (k.revision == 0 && header != result.end())
+        k.revision = framing::IntField(*header, "revision");
     }
   }
   if (!ec) return Status::Ok();
@@ -673,34 +615,7 @@ Status EtcdWatch::WatchKey(const std::string& key) {
 
 // Splits the stream's messages into changes; false on a canceled watch.
 bool EtcdWatch::Drain(std::vector<KeyChange>* changes) {
-  size_t eol;
-  std::string& pending = stream_->pending;
-  while ((eol = pending.find('\n')) != std::string::npos) {
-    auto msg = nlohmann::json::parse(pending.substr(0, eol), nullptr, false);
-    pending.erase(0, eol + 1);
-    if (!msg.is_object()) continue;
-    const auto result = msg.value("result", msg);
-    if (result.value("canceled", false)) return false;
-    for (const auto& ev : result.value("events", nlohmann::json::array())) {
-      const auto kv = ev.value("kv", nlohmann::json::object());
-      std::string key;
-      Base64Decode(kv.value("key", std::string()), &key);
-      const int64_t revision =
-          std::atoll(kv.value("mod_revision", std::string("0")).c_str());
-      for (Key& k : keys_)
-        if (k.key == key) k.revision = std::max(k.revision, revision);
-      KeyChange c;
-      c.key = key.substr(std::min(prefix_.size(), key.size()));
-      Base64Decode(kv.value("value", std::string()), &c.value);
-      const std::string version = kv.value("version", std::string("0"));
-      c.kind = ev.value("type", std::string()) == "DELETE"
-                   ? KeyChange::Kind::kDeleted
-               : version == "1" ? KeyChange::Kind::kCreated
-                                : KeyChange::Kind::kUpdated;
-      changes->push_back(std::move(c));
-    }
-  }
-  return true;
+  return framing::DrainWatch(&stream_->pending, prefix_, &keys_, changes);
 }
 
 Result<bool> EtcdWatch::AwaitChange(milliseconds timeout) {
@@ -727,7 +642,7 @@ Status EtcdWatch::TakeChanges(std::vector<KeyChange>* changes) {
     bool last = false;
     auto ec = stream_->conn->NextChunk(Clock::now() + milliseconds(200), &chunk,
                                        &last);
-    if (ec || last || stream_->pending.size() + chunk.size() > kMaxBody) {
+    if (ec || last || stream_->pending.size() + chunk.size() > framing::kMaxBody) {
       broken = true;  // an endless message: a new stream
       break;
     }
@@ -773,7 +688,7 @@ Status EtcdClient::Authenticate() {
                            "' (check --rdzv-conf user and password_file): " +
                            reply.status().message());
   }
-  const std::string token = reply->value("token", std::string());
+  const std::string token = framing::StrField(*reply, "token");
   if (token.empty()) {
     return Status::Invalid("etcd authenticated user '" + options_.user +
                            "' but gave no token");
@@ -796,30 +711,6 @@ std::string EtcdClient::LocalAddress() const {
 EtcdTrouble EtcdClient::trouble() const {
   std::lock_guard<std::mutex> lock(mu_);
   return trouble_;
-}
-
-std::string Base64Encode(std::string_view bytes) {
-  std::string out(4 * ((bytes.size() + 2) / 3), '\0');
-  int n = EVP_EncodeBlock(reinterpret_cast<unsigned char*>(out.data()),
-                          reinterpret_cast<const unsigned char*>(bytes.data()),
-                          static_cast<int>(bytes.size()));
-  out.resize(static_cast<size_t>(n));
-  return out;
-}
-
-bool Base64Decode(std::string_view text, std::string* bytes) {
-  if (text.size() % 4 != 0) return false;
-  bytes->assign(3 * text.size() / 4, '\0');
-  int n = EVP_DecodeBlock(reinterpret_cast<unsigned char*>(bytes->data()),
-                          reinterpret_cast<const unsigned char*>(text.data()),
-                          static_cast<int>(text.size()));
-  if (n < 0) return false;
-  // EVP_DecodeBlock counts the padding as zero bytes.
-  size_t pad = 0;
-  for (size_t i = text.size(); i > 0 && text[i - 1] == '=' && pad < 2; --i)
-    ++pad;
-  bytes->resize(static_cast<size_t>(n) - pad);
-  return true;
 }
 
 std::string PrefixEnd(const std::string& prefix) {

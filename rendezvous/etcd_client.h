@@ -24,6 +24,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "rendezvous/etcd_framing.h"
 #include "rendezvous/store.h"
 #include "rendezvous/util/status.h"
 
@@ -142,10 +143,7 @@ class EtcdWatch : public KeyWatch {
 
  private:
   struct Stream;
-  struct Key {
-    std::string key;       // with the prefix
-    int64_t revision = 0;  // the newest revision reported for it
-  };
+  using Key = etcd_framing::WatchedKey;  // with the prefix
   Status Open();
   Status OpenOn(const std::string& endpoint);
   bool Drain(std::vector<KeyChange>* changes);
@@ -156,10 +154,6 @@ class EtcdWatch : public KeyWatch {
   std::unique_ptr<Stream> stream_;
   std::vector<KeyChange> buffered_;  // arrived while AwaitChange waited
 };
-
-// Base64 as the gateway carries bytes.
-std::string Base64Encode(std::string_view bytes);
-bool Base64Decode(std::string_view text, std::string* bytes);
 
 // The key one past every key starting with `prefix` (etcd's range_end).
 std::string PrefixEnd(const std::string& prefix);

@@ -11,20 +11,14 @@ namespace {
 
 using nlohmann::json;
 using std::chrono::milliseconds;
+using etcd_framing::BoolField;
+using etcd_framing::FirstKv;
+using etcd_framing::IntField;
 
 // etcd's default --max-txn-ops.
 constexpr size_t kMaxTxnOps = 128;
 // Bound on the counters remembered for Add's first try.
 constexpr size_t kMaxCounters = 4096;
-
-// An int64 field of a reply: a string in the gateway's JSON, absent when 0.
-int64_t Int(const json& j, const char* field) {
-  if (!j.is_object() || !j.contains(field)) return 0;
-  const json& v = j[field];
-  if (v.is_number()) return v.get<int64_t>();
-  if (v.is_string()) return std::atoll(v.get<std::string>().c_str());
-  return 0;
-}
 
 // The request_range / request_put operations of a transaction.
 json RangeOp(const std::string& key) {
@@ -36,26 +30,10 @@ json PutOp(const std::string& key, std::string_view value) {
            {{"key", Base64Encode(key)}, {"value", Base64Encode(value)}}}};
 }
 
-// The first key-value of a txn's range response (`op`, one of "responses"),
-// or null.
-json FirstKv(const json& op) {
-  if (!op.is_object() || !op.contains("response_range")) return json();
-  const json& range = op["response_range"];
-  if (!range.contains("kvs") || range["kvs"].empty()) return json();
-  return range["kvs"][0];
-}
-
 // A reply that parsed as JSON but lacks what the request must return: a
 // proxy in the way, or an etcd this code does not know.
 Status Malformed(const std::string& what) {
   return Status::Io("etcd: malformed reply to " + what);
-}
-
-// A key-value's value bytes (base64 in the reply; absent when empty).
-std::string Value(const json& kv) {
-  std::string bytes;
-  Base64Decode(kv.value("value", std::string()), &bytes);
-  return bytes;
 }
 
 }  // namespace
@@ -85,14 +63,14 @@ Status EtcdStore::Read(const std::vector<std::string>& keys,
       ops.push_back(RangeOp(prefix_ + keys[i]));
     auto reply = client_->Call("/v3/kv/txn", {{"success", ops}});
     if (!reply.ok()) return reply.status();
-    const json responses = reply->value("responses", json::array());
-    if (responses.size() != end - start) return Malformed("a read");
+    std::vector<etcd_framing::Kv> kvs;
+    Status s = etcd_framing::DecodeRanges(
+        *reply, end - start, &kvs, revision && start == 0 ? revision : nullptr);
+    if (!s.ok()) return s;
     for (size_t i = start; i < end; ++i) {
-      json kv = FirstKv(responses[i - start]);
-      if (!kv.is_null()) (*out)[i] = Entry{Value(kv), Int(kv, "mod_revision")};
+      const etcd_framing::Kv& kv = kvs[i - start];
+      if (kv.found) (*out)[i] = Entry{kv.value, kv.mod_revision};
     }
-    if (revision && start == 0)
-      *revision = Int(reply->value("header", json()), "revision");
   }
   return Status::Ok();
 }
@@ -118,8 +96,7 @@ Result<int64_t> EtcdStore::Add(const std::string& key, int64_t delta) {
   if (delta == 0) {
     auto reply = client_->Call("/v3/kv/range", {{"key", Base64Encode(full)}});
     if (!reply.ok()) return reply.status();
-    const json kvs = reply->value("kvs", json::array());
-    return kvs.empty() ? 0 : Int(kvs[0], "version");
+    return FirstKv(*reply).version;
   }
   // Each increment is one put: the count is the key's version afterwards
   // (its previous version, returned by the put, plus one). No
@@ -138,8 +115,8 @@ Result<int64_t> EtcdStore::Add(const std::string& key, int64_t delta) {
       counters_.erase(key);
       return reply.status();
     }
-    count = reply->contains("prev_kv") ? Int((*reply)["prev_kv"], "version") + 1
-                                       : 1;
+    auto prev = reply->find("prev_kv");
+    count = prev != reply->end() ? IntField(*prev, "version") + 1 : 1;
     if (counters_.size() >= kMaxCounters) counters_.clear();
     counters_[key] = count;
   }
@@ -163,13 +140,13 @@ Result<std::string> EtcdStore::CompareSet(const std::string& key,
                {"failure", json::array({RangeOp(full)})}};
   auto reply = client_->Call("/v3/kv/txn", body);
   if (!reply.ok()) return reply.status();
-  if (reply->value("succeeded", false)) return std::string(desired);
-  const json responses = reply->value("responses", json::array());
-  if (responses.empty()) return Malformed("a compare-set of " + key);
-  json kv = FirstKv(responses[0]);
+  if (BoolField(*reply, "succeeded")) return std::string(desired);
+  std::vector<etcd_framing::Kv> kvs;
+  if (!etcd_framing::DecodeRanges(*reply, 1, &kvs, nullptr).ok())
+    return Malformed("a compare-set of " + key);
   // c10d's answer for a missing key and a non-empty expectation.
-  if (kv.is_null()) return std::string(expected);
-  return Value(kv);
+  if (!kvs[0].found) return std::string(expected);
+  return kvs[0].value;
 }
 
 Result<bool> EtcdStore::Check(const std::vector<std::string>& keys) {
@@ -247,7 +224,7 @@ Result<bool> EtcdStore::DeleteKey(const std::string& key) {
   auto reply = client_->Call("/v3/kv/deleterange",
                              {{"key", Base64Encode(prefix_ + key)}});
   if (!reply.ok()) return reply.status();
-  return Int(*reply, "deleted") > 0;
+  return IntField(*reply, "deleted") > 0;
 }
 
 std::unique_ptr<KeyWatch> EtcdStore::OpenWatch() {
@@ -264,7 +241,7 @@ Result<int64_t> EtcdStore::DeletePrefix(const std::string& prefix) {
                              {{"key", Base64Encode(full)},
                               {"range_end", Base64Encode(PrefixEnd(full))}});
   if (!reply.ok()) return reply.status();
-  return Int(*reply, "deleted");
+  return IntField(*reply, "deleted");
 }
 
 Result<int64_t> EtcdStore::NumKeys() {
@@ -273,7 +250,7 @@ Result<int64_t> EtcdStore::NumKeys() {
                {"count_only", true}};
   auto reply = client_->Call("/v3/kv/range", body);
   if (!reply.ok()) return reply.status();
-  return Int(*reply, "count");
+  return IntField(*reply, "count");
 }
 
 Result<std::vector<std::string>> EtcdStore::MultiGet(

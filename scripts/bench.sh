@@ -261,10 +261,14 @@ if want fuzz; then
   echo "== the parsers of outside bytes fuzzed, 10^6 inputs (ASan + UBSan)"
   cmake -S . -B build-fuzz -G Ninja -DDTRUN_FUZZ=ON -DDTRUN_WITH_TORCH=OFF \
     -DDTRUN_BUILD_TESTS=ON >/dev/null
-  ninja -C build-fuzz parsers_fuzz_build >/dev/null
-  rm -rf "$tmp/parsers_corpus" && cp -r tests/fuzz/parser_seeds "$tmp/parsers_corpus"
-  start=$(date +%s.%N)
-  build-fuzz/tests/fuzz/parsers_fuzzer -runs=1000000 -max_len=4096 \
-    -artifact_prefix="$tmp/" "$tmp/parsers_corpus" 2>&1 | grep -E "^Done|ERROR|SUMMARY"
-  awk -v s="$start" -v e="$(date +%s.%N)" 'BEGIN { printf "%.1f s\n", e - s }'
+  ninja -C build-fuzz parsers_fuzz_build etcd_fuzz_build >/dev/null
+  for target in parsers:parser_seeds etcd:etcd_seeds; do
+    name=${target%%:*}
+    rm -rf "$tmp/${name}_corpus" && cp -r "tests/fuzz/${target#*:}" "$tmp/${name}_corpus"
+    echo "-- $name"
+    start=$(date +%s.%N)
+    "build-fuzz/tests/fuzz/${name}_fuzzer" -runs=1000000 -max_len=4096 \
+      -artifact_prefix="$tmp/" "$tmp/${name}_corpus" 2>&1 | grep -E "^Done|ERROR|SUMMARY"
+    awk -v s="$start" -v e="$(date +%s.%N)" 'BEGIN { printf "%.1f s\n", e - s }'
+  done
 fi
