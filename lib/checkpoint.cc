@@ -244,6 +244,9 @@ std::vector<int64_t> CheckpointDir::Steps() const {
   return steps;
 }
 
+// Only a later epoch can abandon a file: an epoch's own files are its
+// history, and an earlier epoch's resume point says nothing about files
+// written after it. A resume from step r keeps every file at r or before.
 std::string AbandonedBy(const std::vector<EpochRecord>& epochs, int64_t epoch,
                         int64_t step) {
   for (const EpochRecord& later : epochs) {
@@ -265,6 +268,8 @@ std::string FormatEpochs(const std::vector<EpochRecord>& epochs) {
   return out;
 }
 
+// Strict: a line must be exactly two non-negative numbers, so a list that
+// another program wrote into the folder is refused rather than half-read.
 Result<std::vector<EpochRecord>> ParseEpochs(const std::string& text) {
   std::vector<EpochRecord> out;
   size_t at = 0;
@@ -292,6 +297,9 @@ std::vector<EpochRecord> CheckpointDir::Epochs() const {
   return parsed.ok() ? *parsed : std::vector<EpochRecord>{};
 }
 
+// The whole list is rewritten through a temporary file and a rename, so a
+// crash leaves the old list or the new one, never a torn one; a list that
+// does not verify reads as none, which only makes the rule lenient.
 Result<int64_t> CheckpointDir::BeginEpoch(int64_t resumed_from) {
   std::vector<EpochRecord> epochs = Epochs();
   const int64_t next = epochs.empty() ? 1 : epochs.back().epoch + 1;

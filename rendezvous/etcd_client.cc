@@ -642,7 +642,8 @@ Status EtcdWatch::TakeChanges(std::vector<KeyChange>* changes) {
     bool last = false;
     auto ec = stream_->conn->NextChunk(Clock::now() + milliseconds(200), &chunk,
                                        &last);
-    if (ec || last || stream_->pending.size() + chunk.size() > framing::kMaxBody) {
+    if (ec || last ||
+        stream_->pending.size() + chunk.size() > framing::kMaxBody) {
       broken = true;  // an endless message: a new stream
       break;
     }

@@ -53,6 +53,10 @@ int64_t ParseSize(const std::string& text, int base) {
   return value;
 }
 
+// Only the fields the client acts on are read: the status, how the body is
+// framed, and whether the member keeps the connection. A head is taken
+// whole or not at all, so a caller that reads more and calls again never
+// sees half of one.
 Took TakeHead(std::string* in, Head* head) {
   const size_t end = in->find("\r\n\r\n");
   if (end == std::string::npos)
@@ -83,6 +87,8 @@ Took TakeHead(std::string* in, Head* head) {
   return Took::kItem;
 }
 
+// The length was bounded when the head was taken (ParseSize), so waiting
+// for it can cost at most kMaxBody bytes of buffer.
 Took TakeSizedBody(std::string* in, const Head& head, std::string* body) {
   if (head.chunked || head.length < 0) return Took::kBad;
   const size_t n = static_cast<size_t>(head.length);
@@ -92,13 +98,17 @@ Took TakeSizedBody(std::string* in, const Head& head, std::string* body) {
   return Took::kItem;
 }
 
+// A chunk is "<hex size>[;ext]\r\n<data>\r\n"; the data must end with the
+// CRLF, or the stream is out of step with its framing and nothing after it
+// can be trusted.
 Took TakeChunk(std::string* in, std::string* chunk, bool* last) {
   const size_t eol = in->find("\r\n");
   if (eol == std::string::npos)
     return in->size() > kMaxChunkLine ? Took::kBad : Took::kNeedMore;
   if (eol > kMaxChunkLine) return Took::kBad;
   // The size, up to a chunk extension (";name=value"), hex digits only.
-  const int64_t parsed = ParseSize(in->substr(0, std::min(eol, in->find(';'))), 16);
+  const int64_t parsed =
+      ParseSize(in->substr(0, std::min(eol, in->find(';'))), 16);
   if (parsed < 0) return Took::kBad;
   const size_t size = static_cast<size_t>(parsed);
   if (size == 0) {
@@ -121,6 +131,10 @@ Took TakeChunk(std::string* in, std::string* chunk, bool* last) {
   return Took::kItem;
 }
 
+// The gateway writes each watch response as one JSON object on its own
+// line, wrapped in {"result": ...}; a PUT's event has no "type" (its
+// default), a DELETE says so, and version 1 marks a key's creation. A key
+// the watch did not ask for still moves nothing but its own change.
 bool DrainWatch(std::string* pending, const std::string& prefix,
                 std::vector<WatchedKey>* keys,
                 std::vector<KeyChange>* changes) {
@@ -147,9 +161,9 @@ bool DrainWatch(std::string* pending, const std::string& prefix,
       KeyChange c;
       c.key = key.substr(std::min(prefix.size(), key.size()));
       if (!Base64Decode(StrField(*kv, "value"), &c.value)) c.value.clear();
-      c.kind = StrField(ev, "type") == "DELETE"  ? KeyChange::Kind::kDeleted
-               : IntField(*kv, "version") == 1 ? KeyChange::Kind::kCreated
-                                            : KeyChange::Kind::kUpdated;
+      c.kind = StrField(ev, "type") == "DELETE" ? KeyChange::Kind::kDeleted
+               : IntField(*kv, "version") == 1  ? KeyChange::Kind::kCreated
+                                                : KeyChange::Kind::kUpdated;
       changes->push_back(std::move(c));
     }
   }
@@ -161,7 +175,8 @@ int64_t IntField(const nlohmann::json& o, const char* key) {
   auto it = o.find(key);
   if (it == o.end()) return 0;
   if (it->is_number_integer()) return it->get<int64_t>();
-  if (it->is_string()) return std::atoll(it->get_ref<const std::string&>().c_str());
+  if (it->is_string())
+    return std::atoll(it->get_ref<const std::string&>().c_str());
   return 0;
 }
 
@@ -177,6 +192,9 @@ bool BoolField(const nlohmann::json& o, const char* key) {
   return it != o.end() && it->is_boolean() && it->get<bool>();
 }
 
+// A /v3/kv/range reply holds "kvs" at the top; a txn's range response
+// holds it under "response_range". Both are read here, so one reader
+// serves Add's count, Get's value and CompareSet's current value.
 Kv FirstKv(const nlohmann::json& range) {
   Kv kv;
   if (!range.is_object()) return kv;
@@ -195,6 +213,9 @@ Kv FirstKv(const nlohmann::json& range) {
   return kv;
 }
 
+// The number of responses must match the requests: a shorter list would
+// leave keys unread that the caller takes as missing, which a rendezvous
+// reads as a node that never came.
 Status DecodeRanges(const nlohmann::json& reply, size_t n, std::vector<Kv>* out,
                     int64_t* revision) {
   auto responses = reply.is_object() ? reply.find("responses") : reply.end();

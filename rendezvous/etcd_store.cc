@@ -9,11 +9,11 @@
 namespace dtrun::rendezvous {
 namespace {
 
-using nlohmann::json;
-using std::chrono::milliseconds;
 using etcd_framing::BoolField;
 using etcd_framing::FirstKv;
 using etcd_framing::IntField;
+using nlohmann::json;
+using std::chrono::milliseconds;
 
 // etcd's default --max-txn-ops.
 constexpr size_t kMaxTxnOps = 128;

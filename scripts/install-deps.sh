@@ -23,7 +23,7 @@ test_packages=(
   clang libclang-rt-14-dev clang-format
   tmux jupyter-core jupyter-nbconvert python3-nbclient python3-ipykernel python3-ipython
   python3-matplotlib
-  iproute2 procps util-linux
+  iproute2 procps util-linux python3-fusepy
   help2man dpkg-dev debootstrap universal-ctags
   hwloc
   prometheus prometheus-node-exporter

@@ -636,10 +636,10 @@ void ElasticJob::NoteStore(const Status& status) {
     if (!status.ok()) {
       if (!store_lost_since_) store_lost_since_ = clock_->Now();
     } else if (store_lost_since_) {
-      log->info("the rendezvous store answers again after {:.1f} s",
-                std::chrono::duration<double>(clock_->Now() -
-                                              *store_lost_since_)
-                    .count());
+      log->info(
+          "the rendezvous store answers again after {:.1f} s",
+          std::chrono::duration<double>(clock_->Now() - *store_lost_since_)
+              .count());
       store_lost_since_.reset();
     }
     return;
@@ -754,10 +754,11 @@ ElasticJob::RoundEnd ElasticJob::Fence(const std::string& why) {
   group_.StopForNewRound();
   while (group_.alive() > 0) group_.PollOnce(100);
   Logger("dtrun.rdzv")
-      ->warn("round {}: fenced: workers stopped {:.2f} s after the store was "
-             "given up",
-             assignment_.round,
-             std::chrono::duration<double>(clock_->Now() - started).count());
+      ->warn(
+          "round {}: fenced: workers stopped {:.2f} s after the store was "
+          "given up",
+          assignment_.round,
+          std::chrono::duration<double>(clock_->Now() - started).count());
   RecordRdzv("fence", "FAILED", why);
   return RoundEnd{true, 0};
 }

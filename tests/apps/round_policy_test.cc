@@ -90,7 +90,8 @@ TEST_F(RoundPolicyTest, AJobClosedElsewhereStopsWorkersAndExitsOne) {
   EXPECT_TRUE(s.stop_workers);
 }
 
-TEST_F(RoundPolicyTest, AnUnreachableStoreIsToleratedForTheSilentLimitThenFences) {
+TEST_F(RoundPolicyTest,
+       AnUnreachableStoreIsToleratedForTheSilentLimitThenFences) {
   now_ += milliseconds(15000);
   EXPECT_EQ(Check(Unreachable()), Kind::kWait);
   now_ += milliseconds(1);

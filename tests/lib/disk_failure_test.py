@@ -1,5 +1,7 @@
-"""Full and read-only checkpoint folders, under the real dtrun: a tmpfs of a
-size that holds one checkpoint file and a half, and a read-only bind mount.
+"""Full, read-only and failing checkpoint folders, under the real dtrun: a
+tmpfs of a size that holds one checkpoint file and a half, a read-only bind
+mount, and a FUSE file system that fails writes or fsyncs with EIO on
+demand (tests/helpers/failing_fs.py, python3-fusepy), as a dying disk does.
 A write that cannot be made names the folder, the error and the newest
 checkpoint that still loads, and that one does load; in memory mode a
 persist that fails keeps the copy in memory, the run goes on, and at the
@@ -14,6 +16,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 import unittest
 
 p = argparse.ArgumentParser()
@@ -21,6 +24,7 @@ p.add_argument("--dtrun", required=True)
 p.add_argument("--train-cfg", required=True)
 ARGS, REST = p.parse_known_args()
 HERE = os.path.dirname(os.path.abspath(__file__))
+FAILING_FS = os.path.join(HERE, "..", "helpers", "failing_fs.py")
 CONFIGS = os.path.join(HERE, "..", "..", "examples", "configs")
 DDP = os.path.join(CONFIGS, "digits_ddp.toml")
 FSDP = os.path.join(CONFIGS, "digits_fsdp.toml")
@@ -59,6 +63,86 @@ class DiskFailure(unittest.TestCase):
         subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", path], check=True)
         self.mounts.append(path)
         return path
+
+    def failing_fs(self, name):
+        """A folder through failing_fs.py, and a function that sets how it
+        fails ("ok", "eio-write", "eio-fsync")."""
+        try:
+            import fusepy  # noqa: F401
+        except ImportError:
+            self.skipTest("python3-fusepy is not installed")
+        backing = os.path.join(self.tmp, name + "-backing")
+        mount = os.path.join(self.tmp, name)
+        control = os.path.join(self.tmp, name + ".control")
+        os.makedirs(backing)
+        os.makedirs(mount)
+        with open(control, "w") as f:
+            f.write("ok")
+        proc = subprocess.Popen(["/usr/bin/python3", FAILING_FS, backing, mount, control])
+
+        def unmount():
+            subprocess.run(["umount", mount], check=False)
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        self.addCleanup(unmount)
+        end = time.monotonic() + 10
+        while not os.path.ismount(mount) and time.monotonic() < end:
+            time.sleep(0.05)
+        self.assertTrue(os.path.ismount(mount), "failing_fs did not mount")
+
+        def fail(mode):
+            with open(control, "w") as f:
+                f.write(mode)
+        return mount, fail
+
+    def test_eio_on_write_and_fsync_say_what_still_loads(self):
+        for mode in ["sync", "async"]:
+            for failure in ["eio-write", "eio-fsync"]:
+                with self.subTest(mode=mode, failure=failure):
+                    d, fail = self.failing_fs(f"{mode}-{failure}")
+                    sets = ["checkpoint.every=5", f'checkpoint.mode="{mode}"']
+                    rc, out, err = train(d, "train.steps=5", *sets)
+                    self.assertEqual(rc, 0, err)
+                    fail(failure)
+                    rc, out, err = train(d, "train.steps=20", *sets)
+                    self.assertNotEqual(rc, 0, out)
+                    self.assertIn("resumed from", out, err)
+                    self.assertIn("checkpoint at step 10 not saved:", err)
+                    self.assertIn("Input/output error", err)
+                    self.assertIn(f"The newest checkpoint in {d} is step 5 (it still loads)", err)
+                    fail("ok")
+                    self.assertEqual(sorted(f for f in os.listdir(d) if f.startswith("ckpt_")),
+                                     ["ckpt_000000000005.dtck"])
+                    self.assert_loads(d, 5)
+
+    def test_memory_copies_kept_through_eio_until_a_persist_succeeds(self):
+        d, fail = self.failing_fs("eio-memory")
+        sets = ["checkpoint.every=5", 'checkpoint.mode="memory"', "checkpoint.persist_every=2"]
+        rc, out, err = train(d, "train.steps=10", *sets)
+        self.assertEqual(rc, 0, err)
+        before = set(glob.glob("/dev/shm/dtrun-*-ckpt-*"))
+        fail("eio-fsync")
+        # from 10: persists at 20 (fails: kept in memory, the run goes on)
+        # and 30, the end (fails: dtrun keeps the copies)
+        rc, out, err = train(d, "train.steps=30", *sets)
+        self.assertNotEqual(rc, 0, out)
+        self.assertRegex(err, r"checkpoint step 20 is in this node's memory but not on disk: "
+                              r".*Input/output error")
+        self.assertIn("checkpoint at step 30 not saved:", err)
+        self.assertIn("kept in /dev/shm", err)
+        kept = set(glob.glob("/dev/shm/dtrun-*-ckpt-*")) - before
+        self.assertTrue(kept, err)
+        # the disk answers again: the next dtrun persists step 30 and
+        # resumes there
+        fail("ok")
+        rc, out, err = train(d, "train.steps=30", *sets)
+        self.assertEqual(rc, 0, err)
+        self.assertRegex(err, r"persisted \S*ckpt_000000000030\.dtck from the copy of dtrun \d+")
+        self.assertIn("at step 30 ", out)
+        self.assertFalse(kept & set(glob.glob("/dev/shm/dtrun-*-ckpt-*")))
 
     def assert_loads(self, folder, step, config=DDP):
         """A copy of `folder` resumes from `step`."""
