@@ -263,12 +263,13 @@ std::string AbandonedBy(const std::vector<EpochRecord>& epochs, int64_t epoch,
 std::string FormatEpochs(const std::vector<EpochRecord>& epochs) {
   std::string out;
   for (const EpochRecord& e : epochs)
-    out +=
-        std::to_string(e.epoch) + " " + std::to_string(e.resumed_from) + "\n";
+    out += std::to_string(e.epoch) + " " + std::to_string(e.resumed_from) +
+           " " + std::to_string(e.world_size) + "\n";
   return out;
 }
 
-// Strict: a line must be exactly two non-negative numbers, so a list that
+// Strict: a line must be exactly two or three non-negative numbers (the
+// world size came later), so a list that
 // another program wrote into the folder is refused rather than half-read.
 Result<std::vector<EpochRecord>> ParseEpochs(const std::string& text) {
   std::vector<EpochRecord> out;
@@ -278,14 +279,15 @@ Result<std::vector<EpochRecord>> ParseEpochs(const std::string& text) {
     if (end == std::string::npos) end = text.size();
     const std::string l = text.substr(at, end - at);
     at = end + 1;
-    long long epoch = 0, step = 0;
+    long long epoch = 0, step = 0, world = 0;
     char tail = 0;
-    if (std::sscanf(l.c_str(), "%lld %lld%c", &epoch, &step, &tail) != 2 ||
-        epoch < 0 || step < 0) {
+    const int n = std::sscanf(l.c_str(), "%lld %lld %lld%c", &epoch, &step,
+                              &world, &tail);
+    if ((n != 2 && n != 3) || epoch < 0 || step < 0 || world < 0) {
       return Status::Invalid("epochs line " + std::to_string(line) + " '" +
-                             l.substr(0, 40) + "' is not two numbers");
+                             l.substr(0, 40) + "' is not two or three numbers");
     }
-    out.push_back({epoch, step});
+    out.push_back({epoch, step, world});
   }
   return out;
 }
@@ -300,10 +302,11 @@ std::vector<EpochRecord> CheckpointDir::Epochs() const {
 // The whole list is rewritten through a temporary file and a rename, so a
 // crash leaves the old list or the new one, never a torn one; a list that
 // does not verify reads as none, which only makes the rule lenient.
-Result<int64_t> CheckpointDir::BeginEpoch(int64_t resumed_from) {
+Result<int64_t> CheckpointDir::BeginEpoch(int64_t resumed_from,
+                                          int64_t world_size) {
   std::vector<EpochRecord> epochs = Epochs();
   const int64_t next = epochs.empty() ? 1 : epochs.back().epoch + 1;
-  epochs.push_back({next, resumed_from});
+  epochs.push_back({next, resumed_from, world_size});
   if (epochs.size() > kKeptEpochs)
     epochs.erase(epochs.begin(), epochs.end() - kKeptEpochs);
   Status s =

@@ -38,14 +38,16 @@ Result<std::string> VerifyCheckpointBytes(const std::string& bytes);
 struct EpochRecord {
   int64_t epoch = 0;
   int64_t resumed_from = 0;  // the step; 0 for a start from scratch
+  int64_t world_size = 0;    // the ranks that trained in it; 0: not said
 };
 // "" when a file of `epoch` at `step` is of the history `epochs` lead to;
 // else why not ("written in epoch 3, but epoch 4 resumed from step 100").
 // Files without an epoch (written before epochs were kept) are epoch 0.
 std::string AbandonedBy(const std::vector<EpochRecord>& epochs, int64_t epoch,
                         int64_t step);
-// The records file's payload, one "<epoch> <resumed_from>" line each, and
-// back (Invalid naming the line that is not two numbers).
+// The records file's payload, one "<epoch> <resumed_from> <world_size>"
+// line each, and back (Invalid naming the line that is not two or three
+// numbers).
 std::string FormatEpochs(const std::vector<EpochRecord>& epochs);
 Result<std::vector<EpochRecord>> ParseEpochs(const std::string& text);
 
@@ -89,10 +91,11 @@ class CheckpointDir {
   // The folder's epochs ("epochs.dtck", framed as a checkpoint file),
   // oldest first; none when the file is missing or does not verify.
   std::vector<EpochRecord> Epochs() const;
-  // Records the next epoch (1 + the newest), resumed from `step`; its
-  // number. The record is durable (written as a checkpoint file is) before
-  // this returns. The newest kKeptEpochs records are kept.
-  Result<int64_t> BeginEpoch(int64_t resumed_from);
+  // Records the next epoch (1 + the newest), resumed from `step` on
+  // `world_size` ranks; its number. The record is durable (written as a
+  // checkpoint file is) before this returns. The newest kKeptEpochs records are
+  // kept.
+  Result<int64_t> BeginEpoch(int64_t resumed_from, int64_t world_size = 0);
   static constexpr size_t kKeptEpochs = 256;
 
   // Sharded checkpoints: each rank writes its shard of `step` to

@@ -512,7 +512,7 @@ Status Trainer::LoadFromMemory(int64_t step, StepFile* file) {
 void Trainer::BeginEpoch(int64_t start) {
   int64_t epoch = 0;
   if (rank_ == 0) {
-    auto begun = ckpt_->BeginEpoch(start);
+    auto begun = ckpt_->BeginEpoch(start, world_);
     epoch =
         begun.ok() ? *begun : (epochs_.empty() ? 0 : epochs_.back().epoch) + 1;
     if (!begun.ok()) {

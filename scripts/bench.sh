@@ -25,7 +25,8 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 # DTRUN_BENCH_ONLY=store,launcher,... runs only those parts: store, store-load,
 # launcher, multinode, rdzv-sim, rdzv-scale, etcd, ddp, fsdp, interactive,
-# hang, status, straggler, checkpoint, auto, torch-versions, wheel, fuzz.
+# hang, status, straggler, checkpoint, auto, torch-versions, wheel, fuzz,
+# partition, soak.
 want() { [[ -z ${DTRUN_BENCH_ONLY:-} || ",$DTRUN_BENCH_ONLY," == *",$1,"* ]]; }
 
 torch2=${DTRUN_BENCH_TORCH2:-1}
@@ -271,4 +272,18 @@ if want fuzz; then
       -artifact_prefix="$tmp/" "$tmp/${name}_corpus" 2>&1 | grep -E "^Done|ERROR|SUMMARY"
     awk -v s="$start" -v e="$(date +%s.%N)" 'BEGIN { printf "%.1f s\n", e - s }'
   done
+fi
+if want partition; then
+  echo
+  echo "== partitions: a node's switch port down, fenced and rejoined (3 rounds, c10d and etcd)"
+  for round in 1 2 3; do
+    /usr/bin/python3 tests/netns/partition_test.py --dtrun $b/apps/dtrun \
+      --train-cfg $b/examples/train_cfg 2>&1 | grep -E "fenced in|FAIL|Error"
+  done
+fi
+if want soak; then
+  echo
+  echo "== the soak: 10 minutes of mixed faults on three nodes over etcd"
+  /usr/bin/python3 tests/bench/soak_bench.py --dtrun $b/apps/dtrun \
+    --train-cfg $b/examples/train_cfg --minutes "${DTRUN_SOAK_MINUTES:-10}"
 fi

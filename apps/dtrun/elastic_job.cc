@@ -614,6 +614,10 @@ void ElasticJob::Linger() {
   if (!cleans) return;
   auto* store = static_cast<rendezvous::EtcdStore*>(rdzv_client_.get());
   const std::string& run = config_.rdzv_id;
+  // The pointer to the last run, when it is this one: no key of the job
+  // outlives it.
+  auto last = store->MultiGet({kLastRunKey});  // no wait when it is missing
+  if (last.ok() && (*last)[0] == run) (void)store->DeleteKey(kLastRunKey);
   for (const std::string& prefix :
        {"rdzv/" + run + "/", "dtrun/status/" + run + "/",
         "dtrun/stacks/" + run + "/"}) {

@@ -114,8 +114,12 @@ TEST(Epochs, FormatAndParseRoundTripAndBadLinesAreNamed) {
   EXPECT_EQ((*parsed)[1].resumed_from, 100);
   auto bad = ParseEpochs("1 0\n2 x\n");
   ASSERT_FALSE(bad.ok());
-  EXPECT_EQ(bad.status().message(), "epochs line 2 '2 x' is not two numbers");
-  EXPECT_FALSE(ParseEpochs("1 0 7\n").ok());
+  EXPECT_EQ(bad.status().message(),
+            "epochs line 2 '2 x' is not two or three numbers");
+  auto three = ParseEpochs("1 0 7\n");
+  ASSERT_TRUE(three.ok());
+  EXPECT_EQ((*three)[0].world_size, 7);
+  EXPECT_FALSE(ParseEpochs("1 0 7 8\n").ok());
   EXPECT_FALSE(ParseEpochs("-1 0\n").ok());
 }
 
