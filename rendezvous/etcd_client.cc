@@ -169,33 +169,18 @@ class EtcdClient::Connection {
   // Reads the status line and headers; the body follows through ReadBody
   // (sized or chunked) or NextChunk (streams).
   asio::error_code ReadHead(TimePoint deadline, int* status) {
-    for (;;) {
-      switch (framing::TakeHead(&in_, &head_)) {
-        case framing::Took::kItem:
-          *status = head_.status;
-          return {};
-        case framing::Took::kBad:
-          return asio::error::message_size;
-        case framing::Took::kNeedMore:
-          if (auto ec = ReadMore(deadline)) return ec;
-      }
-    }
+    auto ec = Take(deadline, asio::error::message_size,
+                   [&] { return framing::TakeHead(&in_, &head_); });
+    if (!ec) *status = head_.status;
+    return ec;
   }
 
   // A unary reply's body.
   asio::error_code ReadBody(TimePoint deadline, std::string* body) {
     body->clear();
     if (!head_.chunked) {
-      for (;;) {
-        switch (framing::TakeSizedBody(&in_, head_, body)) {
-          case framing::Took::kItem:
-            return {};
-          case framing::Took::kBad:
-            return asio::error::invalid_argument;
-          case framing::Took::kNeedMore:
-            if (auto ec = ReadMore(deadline)) return ec;
-        }
-      }
+      return Take(deadline, asio::error::invalid_argument,
+                  [&] { return framing::TakeSizedBody(&in_, head_, body); });
     }
     for (;;) {
       std::string chunk;
@@ -211,16 +196,8 @@ class EtcdClient::Connection {
   // One chunk of a chunked body; *last on the final (empty) one.
   asio::error_code NextChunk(TimePoint deadline, std::string* chunk,
                              bool* last) {
-    for (;;) {
-      switch (framing::TakeChunk(&in_, chunk, last)) {
-        case framing::Took::kItem:
-          return {};
-        case framing::Took::kBad:
-          return asio::error::message_size;
-        case framing::Took::kNeedMore:
-          if (auto ec = ReadMore(deadline)) return ec;
-      }
-    }
+    return Take(deadline, asio::error::message_size,
+                [&] { return framing::TakeChunk(&in_, chunk, last); });
   }
 
   bool reusable() const { return head_.keep_alive && socket_.is_open(); }
@@ -250,6 +227,22 @@ class EtcdClient::Connection {
 
  private:
   using TlsStream = asio::ssl::stream<asio::ip::tcp::socket&>;
+
+  // Calls `take` (a framing::Take* on in_) until it takes a whole item,
+  // reading more while it needs more; bytes it refuses are `bad`.
+  template <typename TakeFn>
+  asio::error_code Take(TimePoint deadline, asio::error_code bad, TakeFn take) {
+    for (;;) {
+      switch (take()) {
+        case framing::Took::kItem:
+          return {};
+        case framing::Took::kBad:
+          return bad;
+        case framing::Took::kNeedMore:
+          if (auto ec = ReadMore(deadline)) return ec;
+      }
+    }
+  }
 
   // Appends what the socket has (at least one byte) to in_; the end of the
   // stream is an error here, as every reply is framed.

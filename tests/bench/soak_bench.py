@@ -25,6 +25,9 @@ import sys
 import tempfile
 import time
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "integration"))
+from dtrun_proc import alive, wait_for  # noqa: E402
+
 p = argparse.ArgumentParser()
 p.add_argument("--dtrun", required=True)
 p.add_argument("--train-cfg", required=True)
@@ -46,15 +49,6 @@ def sets(steps, slow=True):
                  "checkpoint.persist_every=5"] if slow else ["checkpoint.keep=100000"])
 
 
-def wait_for(pred, timeout, step=0.1):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if pred():
-            return True
-        time.sleep(step)
-    return pred()
-
-
 def children(pid):
     out = []
     for d in glob.glob("/proc/[0-9]*/stat"):
@@ -66,14 +60,6 @@ def children(pid):
         except (OSError, ValueError, IndexError):
             pass
     return out
-
-
-def alive(pid):
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def epochs(folder):

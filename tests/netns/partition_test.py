@@ -19,6 +19,9 @@ import tempfile
 import time
 import unittest
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "integration"))
+from dtrun_proc import wait_for  # noqa: E402
+
 p = argparse.ArgumentParser()
 p.add_argument("--dtrun", required=True)
 p.add_argument("--train-cfg", required=True)
@@ -40,15 +43,6 @@ RESUMED = re.compile(r"resumed from \S+ at step (\d+)")
 # last answered check (half a second before the cut at most), then the
 # workers' stop; 3 s more for a loaded machine.
 FENCE_BOUND_S = 2 + 2 * 2 + 0.5 + 3
-
-
-def wait_for(pred, timeout, step=0.1):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if pred():
-            return True
-        time.sleep(step)
-    return pred()
 
 
 class Node:
