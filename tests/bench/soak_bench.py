@@ -263,7 +263,10 @@ def main():
         m = DONE.findall(out)
         want, epochs_n = soak.replay()
         leaked = sorted(pid for pid in soak.seen if alive(pid))
-        shm = sorted(set(glob.glob("/dev/shm/dtrun-*")) - shm_before)
+        # Only the copies of dtruns this soak started (tests beside it have
+        # theirs).
+        shm = sorted(s for s in set(glob.glob("/dev/shm/dtrun-*")) - shm_before
+                     if int(s.split("-")[1]) in soak.seen)
         # A dtrun that lived through every fault holds no more descriptors
         # at the end than at the start, give or take its role in the round
         # (group rank 0 hosts the workers' store and its connections).

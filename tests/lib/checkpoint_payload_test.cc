@@ -37,18 +37,20 @@ TEST(StepFileTest, SchemaKeysAndRoundTrip) {
   StepFile f;
   f.step = 150;
   f.world_size = 2;
+  f.epoch = 3;
   f.rng = {torch::arange(3), torch::arange(4)};
   f.parts = {{"model", BytesTensor("m")}, {"optimizer", BytesTensor("o")}};
   TensorMap t = f.ToTensors();
   // The names on disk, which older checkpoints also use.
   for (const char* key :
-       {"step", "world_size", "rng_0", "rng_1", "model", "optimizer"})
+       {"step", "world_size", "epoch", "rng_0", "rng_1", "model", "optimizer"})
     EXPECT_TRUE(t.count(key)) << key;
-  EXPECT_EQ(t.size(), 6u);
+  EXPECT_EQ(t.size(), 7u);
   auto back = StepFile::FromTensors(*DecodeTensors(EncodeTensors(t)));
   ASSERT_TRUE(back.ok()) << back.status().message();
   EXPECT_EQ(back->step, 150);
   EXPECT_EQ(back->world_size, 2);
+  EXPECT_EQ(back->epoch, 3);
   ASSERT_EQ(back->rng.size(), 2u);
   EXPECT_TRUE(torch::equal(back->rng[1], torch::arange(4)));
   EXPECT_EQ(back->parts.size(), 2u);  // only the strategy's parts are left

@@ -40,6 +40,22 @@ def train(ckpt, *sets, config=DDP, restarts=0):
     return p.returncode, p.stdout, p.stderr
 
 
+def kept_copies():
+    """/dev/shm checkpoint copies whose dtrun is gone (kept on purpose);
+    copies of dtruns still running (tests beside this one) are theirs."""
+    out = set()
+    for path in glob.glob("/dev/shm/dtrun-*-ckpt-*"):
+        pid = int(os.path.basename(path).split("-")[1])
+        if not os.path.exists(f"/proc/{pid}"):
+            out.add(path)
+    return out
+
+
+def checkpoints(folder):
+    """The checkpoint files in `folder` (not its epochs record)."""
+    return sorted(f for f in os.listdir(folder) if f.startswith("ckpt_"))
+
+
 def file_size(config):
     with tempfile.TemporaryDirectory() as d:
         rc, _, err = train(d, "train.steps=5", "checkpoint.every=5", config=config)
@@ -114,8 +130,7 @@ class DiskFailure(unittest.TestCase):
                     self.assertIn("Input/output error", err)
                     self.assertIn(f"The newest checkpoint in {d} is step 5 (it still loads)", err)
                     fail("ok")
-                    self.assertEqual(sorted(f for f in os.listdir(d) if f.startswith("ckpt_")),
-                                     ["ckpt_000000000005.dtck"])
+                    self.assertEqual(checkpoints(d), ["ckpt_000000000005.dtck"])
                     self.assert_loads(d, 5)
 
     def test_memory_copies_kept_through_eio_until_a_persist_succeeds(self):
@@ -123,7 +138,7 @@ class DiskFailure(unittest.TestCase):
         sets = ["checkpoint.every=5", 'checkpoint.mode="memory"', "checkpoint.persist_every=2"]
         rc, out, err = train(d, "train.steps=10", *sets)
         self.assertEqual(rc, 0, err)
-        before = set(glob.glob("/dev/shm/dtrun-*-ckpt-*"))
+        before = kept_copies()
         fail("eio-fsync")
         # from 10: persists at 20 (fails: kept in memory, the run goes on)
         # and 30, the end (fails: dtrun keeps the copies)
@@ -133,7 +148,7 @@ class DiskFailure(unittest.TestCase):
                               r".*Input/output error")
         self.assertIn("checkpoint at step 30 not saved:", err)
         self.assertIn("kept in /dev/shm", err)
-        kept = set(glob.glob("/dev/shm/dtrun-*-ckpt-*")) - before
+        kept = kept_copies() - before
         self.assertTrue(kept, err)
         # the disk answers again: the next dtrun persists step 30 and
         # resumes there
@@ -166,7 +181,7 @@ class DiskFailure(unittest.TestCase):
                 # the worker's error file: dtrun's summary says it too
                 self.assertIn("traceback : dtrun::train::Error: checkpoint at step 10 not saved",
                               err)
-                self.assertEqual(sorted(os.listdir(d)), ["ckpt_000000000005.dtck"])
+                self.assertEqual(checkpoints(d), ["ckpt_000000000005.dtck"])
                 self.assert_loads(d, 5)
 
     def test_fsdp_shard_that_cannot_be_written_is_not_waited_for(self):
@@ -195,7 +210,7 @@ class DiskFailure(unittest.TestCase):
     def test_memory_copies_kept_until_a_persist_succeeds(self):
         size = file_size(DDP)
         d = self.small_tmpfs("full-memory", int(size * 1.5))
-        before = set(glob.glob("/dev/shm/dtrun-*-ckpt-*"))
+        before = kept_copies()
         # persisted at 10 (fits), 20 (full: kept in memory, the run goes
         # on) and 30, the end (full: the run fails, dtrun keeps the copies)
         sets = ["train.steps=30", "checkpoint.every=5", 'checkpoint.mode="memory"',
@@ -206,9 +221,9 @@ class DiskFailure(unittest.TestCase):
                               r".*No space left on device")
         self.assertIn("checkpoint at step 30 not saved:", err)
         self.assertIn("kept in /dev/shm", err)
-        kept = set(glob.glob("/dev/shm/dtrun-*-ckpt-*")) - before
+        kept = kept_copies() - before
         self.assertTrue(kept, err)
-        self.assertEqual(sorted(os.listdir(d)), ["ckpt_000000000010.dtck"])
+        self.assertEqual(checkpoints(d), ["ckpt_000000000010.dtck"])
         # room again: the next dtrun persists step 30 first and resumes there
         subprocess.run(["mount", "-o", f"remount,size={size * 4}", d], check=True)
         rc, out, err = train(d, *sets)
