@@ -201,10 +201,11 @@ Status CheckpointDir::Write(int64_t step, const std::string& payload,
   // checkpoint too many, never one too few. Later steps are set aside first
   // (renamed, not deleted: nothing is lost that someone may want to read).
   auto steps = Steps();
+  // One that cannot be renamed stays (the loader still refuses it by its
+  // epoch), but never counts among the kept.
   while (!steps.empty() && steps.front() > step) {
     const std::string from = PathFor(steps.front());
-    if (::rename(from.c_str(), (from + ".abandoned").c_str()) != 0)
-      break;  // it stays; the loader still refuses it by its epoch
+    (void)::rename(from.c_str(), (from + ".abandoned").c_str());
     steps.erase(steps.begin());
   }
   std::vector<int64_t> kept(

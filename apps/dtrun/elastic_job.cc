@@ -228,9 +228,10 @@ Status ElasticJob::ConnectRendezvous() {
   copts.host = host;
   copts.port = port;
   // Store operations are bounded by half the time a node may stay silent
-  // (at least 1 s), so a node cut off from the store is fenced within the
-  // silent limit and one operation's deadline of the others declaring it
-  // dead; read_timeout overrides.
+  // (at least 1 s), so a node cut off from the store is fenced soon after
+  // the others declare it dead: the silent limit, two operations' deadlines
+  // and a check interval (apps/dtrun/README.md, "Partitions");
+  // read_timeout overrides.
   copts.timeout = rc.read_timeout.value_or(
       std::max(rc.silent_limit() / 2, milliseconds(1000)));
   auto client = ConnectUntil(copts, rc.join_timeout);
@@ -492,9 +493,9 @@ void ElasticJob::RecordRdzv(const std::string& name,
 }
 
 void ElasticJob::PublishStatus(const std::string& json) {
-  // A fenced node's store does not answer: each try would hold the loop
-  // for an operation's deadline.
-  if (!joined_ || fenced_ || !store_answers_) return;
+  // A store that does not answer (the node may be cut off): each try would
+  // hold the loop for an operation's deadline.
+  if (!joined_ || !store_answers_) return;
   const std::string& run = config_.rdzv_id;
   Status s =
       rdzv_client_->Set(NodeStatusKey(run, assignment_.group_rank), json);
@@ -631,8 +632,9 @@ void ElasticJob::Linger() {
 }
 
 // etcd's trouble, said once when it starts and once when it ends: a lost
-// quorum stops new rounds, not the workers. Other stores' errors are
-// RoundPolicy's to judge.
+// quorum stops new rounds, not the workers. A c10d store's errors are
+// RoundPolicy's to judge; once it fenced this node, only the store's
+// return is said here.
 void ElasticJob::NoteStore(const Status& status) {
   auto log = Logger("dtrun.rdzv");
   if (!etcd_) {
