@@ -36,6 +36,47 @@ void Agent::OnGroupStarted() {
   hung_ = false;
   unhealthy_ = false;
   failures_.clear();
+  d_since_.clear();
+}
+
+void Agent::OnAttemptFailing(int64_t highest_step) {
+  const int limit = opts_.max_restarts_without_progress;
+  if (limit <= 0) return;
+  if (highest_step > highest_step_) {
+    highest_step_ = highest_step;
+    restarts_without_progress_ = 0;
+    return;
+  }
+  if (restart_count_ == 0) return;  // the first attempt is no restart
+  if (++restarts_without_progress_ < limit) return;
+  why_gave_up_ = "restarts made no progress: " + std::to_string(limit) +
+                 " restart(s) in a row beat no step past " +
+                 (highest_step_ < 0 ? std::string("the start (no beat)")
+                                    : "step " + std::to_string(highest_step_)) +
+                 " (--max-restarts-without-progress=" + std::to_string(limit) +
+                 "); not restarting, exit code 93: do not requeue";
+  GiveUp();
+}
+
+// A worker in D state cannot be killed, so a restart would leave it behind
+// holding its GPU: one seen in D for the whole timeout makes the group
+// unhealthy (stopped, named, not restarted).
+std::vector<Action> Agent::OnDState(const std::vector<int>& local_ranks,
+                                    TimePoint now) {
+  if (opts_.uninterruptible_timeout.count() <= 0 || phase_ != Phase::kRunning)
+    return {};
+  std::map<int, TimePoint> still;
+  for (int lr : local_ranks) {
+    auto seen = d_since_.find(lr);
+    still[lr] = seen == d_since_.end() ? now : seen->second;
+  }
+  d_since_ = std::move(still);
+  for (const auto& [lr, since] : d_since_) {
+    if (now - since < opts_.uninterruptible_timeout) continue;
+    stuck_ = Stuck{lr, since};
+    return OnUnhealthy(now);
+  }
+  return {};
 }
 
 std::vector<Action> Agent::OnWorkerExit(const WorkerExit& exit, TimePoint now) {

@@ -1,7 +1,10 @@
 #pragma once
 
 #include <chrono>
+#include <cstdint>
+#include <map>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "apps/dtrun/clock.h"
@@ -15,6 +18,10 @@ struct AgentOptions {
   // After SIGKILL, how long to wait for workers before going on without
   // them (a worker in uninterruptible sleep survives SIGKILL).
   std::chrono::milliseconds kill_wait{10000};
+  // TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT (0: not watched).
+  std::chrono::milliseconds uninterruptible_timeout{0};
+  // --max-restarts-without-progress (0: no limit).
+  int max_restarts_without_progress = 0;
 };
 
 // How one worker ended, as the spawner saw it.
@@ -100,6 +107,23 @@ class Agent {
   // Finish(failed).
   void GiveUp() { give_up_ = true; }
   bool gave_up() const { return give_up_; }
+  // --max-restarts-without-progress, as an attempt fails: progress is a
+  // beat past `highest_step` of every earlier attempt (a resumed run redoes
+  // the steps after its checkpoint, which is no progress by itself). After
+  // that many restarts in a row without, it gives up (GiveUp) and says why.
+  void OnAttemptFailing(int64_t highest_step);
+  const std::string& why_gave_up() const { return why_gave_up_; }
+  // TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT: the local ranks of the
+  // running workers seen in uninterruptible sleep (D state) now. One seen
+  // there for the whole timeout -> OnUnhealthy's actions, and stuck() says
+  // which and since when.
+  std::vector<Action> OnDState(const std::vector<int>& local_ranks,
+                               TimePoint now);
+  struct Stuck {
+    int local_rank = -1;
+    TimePoint since{};
+  };
+  const Stuck& stuck() const { return stuck_; }
   // Call at deadline() (or later): escalates a stop to SIGKILL.
   std::vector<Action> OnTick(TimePoint now);
 
@@ -132,6 +156,11 @@ class Agent {
   TimePoint kill_at_{};
   TimePoint abandon_at_{};
   std::vector<WorkerExit> failures_;
+  std::map<int, TimePoint> d_since_;  // local rank -> first seen in D state
+  Stuck stuck_;
+  int64_t highest_step_ = -1;  // the highest step beaten by any attempt
+  int restarts_without_progress_ = 0;
+  std::string why_gave_up_;
 };
 
 }  // namespace dtrun::agent

@@ -363,9 +363,11 @@ int ElasticJob::Run() {
       RegistryDir(config_.environment),
       RegistryEntry{getpid(), config_.rdzv_id, group_.run_dir(),
                     etcd_ ? "" : rdzv_address_, true, os::UnixNow()});
-  group_.on_status = [this](const std::string& json) { PublishStatus(json); };
-  group_.job_view = [this] { return JobView(); };
-  group_.store_metrics = [this] { return StoreMetrics(); };
+  group_.watch().on_status = [this](const std::string& json) {
+    PublishStatus(json);
+  };
+  group_.watch().job_view = [this] { return JobView(); };
+  group_.watch().store_metrics = [this] { return StoreMetrics(); };
   rendezvous::RendezvousOptions ro = RendezvousOptionsOf(config_.rdzv_id);
   if (etcd_) {
     auto* store = static_cast<rendezvous::EtcdStore*>(rdzv_client_.get());

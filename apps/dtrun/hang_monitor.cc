@@ -123,14 +123,4 @@ size_t MarkWaiting(std::vector<RankSilence>* ranks) {
   return root;
 }
 
-int64_t ParseBeatStep(const std::string& text) {
-  // Lenient about leading blanks but strict about the number: a negative or
-  // non-numeric first line is "no step", never a wrong step in the report.
-  size_t i = 0;
-  while (i < text.size() && (text[i] == ' ' || text[i] == '\t')) ++i;
-  if (text.compare(i, 4, "done") == 0) return kBeatDone;
-  if (i >= text.size() || text[i] < '0' || text[i] > '9') return -1;
-  return std::strtoll(text.c_str() + i, nullptr, 10);
-}
-
 }  // namespace dtrun::agent

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "apps/dtrun/beat_file.h"
 #include "apps/dtrun/clock.h"
 
 namespace dtrun::agent {
@@ -90,13 +91,5 @@ size_t HangRootCause(const std::vector<RankSilence>& ranks,
 // root cause, and every other worker whose stack waits in a collective:
 // both wait for the root cause. Returns the root cause's index.
 size_t MarkWaiting(std::vector<RankSilence>* ranks);
-
-// A last beat of "done": the worker is past its loop (tearing down, which
-// may be slow) and is not watched any more.
-constexpr int64_t kBeatDone = -2;
-
-// The step carried by a heartbeat file's text: the first line's integer,
-// kBeatDone for "done", -1 when it holds neither.
-int64_t ParseBeatStep(const std::string& text);
 
 }  // namespace dtrun::agent

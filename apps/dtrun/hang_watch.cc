@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "apps/dtrun/log_mux.h"
+#include "apps/dtrun/run_layout.h"
 #include "rendezvous/heartbeat.h"
 #include "rendezvous/util/log.h"
 #include "rendezvous/util/os_util.h"
@@ -34,10 +35,6 @@ HangOptions HangOptionsOf(const LaunchConfig& c) {
   if (first.count() == 0)
     first = std::max(milliseconds(60000), 10 * c.hang_timeout);
   return HangOptions{c.hang_timeout, first};
-}
-
-std::string RankDir(const std::string& attempt_dir, int local_rank) {
-  return attempt_dir + "/" + std::to_string(local_rank);
 }
 
 // The command that prints every thread's native stack of `pid`, or none.
@@ -105,10 +102,10 @@ HangWatch::HangWatch(const LaunchConfig& config, const Clock* clock,
 
 void HangWatch::AddEnv(int local_rank, const std::string& attempt_dir,
                        EnvMap* env) const {
-  std::string path = RankDir(attempt_dir, local_rank) + "/heartbeat";
+  std::string path = layout::BeatFile(attempt_dir, local_rank);
   ::unlink(path.c_str());  // a beat of the last attempt must not count
   (*env)[rendezvous::Heartbeat::kEnv] = path;
-  std::string stacks = RankDir(attempt_dir, local_rank) + "/live_stack.txt";
+  std::string stacks = layout::LiveStackFile(attempt_dir, local_rank);
   ::unlink(stacks.c_str());
   (*env)["DTRUN_STACK_FILE"] = stacks;
   (*env)["DTRUN_STACK_SIGNAL"] = std::to_string(StackSignal());
@@ -121,7 +118,6 @@ void HangWatch::Reset(int nproc, const std::string& attempt_dir,
   attempt_dir_ = attempt_dir;
   restart_count_ = restart_count;
   monitor_.Reset(nproc, clock_->Now());
-  beat_mtime_ns_.clear();
   next_check_ = clock_->Now();
 }
 
@@ -134,27 +130,15 @@ int HangWatch::NextCheckMs(bool running) const {
   return static_cast<int>(std::max<int64_t>(0, left.count()));
 }
 
-void HangWatch::ReadBeats(TimePoint now) {
-  // A beat is a rewrite of the file: its mtime is when it happened (on the
-  // wall clock, mapped to the steady clock here), its content the step.
+void HangWatch::OnBeat(int local_rank, const Beat& beat) {
+  // A beat is a rewrite of the file: its mtime is when it happened, on the
+  // wall clock, mapped to the steady clock here.
+  const TimePoint now = clock_->Now();
   const nanoseconds wall_now = std::chrono::milliseconds(clock_->UnixMillis());
-  for (size_t lr = 0; lr < monitor_.beats().size(); ++lr) {
-    std::string path =
-        RankDir(attempt_dir_, static_cast<int>(lr)) + "/heartbeat";
-    struct stat st {};
-    // An empty file was only opened (or is being rewritten): not a beat yet.
-    if (stat(path.c_str(), &st) != 0 || st.st_size == 0) continue;
-    int64_t mtime_ns =
-        int64_t(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
-    auto it = beat_mtime_ns_.find(static_cast<int>(lr));
-    if (it != beat_mtime_ns_.end() && it->second == mtime_ns) continue;
-    beat_mtime_ns_[static_cast<int>(lr)] = mtime_ns;
-    auto age = std::max<nanoseconds::rep>(
-        0, (wall_now - nanoseconds(mtime_ns)).count());
-    TimePoint when = std::min(now - nanoseconds(age), now);
-    monitor_.OnBeat(static_cast<int>(lr), when,
-                    ParseBeatStep(os::ReadFileOrEmpty(path)));
-  }
+  auto age = std::max<nanoseconds::rep>(
+      0, (wall_now - nanoseconds(beat.mtime_ns)).count());
+  TimePoint when = std::min(now - nanoseconds(age), now);
+  monitor_.OnBeat(local_rank, when, beat.line.step);
 }
 
 int HangWatch::Check(bool running, const std::map<int, int>& pids,
@@ -162,7 +146,6 @@ int HangWatch::Check(bool running, const std::map<int, int>& pids,
   TimePoint now = clock_->Now();
   if (NextCheckMs(running) != 0) return 0;
   next_check_ = now + milliseconds(kCheckEveryMs);
-  ReadBeats(now);
   if (monitor_.Hung(now).empty()) return 0;
   Snapshot(now, pids, base_rank);
   reported_ = false;
@@ -214,7 +197,7 @@ void HangWatch::ShareWithNodes(int base_rank) {
     auto it = taken.find(r.rank);
     if (it == taken.end() || it->second.empty()) continue;
     r.stack = it->second;
-    r.stack_file = RankDir(attempt_dir_, r.silence.local_rank) + "/stack.txt";
+    r.stack_file = layout::StackFile(attempt_dir_, r.silence.local_rank);
     (void)os::WriteFile(r.stack_file, r.stack);
   }
   const double now = os::UnixNow();
@@ -252,7 +235,7 @@ void HangWatch::CaptureNativeStacks() {
           "neither eu-stack (Debian: elfutils) nor gdb is installed";
       continue;
     }
-    r.stack_file = RankDir(attempt_dir_, r.silence.local_rank) + "/stack.txt";
+    r.stack_file = layout::StackFile(attempt_dir_, r.silence.local_rank);
     tools.push_back(ToolRun{argv, r.stack_file});
   }
   workers_->RunTools(tools, kToolLimit);
@@ -270,7 +253,7 @@ void HangWatch::Report() {
   // A dying worker's last lines (its stack) are in the pipes already.
   workers_->ReadPending(milliseconds(500));
   for (RankStack& r : stacks_) {
-    std::string dir = RankDir(attempt_dir_, r.silence.local_rank);
+    const int lr = r.silence.local_rank;
     if (!PythonWorkers(config_) || r.silence.exited || !r.host.empty())
       continue;
     // A stack taken live (ShareWithNodes) is where the rank was when the
@@ -278,14 +261,15 @@ void HangWatch::Report() {
     // failed on a peer that another node stopped, and its last dump shows
     // that instead.
     if (!FirstFrames(r.stack, 1).empty()) continue;
-    r.stack = ExtractFaulthandlerDump(os::ReadFileOrEmpty(dir + "/stderr.log"));
+    r.stack = ExtractFaulthandlerDump(
+        os::ReadFileOrEmpty(layout::OutputLog(attempt_dir_, lr, 2)));
     if (r.stack.empty()) {
       r.why_no_stack =
           "the worker printed no Python fault-handler dump (not Python, or it "
           "replaced the SIGABRT handler)";
       continue;
     }
-    r.stack_file = dir + "/stack.txt";
+    r.stack_file = layout::StackFile(attempt_dir_, lr);
     (void)os::WriteFile(r.stack_file, r.stack);
   }
   ClassifyStacks();
@@ -316,7 +300,7 @@ std::map<int, std::string> HangWatch::LiveStacks(const std::map<int, int>& pids,
   std::map<int, std::string> tool_files;
   for (const auto& [local_rank, pid] : pids) {
     const int rank = base_rank + local_rank;
-    std::string file = RankDir(attempt_dir_, local_rank) + "/live_stack.txt";
+    std::string file = layout::LiveStackFile(attempt_dir_, local_rank);
     std::string text = os::ReadFileOrEmpty(file);
     if (text.rfind("dtrun stack handler", 0) == 0 &&
         kill(pid, StackSignal()) == 0) {
@@ -330,7 +314,7 @@ std::map<int, std::string> HangWatch::LiveStacks(const std::map<int, int>& pids,
           "installed)";
       continue;
     }
-    tool_files[rank] = RankDir(attempt_dir_, local_rank) + "/native_stack.txt";
+    tool_files[rank] = layout::NativeStackFile(attempt_dir_, local_rank);
     tools.push_back(ToolRun{argv, tool_files[rank]});
   }
   if (!tools.empty()) workers_->RunTools(tools, kToolLimit);
@@ -339,18 +323,6 @@ std::map<int, std::string> HangWatch::LiveStacks(const std::map<int, int>& pids,
   for (const auto& [rank, where] : python)
     out[rank] = ReadDump(where.first, where.second, milliseconds(3000));
   return out;
-}
-
-int64_t HangWatch::HighestStep() const {
-  int64_t highest = -1;
-  for (size_t lr = 0; lr < monitor_.beats().size(); ++lr) {
-    std::string text = os::ReadFileOrEmpty(
-        RankDir(attempt_dir_, static_cast<int>(lr)) + "/heartbeat");
-    int64_t step = ParseBeatStep(text);
-    if (step == kBeatDone) step = INT64_MAX;
-    highest = std::max(highest, step);
-  }
-  return highest;
 }
 
 std::vector<WorkerFailure> HangWatch::Failures() const {

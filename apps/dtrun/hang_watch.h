@@ -1,15 +1,16 @@
 #pragma once
 
-// The shell of hang detection for one node's group: reads the workers'
-// heartbeat files, captures stacks, prints the hang report. Who is hung and
-// the root cause are HangMonitor's (pure) decisions. Owned by LocalGroup;
-// not thread-safe.
+// The shell of hang detection for one node's group: takes the workers'
+// beats (the group's BeatReader reads them), captures stacks, prints the hang
+// report. Who is hung and the root cause are HangMonitor's (pure) decisions.
+// Owned by LocalGroup; not thread-safe.
 
 #include <functional>
 #include <map>
 #include <string>
 #include <vector>
 
+#include "apps/dtrun/beat_file.h"
 #include "apps/dtrun/clock.h"
 #include "apps/dtrun/error_report.h"
 #include "apps/dtrun/hang_monitor.h"
@@ -41,9 +42,12 @@ class HangWatch {
   // A new attempt's group started: every rank silent from now.
   void Reset(int nproc, const std::string& attempt_dir, int restart_count);
   void OnExit(int local_rank) { monitor_.OnExit(local_rank); }
+  // A new beat of `local_rank`: its mtime, mapped onto the steady clock,
+  // is when the worker was last alive.
+  void OnBeat(int local_rank, const Beat& beat);
   // Milliseconds until Check() has work; -1 when not watching.
   int NextCheckMs(bool running) const;
-  // Reads the heartbeat files when due. When a rank is newly hung, records
+  // Looks at the beats when due. When a rank is newly hung, records
   // every rank's silence and stack (native stacks are captured here, which
   // blocks up to 20 s) and returns the signal to stop the group with:
   // SIGABRT for Python workers (their fault handler prints the stack), else
@@ -61,14 +65,10 @@ class HangWatch {
                                         int base_rank);
   // With several nodes: a hang declared here weighs every node's ranks.
   void set_share(ShareFn share) { share_ = std::move(share); }
-  // The highest step any worker of the attempt beat so far (kBeatDone's
-  // workers count as past every step: INT64_MAX); -1 without beats.
-  int64_t HighestStep() const;
   // The latest hang's ranks as failures for the failure summary.
   std::vector<WorkerFailure> Failures() const;
 
  private:
-  void ReadBeats(TimePoint now);
   void Snapshot(TimePoint now, const std::map<int, int>& pids, int base_rank);
   void CaptureNativeStacks();
   // Marks the ranks whose stacks wait in a collective, and who is hung.
@@ -83,8 +83,6 @@ class HangWatch {
   HangMonitor monitor_;
   std::string attempt_dir_;
   int restart_count_ = 0;
-  // local rank -> heartbeat file's mtime
-  std::map<int, int64_t> beat_mtime_ns_;
   TimePoint next_check_{};
   // The latest hang's ranks: this node's, then other nodes' (host set).
   std::vector<RankStack> stacks_;

@@ -15,6 +15,7 @@
 
 #include "apps/dtrun/endpoint.h"
 #include "apps/dtrun/hang_monitor.h"
+#include "apps/dtrun/run_layout.h"
 #include "rendezvous/store_client.h"
 #include "rendezvous/util/os_util.h"
 
@@ -199,14 +200,11 @@ std::string FormatJobStatus(const std::vector<nlohmann::json>& nodes) {
   return out;
 }
 
-void ObserveBeat(const std::string& beat_file, WorkerObservation* w) {
-  struct stat st {};
-  if (stat(beat_file.c_str(), &st) != 0 || st.st_size == 0) return;
-  const std::string text = os::ReadFileOrEmpty(beat_file);
-  int64_t step = ParseBeatStep(text);
-  if (step >= 0) w->step = step;
-  w->total_steps = ParseBeatTotal(text);
-  w->beat_unix = st.st_mtim.tv_sec + st.st_mtim.tv_nsec * 1e-9;
+void ObserveBeat(const Beat& beat, WorkerObservation* w) {
+  if (!beat.seen()) return;
+  if (beat.line.step >= 0) w->step = beat.line.step;
+  w->total_steps = beat.line.total_steps;
+  w->beat_unix = beat.unix_s();
 }
 
 // /proc/<pid>/stat's fields 14 and 15 (utime, stime, in clock ticks) come
@@ -396,11 +394,11 @@ Result<std::vector<nlohmann::json>> NodesFromStore(const std::string& address,
 // the agent writes within a second or two (more while stacks are taken).
 Result<std::vector<std::string>> StacksFromFolder(const std::string& dir) {
   const std::string id = std::to_string(getpid()) + "_" + os::RandomHex(6);
-  const std::string request = dir + "/" + kStackRequestFile;
+  const std::string request = layout::StackRequest(dir);
   Status s = os::WriteFile(request + ".tmp", id + "\n");
   if (!s.ok()) return s;
   std::rename((request + ".tmp").c_str(), request.c_str());
-  const std::string answer = dir + "/stacks." + id + ".json";
+  const std::string answer = layout::StackAnswer(dir, id);
   for (int i = 0; i < 300; ++i) {  // 30 s
     std::string text = os::ReadFileOrEmpty(answer);
     if (!text.empty()) {
@@ -431,10 +429,11 @@ Result<std::vector<std::string>> StacksFromStore(const std::string& address,
 
 // One node's record, from its run folder.
 Result<std::vector<nlohmann::json>> NodesFromFolder(const std::string& dir) {
-  auto j = nlohmann::json::parse(os::ReadFileOrEmpty(dir + "/status.json"),
+  auto j = nlohmann::json::parse(os::ReadFileOrEmpty(layout::StatusFile(dir)),
                                  nullptr, false);
   if (!j.is_object())
-    return Status::Unavailable(dir + "/status.json holds no status yet");
+    return Status::Unavailable(layout::StatusFile(dir) +
+                               " holds no status yet");
   return std::vector<nlohmann::json>{j};
 }
 

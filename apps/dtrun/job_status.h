@@ -14,6 +14,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "apps/dtrun/beat_file.h"
 #include "apps/dtrun/straggler.h"
 #include "rendezvous/util/clock.h"
 #include "rendezvous/util/status.h"
@@ -67,9 +68,9 @@ class StatusSampler {
   std::map<int, History> history_;  // by local rank
 };
 
-// The shells that fill an observation: the beat file's step and time (when
-// there is one), and the process' CPU seconds and resident memory.
-void ObserveBeat(const std::string& beat_file, WorkerObservation* w);
+// What fills an observation: the last beat's step and time (when there is
+// one), and the process' CPU seconds and resident memory (/proc).
+void ObserveBeat(const Beat& beat, WorkerObservation* w);
 void ObserveProcess(int pid, WorkerObservation* w);
 
 // A node's status as JSON: who it is, the attempt, and its workers.
@@ -130,8 +131,8 @@ class Registration {
 };
 
 // `dtrun --stacks` on one node: the request file it leaves in the run
-// folder (its id inside); the agent answers with stacks.<id>.json.
-inline constexpr char kStackRequestFile[] = "stacks.request";
+// folder (its id inside); the agent answers with stacks.<id>.json
+// (run_layout.h's StackRequest and StackAnswer).
 // With several nodes: the request counter, and each node's answer to
 // request n.
 std::string StackRequestKey(const std::string& run_id);

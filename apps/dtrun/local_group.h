@@ -2,9 +2,9 @@
 
 // This node's workers for one job: carries out the Agent's decisions through
 // a WorkerGroup, watches for hangs and torch's file timers, and writes the
-// failure summary. The jobs (SingleNodeJob, ElasticJob) own one and drive
-// it; it knows nothing of stores or rounds. Not thread-safe: the job's
-// thread calls it.
+// failure summary; its JobWatch (job_watch.h) reports on it. The jobs
+// (SingleNodeJob, ElasticJob) own one and drive it; it knows nothing of
+// stores or rounds. Not thread-safe: the job's thread calls it.
 
 #include <functional>
 #include <map>
@@ -12,17 +12,15 @@
 #include <vector>
 
 #include "apps/dtrun/agent.h"
+#include "apps/dtrun/beat_file.h"
 #include "apps/dtrun/checkpoint_copies.h"
 #include "apps/dtrun/error_report.h"
 #include "apps/dtrun/hang_watch.h"
-#include "apps/dtrun/job_status.h"
-#include "apps/dtrun/metrics.h"
-#include "apps/dtrun/recovery.h"
-#include "apps/dtrun/run_report.h"
-#include "apps/dtrun/straggler.h"
+#include "apps/dtrun/job_watch.h"
 #include "apps/dtrun/launch_config.h"
 #include "apps/dtrun/signals.h"
 #include "apps/dtrun/timer_pipe.h"
+#include "apps/dtrun/output_route.h"
 #include "apps/dtrun/worker_env.h"
 #include "apps/dtrun/worker_group.h"
 #include "rendezvous/rendezvous.h"
@@ -42,18 +40,6 @@ struct WorkerCrash {
   std::string stderr_tail;  // its last lines
 };
 
-// What a --log-line-prefix-template may name.
-struct LinePrefixValues {
-  std::string role;
-  int rank = 0;  // global
-  int local_rank = 0;
-  std::string hostname;
-};
-// The template with ${role_name}, ${rank}, ${local_rank} and ${hostname}
-// filled in; ${pid} and unknown names are left for later. Pure.
-std::string ExpandLinePrefix(const std::string& text,
-                             const LinePrefixValues& values);
-
 class LocalGroup {
  public:
   using Outcome = GroupOutcome;
@@ -70,7 +56,7 @@ class LocalGroup {
   // a job that meets other nodes first starts them before, so the health
   // port answers through the rendezvous. A port that cannot be served is
   // Invalid, naming its flag. Idempotent.
-  Status StartServers();
+  Status StartServers() { return watch_.StartServers(); }
   // What workers are told about the store and the attempt; the job fills
   // the store's address.
   AttemptEnv& attempt() { return attempt_; }
@@ -82,15 +68,9 @@ class LocalGroup {
   std::function<void(int restart_count)> before_start;
   // Called when a worker fails while the group runs.
   std::function<void(const WorkerCrash&)> on_worker_crash;
-  // Called every second with this node's status (NodeStatusJson, dumped),
-  // after it was written to <run folder>/status.json.
-  std::function<void(const std::string& json)> on_status;
-  // Every node's status record, scored as one job (ScoreJob), when this
-  // node is the one that gathers them (elastic: group rank 0); else none.
-  // Feeds the progress line and the dtrun_job_* metrics.
-  std::function<std::vector<nlohmann::json>()> job_view;
-  // The families of the stores this node hosts (StoreMetricsText).
-  std::function<std::string()> store_metrics;
+  // The status, metrics, events and report of this group (its hooks are
+  // the jobs' to set).
+  JobWatch& watch() { return watch_; }
 
   // Single node: starts attempt 0; restarts follow failures by themselves.
   void Start();
@@ -132,7 +112,7 @@ class LocalGroup {
   // Whether the attempt that failed last is not to be restarted because
   // restarts made no progress (--max-restarts-without-progress), and why.
   bool gave_up() const { return agent_.gave_up(); }
-  const std::string& why_gave_up() const { return no_progress_; }
+  const std::string& why_gave_up() const { return agent_.why_gave_up(); }
   // Forwards the workers' last output and closes their pipes; removes a
   // temporary run folder when the job `succeeded`.
   void Finish(bool succeeded);
@@ -141,43 +121,26 @@ class LocalGroup {
   // ReportFailure(): the workers stopped with the group after they wrote
   // their error file.
   void AddStoppedAfterError(std::vector<WorkerFailure>* failures);
+  // A failed attempt's failures: hung ranks, a D-state worker, failed exits.
+  std::vector<WorkerFailure> Failures();
   void Apply(const std::vector<Action>& actions);
   void StartWorkers(int restart_count);
   WorkerSpec SpecFor(int local_rank, const std::string& attempt_dir);
-  OutputRoute Route(int local_rank, int stream_bit,
-                    const std::string& attempt_dir) const;
+  OutputRoute Route(int local_rank, int stream_bit) const;
   void OnFinished(const Action& finish);
   void AbandonSurvivors();
   void PublishCrash(const WorkerExit& e, const std::string& how);
-  // --event-log-handler: one event per worker of the last attempt and one
-  // for the job, in torch's schema.
-  void RecordOutcome(bool succeeded);
-  void RecordEvents(bool succeeded);
   // TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT: looks at each worker's
-  // /proc state once a second; one in D state that long ends the group.
+  // /proc state once a second for the Agent.
   void CheckUninterruptible();
-  // --numa-binding: each local rank's CPUs from hwloc's topology.
-  Status PlanCpus();
   // --max-restarts-without-progress, when an attempt fails.
   void CheckProgress();
-  // report.html at the end of the job.
-  void WriteReport(bool succeeded);
-  // --event-log-handler: the attempt that ended, and why.
-  void RecordAttempt(const std::string& cause);
   std::string AttemptCause() const;
-  // Every 10 ms while the group runs: new beats' compute times into the
-  // straggler scores; a new straggler is logged.
-  void ReadComputeBeats();
-  // Every second: answers a `dtrun --stacks` request left in the run folder
-  // (stacks.request, holding its id) with stacks.<id>.json.
-  void ServeStackRequest();
-  // Every second: this node's status to status.json and on_status.
-  void PublishStatus();
-  // Then what is made of it: metrics, health, the progress line.
-  void Present(const nlohmann::json& node,
-               const std::vector<WorkerStatus>& workers, double now);
-  std::vector<WorkerObservation> Observe() const;
+  // Every 10 ms while the group runs: new beats to the hang watch and the
+  // watchers.
+  void ReadBeats();
   int PollTimeout(int timeout_ms) const;
+  GroupView View() const;
 
   LaunchConfig config_;
   WorkerGroup* workers_;
@@ -187,55 +150,18 @@ class LocalGroup {
   Agent agent_;
   HangWatch hang_;
   TimerPipe timer_;
+  BeatReader beats_;
+  JobWatch watch_;
   EnvMap base_env_;
   AttemptEnv attempt_;
   rendezvous::Assignment assignment_;
   std::string run_dir_;
   bool run_dir_is_temp_ = false;
-  double started_at_ = 0;       // unix seconds, at Prepare
-  double attempt_started_ = 0;  // unix seconds; 0 once recorded
   static constexpr std::chrono::milliseconds kDStateCheck{1000};
   TimePoint next_d_check_{};
-  std::map<int, TimePoint> d_since_;  // pid -> first seen in D state
-  std::string d_report_;              // why the group was unhealthy
-  int d_rank_ = 0;                    // local rank of that worker
-  // --max-restarts-without-progress: the highest step beaten by any attempt,
-  // the failed restarts in a row that beat none past it, and why the job
-  // gave up ("" while it has not).
-  StatusSampler sampler_;
-  bool progress_line_ = false;  // dtrun's stdout is a terminal
-  // --metrics-port and TORCHELASTIC_HEALTH_CHECK_PORT, fed every second.
-  std::unique_ptr<MetricsServer> metrics_, health_;
-  bool servers_started_ = false;
-  JobCounts counts_;
-  // Healthy: some worker beat within the hang timeout (else 300 s), or
-  // none beat yet.
-  bool Healthy(const std::vector<WorkerStatus>& workers) const;
-  // report.html: the status samples and the events of the whole run.
-  std::vector<ReportSample> report_samples_;
-  std::vector<ReportEvent> report_events_;
-  StragglerScorer stragglers_;
+  std::string d_report_;  // why the group was unhealthy
   static constexpr std::chrono::milliseconds kBeatReadEvery{10};
   TimePoint next_beat_read_{};
-  std::map<int, int64_t> beat_mtime_ns_;  // local rank -> last beat read
-  int straggler_named_ = -1;              // rank last logged as straggler
-  // The recovery under way after a failure this node saw: its moments, to
-  // the first step every new worker completes after its resume.
-  RecoveryTimes recovery_;
-  bool recovering_ = false;
-  struct Recovered {
-    int attempt = 0;
-    RecoveryBreakdown breakdown;
-  };
-  std::vector<Recovered> recoveries_;  // for the run's summary
-  void NoteRecovery(int local_rank, int64_t step, double beat_unix);
-  void ReportRecovery(const RecoveryBreakdown& b);
-  void SummarizeRecoveries() const;
-  static constexpr std::chrono::milliseconds kStatusEvery{1000};
-  TimePoint next_status_{};
-  int64_t highest_step_ = -1;
-  int restarts_without_progress_ = 0;
-  std::string no_progress_;
   std::vector<std::vector<int>> cpu_plan_;  // --numa-binding, by local rank
   std::string attempt_dir_;
   Outcome outcome_ = Outcome::kRunning;

@@ -4,12 +4,15 @@
 #include "apps/dtrun/numa_binding.h"
 
 #include <hwloc.h>
+#include <sched.h>
 
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <map>
 #include <memory>
+
+#include "rendezvous/util/log.h"
 
 namespace dtrun::agent {
 namespace {
@@ -203,6 +206,39 @@ std::string CpuListText(const std::vector<int>& cpus) {
     i = j + 1;
   }
   return out;
+}
+
+Result<std::vector<std::vector<int>>> PlanCpus(
+    const std::string& mode, const std::string& cuda_visible_devices,
+    int nproc) {
+  auto topology = LoadTopology();
+  if (!topology.ok()) return topology.status();
+  std::vector<int> devices = GpuOfLocalRanks(
+      cuda_visible_devices, static_cast<int>(topology->gpu_numa.size()), nproc);
+  auto plan = PlanBinding(mode, *topology, nproc, devices);
+  if (!plan.ok()) return plan.status();
+  cpu_set_t mine;
+  CPU_ZERO(&mine);
+  sched_getaffinity(0, sizeof(mine), &mine);
+  for (size_t lr = 0; lr < plan->size(); ++lr) {
+    for (int cpu : (*plan)[lr]) {
+      if (cpu < CPU_SETSIZE && CPU_ISSET(cpu, &mine)) continue;
+      return Status::Invalid(
+          "--numa-binding=" + mode + ": CPU " + std::to_string(cpu) +
+          " (planned for local_rank " + std::to_string(lr) +
+          ") is not one dtrun may run on here; does HWLOC_XMLFILE or "
+          "HWLOC_SYNTHETIC describe another machine?");
+    }
+  }
+  auto log = Logger("dtrun.agent");
+  for (size_t lr = 0; lr < plan->size(); ++lr) {
+    log->info("--numa-binding={}: local_rank {} on CPUs {}{}", mode, lr,
+              CpuListText((*plan)[lr]),
+              devices.empty()
+                  ? ""
+                  : " (near GPU " + std::to_string(devices[lr]) + ")");
+  }
+  return plan;
 }
 
 }  // namespace dtrun::agent

@@ -54,4 +54,13 @@ std::vector<int> GpuOfLocalRanks(const std::string& cuda_visible_devices,
 // "0-3,8,10-11" for the log.
 std::string CpuListText(const std::vector<int>& cpus);
 
+// --numa-binding=`mode` on this machine: each local rank's CPUs from hwloc's
+// topology, every one of them a CPU dtrun may run on (a topology from
+// HWLOC_XMLFILE / HWLOC_SYNTHETIC may name CPUs this machine, or dtrun's
+// cpuset under SLURM or a container, lacks: Invalid, naming it). Logs the
+// plan.
+Result<std::vector<std::vector<int>>> PlanCpus(
+    const std::string& mode, const std::string& cuda_visible_devices,
+    int nproc);
+
 }  // namespace dtrun::agent

@@ -43,7 +43,7 @@ Status SingleNodeJob::StartStore() {
   if (!server.ok()) return server.status();
   store_ = std::move(*server);
   store_->RunInBackground();
-  group_.store_metrics = [this] {
+  group_.watch().store_metrics = [this] {
     return StoreMetricsText({SampleStore("workers", store_.get())}, -1,
                             group_.attempt().run_id);
   };

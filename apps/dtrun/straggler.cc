@@ -97,33 +97,11 @@ std::vector<RankScore> ScoreTypical(const std::map<int, double>& typical) {
   return out;
 }
 
-// Only on the first line: a shorter beat written over a longer one leaves
-// the old tail on later lines.
-double ParseBeatCompute(const std::string& text) {
-  size_t space = text.find(' ');
-  size_t end = text.find('\n');
-  if (space == std::string::npos || (end != std::string::npos && space > end))
-    return -1;
-  char* stop = nullptr;
-  double v = std::strtod(text.c_str() + space + 1, &stop);
-  return stop == text.c_str() + space + 1 || v < 0 ? -1 : v;
-}
-
 double ParseSchedstatWait(const std::string& text) {
   std::istringstream in(text);
   unsigned long long on_cpu = 0, waited = 0;
   if (!(in >> on_cpu >> waited)) return -1;
   return static_cast<double>(waited) * 1e-9;
-}
-
-// Only the first line counts: a shorter beat written over a longer one
-// leaves the older line's tail after its newline.
-int64_t ParseBeatTotal(const std::string& text) {
-  std::istringstream in(text.substr(0, text.find('\n')));
-  std::string step, compute;
-  long long total = 0;
-  if (!(in >> step >> compute >> total) || total < 0) return 0;
-  return total;
 }
 
 }  // namespace dtrun::agent

@@ -93,17 +93,9 @@ class StragglerScorer {
 // carries its ranks'): `typical` by rank, -1 for too few. Pure.
 std::vector<RankScore> ScoreTypical(const std::map<int, double>& typical);
 
-// The compute seconds a beat's text carries after its step ("170 0.0123"),
-// -1 when it carries none.
-double ParseBeatCompute(const std::string& text);
-
 // The seconds a thread has waited on a run queue, from the text of
 // /proc/<pid>/schedstat ("<on-cpu ns> <run-queue ns> <slices>"); -1 when
 // the text is not that.
 double ParseSchedstatWait(const std::string& text);
-
-// The total steps a beat's text carries third ("170 0.0123 1000"), 0 when
-// it carries none.
-int64_t ParseBeatTotal(const std::string& text);
 
 }  // namespace dtrun::agent

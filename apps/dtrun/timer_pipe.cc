@@ -12,6 +12,7 @@
 #include <cstring>
 
 #include "apps/dtrun/hang_report.h"
+#include "apps/dtrun/run_layout.h"
 #include "rendezvous/util/log.h"
 #include "rendezvous/util/os_util.h"
 
@@ -104,16 +105,16 @@ void TimerPipe::Describe(const std::string& attempt_dir,
                          WorkerFailure* f) const {
   auto it = expired_.find(f->pid);
   if (it == expired_.end()) return;
-  std::string dir = attempt_dir + "/" + std::to_string(f->local_rank);
-  std::string stack =
-      ExtractFaulthandlerDump(os::ReadFileOrEmpty(dir + "/stderr.log"));
+  const std::string stack_file = layout::StackFile(attempt_dir, f->local_rank);
+  std::string stack = ExtractFaulthandlerDump(
+      os::ReadFileOrEmpty(layout::OutputLog(attempt_dir, f->local_rank, 2)));
   std::string head =
       "torch file timer '" + it->second + "' expired: the worker was killed";
   if (!stack.empty()) {
-    (void)os::WriteFile(dir + "/stack.txt", stack);
+    (void)os::WriteFile(stack_file, stack);
     for (const std::string& frame : FirstFrames(stack, 4))
       head += "\n  " + frame;
-    head += "\nwhole stack: " + dir + "/stack.txt";
+    head += "\nwhole stack: " + stack_file;
   }
   f->message = head;
   f->exit_code = kHangExitCode;

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <fstream>
 
+#include "apps/dtrun/run_layout.h"
 #include "dtrun_torch_shim_files.h"
 #include "rendezvous/util/environment.h"
 #include "rendezvous/util/os_util.h"
@@ -37,8 +38,7 @@ std::string Get(const EnvMap& env, const char* key) {
 }  // namespace
 
 std::string ErrorFilePath(const AttemptEnv& attempt, int local_rank) {
-  return attempt.error_file_dir + "/" + std::to_string(local_rank) +
-         "/error.json";
+  return layout::ErrorFile(attempt.error_file_dir, local_rank);
 }
 
 namespace {

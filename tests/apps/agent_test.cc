@@ -248,5 +248,66 @@ TEST_F(AgentTest, AnUnhealthyGroupThatOutlivesSigkillIsAbandoned) {
   EXPECT_TRUE(a[1].failed);
 }
 
+// TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT decided on states seen over
+// time: a worker that leaves D state starts its clock over.
+TEST(AgentDStateTest, AWorkerInDStateForTheWholeTimeoutMakesTheGroupUnhealthy) {
+  AgentOptions o{2, 3, milliseconds(500)};
+  o.uninterruptible_timeout = milliseconds(5000);
+  Agent agent(o);
+  TimePoint t{};
+  agent.Start(t);
+  agent.OnGroupStarted();
+  EXPECT_TRUE(agent.OnDState({1}, t).empty());
+  EXPECT_TRUE(agent.OnDState({}, t + milliseconds(3000)).empty());  // woke
+  EXPECT_TRUE(agent.OnDState({1}, t + milliseconds(4000)).empty());
+  EXPECT_TRUE(agent.OnDState({1}, t + milliseconds(8000)).empty());
+  auto a = agent.OnDState({1}, t + milliseconds(9000));
+  ASSERT_EQ(a.size(), 1u);
+  EXPECT_EQ(a[0].signo, SIGKILL);
+  EXPECT_TRUE(agent.unhealthy());
+  EXPECT_EQ(agent.stuck().local_rank, 1);
+  EXPECT_EQ(agent.stuck().since, t + milliseconds(4000));
+}
+
+TEST(AgentDStateTest, NotWatchedWithoutATimeout) {
+  Agent agent(AgentOptions{1, 0, milliseconds(500)});
+  agent.Start(TimePoint{});
+  agent.OnGroupStarted();
+  EXPECT_TRUE(agent.OnDState({0}, TimePoint{}).empty());
+  EXPECT_TRUE(agent.OnDState({0}, TimePoint{} + std::chrono::hours(1)).empty());
+}
+
+// --max-restarts-without-progress=2: the first attempt sets the mark; two
+// restarts in a row that beat nothing past it give up, and say why.
+TEST(AgentProgressTest, RestartsWithoutProgressGiveUp) {
+  AgentOptions o{1, 9, milliseconds(500)};
+  o.max_restarts_without_progress = 2;
+  Agent agent(o);
+  TimePoint t{};
+  agent.Start(t);
+  agent.OnGroupStarted();
+  agent.OnAttemptFailing(40);
+  WorkerExit e{0, 100, 1, 0};
+  agent.OnWorkerExit(e, t);  // -> restart 1
+  agent.OnGroupStarted();
+  agent.OnAttemptFailing(40);
+  EXPECT_FALSE(agent.gave_up());
+  agent.OnWorkerExit(e, t);  // -> restart 2
+  agent.OnGroupStarted();
+  agent.OnAttemptFailing(45);  // progress: the count starts over
+  EXPECT_FALSE(agent.gave_up());
+  agent.OnWorkerExit(e, t);
+  agent.OnGroupStarted();
+  agent.OnAttemptFailing(45);
+  EXPECT_FALSE(agent.gave_up());
+  agent.OnWorkerExit(e, t);
+  agent.OnGroupStarted();
+  agent.OnAttemptFailing(45);
+  EXPECT_TRUE(agent.gave_up());
+  EXPECT_NE(agent.why_gave_up().find("beat no step past step 45"),
+            std::string::npos)
+      << agent.why_gave_up();
+}
+
 }  // namespace
 }  // namespace dtrun::agent

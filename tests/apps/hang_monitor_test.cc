@@ -128,14 +128,6 @@ TEST(HangRootCauseTest, StacksDecideOnlyWhenTheBeatsDoNot) {
   EXPECT_EQ(HangRootCause(ranks), 2u);
 }
 
-TEST(ParseBeatStepTest, FirstLineIntegerElseMinusOne) {
-  EXPECT_EQ(ParseBeatStep("170\n"), 170);
-  EXPECT_EQ(ParseBeatStep("99\n0\n"), 99);  // a shorter beat over a longer one
-  EXPECT_EQ(ParseBeatStep(""), -1);
-  EXPECT_EQ(ParseBeatStep("beat"), -1);
-  EXPECT_EQ(ParseBeatStep("done\n"), kBeatDone);
-}
-
 const char* kDump =
     "[rank1]: step 2\n"
     "Fatal Python error: Aborted\n\n"

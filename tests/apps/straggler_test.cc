@@ -162,13 +162,5 @@ TEST(StragglerTest, MediansOfSeveralNodesScoreTogether) {
   EXPECT_DOUBLE_EQ(scores[0].score, 1.0);
 }
 
-TEST(StragglerTest, TheBeatTextCarriesTheComputeTime) {
-  EXPECT_DOUBLE_EQ(ParseBeatCompute("170 0.012500\n"), 0.0125);
-  EXPECT_EQ(ParseBeatCompute("170\n"), -1);
-  EXPECT_EQ(ParseBeatCompute("170\n0.5 1\n"), -1);  // a longer old beat
-  EXPECT_EQ(ParseBeatCompute("done\n"), -1);
-  EXPECT_EQ(ParseBeatCompute("170 x\n"), -1);
-}
-
 }  // namespace
 }  // namespace dtrun::agent

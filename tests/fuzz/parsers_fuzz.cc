@@ -11,6 +11,7 @@
 
 #include <vector>
 
+#include "apps/dtrun/beat_file.h"
 #include "apps/dtrun/http_request.h"
 #include "apps/dtrun/rdzv_config.h"
 #include "apps/dtrun/straggler.h"
@@ -25,8 +26,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (r.path.empty() || r.path[0] != '/' || r.method.empty()) std::abort();
     if (r.path.size() > dtrun::agent::kMaxRequestHead) std::abort();
   }
-  if (dtrun::agent::ParseBeatCompute(bytes) < -1) std::abort();
-  if (dtrun::agent::ParseBeatTotal(bytes) < 0) std::abort();
+  // the beat line: a value or "not given", never a negative step other
+  // than "done"
+  auto beat = dtrun::agent::ParseBeatLine(bytes);
+  if (beat.compute_s < -1 || beat.total_steps < 0) std::abort();
+  if (beat.step < -1 && beat.step != dtrun::agent::kBeatDone) std::abort();
   if (dtrun::agent::ParseSchedstatWait(bytes) < -1) std::abort();
 
   // --rdzv-conf: a config or a message naming what is wrong
