@@ -9,6 +9,8 @@
 #include <set>
 #include <tuple>
 
+#include "rendezvous/store_keys.h"
+
 #include <nlohmann/json.hpp>
 
 #include "rendezvous/store_state.h"
@@ -118,11 +120,11 @@ bool StateDoc::Parse(const std::string& text, StateDoc* d) {
 }
 
 std::string RoundKeys::Job(const std::string& suffix) const {
-  return "rdzv/" + run_id_ + "/" + suffix;
+  return keys::JobPrefix(run_id_) + suffix;
 }
 
 std::string RoundKeys::Round(int round, const std::string& suffix) const {
-  return Job("round/" + std::to_string(round) + "/" + suffix);
+  return keys::RoundKey(run_id_, round, suffix);
 }
 
 std::string RoundKeys::Round(int round, const std::string& name,

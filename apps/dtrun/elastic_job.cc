@@ -17,12 +17,12 @@
 #include "apps/dtrun/interactive_protocol.h"
 #include "apps/dtrun/job_status.h"
 #include "apps/dtrun/metrics.h"
+#include "apps/dtrun/rdzv_backend.h"
 #include "rendezvous/util/describe.h"
 #include "rendezvous/util/log.h"
 #include "rendezvous/util/os_util.h"
-#include "rendezvous/etcd_store.h"
-#include "rendezvous/store_client.h"
 #include "rendezvous/store_server.h"
+#include "rendezvous/store_keys.h"
 
 namespace dtrun::agent {
 namespace {
@@ -46,7 +46,7 @@ ElasticJob::ElasticJob(const LaunchConfig& config, WorkerGroup* workers,
   group_.on_worker_crash = [this](const WorkerCrash& crash) {
     // Beside the session's round key, on the store the console attaches to.
     Status s =
-        PublishCrash(rdzv_client_.get(),
+        PublishCrash(backend_->store(),
                      interactive_protocol::NodesCrashPrefix(config_.rdzv_id),
                      crash, ++crashes_);
     if (!s.ok())
@@ -57,212 +57,14 @@ ElasticJob::ElasticJob(const LaunchConfig& config, WorkerGroup* workers,
 
 ElasticJob::~ElasticJob() {
   rdzv_.reset();
-  rdzv_client_.reset();  // before the servers it may talk to
-}
-
-// This node hosts the rendezvous store on `port` (static node 0, or the c10d
-// endpoint's host). With `must`, a port already in use is an error; else
-// another agent of this host already hosts it, and this one joins it.
-Status ElasticJob::HostRendezvousStore(uint16_t port, bool must) {
-  rendezvous::StoreServerOptions opts;
-  opts.port = port;
-  os::RaiseFileLimit();  // two connections per node
-  auto server = rendezvous::StoreServer::Start(opts);
-  if (!server.ok()) {
-    if (must) return server.status();
-    // Inferred hosting (c10d): another agent of this host got there first.
-    Logger("dtrun.rdzv")
-        ->info("rendezvous store port {} is taken here; joining it as a client",
-               port);
-    return Status::Ok();
-  }
-  rdzv_store_ = std::move(*server);
-  rdzv_store_->RunInBackground();
-  Logger("dtrun.rdzv")
-      ->info("hosting the rendezvous store on port {}", rdzv_store_->port());
-  return Status::Ok();
-}
-
-Result<std::unique_ptr<rendezvous::TcpStoreClient>> ElasticJob::ConnectUntil(
-    rendezvous::StoreClientOptions opts, milliseconds limit) {
-  // In steps of at most a second, so that a signal stops the wait at once
-  // (a store that is not up yet would otherwise hold dtrun for the whole
-  // join timeout, deaf to Ctrl-C and SIGTERM).
-  // A name that does not resolve yet (a Kubernetes headless service's
-  // records appear some seconds after the pods) is said once, not failed on.
-  auto deadline = clock_->Now() + limit;
-  bool said = false;
-  for (;;) {
-    auto left =
-        std::chrono::duration_cast<milliseconds>(deadline - clock_->Now());
-    opts.connect_timeout =
-        std::max(milliseconds(1), std::min(left, milliseconds(1000)));
-    auto client = rendezvous::TcpStoreClient::Connect(opts);
-    if (client.ok() || left <= milliseconds(1000)) return client;
-    const std::string& why = client.status().message();
-    if (!said && why.find("cannot resolve host") != std::string::npos) {
-      said = true;
-      Logger("dtrun.rdzv")
-          ->warn(
-              "the rendezvous endpoint {} does not resolve yet ({}); "
-              "retrying until the join timeout ({} s left)",
-              opts.host, why.substr(why.find("cannot resolve host")),
-              left.count() / 1000);
-    }
-    if (group_.Interrupted()) {
-      return Status::Canceled("stopped by " + SignalName(group_.stop_signal()) +
-                              " while connecting to the rendezvous store");
-    }
-  }
-}
-
-namespace {
-
-// The etcd client's options from the flags; the password read from its
-// file now.
-Status EtcdOptionsOf(const LaunchConfig& config, rendezvous::EtcdOptions* eo) {
-  const RdzvConfig& rc = config.rdzv_conf;
-  eo->endpoints = config.etcd_endpoints;
-  eo->tls = rc.protocol == "https";
-  eo->cacert = rc.cacert;
-  eo->cert = rc.cert;
-  eo->key = rc.key;
-  eo->user = rc.user;
-  if (!rc.password_file.empty()) {
-    auto password = os::ReadFile(rc.password_file);
-    if (!password.ok()) {
-      return Status::Invalid("--rdzv-conf password_file=" + rc.password_file +
-                             ": " + password.status().message());
-    }
-    eo->password = password->substr(0, password->find('\n'));
-  }
-  // As for the TCP store: an operation may take as long as a node may stay
-  // silent (read_timeout overrides); connecting, the join timeout.
-  eo->timeout =
-      rc.read_timeout.value_or(std::max(rc.silent_limit(), milliseconds(1000)));
-  return Status::Ok();
-}
-
-// A member answers its status to anyone; whether this node may use the
-// keys is another question, asked at start rather than at the first write.
-Status CheckEtcdKeys(rendezvous::EtcdClient& client, const std::string& list,
-                     const std::string& user) {
-  auto probe =
-      client.Call("/v3/kv/range",
-                  {{"key", rendezvous::Base64Encode("/dtrun/")}, {"limit", 1}});
-  if (probe.ok() || client.trouble() != rendezvous::EtcdTrouble::kRefused)
-    return Status::Ok();
-  return Status::Invalid(
-      "etcd at " + list + " refuses this node its keys (" +
-      probe.status().message() + "): " +
-      (user.empty() ? "it has authentication on; give --rdzv-conf "
-                      "user=NAME,password_file=FILE"
-                    : "give user '" + user +
-                          "' read and write on /dtrun/ (etcdctl role "
-                          "grant-permission --prefix ROLE readwrite /dtrun/)"));
-}
-
-}  // namespace
-
-// The rendezvous store on etcd: no node hosts it, so there is nothing to
-// bind and no host to infer; each node connects to the members it is given
-// (one that answers is enough) under the key prefix /dtrun/.
-Status ElasticJob::ConnectEtcd() {
-  const RdzvConfig& rc = config_.rdzv_conf;
-  rendezvous::EtcdOptions eo;
-  Status made = EtcdOptionsOf(config_, &eo);
-  if (!made.ok()) return made;
-  std::string list;
-  for (const std::string& e : eo.endpoints)
-    list += (list.empty() ? "" : ",") + e;
-  // etcd is a service that runs before the job: one not answering at start
-  // is a wrong endpoint or certificate far more often than a slow start, so
-  // the node says so within 10 s (or the join timeout) instead of waiting.
-  rendezvous::EtcdOptions first = eo;
-  first.timeout = std::min(rc.join_timeout, milliseconds(10000));
-  auto client = rendezvous::EtcdClient::Connect(first);
-  if (!client.ok()) {
-    Status::Code code = client.status().code() == Status::Code::kInvalid
-                            ? Status::Code::kInvalid
-                            : Status::Code::kUnavailable;
-    std::string msg =
-        "cannot reach etcd at " + list + ": " + client.status().message();
-    return code == Status::Code::kInvalid ? Status::Invalid(msg)
-                                          : Status::Unavailable(msg);
-  }
-  Status allowed = CheckEtcdKeys(**client, list, rc.user);
-  if (!allowed.ok()) return allowed;
-  (*client)->set_timeout(eo.timeout);
-  etcd_ = client->get();
-  local_address_ = [etcd = etcd_] { return etcd->LocalAddress(); };
-  rdzv_client_ = std::make_unique<rendezvous::EtcdStore>(std::move(*client),
-                                                         "/dtrun/", eo.timeout);
-  rdzv_address_ = rc.protocol + "://" + list;
-  return Status::Ok();
-}
-
-Status ElasticJob::ConnectRendezvous() {
-  if (config_.rdzv_backend == RdzvBackend::kEtcd) return ConnectEtcd();
-  const bool is_static = config_.rdzv_backend == RdzvBackend::kStatic;
-  const Endpoint& endpoint = config_.rdzv_endpoint;
-  if (!is_static && endpoint.empty()) {
-    return Status::Invalid(
-        "--rdzv-backend=c10d needs --rdzv-endpoint=HOST[:PORT]");
-  }
-  // Static: node 0's --master-addr:--master-port unless an endpoint names
-  // the store; c10d: the endpoint, port 29400 by default.
-  const uint16_t default_port =
-      is_static ? config_.master_port.value_or(29500) : 29400;
-  const std::string host =
-      endpoint.empty() ? config_.master_addr : endpoint.host;
-  const uint16_t port = endpoint.PortOr(default_port);
-  const RdzvConfig& rc = config_.rdzv_conf;
-  bool explicit_host = !is_static && rc.is_host.has_value();
-  bool hosting = is_static ? config_.node_rank == 0
-                           : rc.is_host.value_or(IsThisHost(host));
-  if (hosting) {
-    Status s = HostRendezvousStore(port, is_static || explicit_host);
-    if (!s.ok()) return s;
-  }
-  rendezvous::StoreClientOptions copts;
-  copts.host = host;
-  copts.port = port;
-  // Store operations are bounded by half the time a node may stay silent
-  // (at least 1 s), so a node cut off from the store is fenced soon after
-  // the others declare it dead: the silent limit, two operations' deadlines
-  // and a check interval (apps/dtrun/README.md, "Partitions");
-  // read_timeout overrides.
-  copts.timeout = rc.read_timeout.value_or(
-      std::max(rc.silent_limit() / 2, milliseconds(1000)));
-  auto client = ConnectUntil(copts, rc.join_timeout);
-  if (!client.ok() && client.status().code() == Status::Code::kCanceled)
-    return client.status();
-  if (!client.ok()) {
-    return Status::Unavailable(
-        "cannot reach the rendezvous endpoint " + host + ":" +
-        std::to_string(port) + " within the join timeout (" +
-        std::to_string(rc.join_timeout.count() / 1000) +
-        " s; --rdzv-conf join_timeout=SECONDS): " + client.status().message());
-  }
-  rendezvous::TcpStoreClient* tcp = client->get();
-  rdzv_address_ = tcp->address();
-  local_address_ = [tcp] { return tcp->LocalAddress(); };
-  rdzv_client_ = std::move(*client);
-  // Check's push mode opens one more connection per node to the same store,
-  // in the 1.13 dialect that has WATCH_KEY. Short deadlines: a store that
-  // does not answer a watch leaves Check reading, as before.
-  watch_opts_ = copts;
-  watch_opts_.dialect = rendezvous::Dialect::kTorch113;
-  watch_opts_.timeout = std::min(copts.timeout, milliseconds(5000));
-  watch_opts_.connect_timeout = watch_opts_.timeout;
-  return Status::Ok();
+  backend_.reset();  // before the servers it may talk to
 }
 
 Status ElasticJob::SetUpWorkerStore() {
   // Each round gets a store of its own, hosted by group rank 0: a fresh key
   // space for every attempt, whatever prefix the workers' torch uses.
-  std::string key = "rdzv/" + config_.rdzv_id + "/round/" +
-                    std::to_string(assignment_.round) + "/master";
+  const std::string key =
+      rendezvous::keys::WorkerStore(config_.rdzv_id, assignment_.round);
   std::string addr;
   worker_store_.reset();
   if (assignment_.group_rank == 0) {
@@ -271,20 +73,20 @@ Status ElasticJob::SetUpWorkerStore() {
     if (!server.ok()) return server.status();
     worker_store_ = std::move(*server);
     worker_store_->RunInBackground();
-    std::string host =
-        config_.local_addr.empty() ? local_address_() : config_.local_addr;
+    std::string host = config_.local_addr.empty() ? backend_->LocalAddress()
+                                                  : config_.local_addr;
     addr = host + ":" + std::to_string(worker_store_->port());
-    Status s = rdzv_client_->Set(key, addr);
+    Status s = backend_->store()->Set(key, addr);
     // The interactive console follows the session from round to round here.
     if (s.ok() && config_.interactive) {
-      s = rdzv_client_->Set(
+      s = backend_->store()->Set(
           interactive_protocol::CurrentRoundKey(config_.rdzv_id),
           interactive_protocol::CurrentRoundValue(
               assignment_.round, assignment_.world_size, addr));
     }
     if (!s.ok()) return s;
   } else {
-    auto got = rdzv_client_->Get(key);
+    auto got = backend_->store()->Get(key);
     if (!got.ok()) return got.status();
     addr = *got;
   }
@@ -325,7 +127,7 @@ void ElasticJob::NotifyStoreReady() {
   if (!on_store_ready) return;
   std::string host;
   uint16_t port = 0;
-  SplitEndpoint(rdzv_address_, 0, &host, &port);
+  SplitEndpoint(backend_->address(), 0, &host, &port);
   on_store_ready(host, port, group_.run_dir());
 }
 
@@ -344,7 +146,12 @@ int ElasticJob::Run() {
     log->error("{}", s.message());
     return kExitUsage;
   }
-  s = ConnectRendezvous();
+  auto backend = ConnectBackend(config_, clock_, [this] {
+    return group_.Interrupted()
+               ? "stopped by " + SignalName(group_.stop_signal())
+               : std::string();
+  });
+  s = backend.status();
   if (!s.ok() && s.code() == Status::Code::kCanceled) {
     log->warn("{}; no worker was started", s.message());
     return ExitBySignal(group_.stop_signal());
@@ -353,6 +160,7 @@ int ElasticJob::Run() {
     log->error("{}", s.message());
     return s.code() == Status::Code::kInvalid ? kExitUsage : kExitRendezvous;
   }
+  backend_ = std::move(*backend);
   s = group_.Prepare(config_.rdzv_id);
   if (!s.ok()) {
     log->error("{}", s.message());
@@ -362,28 +170,19 @@ int ElasticJob::Run() {
   Registration registered(
       RegistryDir(config_.environment),
       RegistryEntry{getpid(), config_.rdzv_id, group_.run_dir(),
-                    etcd_ ? "" : rdzv_address_, true, os::UnixNow()});
+                    backend_->status_address(), true, os::UnixNow()});
   group_.watch().on_status = [this](const std::string& json) {
     PublishStatus(json);
   };
   group_.watch().job_view = [this] { return JobView(); };
   group_.watch().store_metrics = [this] { return StoreMetrics(); };
   rendezvous::RendezvousOptions ro = RendezvousOptionsOf(config_.rdzv_id);
-  if (etcd_) {
-    auto* store = static_cast<rendezvous::EtcdStore*>(rdzv_client_.get());
-    ro.open_watch = [store] {
-      return Result<std::unique_ptr<rendezvous::KeyWatch>>(store->OpenWatch());
-    };
-  } else {
-    ro.open_watch = [opts = watch_opts_] {
-      return rendezvous::ConnectWatch(opts);
-    };
-  }
+  ro.open_watch = [this] { return backend_->OpenWatch(); };
   rdzv_ =
-      std::make_unique<rendezvous::Rendezvous>(rdzv_client_.get(), ro, *clock_);
+      std::make_unique<rendezvous::Rendezvous>(backend_->store(), ro, *clock_);
   log->info("node {} joining rendezvous '{}' at {} ({}..{} nodes); logs in {}",
-            ro.node_id, ro.run_id, rdzv_address_, ro.min_nodes, ro.max_nodes,
-            group_.run_dir());
+            ro.node_id, ro.run_id, backend_->address(), ro.min_nodes,
+            ro.max_nodes, group_.run_dir());
   int rc = JoinRounds();
   group_.Finish(rc == kExitSuccess);
   return rc;
@@ -401,7 +200,8 @@ auto ElasticJob::UntilStoreAnswers(Op op) -> decltype(op()) {
     NoteStore(result.status());
     // An etcd request waits out its own deadline; a c10d connect to a
     // host that is gone may fail at once.
-    if (!etcd_) std::this_thread::sleep_for(milliseconds(200));
+    if (!backend_->waits_out_failures())
+      std::this_thread::sleep_for(milliseconds(200));
     result = op();
   }
   NoteStore(result.status());
@@ -409,9 +209,8 @@ auto ElasticJob::UntilStoreAnswers(Op op) -> decltype(op()) {
 }
 
 bool ElasticJob::StoreTrouble(const Status& status) const {
-  if (etcd_) return etcd_->trouble() != rendezvous::EtcdTrouble::kNone;
-  return fenced_ && (status.code() == Status::Code::kUnavailable ||
-                     status.code() == Status::Code::kTimeout);
+  return (backend_->replicated() || fenced_) &&
+         backend_->TroubleOf(status) != RendezvousBackend::Trouble::kNone;
 }
 
 // Joins rounds until the job ends: each round sets up its workers' store,
@@ -488,7 +287,7 @@ void ElasticJob::RecordRdzv(const std::string& name,
   r.hostname = os::HostName();
   r.pid = getpid();
   r.node_state = node_state;
-  r.master_endpoint = rdzv_address_;
+  r.master_endpoint = backend_->address();
   r.rank = joined_ ? assignment_.group_rank : -1;
   if (node_state == "FAILED") r.error_trace = message;
   WriteEvent(config_.event_log_handler, RdzvEventJson(r));
@@ -499,12 +298,12 @@ void ElasticJob::PublishStatus(const std::string& json) {
   // hold the loop for an operation's deadline.
   if (!joined_ || !store_answers_) return;
   const std::string& run = config_.rdzv_id;
-  Status s =
-      rdzv_client_->Set(NodeStatusKey(run, assignment_.group_rank), json);
+  Status s = backend_->store()->Set(
+      rendezvous::keys::NodeStatus(run, assignment_.group_rank), json);
   if (s.ok() && assignment_.group_rank == 0) {
-    s = rdzv_client_->Set(StatusRoundKey(run),
-                          std::to_string(assignment_.group_world_size));
-    if (s.ok()) s = rdzv_client_->Set(kLastRunKey, run);
+    s = backend_->store()->Set(rendezvous::keys::StatusNodes(run),
+                               std::to_string(assignment_.group_world_size));
+    if (s.ok()) s = backend_->store()->Set(rendezvous::keys::kLastRun, run);
   }
   if (s.ok()) s = ServeStackRequest();
   if (!s.ok())
@@ -516,7 +315,7 @@ void ElasticJob::PublishStatus(const std::string& json) {
 // node first looked are not answered.
 Status ElasticJob::ServeStackRequest(const std::string* answer) {
   const std::string& run = config_.rdzv_id;
-  auto n = rdzv_client_->Add(StackRequestKey(run), 0);
+  auto n = backend_->store()->Add(rendezvous::keys::StackRequest(run), 0);
   if (!n.ok()) return n.status();
   if (stacks_served_ < 0 || *n <= stacks_served_) {
     stacks_served_ = *n;
@@ -527,7 +326,8 @@ Status ElasticJob::ServeStackRequest(const std::string* answer) {
   // nodes that declare the same hang at once each wait for the other's.
   Status s = Status::Ok();
   for (int64_t r = stacks_served_ + 1; r <= *n && s.ok(); ++r)
-    s = rdzv_client_->Set(StackAnswerKey(run, r, assignment_.group_rank), text);
+    s = backend_->store()->Set(
+        rendezvous::keys::StackAnswer(run, r, assignment_.group_rank), text);
   stacks_served_ = *n;
   return s;
 }
@@ -539,10 +339,10 @@ std::vector<nlohmann::json> ElasticJob::JobView() {
   if (!joined_ || assignment_.group_rank != 0 || !store_answers_) return {};
   std::vector<std::string> keys;
   for (int g = 0; g < assignment_.group_world_size; ++g)
-    keys.push_back(NodeStatusKey(config_.rdzv_id, g));
-  auto there = rdzv_client_->Check(keys);
+    keys.push_back(rendezvous::keys::NodeStatus(config_.rdzv_id, g));
+  auto there = backend_->store()->Check(keys);
   if (!there.ok() || !*there) return {};
-  auto records = rdzv_client_->MultiGet(keys);
+  auto records = backend_->store()->MultiGet(keys);
   if (!records.ok()) return {};
   std::vector<nlohmann::json> nodes;
   for (const std::string& text : *records) {
@@ -557,8 +357,8 @@ std::vector<nlohmann::json> ElasticJob::JobView() {
 // workers' store on the round's group rank 0. Each is counted where it is.
 std::string ElasticJob::StoreMetrics() {
   std::vector<StoreSample> stores;
-  if (rdzv_store_)
-    stores.push_back(SampleStore("rendezvous", rdzv_store_.get()));
+  if (backend_ && backend_->hosted())
+    stores.push_back(SampleStore("rendezvous", backend_->hosted()));
   if (worker_store_)
     stores.push_back(SampleStore("workers", worker_store_.get()));
   return StoreMetricsText(stores, joined_ ? assignment_.round : -1,
@@ -571,8 +371,10 @@ std::string ElasticJob::StoreMetrics() {
 std::vector<std::string> ElasticJob::ShareHang(const std::string& mine) {
   const std::string& run = config_.rdzv_id;
   const int me = assignment_.group_rank;
-  auto n = rdzv_client_->Add(StackRequestKey(run), 1);
-  if (!n.ok() || !rdzv_client_->Set(StackAnswerKey(run, *n, me), mine).ok())
+  auto n = backend_->store()->Add(rendezvous::keys::StackRequest(run), 1);
+  if (!n.ok() || !backend_->store()
+                      ->Set(rendezvous::keys::StackAnswer(run, *n, me), mine)
+                      .ok())
     return {};
   if (stacks_served_ == *n - 1) stacks_served_ = *n;  // this node's own
   std::map<int, std::string> answers;
@@ -582,10 +384,10 @@ std::vector<std::string> ElasticJob::ShareHang(const std::string& mine) {
     (void)ServeStackRequest(&mine);
     for (int g = 0; g < assignment_.group_world_size; ++g) {
       if (g == me || answers.count(g)) continue;
-      const std::string key = StackAnswerKey(run, *n, g);
-      auto there = rdzv_client_->Check({key});
+      const std::string key = rendezvous::keys::StackAnswer(run, *n, g);
+      auto there = backend_->store()->Check({key});
       if (!there.ok() || !*there) continue;
-      auto text = rdzv_client_->Get(key);
+      auto text = backend_->store()->Get(key);
       if (text.ok()) answers[g] = *text;
     }
     std::this_thread::sleep_for(milliseconds(50));
@@ -606,31 +408,17 @@ void ElasticJob::Linger() {
   // Other nodes may not have read the end of the job yet; the node hosting
   // the rendezvous store keeps it up until they have (at most 10 s).
   rdzv_->AckEnd(assignment_);
-  // On etcd the job's keys would outlive it: group rank 0 removes them once
-  // every node has read the end, so the run id may be used again.
-  const bool cleans = etcd_ && joined_ && assignment_.group_rank == 0;
-  if (!rdzv_store_ && !cleans) return;
+  // In a store that outlives the job (etcd) its keys would stay: group
+  // rank 0 removes them once every node has read the end, so the run id
+  // may be used again.
+  const bool cleans =
+      backend_->keys_outlive_job() && joined_ && assignment_.group_rank == 0;
+  if (!backend_->hosted() && !cleans) return;
   auto until = clock_->Now() + std::chrono::seconds(10);
   while (!rdzv_->AllEnded(assignment_) && clock_->Now() < until) {
     std::this_thread::sleep_for(milliseconds(20));
   }
-  if (!cleans) return;
-  auto* store = static_cast<rendezvous::EtcdStore*>(rdzv_client_.get());
-  const std::string& run = config_.rdzv_id;
-  // The pointer to the last run, when it is this one: no key of the job
-  // outlives it.
-  auto last = store->MultiGet({kLastRunKey});  // no wait when it is missing
-  if (last.ok() && (*last)[0] == run) (void)store->DeleteKey(kLastRunKey);
-  for (const std::string& prefix :
-       {"rdzv/" + run + "/", "dtrun/status/" + run + "/",
-        "dtrun/stacks/" + run + "/"}) {
-    auto n = store->DeletePrefix(prefix);
-    if (!n.ok()) {
-      Logger("dtrun.rdzv")
-          ->warn("cannot remove the job's keys {}* from etcd: {}", prefix,
-                 n.status().message());
-    }
-  }
+  if (cleans) backend_->RemoveJobKeys(config_.rdzv_id);
 }
 
 // etcd's trouble, said once when it starts and once when it ends: a lost
@@ -638,52 +426,39 @@ void ElasticJob::Linger() {
 // RoundPolicy's to judge; once it fenced this node, only the store's
 // return is said here.
 void ElasticJob::NoteStore(const Status& status) {
-  auto log = Logger("dtrun.rdzv");
-  if (!etcd_) {
-    if (!fenced_) return;
-    if (!status.ok()) {
-      if (!store_lost_since_) store_lost_since_ = clock_->Now();
-    } else if (store_lost_since_) {
-      log->info(
-          "the rendezvous store answers again after {:.1f} s",
-          std::chrono::duration<double>(clock_->Now() - *store_lost_since_)
-              .count());
-      store_lost_since_.reset();
-    }
-    return;
-  }
-  if (status.ok() || etcd_->trouble() == rendezvous::EtcdTrouble::kNone) {
+  using Trouble = RendezvousBackend::Trouble;
+  if (!backend_->replicated() && !fenced_) return;
+  const Trouble trouble =
+      status.ok() ? Trouble::kNone : backend_->TroubleOf(status);
+  if (trouble == Trouble::kNone) {
     if (store_lost_since_) {
-      log->info(
-          "etcd answers again (via {}) after {:.1f} s", etcd_->endpoint(),
-          std::chrono::duration<double>(clock_->Now() - *store_lost_since_)
-              .count());
+      Logger("dtrun.rdzv")
+          ->info(
+              "{} after {:.1f} s", backend_->Describe(Trouble::kNone),
+              std::chrono::duration<double>(clock_->Now() - *store_lost_since_)
+                  .count());
     }
     store_lost_since_.reset();
     return;
   }
   if (store_lost_since_) return;
   store_lost_since_ = clock_->Now();
+  if (!backend_->replicated()) return;  // RoundPolicy judges a c10d store
   // No quorum is every node's trouble: the workers run on. A node that
-  // reaches no member, or that etcd refuses, is cut off: RoundPolicy fences
-  // it after the silent limit.
-  const rendezvous::EtcdTrouble trouble = etcd_->trouble();
+  // reaches no member, or that the store refuses, is cut off: RoundPolicy
+  // fences it after the silent limit.
   const bool running = group_.outcome() == GroupOutcome::kRunning;
-  const char* what = trouble == rendezvous::EtcdTrouble::kRefused
-                         ? "etcd refuses this node"
-                     : trouble == rendezvous::EtcdTrouble::kNoQuorum
-                         ? "etcd has lost quorum"
-                         : "no etcd member answers this node";
   std::string workers;
-  if (running && trouble == rendezvous::EtcdTrouble::kNoQuorum) {
+  if (running && trouble == Trouble::kNoQuorum) {
     workers = " (the workers keep running)";
   } else if (running) {
     workers = " (the workers are stopped if it lasts " +
               rendezvous::DescribeSeconds(config_.rdzv_conf.silent_limit()) +
               ": the other nodes go on without this one)";
   }
-  log->error("{}: {}; no new round can start until it is back{}", what,
-             status.message(), workers);
+  Logger("dtrun.rdzv")
+      ->error("{}: {}; no new round can start until it is back{}",
+              backend_->Describe(trouble), status.message(), workers);
 }
 
 void ElasticJob::WaitTurn(const RoundPolicy& policy, TimePoint* next_check) {
@@ -704,7 +479,7 @@ void ElasticJob::WaitTurn(const RoundPolicy& policy, TimePoint* next_check) {
 // must join the next round.
 ElasticJob::RoundEnd ElasticJob::FollowRound() {
   RoundPolicy policy(config_.rdzv_conf.silent_limit(), clock_->Now(),
-                     etcd_ != nullptr);
+                     backend_->replicated());
   group_.StartRound(assignment_.round);
   // Check the round at least twice a second (more often with a faster
   // keep-alive).
@@ -720,8 +495,8 @@ ElasticJob::RoundEnd ElasticJob::FollowRound() {
     auto event = rdzv_->Check(assignment_);
     store_answers_ = event.ok();
     NoteStore(event.status());
-    const bool no_quorum =
-        etcd_ && etcd_->trouble() == rendezvous::EtcdTrouble::kNoQuorum;
+    const bool no_quorum = backend_->TroubleOf(event.status()) ==
+                           RendezvousBackend::Trouble::kNoQuorum;
     step = policy.OnCheck(event, group_.outcome(), clock_->Now(), no_quorum);
     if (auto end = Carry(step, &policy, &next_check)) return *end;
   }

@@ -5,15 +5,10 @@
 #include <optional>
 
 #include "apps/dtrun/job.h"
+#include "apps/dtrun/rdzv_backend.h"
 #include "apps/dtrun/round_policy.h"
 #include "apps/dtrun/signals.h"
 #include "rendezvous/rendezvous.h"
-#include "rendezvous/store_client.h"
-
-namespace dtrun::rendezvous {
-class EtcdClient;
-class StoreServer;
-}  // namespace dtrun::rendezvous
 
 namespace dtrun::agent {
 
@@ -30,13 +25,6 @@ class ElasticJob : public Job {
   int Run() override;
 
  private:
-  Status ConnectRendezvous();
-  // --rdzv-backend=etcd-v2: the rendezvous store is the etcd cluster.
-  Status ConnectEtcd();
-  // Connects within `limit`, giving up early (kCanceled) on a stop signal.
-  Result<std::unique_ptr<rendezvous::TcpStoreClient>> ConnectUntil(
-      rendezvous::StoreClientOptions opts, std::chrono::milliseconds limit);
-  Status HostRendezvousStore(uint16_t port, bool must);
   Status SetUpWorkerStore();
   rendezvous::RendezvousOptions RendezvousOptionsOf(
       const std::string& run_id) const;
@@ -55,13 +43,15 @@ class ElasticJob : public Job {
   RoundEnd Fence(const std::string& why);
   void WaitTurn(const RoundPolicy& policy, TimePoint* next_check);
   void Linger();
-  // Says when etcd stops and starts answering (`status` of a request).
+  // Says when the store stops and starts answering (`status` of a
+  // request): a replicated one's (etcd) outage always, a c10d store's once
+  // this node is fenced.
   void NoteStore(const Status& status);
   template <typename Op>
   auto UntilStoreAnswers(Op op) -> decltype(op());
   // Whether a failed rendezvous call is the store's trouble, to be waited
-  // out: etcd's (no quorum, no member reached), or, once this node was
-  // fenced, a c10d store it cannot reach.
+  // out: a replicated store's (no quorum, no member reached), or, once
+  // this node was fenced, a c10d store it cannot reach.
   bool StoreTrouble(const Status& status) const;
   void NotifyStoreReady();
   // This node's status in the rendezvous store (NodeStatusKey), so that
@@ -89,19 +79,11 @@ class ElasticJob : public Job {
   // first: blocks the signals before any store thread starts
   SignalFd signals_;
   LocalGroup group_;
-  // hosted here (static node 0, or c10d host)
-  std::unique_ptr<rendezvous::StoreServer> rdzv_store_;
+  // The rendezvous store, whichever backend serves it.
+  std::unique_ptr<RendezvousBackend> backend_;
   // group rank 0: this round's workers' store
   std::unique_ptr<rendezvous::StoreServer> worker_store_;
-  // The rendezvous store: a TCP store client, or etcd (EtcdStore).
-  std::unique_ptr<rendezvous::Store> rdzv_client_;
-  std::string rdzv_address_;  // where it is, for messages and the registry
-  // This host's address on the link to the rendezvous store, which the
-  // workers of the rounds it hosts are told.
-  std::function<std::string()> local_address_;
-  rendezvous::EtcdClient* etcd_ = nullptr;     // inside rdzv_client_ (etcd)
-  std::optional<TimePoint> store_lost_since_;  // etcd's outage, if one
-  rendezvous::StoreClientOptions watch_opts_;  // Check's push connection
+  std::optional<TimePoint> store_lost_since_;  // the store's outage, if one
   std::unique_ptr<rendezvous::Rendezvous> rdzv_;
   rendezvous::Assignment assignment_;
   bool joined_ = false;  // assignment_ is a round's (status is published)

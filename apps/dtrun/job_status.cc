@@ -18,6 +18,7 @@
 #include "apps/dtrun/run_layout.h"
 #include "rendezvous/store_client.h"
 #include "rendezvous/util/os_util.h"
+#include "rendezvous/store_keys.h"
 
 namespace dtrun::agent {
 namespace {
@@ -304,26 +305,6 @@ Registration::~Registration() {
   if (!path_.empty()) ::unlink(path_.c_str());
 }
 
-// The status keys live beside the rendezvous' own ("rdzv/<run id>/...")
-// in the same store, under dtrun's prefix.
-std::string NodeStatusKey(const std::string& run_id, int group_rank) {
-  return "dtrun/status/" + run_id + "/node/" + std::to_string(group_rank);
-}
-
-std::string StatusRoundKey(const std::string& run_id) {
-  return "dtrun/status/" + run_id + "/nodes";
-}
-
-std::string StackRequestKey(const std::string& run_id) {
-  return "dtrun/stacks/" + run_id + "/request";
-}
-
-std::string StackAnswerKey(const std::string& run_id, int64_t request,
-                           int group_rank) {
-  return "dtrun/stacks/" + run_id + "/" + std::to_string(request) + "/node/" +
-         std::to_string(group_rank);
-}
-
 namespace {
 
 // The job `target` names among this host's: its run id, its run folder or
@@ -361,12 +342,12 @@ Result<JobStore> OpenJobStore(const std::string& address, std::string run_id,
   if (!client.ok()) return client.status();
   JobStore job{std::move(*client), std::move(run_id)};
   if (job.run_id.empty()) {
-    auto last = job.client->Get(kLastRunKey);
+    auto last = job.client->Get(rendezvous::keys::kLastRun);
     if (!last.ok())
       return Status::Invalid("no dtrun job published its status at " + address);
     job.run_id = *last;
   }
-  auto nodes = job.client->Get(StatusRoundKey(job.run_id));
+  auto nodes = job.client->Get(rendezvous::keys::StatusNodes(job.run_id));
   if (!nodes.ok()) return nodes.status();
   job.nodes = std::atoi(nodes->c_str());
   return job;
@@ -379,7 +360,7 @@ Result<std::vector<nlohmann::json>> NodesFromStore(const std::string& address,
   if (!job.ok()) return job.status();
   std::vector<std::string> keys;
   for (int g = 0; g < job->nodes; ++g)
-    keys.push_back(NodeStatusKey(job->run_id, g));
+    keys.push_back(rendezvous::keys::NodeStatus(job->run_id, g));
   auto records = job->client->MultiGet(keys);
   if (!records.ok()) return records.status();
   std::vector<nlohmann::json> out;
@@ -417,11 +398,11 @@ Result<std::vector<std::string>> StacksFromStore(const std::string& address,
                                                  std::string run_id) {
   auto job = OpenJobStore(address, std::move(run_id), std::chrono::seconds(30));
   if (!job.ok()) return job.status();
-  auto n = job->client->Add(StackRequestKey(job->run_id), 1);
+  auto n = job->client->Add(rendezvous::keys::StackRequest(job->run_id), 1);
   if (!n.ok()) return n.status();
   std::vector<std::string> keys;
   for (int g = 0; g < job->nodes; ++g)
-    keys.push_back(StackAnswerKey(job->run_id, *n, g));
+    keys.push_back(rendezvous::keys::StackAnswer(job->run_id, *n, g));
   Status s = job->client->Wait(keys, std::chrono::seconds(30));
   if (!s.ok()) return s;
   return job->client->MultiGet(keys);

@@ -134,21 +134,12 @@ class Registration {
 // folder (its id inside); the agent answers with stacks.<id>.json
 // (run_layout.h's StackRequest and StackAnswer).
 // With several nodes: the request counter, and each node's answer to
-// request n.
-std::string StackRequestKey(const std::string& run_id);
-std::string StackAnswerKey(const std::string& run_id, int64_t request,
-                           int group_rank);
+// request n (rendezvous/store_keys.h).
 
 // `dtrun --stacks RUN`: every rank's stack of a running job (run id, log
 // folder or store host:port), the job going on. Returns the exit code.
 int RunStacksCommand(const std::string& target,
                      const std::map<std::string, std::string>& env);
-
-// Store keys of a job's status with several nodes, under the rendezvous
-// store: each node's record, and the run that published there last.
-std::string NodeStatusKey(const std::string& run_id, int group_rank);
-std::string StatusRoundKey(const std::string& run_id);
-inline constexpr char kLastRunKey[] = "dtrun/status/last_run";
 
 // `dtrun --status [RUN] [--json]`: the jobs on this host, or one job (its
 // run id, its log folder, or the "host:port" of its rendezvous store)
