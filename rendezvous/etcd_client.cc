@@ -1,17 +1,12 @@
-// etcd's JSON gateway over asio: one HTTP/1.1 keep-alive connection per
-// client (plus one per watch), each operation bounded by a deadline run on
-// the connection's own io_context (start the operation, run the context
-// until the deadline, close the socket when it is passed). Replies are
+// etcd's JSON gateway: one member connection per client (plus one per
+// watch, etcd_connection.h), failover across members, authentication, and
+// watches that move to another member without losing a change. Replies are
 // either sized (Content-Length) or chunked; a watch's reply is an endless
 // chunked stream of one JSON message per line.
 #include "rendezvous/etcd_client.h"
 
 #include <openssl/evp.h>
-#include <poll.h>
 
-#include <asio.hpp>
-#include <asio/ssl.hpp>
-#include <condition_variable>
 #include <fstream>
 #include <memory>
 #include <mutex>
@@ -19,6 +14,7 @@
 #include <random>
 #include <thread>
 
+#include "rendezvous/etcd_connection.h"
 #include "rendezvous/util/log.h"
 
 namespace dtrun::rendezvous {
@@ -55,18 +51,6 @@ bool SplitHostPort(const std::string& text, std::string* host, uint16_t* port) {
   return true;
 }
 
-// An asio error for people: the timeouts Run reports read as what they
-// mean for a member ("no answer in time"), a reply past the bounds above as
-// such, the rest as the system says.
-std::string Describe(const asio::error_code& ec) {
-  if (ec == asio::error::timed_out || ec == asio::error::would_block)
-    return "no answer in time";
-  if (ec == asio::error::message_size)
-    return "reply malformed or too large (a head over 64 KiB, a length or "
-           "chunk over 256 MiB)";
-  return ec.message();
-}
-
 }  // namespace
 
 struct EtcdClient::Tls {
@@ -76,232 +60,6 @@ struct EtcdClient::Tls {
 struct EtcdClient::Io {
   asio::io_context io{1};
   std::mutex mu;
-};
-
-// One HTTP/1.1 connection to one member.
-class EtcdClient::Connection {
- public:
-  // `io` is the client's, shared by its connections (an io_context holds
-  // two descriptors: thousands of nodes' watches would run out of them);
-  // `io_mu` serializes its use.
-  Connection(std::string host, uint16_t port, asio::ssl::context* tls,
-             asio::io_context& io, std::mutex& io_mu)
-      : host_(std::move(host)),
-        port_(port),
-        io_(io),
-        io_mu_(io_mu),
-        socket_(io) {
-    if (tls) tls_ = std::make_unique<TlsStream>(socket_, *tls);
-  }
-
-  // Resolves, connects and, for TLS, shakes hands verifying the member's
-  // certificate against the host name or address it was named by.
-  asio::error_code Open(TimePoint deadline) {
-    asio::ip::tcp::resolver::results_type found;
-    asio::error_code ec = Resolve(deadline, &found);
-    if (ec) return ec;
-    ec = Run(deadline, [&](auto done) {
-      asio::async_connect(socket_, found,
-                          [done](asio::error_code e, const auto&) { done(e); });
-    });
-    if (ec || !tls_) return ec;
-    tls_->set_verify_mode(asio::ssl::verify_peer);
-    tls_->set_verify_callback(asio::ssl::host_name_verification(host_));
-    // SNI, for members behind a name
-    SSL_set_tlsext_host_name(tls_->native_handle(), host_.c_str());
-    return Run(deadline, [&](auto done) {
-      tls_->async_handshake(asio::ssl::stream_base::client,
-                            [done](asio::error_code e) { done(e); });
-    });
-  }
-
-  // The member's addresses, by the deadline. getaddrinfo cannot be
-  // interrupted, and a name server that does not answer holds it for
-  // timeout x attempts of resolv.conf (tens of seconds), so it runs on a
-  // thread of its own that this waits for until the deadline only; one
-  // that is late finishes alone and its answer is dropped.
-  asio::error_code Resolve(TimePoint deadline,
-                           asio::ip::tcp::resolver::results_type* found) {
-    struct Lookup {
-      std::mutex mu;
-      std::condition_variable cv;
-      bool done = false;
-      asio::error_code ec;
-      asio::ip::tcp::resolver::results_type found;
-    };
-    auto lookup = std::make_shared<Lookup>();
-    std::thread([lookup, host = host_, port = std::to_string(port_)] {
-      asio::io_context io;  // a resolver needs one; this thread's own
-      asio::ip::tcp::resolver resolver(io);
-      asio::error_code ec;
-      auto addresses = resolver.resolve(host, port, ec);
-      std::lock_guard<std::mutex> lock(lookup->mu);
-      lookup->ec = ec;
-      lookup->found = std::move(addresses);
-      lookup->done = true;
-      lookup->cv.notify_all();
-    }).detach();
-    std::unique_lock<std::mutex> lock(lookup->mu);
-    if (!lookup->cv.wait_until(lock, deadline, [&] { return lookup->done; }))
-      return asio::error::timed_out;
-    *found = lookup->found;
-    return lookup->ec;
-  }
-
-  // Sends one POST; the reply's head is read by ReadHead.
-  asio::error_code Send(const std::string& path, const std::string& body,
-                        TimePoint deadline) {
-    out_ = "POST " + path + " HTTP/1.1\r\nHost: " + host_ + ":" +
-           std::to_string(port_) +
-           (token_.empty() ? "" : "\r\nAuthorization: " + token_) +
-           "\r\nContent-Type: application/json\r\nContent-Length: " +
-           std::to_string(body.size()) + "\r\n\r\n" + body;
-    return Run(deadline, [&](auto done) {
-      auto handler = [done](asio::error_code e, size_t) { done(e); };
-      if (tls_) {
-        asio::async_write(*tls_, asio::buffer(out_), handler);
-      } else {
-        asio::async_write(socket_, asio::buffer(out_), handler);
-      }
-    });
-  }
-
-  // Reads the status line and headers; the body follows through ReadBody
-  // (sized or chunked) or NextChunk (streams).
-  asio::error_code ReadHead(TimePoint deadline, int* status) {
-    auto ec = Take(deadline, asio::error::message_size,
-                   [&] { return framing::TakeHead(&in_, &head_); });
-    if (!ec) *status = head_.status;
-    return ec;
-  }
-
-  // A unary reply's body.
-  asio::error_code ReadBody(TimePoint deadline, std::string* body) {
-    body->clear();
-    if (!head_.chunked) {
-      return Take(deadline, asio::error::invalid_argument,
-                  [&] { return framing::TakeSizedBody(&in_, head_, body); });
-    }
-    for (;;) {
-      std::string chunk;
-      bool last = false;
-      if (auto ec = NextChunk(deadline, &chunk, &last)) return ec;
-      if (last) return {};
-      if (body->size() + chunk.size() > framing::kMaxBody)
-        return asio::error::message_size;
-      *body += chunk;
-    }
-  }
-
-  // One chunk of a chunked body; *last on the final (empty) one.
-  asio::error_code NextChunk(TimePoint deadline, std::string* chunk,
-                             bool* last) {
-    return Take(deadline, asio::error::message_size,
-                [&] { return framing::TakeChunk(&in_, chunk, last); });
-  }
-
-  bool reusable() const { return head_.keep_alive && socket_.is_open(); }
-  // etcd's auth token, sent with each request from now on ("": none).
-  void set_token(std::string token) { token_ = std::move(token); }
-
-  // Whether a read would not block: bytes buffered here or in TLS, or the
-  // socket readable (data, end of stream or an error). Waits for that up to
-  // `deadline` (default: not at all) without touching the stream.
-  bool Readable(TimePoint deadline = TimePoint()) {
-    if (!in_.empty()) return true;
-    if (!socket_.is_open()) return true;
-    if (tls_ && SSL_pending(tls_->native_handle()) > 0) return true;
-    auto left =
-        std::chrono::duration_cast<milliseconds>(deadline - Clock::now());
-    pollfd p{socket_.native_handle(), POLLIN, 0};
-    return ::poll(&p, 1,
-                  static_cast<int>(std::max<int64_t>(0, left.count()))) != 0;
-  }
-  const std::string& host() const { return host_; }
-
-  std::string LocalAddress() {
-    asio::error_code ec;
-    auto local = socket_.local_endpoint(ec);
-    return ec ? "" : local.address().to_string();
-  }
-
- private:
-  using TlsStream = asio::ssl::stream<asio::ip::tcp::socket&>;
-
-  // Calls `take` (a framing::Take* on in_) until it takes a whole item,
-  // reading more while it needs more; bytes it refuses are `bad`.
-  template <typename TakeFn>
-  asio::error_code Take(TimePoint deadline, asio::error_code bad, TakeFn take) {
-    for (;;) {
-      switch (take()) {
-        case framing::Took::kItem:
-          return {};
-        case framing::Took::kBad:
-          return bad;
-        case framing::Took::kNeedMore:
-          if (auto ec = ReadMore(deadline)) return ec;
-      }
-    }
-  }
-
-  // Appends what the socket has (at least one byte) to in_; the end of the
-  // stream is an error here, as every reply is framed.
-  asio::error_code ReadMore(TimePoint deadline) {
-    char buf[16384];
-    size_t got = 0;
-    auto ec = Run(deadline, [&](auto done) {
-      auto handler = [done, &got](asio::error_code e, size_t n) {
-        got = n;
-        done(e);
-      };
-      if (tls_) {
-        tls_->async_read_some(asio::buffer(buf), handler);
-      } else {
-        socket_.async_read_some(asio::buffer(buf), handler);
-      }
-    });
-    in_.append(buf, got);
-    if (!ec && got == 0) ec = asio::error::eof;
-    return ec;
-  }
-
-  // Starts an operation and runs the context until it completes or the
-  // deadline passes; then the socket is closed (the operation completes
-  // with an error) and timed_out returned.
-  template <typename Start>
-  asio::error_code Run(TimePoint deadline, Start start) {
-    std::lock_guard<std::mutex> lock(io_mu_);
-    asio::error_code result = asio::error::would_block;
-    bool finished = false;
-    start([&result, &finished](asio::error_code ec) {
-      result = ec;
-      finished = true;
-    });
-    io_.restart();
-    io_.run_until(deadline);
-    if (!finished) {
-      asio::error_code ignored;
-      socket_.close(ignored);
-      io_.restart();
-      io_.run();
-      return asio::error::timed_out;
-    }
-    if (result) {
-      asio::error_code ignored;
-      socket_.close(ignored);
-    }
-    return result;
-  }
-
-  std::string host_;
-  uint16_t port_;
-  asio::io_context& io_;
-  std::mutex& io_mu_;
-  asio::ip::tcp::socket socket_;
-  std::unique_ptr<TlsStream> tls_;
-  std::string token_;
-  std::string out_, in_;
-  framing::Head head_;  // the last reply's
 };
 
 // Each client starts at a member of its own choosing, so that a job's nodes
@@ -462,7 +220,7 @@ std::optional<Result<nlohmann::json>> EtcdClient::Try(size_t at,
   if (!ec) ec = conn_->ReadBody(until, &reply);
   if (sent && ec == asio::error::timed_out) tries->reached = true;
   if (ec) {
-    tries->said[at] = Describe(ec);
+    tries->said[at] = DescribeEtcdError(ec);
     if (options_.tls && ec.category() == asio::error::get_ssl_category())
       tries->refused = true;
     conn_.reset();
@@ -514,7 +272,7 @@ Status EtcdClient::Failed(const std::string& path, const Tries& tries) {
 // gateway reads them one after another from the body), whose reply streams
 // every key's events on one connection.
 struct EtcdWatch::Stream {
-  std::unique_ptr<EtcdClient::Connection> conn;
+  std::unique_ptr<EtcdConnection> conn;
   std::string pending;  // the stream's text not yet split into messages
 };
 
@@ -554,7 +312,7 @@ Status EtcdWatch::OpenOn(const std::string& endpoint) {
     body += nlohmann::json({{"create_request", create}}).dump() + "\n";
   }
   int status = 0;
-  EtcdClient::Connection& c = *stream_->conn;
+  EtcdConnection& c = *stream_->conn;
   asio::error_code ec = c.Open(
       std::min(deadline, Clock::now() + client_->options().connect_timeout));
   if (!ec) ec = c.Send("/v3/watch", body, deadline);
@@ -596,7 +354,7 @@ Status EtcdWatch::OpenOn(const std::string& endpoint) {
   if (!ec) return Status::Ok();
   stream_.reset();
   return Status::Unavailable("etcd " + endpoint + ": cannot watch " +
-                             keys_.back().key + ": " + Describe(ec));
+                             keys_.back().key + ": " + DescribeEtcdError(ec));
 }
 
 Status EtcdWatch::WatchKey(const std::string& key) {
@@ -650,9 +408,9 @@ Status EtcdWatch::TakeChanges(std::vector<KeyChange>* changes) {
   return broken ? Open() : Status::Ok();
 }
 
-std::unique_ptr<EtcdClient::Connection> EtcdClient::NewConnection(
+std::unique_ptr<EtcdConnection> EtcdClient::NewConnection(
     const std::string& host, uint16_t port) {
-  auto conn = std::make_unique<Connection>(
+  auto conn = std::make_unique<EtcdConnection>(
       host, port, tls_ ? &tls_->context : nullptr, io_->io, io_->mu);
   conn->set_token(Token());
   return conn;

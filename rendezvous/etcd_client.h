@@ -57,6 +57,8 @@ enum class EtcdTrouble {
 
 // Thread-safe: one request at a time per client (a mutex), like the TCP
 // store client; each EtcdWatch stream has a connection of its own.
+class EtcdConnection;
+
 class EtcdClient {
  public:
   // Checks the options (files readable, endpoints "host:port") and reaches
@@ -83,11 +85,10 @@ class EtcdClient {
     options_.timeout = timeout;
   }
 
-  class Connection;
   // A connection to a member, on this client's I/O context (watches use
   // one each).
-  std::unique_ptr<Connection> NewConnection(const std::string& host,
-                                            uint16_t port);
+  std::unique_ptr<EtcdConnection> NewConnection(const std::string& host,
+                                                uint16_t port);
 
  private:
   struct Tries;
@@ -113,7 +114,7 @@ class EtcdClient {
   struct Io;
   std::unique_ptr<Io> io_;  // before conn_: outlives it
   mutable std::mutex mu_;
-  std::unique_ptr<Connection> conn_;  // to endpoints[current_]
+  std::unique_ptr<EtcdConnection> conn_;  // to endpoints[current_]
   size_t current_ = 0;
   std::string local_address_;
   EtcdTrouble trouble_ = EtcdTrouble::kNone;
