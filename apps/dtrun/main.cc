@@ -1,5 +1,6 @@
 // dtrun: a drop-in for torchrun. Composition root only: parse the command
-// line, pick the job, build the real objects, run, return the exit code.
+// line, answer a query (--status, --stacks) or pick the job, build the real
+// objects, run, return the exit code.
 #include <cstdio>
 #include <memory>
 
@@ -8,6 +9,7 @@
 #include "apps/dtrun/elastic_job.h"
 #include "apps/dtrun/exit_code.h"
 #include "apps/dtrun/interactive.h"
+#include "apps/dtrun/job_status.h"
 #include "apps/dtrun/posix_worker_group.h"
 #include "apps/dtrun/single_node_job.h"
 #include "rendezvous/util/log.h"
@@ -41,6 +43,11 @@ int RunJob(const LaunchConfig& config, Job::StoreReady ready) {
 int main(int argc, char** argv) {
   CliResult cli = ParseCommandLine(argc, argv);
   if (cli.exit_code >= 0) return cli.exit_code;
+  const Query& q = cli.query;
+  if (q.kind == Query::Kind::kStatus)
+    return RunStatusCommand(q.target, q.json, cli.config.environment);
+  if (q.kind == Query::Kind::kStacks)
+    return RunStacksCommand(q.target, cli.config.environment);
   // After parsing, so usage errors print before any logger exists; an empty
   // --log-level falls back to DTRUN_LOG_LEVEL, then info.
   if (!dtrun::SetLogLevel(cli.config.log_level)) {
