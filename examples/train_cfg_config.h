@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "lib/trainer.h"
+#include "lib/train_config.h"
 
 namespace dtrun::examples {
 

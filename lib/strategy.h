@@ -16,7 +16,7 @@
 #include "lib/checkpoint_payload.h"
 #include "lib/host_staging.h"
 #include "lib/torch_compat.h"
-#include "lib/trainer.h"
+#include "lib/train_config.h"
 #include "rendezvous/util/status.h"
 
 namespace dtrun::train {

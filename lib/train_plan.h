@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <string>
 
-#include "lib/trainer.h"
+#include "lib/train_config.h"
 
 namespace dtrun::train {
 

@@ -16,7 +16,7 @@
 #include "apps/dtrun/rdzv_config.h"
 #include "apps/dtrun/straggler.h"
 #include "examples/train_cfg_config.h"
-#include "lib/trainer.h"
+#include "lib/train_config.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string bytes(reinterpret_cast<const char*>(data), size);

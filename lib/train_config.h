@@ -1,0 +1,128 @@
+#pragma once
+
+// What a training run is asked to do: the config train_cfg fills from its
+// TOML file, its choices, and their check. Pure data; no torch.
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace dtrun::train {
+
+// The config's choices, each read from its TOML string by ParseChoice.
+enum class ModelKind { kMlp, kCnn };                   // model.type
+enum class DataSource { kDigits, kSynthetic };         // data.source
+enum class StrategyKind { kDdp, kFsdp };               // strategy.type
+enum class OptimizerKind { kSgd, kAdam, kAdamW };      // optimizer.type
+enum class Schedule { kConstant, kCosine };            // schedule.type
+enum class CheckpointFormat { kSharded, kFull };       // checkpoint.format
+enum class CheckpointMode { kSync, kAsync, kMemory };  // checkpoint.mode
+enum class KillPoint { kStep, kCopy, kWrite };         // fault.kill_in
+
+// Sets *out to the choice named `value` (as in TOML: "ddp", "adamw", ...)
+// and returns "", or returns what is wrong, naming `key` and the choices
+// ("strategy.type 'zero': use \"ddp\" or \"fsdp\""). Pure.
+std::string ParseChoice(const std::string& key, const std::string& value,
+                        ModelKind* out);
+std::string ParseChoice(const std::string& key, const std::string& value,
+                        DataSource* out);
+std::string ParseChoice(const std::string& key, const std::string& value,
+                        StrategyKind* out);
+std::string ParseChoice(const std::string& key, const std::string& value,
+                        OptimizerKind* out);
+std::string ParseChoice(const std::string& key, const std::string& value,
+                        Schedule* out);
+std::string ParseChoice(const std::string& key, const std::string& value,
+                        CheckpointFormat* out);
+std::string ParseChoice(const std::string& key, const std::string& value,
+                        CheckpointMode* out);
+std::string ParseChoice(const std::string& key, const std::string& value,
+                        KillPoint* out);
+
+// Everything a training run needs; train_cfg fills it from TOML. Defaults in
+// brackets.
+struct TrainConfig {
+  // model
+  ModelKind model = ModelKind::kMlp;   // mlp [mlp] | cnn (for 8x8 images)
+  std::vector<int> hidden = {64, 64};  // MLP hidden layer widths
+  double dropout = 0.0;  // MLP: dropout after each hidden layer [0]
+  // data
+  // digits (sklearn's 8x8 digits) [digits] | synthetic
+  DataSource data = DataSource::kDigits;
+  std::string digits_path =
+      "/usr/lib/python3/dist-packages/sklearn/datasets/data/digits.csv.gz";
+  int synthetic_samples = 2048, synthetic_features = 32, synthetic_classes = 4;
+  double test_fraction = 0.2;  // held out for evaluation [0.2]
+  // strategy
+  StrategyKind strategy = StrategyKind::kDdp;  // ddp [ddp] | fsdp
+  // gloo | nccl | auto (nccl if built and a GPU is visible)
+  std::string backend = "auto";
+  // where the model and the batches live: auto [auto] (GPU LOCAL_RANK with
+  // nccl, the CPU with gloo) | cpu | cuda (with gloo too: GPU LOCAL_RANK
+  // modulo the GPUs visible, so several ranks can share one GPU)
+  std::string device = "auto";
+  double bucket_cap_mb = 25;          // ddp
+  int64_t min_unit_params = 0;        // fsdp wrap policy (see FsdpOptions)
+  bool reshard_after_forward = true;  // fsdp
+  bool prefetch = true;               // fsdp
+  std::string param_dtype = "float32",
+              reduce_dtype = "float32";  // fsdp mixed precision
+  bool cpu_offload = false;              // fsdp, GPU builds
+  // collectives through shared memory when every rank is on this host (DDP's
+  // all-reduce, FSDP's all-gathers and reduce-scatters) [true]
+  bool shared_memory = true;
+  // optimizer and schedule
+  OptimizerKind optimizer = OptimizerKind::kSgd;  // sgd [sgd] | adam | adamw
+  double lr = 0.05, momentum = 0.9, weight_decay = 0.0;
+  Schedule schedule = Schedule::kConstant;  // constant [constant] | cosine
+  int warmup_steps = 0;
+  // loop
+  int batch_size = 32;  // per rank
+  int64_t steps = 200;
+  int accumulate = 1;     // micro-batches per step (no_sync between)
+  bool drop_last = true;  // drop each epoch's remainder [true], or pad it
+  int eval_every = 50, log_every = 20;
+  uint64_t seed = 1;
+  // checkpoints
+  std::string checkpoint_dir;  // empty: no checkpoints
+  int checkpoint_every = 50, keep_checkpoints = 2;
+  // fsdp: sharded (each rank its shard) [sharded] | full
+  CheckpointFormat checkpoint_format = CheckpointFormat::kSharded;
+  // sync [sync]: the loop waits until the checkpoint is durable; async: it
+  // waits only for a copy of the state in memory, a thread writes it;
+  // memory: as async, but the thread writes the copy to shared memory that
+  // outlives the worker (under dtrun) and to disk every persist_every-th
+  // checkpoint.
+  CheckpointMode checkpoint_mode = CheckpointMode::kSync;
+  int persist_every = 4;  // memory mode [4]; the run's last one always
+  // stop (as if preempted) after this step; -1 never
+  int64_t stop_after_step = -1;
+  // fault injection for demos and tests: rank `kill_rank` SIGKILLs itself
+  // after step `kill_at_step` on the first attempt only.
+  int kill_rank = -1;
+  int64_t kill_at_step = -1;
+  // where that kill lands: after the step [step]; at that step's checkpoint
+  // (async and memory modes), once its copy is taken and before any of it
+  // is written (copy), or halfway through its write (write)
+  KillPoint kill_in = KillPoint::kStep;
+  // rank `hang_rank` stops (no heartbeat, no collective) after step
+  // `hang_at_step`, on the first attempt only.
+  int hang_rank = -1;
+  int64_t hang_at_step = -1;
+  // rank `slow_rank`'s compute (outside collectives) takes `slow_factor`
+  // times as long, every step: a straggler for tests. 1: off.
+  int slow_rank = -1;
+  double slow_factor = 1.0;
+  // async and memory checkpoints: each background write first waits this
+  // long (a slow disk), so that a fault lands while a write is in flight.
+  // 0: off.
+  int save_delay_ms = 0;
+  std::string metrics_path;  // JSON lines; empty: none
+};
+
+// The first thing wrong with a config's values (a backend or dtype that is
+// not a choice, a number out of range), or "" when it is fine. Pure; Train()
+// checks too.
+std::string ValidateConfig(const TrainConfig& config);
+
+}  // namespace dtrun::train
