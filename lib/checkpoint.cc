@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "lib/sha256.h"
+#include "rendezvous/util/checkpoint_files.h"
 #include "rendezvous/util/os_util.h"
 
 namespace dtrun::train {
@@ -19,7 +20,7 @@ constexpr char kMagic[] = "DTCKPT1\n";
 constexpr size_t kMagicLen = 8, kHeaderLen = kMagicLen + 32 + 8;
 // Written in chunks so that a test can kill the writer halfway (on_chunk).
 constexpr size_t kChunk = 4 << 20;
-constexpr char kEpochsName[] = "epochs.dtck";
+constexpr const char* kEpochsName = checkpoint_files::kEpochsName;
 
 std::string Errno(const std::string& what) {
   return what + ": " + std::strerror(errno);
@@ -95,11 +96,8 @@ void DeleteStaleShards(const std::string& dir, int64_t step,
   if (!d) return;
   std::vector<std::string> doomed;
   while (dirent* e = readdir(d)) {
-    long long shard_step = 0;
-    int rank = 0, used = 0;
-    if (std::sscanf(e->d_name, "ckpt_%lld.shard_%d.dtck%n", &shard_step, &rank,
-                    &used) == 2 &&
-        e->d_name[used] == '\0' &&
+    int64_t shard_step = 0, rank = 0;
+    if (checkpoint_files::ShardOfName(e->d_name, &shard_step, &rank) &&
         std::find(kept.begin(), kept.end(), shard_step) == kept.end() &&
         shard_step <= step) {
       doomed.push_back(dir + "/" + e->d_name);
@@ -118,17 +116,11 @@ CheckpointDir::CheckpointDir(std::string dir, int keep_last)
 
 // Zero-padded so that names sort as steps do.
 std::string CheckpointDir::StepName(int64_t step) {
-  char name[64];
-  std::snprintf(name, sizeof(name), "ckpt_%012lld.dtck",
-                static_cast<long long>(step));
-  return name;
+  return checkpoint_files::StepName(step);
 }
 
 std::string CheckpointDir::ShardName(int64_t step, int rank) {
-  char name[80];
-  std::snprintf(name, sizeof(name), "ckpt_%012lld.shard_%d.dtck",
-                static_cast<long long>(step), rank);
-  return name;
+  return checkpoint_files::ShardName(step, rank);
 }
 
 std::string CheckpointDir::PathFor(int64_t step) const {
@@ -205,7 +197,8 @@ Status CheckpointDir::Write(int64_t step, const std::string& payload,
   // epoch), but never counts among the kept.
   while (!steps.empty() && steps.front() > step) {
     const std::string from = PathFor(steps.front());
-    (void)::rename(from.c_str(), (from + ".abandoned").c_str());
+    (void)::rename(from.c_str(),
+                   (from + checkpoint_files::kAbandonedSuffix).c_str());
     steps.erase(steps.begin());
   }
   std::vector<int64_t> kept(
@@ -226,19 +219,9 @@ std::vector<int64_t> CheckpointDir::Steps() const {
   DIR* d = opendir(dir_.c_str());
   if (!d) return steps;
   while (dirent* e = readdir(d)) {
-    // Exactly "ckpt_<digits>.dtck": temporary files ("....dtck.tmp.<pid>")
-    // never count.
-    std::string name = e->d_name;
-    const std::string head = "ckpt_", tail = ".dtck";
-    if (name.size() <= head.size() + tail.size() ||
-        name.compare(0, head.size(), head) != 0 ||
-        name.compare(name.size() - tail.size(), tail.size(), tail) != 0) {
-      continue;
-    }
-    std::string digits =
-        name.substr(head.size(), name.size() - head.size() - tail.size());
-    if (digits.find_first_not_of("0123456789") != std::string::npos) continue;
-    steps.push_back(std::stoll(digits));
+    // Temporary files ("....dtck.tmp.<pid>") never count.
+    const int64_t step = checkpoint_files::StepOfName(e->d_name);
+    if (step >= 0) steps.push_back(step);
   }
   closedir(d);
   std::sort(steps.rbegin(), steps.rend());

@@ -15,6 +15,7 @@
 #include <set>
 #include <type_traits>
 
+#include "rendezvous/util/checkpoint_files.h"
 #include "rendezvous/util/os_util.h"
 
 namespace dtrun::memory_checkpoint {
@@ -116,13 +117,6 @@ std::string Bounded(const char* s, size_t max) {
   return std::string(s, strnlen(s, max));
 }
 
-// A file name a copy may carry: a checkpoint file's, nothing with a path.
-bool PlainCheckpointName(const std::string& name) {
-  return name.rfind("ckpt_", 0) == 0 && name.size() > 10 &&
-         name.compare(name.size() - 5, 5, ".dtck") == 0 &&
-         name.find('/') == std::string::npos;
-}
-
 // The copy a header describes, or why it is not one. `size`: the
 // segment's, which every file must lie within.
 Result<MemoryCopy> Parse(const Header& h, const std::string& path,
@@ -144,7 +138,7 @@ Result<MemoryCopy> Parse(const Header& h, const std::string& path,
   for (uint32_t i = 0; i < h.file_count; ++i) {
     const Header::Entry& e = h.files[i];
     MemoryFile f{Bounded(e.name, kNameMax), e.offset, e.length, e.shards};
-    if (!PlainCheckpointName(f.name) || f.offset < kDataStart ||
+    if (!checkpoint_files::IsCheckpointName(f.name) || f.offset < kDataStart ||
         f.length > size || f.offset > size - f.length) {
       return Status::Invalid("file " + std::to_string(i) + " is malformed");
     }
@@ -215,11 +209,7 @@ int64_t NewestStepOnDisk(const std::string& dir) {
   DIR* d = ::opendir(dir.c_str());
   if (!d) return newest;
   while (const dirent* e = ::readdir(d)) {
-    long long step = 0;
-    int used = 0;
-    if (std::sscanf(e->d_name, "ckpt_%lld.dtck%n", &step, &used) == 1 &&
-        e->d_name[used] == '\0')
-      newest = std::max<int64_t>(newest, step);
+    newest = std::max(newest, checkpoint_files::StepOfName(e->d_name));
   }
   ::closedir(d);
   return newest;
@@ -269,14 +259,6 @@ Status PersistFile(const MemoryCopy& copy, const MemoryFile& file) {
   return s;
 }
 
-// The name of step `step`'s shard `rank`, as lib/checkpoint.h names it.
-std::string ShardName(int64_t step, int64_t rank) {
-  char name[80];
-  std::snprintf(name, sizeof(name), "ckpt_%012lld.shard_%lld.dtck",
-                static_cast<long long>(step), static_cast<long long>(rank));
-  return name;
-}
-
 // One folder's newest step: its shards, then its step's file. The folder
 // is made first: a job whose first checkpoints lived only in memory may
 // never have written to it.
@@ -314,7 +296,7 @@ void PersistStep(const std::vector<const MemoryCopy*>& copies,
   const std::string path = c.dir + "/" + step_file->name;
   if (Exists(path)) return;
   for (int64_t r = 0; r < step_file->shards; ++r) {
-    if (!Exists(c.dir + "/" + ShardName(c.step, r))) {
+    if (!Exists(c.dir + "/" + checkpoint_files::ShardName(c.step, r))) {
       report->notes.push_back(
           path + ": not written, its shard " + std::to_string(r) +
           " is not on disk (another node's memory held it)");
