@@ -1,17 +1,15 @@
 #include "lib/fsdp.h"
 
-#include <sched.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/torch.h>
 
 #include <chrono>
 #include <cstring>
-#include <future>
 #include <mutex>
 #include <set>
-#include <thread>
 
 #include "lib/ddp.h"
+#include "lib/fsdp_transport.h"
 #include "lib/process_group.h"
 #include "lib/shm_allreduce.h"
 #include "lib/state_copy.h"
@@ -46,25 +44,6 @@ void AllocStorage(const at::Tensor& t) {
   s->set_data_ptr_noswap(s->allocator()->allocate(n));
   s->set_nbytes(n);
 }
-
-// A collective running on a ShmQueue, as the process group's Work: the
-// units wait for it as they wait for gloo's. A failure (a rank died or
-// hangs) throws, naming what happened.
-class ShmWork : public c10d::Work {
- public:
-  explicit ShmWork(std::future<Status> done) : done_(done.share()) {}
-  bool isCompleted() override {
-    return done_.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
-  }
-  bool wait(std::chrono::milliseconds) override {
-    const Status& s = done_.get();
-    if (!s.ok()) throw Error("FSDP through shared memory: " + s.message());
-    return true;
-  }
-
- private:
-  std::shared_future<Status> done_;
-};
 
 int64_t Bytes(const at::Tensor& t) {
   if (!t.defined()) return 0;
@@ -108,15 +87,9 @@ struct FullyShardedDataParallel::Impl {
   int next_rs = -1;
   std::mutex mu;  // hooks may run on autograd's threads
   CommStats stats;
-  // FsdpOptions::shared_memory: every collective through it, in the order
-  // launched (the same on every rank, as for the process group)
-  std::unique_ptr<ShmQueue> shm;
-  // Whether a prefetched gather may run on the queue's thread: only with a
-  // core to spare for it (2 per rank). Without, the thread takes its core
-  // from a rank's compute and the hand-offs cost more than the overlap
-  // gains (tests/bench/README.md, "FSDP through shared memory"), so
-  // gathers run on the caller when needed.
-  bool shm_overlap = false;
+  // The process group or, with FsdpOptions::shared_memory, one segment
+  // every collective goes through in the order launched.
+  std::unique_ptr<FsdpTransport> net;
 
   // Shared memory when every rank can open rank 0's segment and units
   // compute and reduce in float32 on the CPU; its regions hold the largest
@@ -128,55 +101,7 @@ struct FullyShardedDataParallel::Impl {
     }
     int64_t floats = 0;
     for (const Unit& u : units) floats = std::max(floats, u.padded);
-    std::string why;
-    auto seg =
-        OpenSharedMemoryAllreduce(*pg, static_cast<size_t>(floats), &why);
-    if (!seg) return;
-    shm = std::make_unique<ShmQueue>(std::move(seg));
-    cpu_set_t cpus;
-    CPU_ZERO(&cpus);
-    const int cores =
-        sched_getaffinity(0, sizeof(cpus), &cpus) == 0
-            ? CPU_COUNT(&cpus)
-            : static_cast<int>(std::thread::hardware_concurrency());
-    shm_overlap = opts.prefetch && cores >= 2 * world;
-  }
-
-  // The job copies `src` into this rank's region when its turn comes (an
-  // earlier job may still be using the region), so `src` and `dst` must
-  // live until it is waited for: the unit keeps both (gather_input, full),
-  // as it does for gloo, which reads them asynchronously too.
-  // The gather of `src` ([S] per rank) into `dst` ([S * world]), as a job
-  // for the queue (ShmAllGather) or for this thread (GatherHere).
-  std::function<Status(ShmAllreduce&)> GatherJob(const at::Tensor& dst,
-                                                 const at::Tensor& src) const {
-    float* out = dst.data_ptr<float>();
-    const float* in = src.data_ptr<float>();
-    const size_t n = static_cast<size_t>(src.numel());
-    return [out, in, n, timeout = opts.timeout](ShmAllreduce& seg) {
-      std::memcpy(seg.region(), in, n * sizeof(float));
-      return seg.AllGather(n, out, timeout);
-    };
-  }
-  c10::intrusive_ptr<c10d::Work> ShmAllGather(const at::Tensor& dst,
-                                              const at::Tensor& src) {
-    return c10::make_intrusive<ShmWork>(shm->Launch(GatherJob(dst, src)));
-  }
-
-  // `grad_full` ([padded]) in, this rank's summed chunk ([shard_size]) out:
-  // already the sum FinishReduceScatter makes of an all-to-all's chunks, in
-  // the same order, so the gloo path's local sum is skipped.
-  c10::intrusive_ptr<c10d::Work> ShmReduceScatter(const at::Tensor& out_,
-                                                  const at::Tensor& in_) {
-    float* out = out_.data_ptr<float>();
-    const float* in = in_.data_ptr<float>();
-    const size_t n = static_cast<size_t>(out_.numel());
-    const size_t total = static_cast<size_t>(in_.numel());
-    return c10::make_intrusive<ShmWork>(shm->Launch(
-        [out, in, n, total, timeout = opts.timeout](ShmAllreduce& seg) {
-          std::memcpy(seg.region(), in, total * sizeof(float));
-          return seg.ReduceScatter(n, out, timeout);
-        }));
+    net->OpenSharedMemory(floats, opts.prefetch);
   }
 
   void Wait(const c10::intrusive_ptr<c10d::Work>& work) {
@@ -185,46 +110,12 @@ struct FullyShardedDataParallel::Impl {
     stats.wait_s += std::chrono::duration<double>(Clock::now() - t0).count();
   }
 
-  // Gloo's 16-bit types differ by build: Torch 1.13's moves no bfloat16,
-  // Debian forky's 2.14 neither bfloat16 nor float16 ("Invalid scalar
-  // type"). Data movement (all-gather, all-to-all) copies bits without
-  // looking at them, so 16-bit tensors go as their bytes, which every gloo
-  // moves; flat tensors only, as FSDP's are.
-  at::Tensor Wire(const at::Tensor& t) const {
-    const auto type = t.scalar_type();
-    return !nccl && (type == at::kBFloat16 || type == at::kHalf)
-               ? t.view(at::kByte)
-               : t;
-  }
-
-  // All-gathers `src_` ([S] per rank) into `dst_` ([S * world]). Gloo's
-  // allgather wants a list of outputs: they are slices of `dst`, so the
-  // result lands in place with no copy afterwards.
-  c10::intrusive_ptr<c10d::Work> AllGather(const at::Tensor& dst_,
-                                           const at::Tensor& src_) {
-    if (shm) {
-      DTRUN_CHECK(src_.is_contiguous() && dst_.is_contiguous())
-          << "FSDP all-gather of a strided tensor";
-      return ShmAllGather(dst_, src_);
-    }
-    at::Tensor dst = Wire(dst_), src = Wire(src_);
-    if (nccl) {
-      at::Tensor out = dst;
-      at::Tensor in = src;
-      return pg->_allgather_base(out, in);
-    }
-    std::vector<std::vector<at::Tensor>> out(1);
-    const int64_t s = src.numel();
-    for (int j = 0; j < world; ++j) out[0].push_back(dst.narrow(0, j * s, s));
-    std::vector<at::Tensor> in{src};
-    return pg->allgather(out, in);
-  }
-
   // Asynchronous, so that a prefetched unit's parameters arrive while the
   // current unit computes; EnsureGathered() waits.
   void LaunchGather(Unit& u) {
     if (u.gathered || u.gather_work) return;
-    if (shm && !shm_overlap) return;  // EnsureGathered() gathers it here
+    // EnsureGathered() gathers it here
+    if (net->shared_memory() && !net->overlaps()) return;
     AllocStorage(u.full);
     at::Tensor src = u.shard.detach();
     if (src.device() != device) src = src.to(device);
@@ -236,17 +127,18 @@ struct FullyShardedDataParallel::Impl {
       return;
     }
     u.gather_input = src;
-    u.gather_work = AllGather(u.full, src);
+    u.gather_work = net->AllGather(u.full, src);
   }
 
   // A gather nobody prefetched runs on this thread, which would only wait
   // for it (ShmQueue::RunHere): no hand-off to the queue's thread and back.
   bool GatherHere(Unit& u) {
-    if (!shm || u.gathered || u.gather_work || world == 1) return false;
+    if (!net->shared_memory() || u.gathered || u.gather_work || world == 1)
+      return false;
     AllocStorage(u.full);
     ++stats.gathers;
     const auto t0 = Clock::now();
-    Status s = shm->RunHere(GatherJob(u.full, u.shard.detach()));
+    Status s = net->GatherHere(u.full, u.shard.detach());
     stats.wait_s += std::chrono::duration<double>(Clock::now() - t0).count();
     if (!s.ok()) throw Error("FSDP through shared memory: " + s.message());
     u.gathered = true;
@@ -327,19 +219,9 @@ struct FullyShardedDataParallel::Impl {
     ++stats.reduce_scatters;
     if (world == 1) {
       u.rs_out = u.grad_full;
-    } else if (shm) {
-      u.rs_out = at::empty({u.shard_size}, u.grad_full.options());
-      u.rs_work = ShmReduceScatter(u.rs_out, u.grad_full);
-    } else if (nccl) {
-      u.rs_out = at::empty({u.shard_size}, u.grad_full.options());
-      u.rs_work = pg->_reduce_scatter_base(u.rs_out, u.grad_full);
     } else {
-      // Chunk j of every rank's gradient goes to rank j; rank j sums them
-      // (FinishReduceScatter). Gloo in 1.13 has no reduce-scatter.
-      u.rs_out = at::empty({u.padded}, u.grad_full.options());
-      std::vector<int64_t> equal_splits;
-      at::Tensor out = Wire(u.rs_out), in = Wire(u.grad_full);
-      u.rs_work = pg->alltoall_base(out, in, equal_splits, equal_splits);
+      u.rs_out = net->ReduceScatterOutput(u.grad_full, u.shard_size);
+      u.rs_work = net->ReduceScatter(u.rs_out, u.grad_full);
     }
     // Every gradient of the unit is computed: its parameters are not needed
     // again this step.
@@ -354,9 +236,7 @@ struct FullyShardedDataParallel::Impl {
       Wait(u.rs_work);
       u.rs_work.reset();
     }
-    at::Tensor g = nccl || world == 1 || shm
-                       ? u.rs_out
-                       : u.rs_out.view({world, u.shard_size}).sum(0);
+    at::Tensor g = net->SummedChunk(u.rs_out, u.shard_size);
     g = g.to(at::kFloat).div_(world);
     if (g.device() != u.shard.device()) g = g.to(u.shard.device());
     if (u.shard.grad().defined()) {
@@ -455,7 +335,7 @@ struct FullyShardedDataParallel::Impl {
     at::Tensor src = part.detach().to(device).contiguous();
     if (world == 1) return src.clone();
     at::Tensor out = at::empty({src.numel() * world}, src.options());
-    AllGather(out, src)->wait();
+    net->AllGather(out, src)->wait();
     return out;
   }
 
@@ -529,7 +409,8 @@ FullyShardedDataParallel::FullyShardedDataParallel(
   d.opts = options;
   d.rank = pg->getRank();
   d.world = pg->getSize();
-  d.nccl = pg->getBackendName() == "nccl";
+  d.net = std::make_unique<FsdpTransport>(pg, options.timeout);
+  d.nccl = d.net->nccl();
   d.param_dtype = DtypeNamed(options.param_dtype, "param_dtype");
   d.reduce_dtype = DtypeNamed(options.reduce_dtype, "reduce_dtype");
   auto params = d.model->parameters();
@@ -707,7 +588,7 @@ void FullyShardedDataParallel::LoadStateDicts(
 }
 
 std::string FullyShardedDataParallel::transport() const {
-  return impl_->shm ? "shared memory" : "process group";
+  return impl_->net->shared_memory() ? "shared memory" : "process group";
 }
 
 size_t FullyShardedDataParallel::num_units() const {
