@@ -140,8 +140,10 @@ void ReadChoice(const toml::table& t, const char* section, const char* key,
   if (!bad.empty()) throw std::invalid_argument(bad);
 }
 
-TrainConfig ToConfig(const toml::table& t) {
-  TrainConfig c;
+// [model], [data] and [strategy]: what is trained, on what, and how the
+// ranks share it.
+void ReadModelAndStrategy(const toml::table& t, TrainConfig* cfg) {
+  TrainConfig& c = *cfg;
   ReadChoice(t, "model", "type", &c.model);
   if (auto* arr = t["model"]["hidden"].as_array()) {
     c.hidden.clear();
@@ -166,6 +168,11 @@ TrainConfig ToConfig(const toml::table& t) {
   Read(t, "strategy", "reduce_dtype", &c.reduce_dtype);
   Read(t, "strategy", "cpu_offload", &c.cpu_offload);
   Read(t, "strategy", "shared_memory", &c.shared_memory);
+}
+
+// [optimizer], [schedule] and [train]: the loop.
+void ReadLoop(const toml::table& t, TrainConfig* cfg) {
+  TrainConfig& c = *cfg;
   ReadChoice(t, "optimizer", "type", &c.optimizer);
   Read(t, "optimizer", "lr", &c.lr);
   Read(t, "optimizer", "momentum", &c.momentum);
@@ -178,10 +185,17 @@ TrainConfig ToConfig(const toml::table& t) {
   Read(t, "train", "drop_last", &c.drop_last);
   Read(t, "train", "eval_every", &c.eval_every);
   Read(t, "train", "log_every", &c.log_every);
+  // TOML integers are signed: a seed is read as one and kept as its bits.
   int64_t seed = static_cast<int64_t>(c.seed);
   Read(t, "train", "seed", &seed);
   c.seed = static_cast<uint64_t>(seed);
   Read(t, "train", "stop_after_step", &c.stop_after_step);
+}
+
+// [checkpoint], [fault] and [metrics]: what survives the run and what is
+// done to it.
+void ReadCheckpointAndFaults(const toml::table& t, TrainConfig* cfg) {
+  TrainConfig& c = *cfg;
   Read(t, "checkpoint", "dir", &c.checkpoint_dir);
   Read(t, "checkpoint", "every", &c.checkpoint_every);
   Read(t, "checkpoint", "keep", &c.keep_checkpoints);
@@ -205,6 +219,13 @@ TrainConfig ToConfig(const toml::table& t) {
   Read(t, "fault", "slow_factor", &c.slow_factor);
   Read(t, "fault", "save_delay_ms", &c.save_delay_ms);
   Read(t, "metrics", "path", &c.metrics_path);
+}
+
+TrainConfig ToConfig(const toml::table& t) {
+  TrainConfig c;
+  ReadModelAndStrategy(t, &c);
+  ReadLoop(t, &c);
+  ReadCheckpointAndFaults(t, &c);
   return c;
 }
 

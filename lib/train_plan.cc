@@ -88,7 +88,40 @@ std::string ParseChoice(const std::string& key, const std::string& value,
   return ParseNamed(key, value, kNames, out);
 }
 
-// Declared in trainer.h; defined here so that it builds and is tested
+// The [checkpoint] and fault-injection values that only make sense
+// together: a background mode for what delays or kills a background write,
+// a sharded format for memory copies of FSDP.
+std::string ValidateCheckpointing(const TrainConfig& c) {
+  const bool background = c.checkpoint_mode != CheckpointMode::kSync;
+  if (c.save_delay_ms > 0 && !background) {
+    return "fault.save_delay_ms delays background writes only: set "
+           "checkpoint.mode = \"async\" or \"memory\", or drop it";
+  }
+  if (c.checkpoint_every < 1 || c.keep_checkpoints < 1 || c.persist_every < 1) {
+    return "checkpoint.every, checkpoint.keep and checkpoint.persist_every "
+           "must be >= 1";
+  }
+  if (c.checkpoint_mode == CheckpointMode::kMemory &&
+      c.strategy == StrategyKind::kFsdp &&
+      c.checkpoint_format == CheckpointFormat::kFull) {
+    return "checkpoint.mode = \"memory\" keeps each rank's shard in its "
+           "node's memory, and checkpoint.format = \"full\" gathers the "
+           "whole state on rank 0: use format = \"sharded\" with it";
+  }
+  if (c.kill_in == KillPoint::kStep) return "";
+  if (!background)
+    return "fault.kill_in = \"copy\" or \"write\" needs checkpoint.mode "
+           "= \"async\" or \"memory\" (a sync checkpoint has no copy)";
+  if (c.checkpoint_dir.empty() ||
+      (c.kill_at_step % c.checkpoint_every != 0 && c.kill_at_step != c.steps)) {
+    return "fault.kill_in = \"copy\" or \"write\" kills during the "
+           "checkpoint of fault.kill_at_step, which must be a checkpoint's "
+           "step (a multiple of checkpoint.every, with checkpoint.dir set)";
+  }
+  return "";
+}
+
+// Declared in train_config.h; defined here so that it builds and is tested
 // without libtorch.
 std::string ValidateConfig(const TrainConfig& c) {
   for (const std::string& err : {
@@ -111,33 +144,7 @@ std::string ValidateConfig(const TrainConfig& c) {
   if (c.dropout < 0 || c.dropout >= 1) return "model.dropout must be in [0, 1)";
   if (c.slow_factor < 1) return "fault.slow_factor must be >= 1";
   if (c.save_delay_ms < 0) return "fault.save_delay_ms must be >= 0";
-  const bool background = c.checkpoint_mode != CheckpointMode::kSync;
-  if (c.save_delay_ms > 0 && !background) {
-    return "fault.save_delay_ms delays background writes only: set "
-           "checkpoint.mode = \"async\" or \"memory\", or drop it";
-  }
-  if (c.checkpoint_every < 1 || c.keep_checkpoints < 1 || c.persist_every < 1) {
-    return "checkpoint.every, checkpoint.keep and checkpoint.persist_every "
-           "must be >= 1";
-  }
-  if (c.checkpoint_mode == CheckpointMode::kMemory &&
-      c.strategy == StrategyKind::kFsdp &&
-      c.checkpoint_format == CheckpointFormat::kFull) {
-    return "checkpoint.mode = \"memory\" keeps each rank's shard in its "
-           "node's memory, and checkpoint.format = \"full\" gathers the "
-           "whole state on rank 0: use format = \"sharded\" with it";
-  }
-  if (c.kill_in != KillPoint::kStep) {
-    if (!background)
-      return "fault.kill_in = \"copy\" or \"write\" needs checkpoint.mode "
-             "= \"async\" or \"memory\" (a sync checkpoint has no copy)";
-    if (c.checkpoint_dir.empty() || (c.kill_at_step % c.checkpoint_every != 0 &&
-                                     c.kill_at_step != c.steps)) {
-      return "fault.kill_in = \"copy\" or \"write\" kills during the "
-             "checkpoint of fault.kill_at_step, which must be a checkpoint's "
-             "step (a multiple of checkpoint.every, with checkpoint.dir set)";
-    }
-  }
+  if (std::string err = ValidateCheckpointing(c); !err.empty()) return err;
   if (c.test_fraction <= 0 || c.test_fraction >= 1)
     return "data.test_fraction must be in (0, 1)";
   return "";

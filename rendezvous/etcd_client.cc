@@ -227,6 +227,16 @@ std::optional<Result<nlohmann::json>> EtcdClient::Try(size_t at,
     return std::nullopt;
   }
   tries->reached = true;
+  return Judge(at, path, status, reply, tries);
+}
+
+// A member's answer: the reply's JSON, a refusal another member would
+// repeat (auth, a bad request), or nullopt when another member may do
+// better (no leader, stopping, overloaded).
+std::optional<Result<nlohmann::json>> EtcdClient::Judge(
+    size_t at, const std::string& path, int status, const std::string& reply,
+    Tries* tries) {
+  const std::string& endpoint = options_.endpoints[at];
   auto json = nlohmann::json::parse(reply, nullptr, false);
   if (status == 200 && json.is_object()) {
     trouble_ = EtcdTrouble::kNone;
@@ -298,6 +308,44 @@ Status EtcdWatch::Open() {
   return last;
 }
 
+namespace {
+
+// One confirmation per key, in the order asked; each carries the revision
+// its watch starts after.
+asio::error_code ReadCreated(EtcdConnection& c, std::string* pending,
+                             std::vector<framing::WatchedKey>* keys,
+                             TimePoint deadline) {
+  size_t created = 0;
+  while (created < keys->size()) {
+    std::string chunk;
+    bool last = false;
+    asio::error_code ec = c.NextChunk(deadline, &chunk, &last);
+    if (!ec && last) ec = asio::error::eof;
+    if (ec) return ec;
+    if (pending->size() + chunk.size() > framing::kMaxBody)
+      return asio::error::message_size;
+    *pending += chunk;
+    size_t eol;
+    while (created < keys->size() &&
+           (eol = pending->find('\n')) != std::string::npos) {
+      auto msg = nlohmann::json::parse(pending->substr(0, eol), nullptr, false);
+      pending->erase(0, eol + 1);
+      auto inner = msg.is_object() ? msg.find("result") : msg.end();
+      const nlohmann::json& result =
+          msg.is_object() && inner != msg.end() ? *inner : msg;
+      if (!framing::BoolField(result, "created"))
+        return asio::error::invalid_argument;
+      framing::WatchedKey& k = (*keys)[created++];
+      auto header = result.find("header");
+      if (k.revision == 0 && header != result.end())
+        k.revision = framing::IntField(*header, "revision");
+    }
+  }
+  return {};
+}
+
+}  // namespace
+
 Status EtcdWatch::OpenOn(const std::string& endpoint) {
   const TimePoint deadline = Clock::now() + client_->options().timeout;
   std::string host;
@@ -318,39 +366,7 @@ Status EtcdWatch::OpenOn(const std::string& endpoint) {
   if (!ec) ec = c.Send("/v3/watch", body, deadline);
   if (!ec) ec = c.ReadHead(deadline, &status);
   if (!ec && status != 200) ec = asio::error::connection_refused;
-  // One confirmation per key, in the order asked; each carries the revision
-  // its watch starts after.
-  size_t created = 0;
-  while (!ec && created < keys_.size()) {
-    std::string chunk;
-    bool last = false;
-    ec = c.NextChunk(deadline, &chunk, &last);
-    if (!ec && last) ec = asio::error::eof;
-    if (ec) break;
-    if (stream_->pending.size() + chunk.size() > framing::kMaxBody) {
-      ec = asio::error::message_size;
-      break;
-    }
-    stream_->pending += chunk;
-    size_t eol;
-    while (!ec && created < keys_.size() &&
-           (eol = stream_->pending.find('\n')) != std::string::npos) {
-      auto msg = nlohmann::json::parse(stream_->pending.substr(0, eol), nullptr,
-                                       false);
-      stream_->pending.erase(0, eol + 1);
-      auto inner = msg.is_object() ? msg.find("result") : msg.end();
-      const nlohmann::json& result =
-          msg.is_object() && inner != msg.end() ? *inner : msg;
-      if (!framing::BoolField(result, "created")) {
-        ec = asio::error::invalid_argument;
-        break;
-      }
-      Key& k = keys_[created++];
-      auto header = result.find("header");
-      if (k.revision == 0 && header != result.end())
-        k.revision = framing::IntField(*header, "revision");
-    }
-  }
+  if (!ec) ec = ReadCreated(c, &stream_->pending, &keys_, deadline);
   if (!ec) return Status::Ok();
   stream_.reset();
   return Status::Unavailable("etcd " + endpoint + ": cannot watch " +

@@ -106,6 +106,11 @@ class EtcdClient {
   std::optional<Result<nlohmann::json>> Try(size_t at, const std::string& path,
                                             const std::string& text,
                                             TimePoint until, Tries* tries);
+  std::optional<Result<nlohmann::json>> Judge(size_t at,
+                                              const std::string& path,
+                                              int status,
+                                              const std::string& reply,
+                                              Tries* tries);
   Status Failed(const std::string& path, const Tries& tries);
 
   EtcdOptions options_;

@@ -157,6 +157,28 @@ Result<bool> EtcdStore::Check(const std::vector<std::string>& keys) {
                      [](const Entry& e) { return e.mod_revision != 0; });
 }
 
+// The index of the first of `keys` the store does not hold; keys.size()
+// when it holds them all.
+Result<size_t> EtcdStore::FirstMissing(const std::vector<std::string>& keys) {
+  std::vector<Entry> got;
+  Status s = Read(keys, &got, nullptr);
+  if (!s.ok()) return s;
+  size_t missing = 0;
+  while (missing < got.size() && got[missing].mod_revision != 0) ++missing;
+  return missing;
+}
+
+// Opens the watch of `key` that Wait keeps between calls; one that cannot
+// be opened leaves none, after a pause of at most `left`.
+void EtcdStore::WatchFor(const std::string& key, milliseconds left) {
+  wait_watch_ = std::make_unique<EtcdWatch>(client_.get(), prefix_);
+  wait_key_ = key;
+  if (!wait_watch_->WatchKey(wait_key_).ok()) {
+    wait_watch_.reset();
+    std::this_thread::sleep_for(std::min(left, milliseconds(50)));
+  }
+}
+
 // The watch of the key waited for stays open between calls: a joiner
 // waits for its round's `final` in steps of half a second (so it can
 // answer signals). The store is read only when that watch reports a change
@@ -175,12 +197,10 @@ Status EtcdStore::Wait(const std::vector<std::string>& keys,
   size_t missing = 0;
   for (;;) {
     if (read) {
-      std::vector<Entry> got;
-      Status s = Read(keys, &got, nullptr);
-      if (!s.ok()) return s;
-      missing = 0;
-      while (missing < got.size() && got[missing].mod_revision != 0) ++missing;
-      if (missing == got.size()) {
+      auto first = FirstMissing(keys);
+      if (!first.ok()) return first.status();
+      missing = *first;
+      if (missing == keys.size()) {
         wait_watch_.reset();  // its key is there: nobody waits for it again
         return Status::Ok();
       }
@@ -196,12 +216,7 @@ Status EtcdStore::Wait(const std::vector<std::string>& keys,
     if (!wait_watch_ || wait_key_ != keys[missing]) {
       // Watched from now on; the read above may predate the watch, so the
       // loop reads once more before it waits.
-      wait_watch_ = std::make_unique<EtcdWatch>(client_.get(), prefix_);
-      wait_key_ = keys[missing];
-      if (!wait_watch_->WatchKey(wait_key_).ok()) {
-        wait_watch_.reset();
-        std::this_thread::sleep_for(std::min(left, milliseconds(50)));
-      }
+      WatchFor(keys[missing], left);
       read = true;
       continue;
     }

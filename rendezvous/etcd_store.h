@@ -77,6 +77,9 @@ class EtcdStore : public Store {
   // revision at the read.
   Status Read(const std::vector<std::string>& keys, std::vector<Entry>* out,
               int64_t* revision);
+  // The first of `keys` missing (keys.size(): none).
+  Result<size_t> FirstMissing(const std::vector<std::string>& keys);
+  void WatchFor(const std::string& key, std::chrono::milliseconds left);
 
   std::unique_ptr<EtcdClient> client_;
   std::string prefix_;

@@ -141,6 +141,29 @@ std::string TcpStoreClient::K(const std::string& key) const {
   return opts_.c10d_key_prefix ? "/" + key : key;
 }
 
+// One try: resolves the host, connects to the first address that answers
+// and shakes hands; true when that worked, else *last_error says why.
+bool TcpStoreClient::ConnectOnce(Deadline deadline, std::string* last_error) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  int gai = ::getaddrinfo(opts_.host.c_str(),
+                          std::to_string(opts_.port).c_str(), &hints, &res);
+  if (gai != 0)
+    *last_error = std::string("cannot resolve host: ") + ::gai_strerror(gai);
+  for (addrinfo* ai = res; ai && fd_ < 0; ai = ai->ai_next)
+    fd_ = TryConnect(ai, deadline, last_error);
+  if (res) ::freeaddrinfo(res);
+  if (fd_ < 0) return false;
+  rbuf_.clear();
+  Status s = Handshake(Clock::now() + opts_.timeout);
+  if (s.ok()) return true;
+  *last_error = s.message();
+  Fail(Status::Ok());
+  return false;
+}
+
 // Connects to the first address that answers, retrying refused or
 // unreachable ones with exponential backoff and jitter until the deadline,
 // then shakes hands in the dialect asked for.
@@ -155,28 +178,9 @@ Status TcpStoreClient::Open() {
   auto backoff = std::chrono::milliseconds(50);
   std::string last_error;
   for (int attempt = 1;; ++attempt) {
-    addrinfo hints{};
-    hints.ai_family = AF_UNSPEC;
-    hints.ai_socktype = SOCK_STREAM;
-    addrinfo* res = nullptr;
-    int gai = ::getaddrinfo(opts_.host.c_str(),
-                            std::to_string(opts_.port).c_str(), &hints, &res);
-    if (gai != 0) {
-      last_error = std::string("cannot resolve host: ") + ::gai_strerror(gai);
-    }
-    for (addrinfo* ai = res; ai && fd_ < 0; ai = ai->ai_next) {
-      fd_ = TryConnect(ai, deadline, &last_error);
-    }
-    if (res) ::freeaddrinfo(res);
-    if (fd_ >= 0) {
-      rbuf_.clear();
-      Status s = Handshake(Clock::now() + opts_.timeout);
-      if (s.ok()) {
-        connected_once_ = true;
-        return s;
-      }
-      last_error = s.message();
-      Fail(Status::Ok());
+    if (ConnectOnce(deadline, &last_error)) {
+      connected_once_ = true;
+      return Status::Ok();
     }
     auto now = Clock::now();
     if (now >= deadline) {

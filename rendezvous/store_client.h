@@ -96,6 +96,7 @@ class TcpStoreClient : public Store, public KeyWatch {
   explicit TcpStoreClient(const StoreClientOptions& opts) : opts_(opts) {}
 
   Status Open();  // REQUIRES: mu_
+  bool ConnectOnce(Deadline deadline, std::string* last_error);  // ditto
   Status Handshake(Deadline deadline);
   std::string K(const std::string& key) const;
   Status SendRequest(const Request& req, const std::string& what,

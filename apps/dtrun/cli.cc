@@ -185,6 +185,39 @@ std::string CheckEtcdConf(const RdzvConfig& rc) {
   return "";
 }
 
+// The members of "[scheme://]host[:port],..." into `members` ("host:port",
+// port 2379 by default), and the scheme they agree on ("" when none names
+// one); or what is wrong.
+std::string ParseEtcdMembers(const std::string& text, std::string* scheme,
+                             std::vector<std::string>* members) {
+  size_t start = 0;
+  while (start <= text.size()) {
+    size_t comma = text.find(',', start);
+    if (comma == std::string::npos) comma = text.size();
+    std::string item = text.substr(start, comma - start);
+    start = comma + 1;
+    for (const char* s : {"http://", "https://"}) {
+      if (item.rfind(s, 0) != 0) continue;
+      std::string mine(s, std::strlen(s) - 3);
+      if (!scheme->empty() && *scheme != mine) {
+        return "--rdzv-endpoint: '" + text +
+               "' mixes http:// and https:// members";
+      }
+      *scheme = mine;
+      item = item.substr(std::strlen(s));
+    }
+    if (!item.empty() && item.back() == '/') item.pop_back();
+    std::string host;
+    uint16_t port = 0;
+    if (item.empty() || !SplitEndpoint(item, 2379, &host, &port) || port == 0) {
+      return "--rdzv-endpoint: '" + item +
+             "' is not an etcd member's host[:port] (in '" + text + "')";
+    }
+    members->push_back(host + ":" + std::to_string(port));
+  }
+  return "";
+}
+
 // etcd's members from --rdzv-endpoint: "[scheme://]host[:port],..."; the
 // scheme, when given, must agree with --rdzv-conf protocol. torchrun's etcd
 // backend reads `timeout` as the join timeout.
@@ -202,31 +235,9 @@ std::string ApplyEtcdEndpoints(const std::string& text, LaunchConfig* c) {
            "(the etcd members, port 2379 by default)";
   }
   std::string scheme;
-  size_t start = 0;
-  while (start <= text.size()) {
-    size_t comma = text.find(',', start);
-    if (comma == std::string::npos) comma = text.size();
-    std::string item = text.substr(start, comma - start);
-    start = comma + 1;
-    for (const char* s : {"http://", "https://"}) {
-      if (item.rfind(s, 0) != 0) continue;
-      std::string mine(s, std::strlen(s) - 3);
-      if (!scheme.empty() && scheme != mine) {
-        return "--rdzv-endpoint: '" + text +
-               "' mixes http:// and https:// members";
-      }
-      scheme = mine;
-      item = item.substr(std::strlen(s));
-    }
-    if (!item.empty() && item.back() == '/') item.pop_back();
-    std::string host;
-    uint16_t port = 0;
-    if (item.empty() || !SplitEndpoint(item, 2379, &host, &port) || port == 0) {
-      return "--rdzv-endpoint: '" + item +
-             "' is not an etcd member's host[:port] (in '" + text + "')";
-    }
-    c->etcd_endpoints.push_back(host + ":" + std::to_string(port));
-  }
+  if (std::string bad = ParseEtcdMembers(text, &scheme, &c->etcd_endpoints);
+      !bad.empty())
+    return bad;
   if (!scheme.empty()) {
     if (rc.protocol_given && rc.protocol != scheme) {
       return "--rdzv-endpoint: " + scheme +

@@ -184,8 +184,9 @@ void AddFailureFlags(CLI::App& app, LaunchConfig& c, RawFlags& raw) {
       ->check(CLI::NonNegativeNumber);
 }
 
-void AddLoggingFlags(CLI::App& app, LaunchConfig& c, RawFlags& raw) {
-  const std::string logs = "Logging";
+// Where the workers' output goes: files, the console, filtered copies.
+void AddOutputFlags(CLI::App& app, LaunchConfig& c, RawFlags& raw,
+                    const std::string& logs) {
   Flag(app, "--log-dir", c.log_dir,
        "folder for per-attempt worker logs and error files", logs);
   Flag(app, "--redirects", raw.redirects,
@@ -207,6 +208,14 @@ void AddLoggingFlags(CLI::App& app, LaunchConfig& c, RawFlags& raw) {
        logs);
   Flag(app, "--duplicate-stderr-filters", raw.duplicate_stderr_filters,
        "the same for stderr, into filtered_stderr.log", logs);
+}
+
+// What dtrun itself reports, and how: the outcome file, events, the
+// console's labels and progress line, its own log level. Listed after the
+// output flags in --help's Logging group.
+void AddLoggingFlags(CLI::App& app, LaunchConfig& c, RawFlags& raw) {
+  const std::string logs = "Logging";
+  AddOutputFlags(app, c, raw, logs);
   Flag(app, "--metrics-textfile", c.metrics_textfile,
        "at exit, write the run's outcome (torchrun's success/failure with "
        "and without retries, counted over this node's runs) to PATH in "

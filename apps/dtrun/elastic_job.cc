@@ -131,7 +131,10 @@ void ElasticJob::NotifyStoreReady() {
   on_store_ready(host, port, group_.run_dir());
 }
 
-int ElasticJob::Run() {
+// The servers, then the store (a failure named, exit 2 for a usage error,
+// 3 for a store that is not there), then the run folder: 0 to go on, else
+// the exit code.
+int ElasticJob::Start() {
   auto log = Logger("dtrun.rdzv");
   for (const std::string& item : config_.rdzv_conf.ignored) {
     for (const auto& [key, why] : IgnoredRdzvKeys()) {
@@ -166,6 +169,12 @@ int ElasticJob::Run() {
     log->error("{}", s.message());
     return kExitUsage;
   }
+  return 0;
+}
+
+int ElasticJob::Run() {
+  auto log = Logger("dtrun.rdzv");
+  if (int rc = Start(); rc != 0) return rc;
   NotifyStoreReady();
   Registration registered(
       RegistryDir(config_.environment),
@@ -233,21 +242,7 @@ int ElasticJob::JoinRounds() {
       return JoinFailedExitCode(joined.status(), rdzv_->end_reason(),
                                 group_.stop_signal());
     }
-    assignment_ = *joined;
-    joined_ = true;
-    fenced_ = false;
-    store_answers_ = true;
-    group_.set_assignment(assignment_);
-    group_.set_hang_share(nullptr);
-    if (assignment_.group_world_size > 1) {
-      group_.set_hang_share(
-          [this](const std::string& mine) { return ShareHang(mine); });
-    }
-    RecordRdzv("next_rendezvous", "RUNNING",
-               "round " + std::to_string(assignment_.round) +
-                   " complete: group rank " +
-                   std::to_string(assignment_.group_rank) + " of " +
-                   std::to_string(assignment_.group_world_size));
+    TakeRound(*joined);
     Status s = SetUpWorkerStore();
     if (!s.ok()) {
       log->error("round {}: cannot set up the workers' store: {}",
@@ -271,6 +266,25 @@ int ElasticJob::JoinRounds() {
       return end.exit_code;
     }
   }
+}
+
+// This node's place in the round it joined.
+void ElasticJob::TakeRound(const rendezvous::Assignment& assignment) {
+  assignment_ = assignment;
+  joined_ = true;
+  fenced_ = false;
+  store_answers_ = true;
+  group_.set_assignment(assignment_);
+  group_.set_hang_share(nullptr);
+  if (assignment_.group_world_size > 1) {
+    group_.set_hang_share(
+        [this](const std::string& mine) { return ShareHang(mine); });
+  }
+  RecordRdzv("next_rendezvous", "RUNNING",
+             "round " + std::to_string(assignment_.round) +
+                 " complete: group rank " +
+                 std::to_string(assignment_.group_rank) + " of " +
+                 std::to_string(assignment_.group_world_size));
 }
 
 // A SET a second per node (three on group rank 0): the store's load from

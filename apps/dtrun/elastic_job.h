@@ -33,7 +33,10 @@ class ElasticJob : public Job {
     bool rejoin = false;
     int exit_code = 0;  // when not rejoining
   };
+  // Servers, store and run folder; 0, or the exit code.
+  int Start();
   int JoinRounds();
+  void TakeRound(const rendezvous::Assignment& assignment);
   RoundEnd FollowRound();
   // Carries out `step`; returns how the round ended, or nothing to go on.
   std::optional<RoundEnd> Carry(const RoundStep& step, RoundPolicy* policy,

@@ -400,6 +400,31 @@ Status ApplyFreePortEndpoint(LaunchConfig* c) {
   return Status::Ok();
 }
 
+// The worker runs through --python: the interpreter, unbuffered, with the
+// script at `path` or the module.
+Status PythonArgv(const std::string& path, LaunchConfig* c) {
+  const std::string& program = c->entrypoint[0];
+  std::string interpreter = LookUp(c->python);
+  if (interpreter.empty()) {
+    return Status::Invalid(
+        "--python: cannot find '" + c->python +
+        "' in PATH; install it or pass --python /path/to/python3");
+  }
+  if (!c->module && access(path.c_str(), R_OK) != 0) {
+    return Status::Invalid("training script '" + program +
+                           "' not found or not readable");
+  }
+  // -u as torchrun passes it: unbuffered output reaches the log mux line by
+  // line, and a worker that crashes does not take its last lines with it.
+  c->worker_argv = {interpreter, "-u"};
+  c->python_worker = true;
+  if (c->module) c->worker_argv.push_back("-m");
+  c->worker_argv.push_back(c->module ? program : path);
+  c->worker_argv.insert(c->worker_argv.end(), c->entrypoint.begin() + 1,
+                        c->entrypoint.end());
+  return Status::Ok();
+}
+
 // The command each worker runs: the program from $PATH, or the --python
 // interpreter with a script or module.
 Status ResolveWorkerArgv(LaunchConfig* c) {
@@ -435,28 +460,8 @@ Status ResolveWorkerArgv(LaunchConfig* c) {
       python = !os::IsNativeExecutable(path);
     }
   }
-  if (!python) {
-    c->worker_argv = {path};
-    c->worker_argv.insert(c->worker_argv.end(), c->entrypoint.begin() + 1,
-                          c->entrypoint.end());
-    return Status::Ok();
-  }
-  std::string interpreter = LookUp(c->python);
-  if (interpreter.empty()) {
-    return Status::Invalid(
-        "--python: cannot find '" + c->python +
-        "' in PATH; install it or pass --python /path/to/python3");
-  }
-  if (!c->module && access(path.c_str(), R_OK) != 0) {
-    return Status::Invalid("training script '" + program +
-                           "' not found or not readable");
-  }
-  // -u as torchrun passes it: unbuffered output reaches the log mux line by
-  // line, and a worker that crashes does not take its last lines with it.
-  c->worker_argv = {interpreter, "-u"};
-  c->python_worker = true;
-  if (c->module) c->worker_argv.push_back("-m");
-  c->worker_argv.push_back(c->module ? program : path);
+  if (python) return PythonArgv(path, c);
+  c->worker_argv = {path};
   c->worker_argv.insert(c->worker_argv.end(), c->entrypoint.begin() + 1,
                         c->entrypoint.end());
   return Status::Ok();

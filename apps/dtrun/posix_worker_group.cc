@@ -154,6 +154,22 @@ int ChildMain(void* arg) {
   _exit(127);
 }
 
+// Starts the child that runs `plan`, every signal blocked meanwhile (the
+// child unblocks its own); -1 and *error on failure. CLONE_VFORK: this
+// thread resumes once the child has exec'd or exited, so the stack and the
+// plan outlive the child's use of them.
+pid_t CloneChild(ChildPlan* plan, int* error) {
+  std::unique_ptr<char[]> stack(new char[kChildStack]);
+  sigset_t all, old;
+  sigfillset(&all);
+  pthread_sigmask(SIG_SETMASK, &all, &old);
+  pid_t pid = clone(ChildMain, stack.get() + kChildStack,
+                    CLONE_VM | CLONE_VFORK | SIGCHLD, plan);
+  *error = errno;
+  pthread_sigmask(SIG_SETMASK, &old, nullptr);
+  return pid;
+}
+
 }  // namespace
 
 Result<int> PosixWorkerGroup::ForkExec(const WorkerSpec& spec, int out_fd,
@@ -178,16 +194,8 @@ Result<int> PosixWorkerGroup::ForkExec(const WorkerSpec& spec, int out_fd,
   plan.bind = !spec.cpus.empty();
   CPU_ZERO(&plan.cpus);
   for (int cpu : spec.cpus) CPU_SET(cpu, &plan.cpus);
-  std::unique_ptr<char[]> stack(new char[kChildStack]);
-  sigset_t all, old;
-  sigfillset(&all);
-  pthread_sigmask(SIG_SETMASK, &all, &old);
-  // CLONE_VFORK: this thread resumes once the child has exec'd or exited,
-  // so the stack and the plan outlive the child's use of them.
-  pid_t pid = clone(ChildMain, stack.get() + kChildStack,
-                    CLONE_VM | CLONE_VFORK | SIGCHLD, &plan);
-  int clone_error = errno;
-  pthread_sigmask(SIG_SETMASK, &old, nullptr);
+  int clone_error = 0;
+  pid_t pid = CloneChild(&plan, &clone_error);
   close(status_pipe[1]);
   if (pid < 0) {
     close(status_pipe[0]);

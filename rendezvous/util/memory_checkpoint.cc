@@ -332,6 +332,43 @@ MemorySlots::MemorySlots(std::string prefix, int local_rank)
 // Marked "being written" before anything else changes and "complete" after
 // the last byte: a writer killed in between leaves a segment no reader
 // takes.
+namespace {
+
+// The files' bytes after the header, each entry of `h` filled as its file
+// goes in; `halfway` (a test's fault) once half of all the bytes are in.
+Status WriteFiles(int fd, const std::string& path,
+                  const std::vector<FileToWrite>& files, uint64_t total,
+                  Header* h, const std::function<void()>& halfway) {
+  Status s = Status::Ok();
+  uint64_t at = kDataStart;
+  bool halfway_done = !halfway;
+  for (size_t i = 0; i < files.size() && s.ok(); ++i) {
+    const FileToWrite& f = files[i];
+    Header::Entry& e = h->files[i];
+    std::snprintf(e.name, sizeof(e.name), "%s", f.name.c_str());
+    e.offset = at;
+    e.length = f.header.size() + f.payload.size();
+    e.shards = f.shards;
+    s = WriteAll(fd, f.header.data(), f.header.size(), at, path);
+    const uint64_t half = f.payload.size() / 2;
+    if (s.ok())
+      s = WriteAll(fd, f.payload.data(), half, at + f.header.size(), path);
+    // the bytes written so far, against half of all
+    if (s.ok() && !halfway_done &&
+        at - kDataStart + f.header.size() + half >= total / 2) {
+      halfway_done = true;
+      halfway();
+    }
+    if (s.ok())
+      s = WriteAll(fd, f.payload.data() + half, f.payload.size() - half,
+                   at + f.header.size() + half, path);
+    at += e.length;
+  }
+  return s;
+}
+
+}  // namespace
+
 Status MemorySlots::Write(int64_t step, int64_t world_size, int64_t rank,
                           const std::string& dir,
                           const std::vector<FileToWrite>& files,
@@ -349,7 +386,7 @@ Status MemorySlots::Write(int64_t step, int64_t world_size, int64_t rank,
   h.state = kBeingWritten;
   Status s =
       WriteAll(seg.fd(), reinterpret_cast<const char*>(&h), sizeof(h), 0, path);
-  uint64_t at = kDataStart, total = 0;
+  uint64_t total = 0;
   for (const FileToWrite& f : files)
     total += f.header.size() + f.payload.size();
   if (s.ok() && ::ftruncate(seg.fd(), static_cast<off_t>(kDataStart + total)))
@@ -359,30 +396,7 @@ Status MemorySlots::Write(int64_t step, int64_t world_size, int64_t rank,
   h.world_size = world_size;
   h.rank = rank;
   std::snprintf(h.dir, sizeof(h.dir), "%s", dir.c_str());
-  bool halfway_done = !halfway;
-  for (size_t i = 0; i < files.size() && s.ok(); ++i) {
-    const FileToWrite& f = files[i];
-    Header::Entry& e = h.files[i];
-    std::snprintf(e.name, sizeof(e.name), "%s", f.name.c_str());
-    e.offset = at;
-    e.length = f.header.size() + f.payload.size();
-    e.shards = f.shards;
-    s = WriteAll(seg.fd(), f.header.data(), f.header.size(), at, path);
-    const uint64_t half = f.payload.size() / 2;
-    if (s.ok())
-      s = WriteAll(seg.fd(), f.payload.data(), half, at + f.header.size(),
-                   path);
-    // the bytes written so far, against half of all
-    if (s.ok() && !halfway_done &&
-        at - kDataStart + f.header.size() + half >= total / 2) {
-      halfway_done = true;
-      halfway();
-    }
-    if (s.ok())
-      s = WriteAll(seg.fd(), f.payload.data() + half, f.payload.size() - half,
-                   at + f.header.size() + half, path);
-    at += e.length;
-  }
+  if (s.ok()) s = WriteFiles(seg.fd(), path, files, total, &h, halfway);
   if (!s.ok()) return s;
   h.state = kComplete;
   return WriteAll(seg.fd(), reinterpret_cast<const char*>(&h), sizeof(h), 0,
