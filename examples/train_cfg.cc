@@ -17,6 +17,8 @@
 
 namespace {
 
+// A bad config or flag: what is wrong, the usage line, and exit code 2
+// (argparse's, as the launcher's own usage errors), before anything starts.
 int Usage(const std::string& why) {
   std::fprintf(stderr,
                "train_cfg: %s\nusage: train_cfg CONFIG.toml [--set "
@@ -39,6 +41,7 @@ int main(int argc, char** argv) {
   }
   const std::string text{std::istreambuf_iterator<char>(file),
                          std::istreambuf_iterator<char>()};
+  // --set section.key=value overrides, applied over the file in order.
   std::vector<std::string> sets;
   for (int i = 2; i < argc; ++i) {
     std::string arg = argv[i];

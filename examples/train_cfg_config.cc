@@ -1,3 +1,6 @@
+// train_cfg's TOML: toml++ parses, this reads each section into the
+// TrainConfig with the type and the choices checked, so that a typo names
+// its key and line (exit 2) instead of training with a default.
 #include "examples/train_cfg_config.h"
 
 #include <map>

@@ -1,3 +1,8 @@
+// Checkpoint files and folders: every write goes to a temporary name,
+// fsync, rename, folder fsync, so a crash leaves the old file or the new
+// one whole; every read verifies the frame and its SHA-256 before the
+// payload is trusted. The folder's rules (which step loads, keep, epochs,
+// stale files set aside) live here; what a payload holds does not.
 #include "lib/checkpoint.h"
 
 #include <dirent.h>

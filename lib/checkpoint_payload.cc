@@ -1,3 +1,6 @@
+// The payload codec: libtorch's serialize archive (torch::serialize's
+// OutputArchive and InputArchive), so no format of ours is kept for tensors.
+// Decoding never trusts the bytes: anything torch cannot load is Invalid.
 #include "lib/checkpoint_payload.h"
 
 #include <cstring>

@@ -1,3 +1,6 @@
+// DDP: parameters broadcast from rank 0 once, gradients flattened into
+// buckets and all-reduced as each bucket fills during backward (through
+// shared memory on one host, else the process group), then averaged.
 #include "lib/ddp.h"
 
 #include <torch/csrc/autograd/function.h>

@@ -1,3 +1,6 @@
+// torchrun's worker environment read into typed values, each one checked
+// with a message that names the variable, and torch's error-file format
+// written by hand (no JSON library in lib for one line).
 #include "lib/dist_env.h"
 
 #include <cstdio>
@@ -65,6 +68,8 @@ Result<DistEnv> ReadDistEnv(const std::map<std::string, std::string>& env) {
 
 namespace {
 
+// A JSON string literal: quotes, backslashes and control characters
+// escaped, the rest (UTF-8 included) as it is.
 std::string JsonString(const std::string& s) {
   std::string out = "\"";
   for (unsigned char c : s) {
@@ -86,6 +91,8 @@ std::string JsonString(const std::string& s) {
 
 }  // namespace
 
+// torch's record, so that dtrun and torchrun read it alike: the message
+// with its type, and the time that decides which rank failed first.
 bool WriteWorkerErrorFile(const std::string& path, const std::string& type,
                           const std::string& message) {
   if (path.empty()) return false;

@@ -1,3 +1,7 @@
+// FSDP: the model cut into units (the wrap policy), each unit's parameters
+// one flat tensor sharded across ranks, gathered for its forward and
+// backward and freed after; gradients reduce-scattered into the shards as
+// each unit's backward ends. fsdp_transport.cc moves the bytes.
 #include "lib/fsdp.h"
 
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>

@@ -1,3 +1,6 @@
+// The process group from torchrun's environment: dtrun's own store client
+// (so a torchrun store or a dtrun store serves alike), gloo or NCCL on top,
+// and c10d's exceptions turned into this library's errors at the boundary.
 #include "lib/process_group.h"
 
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>

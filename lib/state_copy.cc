@@ -1,3 +1,6 @@
+// The model's and optimizer's state as named tensors, and back: the keys a
+// checkpoint holds are the parameters' names and indices, not addresses,
+// so a checkpoint loads into any process and any libtorch version.
 #include "lib/state_copy.h"
 
 #include "lib/process_group.h"
@@ -12,6 +15,8 @@ constexpr char kOptimPrefix[] = "ddp.optim.";
 const char kOptimizers[] =
     "checkpoints hold SGD, Adam and AdamW optimizer state only";
 
+// Adam's and AdamW's per-parameter state share their fields; max_exp_avg_sq
+// exists only with amsgrad.
 template <typename AdamState>
 void AdamFields(const AdamState& a, std::map<std::string, torch::Tensor>* out) {
   (*out)["exp_avg"] = a.exp_avg();
@@ -21,6 +26,8 @@ void AdamFields(const AdamState& a, std::map<std::string, torch::Tensor>* out) {
   (*out)["step"] = torch::tensor(a.step(), torch::kLong);
 }
 
+// The inverse of AdamFields; a missing field throws out_of_range, which
+// SetParamOptimizerState names as a checkpoint of another optimizer.
 template <typename S>
 std::unique_ptr<S> AdamState(std::map<std::string, torch::Tensor>& state) {
   auto a = std::make_unique<S>();
@@ -51,6 +58,8 @@ const torch::Tensor& Saved(const std::map<std::string, torch::Tensor>& parts,
 
 }  // namespace
 
+// The optimizer keeps no state for a parameter before its first step: an
+// empty map then, which restores to no state.
 std::map<std::string, torch::Tensor> ParamOptimizerState(
     torch::optim::Optimizer& opt, const torch::Tensor& param) {
   std::map<std::string, torch::Tensor> out;

@@ -1,3 +1,6 @@
+// The two strategies behind lib/strategy.h: each says how it saves and
+// restores its part of a checkpoint (DDP: rank 0's full state; FSDP: a
+// shard per rank, or the whole state gathered on rank 0).
 #include "lib/strategy.h"
 
 #include <sstream>

@@ -1,3 +1,6 @@
+// The loop's plan as pure functions of the config: the choices' names, the
+// config's checks, the learning rate, the seeds and the actions after each
+// step. No libtorch, so all of it is unit-tested and fuzzed on its own.
 #include "lib/train_plan.h"
 
 #include <algorithm>

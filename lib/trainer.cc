@@ -1,3 +1,7 @@
+// One rank's training run: the model, the data, the strategy and the
+// optimizer set up from the config, then the loop (step, checkpoint, log,
+// evaluate, inject faults). Checkpoints are the Checkpointer's
+// (lib/checkpointer.h); what differs between DDP and FSDP is the Strategy.
 #include "lib/trainer.h"
 
 #include <signal.h>

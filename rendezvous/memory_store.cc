@@ -1,3 +1,5 @@
+// The in-memory store: one map under one mutex; Wait blocks on a condition
+// variable that every write notifies.
 #include "rendezvous/memory_store.h"
 
 #include "rendezvous/util/describe.h"

@@ -1,3 +1,5 @@
+// Prefixing is all this does: every key gets the prefix, every reply
+// comes back unchanged.
 #include "rendezvous/prefix_store.h"
 
 namespace dtrun::rendezvous {

@@ -1,3 +1,5 @@
+// What every Store gets for free, built on its Get/Set/Add: the
+// defaults a backend may override with a faster one.
 #include "rendezvous/store.h"
 
 namespace dtrun::rendezvous {

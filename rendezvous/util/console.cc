@@ -1,3 +1,5 @@
+// One mutex around the console: a line written while a status line shows
+// first erases it, then draws it again under the new output.
 #include "rendezvous/util/console.h"
 
 #include <errno.h>

@@ -1,3 +1,5 @@
+// The message formatters: short enough to keep a key list or a duration
+// on one log line, the same spelling everywhere.
 #include "rendezvous/util/describe.h"
 
 #include <cstdio>

@@ -1,3 +1,5 @@
+// environ read once into a map: the pure functions that turn it into
+// settings take the map, so tests pass whatever environment they need.
 #include "rendezvous/util/environment.h"
 
 // Not declared by any standard header in C++; POSIX only promises it exists.

@@ -1,3 +1,5 @@
+// spdlog underneath: one logger per component, all to stderr through the
+// console, so log lines and the progress line never interleave.
 #include "rendezvous/util/log.h"
 
 #include <cstdlib>

@@ -1,3 +1,6 @@
+// The shared-memory copies' segments: a fixed header (magic, state, step,
+// world, rank, folder, file table) then the files' bytes; flock(2) guards
+// each segment, and a header left "being written" marks a torn copy.
 #include "rendezvous/util/memory_checkpoint.h"
 
 #include <dirent.h>

@@ -1,3 +1,5 @@
+// The POSIX calls behind the helpers, each error turned into a Status that
+// names the path and what the system said.
 #include "rendezvous/util/os_util.h"
 
 #include <fcntl.h>
