@@ -1,4 +1,4 @@
-"""The code keeps the shape the house style asks of it (STYLE.md): no
+"""The code keeps the shape the house style asks of it (tests/STYLE.md): no
 function longer than 50 lines (a codec's switch over its opcodes aside) and
 under 3% of them over 40, no .cc file in apps/ or lib/ over 650 lines,
 comments in at least 12% of the non-blank lines of each folder's .cc files,
@@ -74,7 +74,7 @@ class CodeShapeTest(unittest.TestCase):
         found = functions()
         long = [f"{path}:{first} {name}: {n} lines" for n, path, name, first in found
                 if n > MAX_LINES and (path, name) not in CODEC_SWITCHES]
-        self.assertEqual(long, [], "split these functions (STYLE.md)")
+        self.assertEqual(long, [], "split these functions (tests/STYLE.md)")
         over_40 = sum(1 for f in found if f[0] > 40)
         self.assertLess(over_40 / len(found), MAX_SHARE_OVER_40,
                         f"{over_40} of {len(found)} functions are over 40 lines")
@@ -82,7 +82,7 @@ class CodeShapeTest(unittest.TestCase):
     def test_no_file_is_longer_than_650_lines(self):
         long = [f"{p}: {line_count(p)} lines" for p in sources((".cc",))
                 if p.startswith(FILE_LIMITED) and line_count(p) > MAX_FILE_LINES]
-        self.assertEqual(long, [], "split these files by what they do (STYLE.md)")
+        self.assertEqual(long, [], "split these files by what they do (tests/STYLE.md)")
 
     def test_comment_share_of_cc_files(self):
         for folder, (comments, total) in comment_share().items():
