@@ -176,10 +176,11 @@ int ElasticJob::Run() {
   auto log = Logger("dtrun.rdzv");
   if (int rc = Start(); rc != 0) return rc;
   NotifyStoreReady();
+  const StoreLocation where = backend_->location();
   Registration registered(
       RegistryDir(config_.environment),
-      RegistryEntry{getpid(), config_.rdzv_id, group_.run_dir(),
-                    backend_->status_address(), true, os::UnixNow()});
+      RegistryEntry{getpid(), config_.rdzv_id, group_.run_dir(), where.address,
+                    where.settings, true, os::UnixNow()});
   group_.watch().on_status = [this](const std::string& json) {
     PublishStatus(json);
   };

@@ -15,6 +15,7 @@
 
 #include "apps/dtrun/endpoint.h"
 #include "apps/dtrun/hang_monitor.h"
+#include "apps/dtrun/rdzv_backend.h"
 #include "apps/dtrun/run_layout.h"
 #include "rendezvous/store_client.h"
 #include "rendezvous/util/os_util.h"
@@ -242,9 +243,13 @@ std::string RegistryDir(const std::map<std::string, std::string>& env) {
 }
 
 nlohmann::json RegistryJson(const RegistryEntry& e) {
-  return {{"pid", e.pid},         {"run_id", e.run_id},
-          {"run_dir", e.run_dir}, {"store", e.store},
-          {"elastic", e.elastic}, {"started_unix", e.started_unix}};
+  return {{"pid", e.pid},
+          {"run_id", e.run_id},
+          {"run_dir", e.run_dir},
+          {"store", e.store},
+          {"elastic", e.elastic},
+          {"started_unix", e.started_unix},
+          {"store_settings", e.store_settings}};
 }
 
 // Lenient: a file being written, or left by another version, is skipped
@@ -266,6 +271,11 @@ std::vector<RegistryEntry> ReadRegistry(const std::string& dir) {
     e.run_id = j.value("run_id", std::string());
     e.run_dir = j.value("run_dir", std::string());
     e.store = j.value("store", std::string());
+    auto settings = j.find("store_settings");
+    if (settings != j.end() && settings->is_object()) {
+      for (const auto& [key, value] : settings->items())
+        if (value.is_string()) e.store_settings[key] = value.get<std::string>();
+    }
     e.elastic = j.value("elastic", false);
     e.started_unix = j.value("started_unix", 0.0);
     out.push_back(e);
@@ -321,30 +331,24 @@ const RegistryEntry* Match(const std::vector<RegistryEntry>& jobs,
   return nullptr;
 }
 
-// A job's rendezvous store at `address`, and its run id: `run_id`, or the
-// run that published its status there last when empty.
+// A job's rendezvous store (a TCP store, or etcd), and its run id:
+// `run_id`, or the run that published its status there last when empty.
 struct JobStore {
-  std::unique_ptr<rendezvous::TcpStoreClient> client;
+  std::unique_ptr<rendezvous::Store> client;
   std::string run_id;
   int nodes = 0;
 };
-Result<JobStore> OpenJobStore(const std::string& address, std::string run_id,
+Result<JobStore> OpenJobStore(const StoreLocation& where, std::string run_id,
                               std::chrono::milliseconds timeout) {
-  auto endpoint = ParseEndpoint(address);
-  if (!endpoint || endpoint->empty() || !endpoint->port)
-    return Status::Invalid("'" + address + "' is not host:port");
-  rendezvous::StoreClientOptions o;
-  o.host = endpoint->host;
-  o.port = *endpoint->port;
-  o.timeout = timeout;
-  o.connect_timeout = std::chrono::seconds(5);
-  auto client = rendezvous::TcpStoreClient::Connect(o);
+  auto client = OpenStoreAt(where, timeout);
   if (!client.ok()) return client.status();
   JobStore job{std::move(*client), std::move(run_id)};
   if (job.run_id.empty()) {
     auto last = job.client->Get(rendezvous::keys::kLastRun);
-    if (!last.ok())
-      return Status::Invalid("no dtrun job published its status at " + address);
+    if (!last.ok()) {
+      return Status::Invalid("no dtrun job published its status at " +
+                             where.address);
+    }
     job.run_id = *last;
   }
   auto nodes = job.client->Get(rendezvous::keys::StatusNodes(job.run_id));
@@ -354,9 +358,9 @@ Result<JobStore> OpenJobStore(const std::string& address, std::string run_id,
 }
 
 // Every node's record, from the store at `address` (several nodes).
-Result<std::vector<nlohmann::json>> NodesFromStore(const std::string& address,
+Result<std::vector<nlohmann::json>> NodesFromStore(const StoreLocation& where,
                                                    std::string run_id) {
-  auto job = OpenJobStore(address, std::move(run_id), std::chrono::seconds(5));
+  auto job = OpenJobStore(where, std::move(run_id), std::chrono::seconds(5));
   if (!job.ok()) return job.status();
   std::vector<std::string> keys;
   for (int g = 0; g < job->nodes; ++g)
@@ -394,9 +398,9 @@ Result<std::vector<std::string>> StacksFromFolder(const std::string& dir) {
 
 // Every node's answer through the store: one more request on the counter,
 // then a WAIT for as many answers as the job has nodes.
-Result<std::vector<std::string>> StacksFromStore(const std::string& address,
+Result<std::vector<std::string>> StacksFromStore(const StoreLocation& where,
                                                  std::string run_id) {
-  auto job = OpenJobStore(address, std::move(run_id), std::chrono::seconds(30));
+  auto job = OpenJobStore(where, std::move(run_id), std::chrono::seconds(30));
   if (!job.ok()) return job.status();
   auto n = job->client->Add(rendezvous::keys::StackRequest(job->run_id), 1);
   if (!n.ok()) return n.status();
@@ -429,17 +433,21 @@ int PrintJob(const std::vector<nlohmann::json>& nodes, bool json) {
 }
 
 // Where a query for `target` goes: a job of this host to its rendezvous
-// store (several nodes) or its run folder (one), a host:port that matches
-// no job here to that store (another host's job).
+// store (several nodes: a TCP store or etcd) or its run folder (one), a
+// host:port or an etcd cluster's http(s):// address that matches no job
+// here to that store (another host's job).
 template <typename T, typename FromStore, typename FromFolder>
 Result<T> Ask(const std::string& target,
               const std::map<std::string, std::string>& env,
               FromStore from_store, FromFolder from_folder) {
   std::vector<RegistryEntry> jobs = ReadRegistry(RegistryDir(env));
   const RegistryEntry* job = Match(jobs, target);
-  if (job && job->elastic) return from_store(job->store, job->run_id);
+  if (job && job->elastic)
+    return from_store(StoreLocation{job->store, job->store_settings},
+                      job->run_id);
   if (job) return from_folder(job->run_dir);
-  if (target.find(':') != std::string::npos) return from_store(target, "");
+  if (target.find(':') != std::string::npos)
+    return from_store(StoreLocation{target, {}}, "");
   return Status::Invalid("no dtrun job on this host matches '" + target + "'");
 }
 

@@ -107,7 +107,9 @@ struct RegistryEntry {
   int pid = 0;
   std::string run_id;
   std::string run_dir;
-  std::string store;  // "host:port" of the store its status is published in
+  std::string store;  // where its status is published: "host:port", or an
+                      // etcd cluster's "http(s)://host:port,..."
+  std::map<std::string, std::string> store_settings;  // etcd's TLS and auth
   bool elastic = false;
   double started_unix = 0;
 };

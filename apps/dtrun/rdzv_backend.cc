@@ -3,6 +3,7 @@
 #include "apps/dtrun/rdzv_backend.h"
 
 #include <algorithm>
+#include <utility>
 
 #include "apps/dtrun/endpoint.h"
 #include "rendezvous/etcd_store.h"
@@ -16,6 +17,10 @@ namespace {
 
 using std::chrono::milliseconds;
 using Trouble = RendezvousBackend::Trouble;
+
+// Every dtrun key on etcd is under this prefix (store_keys.h's names after
+// it), so one cluster serves dtrun beside anything else.
+constexpr char kEtcdPrefix[] = "/dtrun/";
 
 // A TCP store: hosted by this node (server_) or not; the client is this
 // node's connection to it either way.
@@ -182,14 +187,16 @@ Result<std::unique_ptr<RendezvousBackend>> ConnectC10d(
 class EtcdBackend : public RendezvousBackend {
  public:
   EtcdBackend(std::unique_ptr<rendezvous::EtcdClient> client,
-              std::chrono::milliseconds timeout, std::string address)
-      : etcd_(client.get()), store_(std::move(client), "/dtrun/", timeout) {
+              std::chrono::milliseconds timeout, std::string address,
+              std::map<std::string, std::string> settings)
+      : etcd_(client.get()),
+        store_(std::move(client), kEtcdPrefix, timeout),
+        settings_(std::move(settings)) {
     address_ = std::move(address);
   }
 
   rendezvous::Store* store() override { return &store_; }
-  // Its members are no TCP store `dtrun --status` could ask.
-  std::string status_address() const override { return ""; }
+  StoreLocation location() const override { return {address_, settings_}; }
   std::string LocalAddress() override { return etcd_->LocalAddress(); }
   Result<std::unique_ptr<rendezvous::KeyWatch>> OpenWatch() override {
     return Result<std::unique_ptr<rendezvous::KeyWatch>>(store_.OpenWatch());
@@ -228,6 +235,7 @@ class EtcdBackend : public RendezvousBackend {
  private:
   rendezvous::EtcdClient* etcd_;  // inside store_
   rendezvous::EtcdStore store_;
+  std::map<std::string, std::string> settings_;  // StoreLocation's
 };
 
 // No key of the job outlives it, so the run id may be used again; the
@@ -275,9 +283,9 @@ Status EtcdOptionsOf(const LaunchConfig& config, rendezvous::EtcdOptions* eo) {
 // keys is another question, asked at start rather than at the first write.
 Status CheckEtcdKeys(rendezvous::EtcdClient& client, const std::string& list,
                      const std::string& user) {
-  auto probe =
-      client.Call("/v3/kv/range",
-                  {{"key", rendezvous::Base64Encode("/dtrun/")}, {"limit", 1}});
+  auto probe = client.Call(
+      "/v3/kv/range",
+      {{"key", rendezvous::Base64Encode(kEtcdPrefix)}, {"limit", 1}});
   if (probe.ok() || client.trouble() != rendezvous::EtcdTrouble::kRefused)
     return Status::Ok();
   return Status::Invalid(
@@ -315,11 +323,76 @@ Result<std::unique_ptr<RendezvousBackend>> ConnectEtcd(
   Status allowed = CheckEtcdKeys(**client, list, rc.user);
   if (!allowed.ok()) return allowed;
   (*client)->set_timeout(eo.timeout);
+  std::map<std::string, std::string> settings;
+  for (const auto& [key, value] :
+       {std::pair<const char*, std::string>{"cacert", rc.cacert},
+        {"cert", rc.cert},
+        {"key", rc.key},
+        {"user", rc.user},
+        {"password_file", rc.password_file}}) {
+    if (!value.empty()) settings[key] = value;
+  }
   return std::unique_ptr<RendezvousBackend>(std::make_unique<EtcdBackend>(
-      std::move(*client), eo.timeout, rc.protocol + "://" + list));
+      std::move(*client), eo.timeout, rc.protocol + "://" + list,
+      std::move(settings)));
+}
+
+// `dtrun --status` of a job on etcd: the members and settings the job's
+// registry entry (or the command line) gives.
+Result<std::unique_ptr<rendezvous::Store>> OpenEtcdAt(
+    const StoreLocation& where, milliseconds timeout) {
+  rendezvous::EtcdOptions eo;
+  const std::string& a = where.address;
+  eo.tls = a.rfind("https://", 0) == 0;
+  const std::string members = a.substr(a.find("://") + 3);
+  for (size_t at = 0; at <= members.size();) {
+    size_t comma = std::min(members.find(',', at), members.size());
+    if (comma > at) eo.endpoints.push_back(members.substr(at, comma - at));
+    at = comma + 1;
+  }
+  auto get = [&where](const char* key) {
+    auto it = where.settings.find(key);
+    return it == where.settings.end() ? std::string() : it->second;
+  };
+  eo.cacert = get("cacert");
+  eo.cert = get("cert");
+  eo.key = get("key");
+  eo.user = get("user");
+  if (!get("password_file").empty()) {
+    auto password = os::ReadFile(get("password_file"));
+    if (!password.ok()) return password.status();
+    eo.password = password->substr(0, password->find('\n'));
+  }
+  eo.timeout = timeout;
+  auto client = rendezvous::EtcdClient::Connect(eo);
+  if (!client.ok()) return client.status();
+  return std::unique_ptr<rendezvous::Store>(
+      std::make_unique<rendezvous::EtcdStore>(std::move(*client), kEtcdPrefix,
+                                              timeout));
 }
 
 }  // namespace
+
+Result<std::unique_ptr<rendezvous::Store>> OpenStoreAt(
+    const StoreLocation& where, milliseconds timeout) {
+  const std::string& a = where.address;
+  if (a.rfind("http://", 0) == 0 || a.rfind("https://", 0) == 0)
+    return OpenEtcdAt(where, timeout);
+  auto endpoint = ParseEndpoint(a);
+  if (!endpoint || endpoint->empty() || !endpoint->port) {
+    return Status::Invalid("'" + a +
+                           "' is not a store's host:port or an etcd "
+                           "cluster's http(s)://host:port,...");
+  }
+  rendezvous::StoreClientOptions o;
+  o.host = endpoint->host;
+  o.port = *endpoint->port;
+  o.timeout = timeout;
+  o.connect_timeout = std::chrono::seconds(5);
+  auto client = rendezvous::TcpStoreClient::Connect(o);
+  if (!client.ok()) return client.status();
+  return std::unique_ptr<rendezvous::Store>(std::move(*client));
+}
 
 Result<std::unique_ptr<RendezvousBackend>> ConnectBackend(
     const LaunchConfig& config, const Clock* clock,

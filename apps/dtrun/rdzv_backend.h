@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 
@@ -18,6 +19,20 @@
 #include "rendezvous/util/status.h"
 
 namespace dtrun::agent {
+
+// Where a store is, as `dtrun --status` and `--stacks` reach it again:
+// "host:port" for a TCP store, "http://m1:2379,m2:2379" (or https) for an
+// etcd cluster, with the settings that secure it (etcd's cacert, cert, key,
+// user and password_file, as --rdzv-conf names them; files, never secrets).
+struct StoreLocation {
+  std::string address;
+  std::map<std::string, std::string> settings;
+};
+
+// A client of the store at `where`, each operation bounded by `timeout`.
+// An address of neither form is Invalid, naming it.
+Result<std::unique_ptr<rendezvous::Store>> OpenStoreAt(
+    const StoreLocation& where, std::chrono::milliseconds timeout);
 
 class RendezvousBackend {
  public:
@@ -35,9 +50,9 @@ class RendezvousBackend {
   virtual rendezvous::Store* store() = 0;
   // Where it is, for messages ("host:port", "https://a,b").
   const std::string& address() const { return address_; }
-  // The store `dtrun --status` on this host may ask ("" when it is not one
-  // the status client speaks to).
-  virtual std::string status_address() const { return address_; }
+  // How `dtrun --status` on this host reaches the store (the registry
+  // keeps it).
+  virtual StoreLocation location() const { return {address_, {}}; }
   // This host's address on the link to the store: the workers of the rounds
   // it hosts are told it.
   virtual std::string LocalAddress() = 0;

@@ -73,8 +73,12 @@ int SingleNodeJob::Run() {
   // `dtrun --status` finds the job here while it runs.
   Registration registered(
       RegistryDir(config_.environment),
-      RegistryEntry{getpid(), a.run_id, group_.run_dir(),
-                    a.master_addr + ":" + std::to_string(a.master_port), false,
+      RegistryEntry{getpid(),
+                    a.run_id,
+                    group_.run_dir(),
+                    a.master_addr + ":" + std::to_string(a.master_port),
+                    {},
+                    false,
                     os::UnixNow()});
   group_.Start();
   while (group_.outcome() == GroupOutcome::kRunning) group_.PollOnce(-1);

@@ -79,11 +79,33 @@ TEST(JobStatusFormatTest, OneLinePerRankWithDashesForTheUnknown) {
       << table;
 }
 
+// A job on etcd keeps the cluster's address and the files that secure it
+// (never a secret) for `dtrun --status` to reach it again.
+TEST(JobRegistryTest, AnEtcdJobKeepsItsClusterAndSettings) {
+  auto dir = os::MakeTempDir("registry_test");
+  ASSERT_TRUE(dir.ok());
+  RegistryEntry me{getpid(),
+                   "job8",
+                   "/logs/job8_cd",
+                   "https://127.0.0.2:2379,127.0.0.3:2379",
+                   {{"cacert", "/etc/ca.pem"}, {"user", "u"}},
+                   true,
+                   1000.0};
+  {
+    Registration registered(*dir, me);
+    auto jobs = ReadRegistry(*dir);
+    ASSERT_EQ(jobs.size(), 1u);
+    EXPECT_EQ(jobs[0].store, me.store);
+    EXPECT_EQ(jobs[0].store_settings, me.store_settings);
+  }
+  os::RemoveTree(*dir);
+}
+
 TEST(JobRegistryTest, LiveEntriesAreListedAndRemovedWithTheirOwner) {
   auto dir = os::MakeTempDir("registry_test");
   ASSERT_TRUE(dir.ok());
-  RegistryEntry me{getpid(),         "job7", "/logs/job7_ab",
-                   "10.0.0.1:29400", true,   1000.0};
+  RegistryEntry me{getpid(), "job7", "/logs/job7_ab", "10.0.0.1:29400",
+                   {},       true,   1000.0};
   {
     Registration registered(*dir, me);
     // A dead process' entry (kill -9 left it) is not listed.
@@ -96,6 +118,7 @@ TEST(JobRegistryTest, LiveEntriesAreListedAndRemovedWithTheirOwner) {
     EXPECT_EQ(jobs[0].run_id, "job7");
     EXPECT_EQ(jobs[0].store, "10.0.0.1:29400");
     EXPECT_TRUE(jobs[0].elastic);
+    EXPECT_TRUE(jobs[0].store_settings.empty());
     std::string list = FormatJobList(jobs, 1060.0);
     EXPECT_NE(list.find("job7"), std::string::npos) << list;
     EXPECT_NE(list.find("60s"), std::string::npos) << list;

@@ -191,6 +191,52 @@ class MemberFaults(EtcdCase):
         self.assertEqual(sorted(os.listdir(pid_dir)), ["pid_0_0", "pid_1_0"])
 
 
+class StatusAndStacks(EtcdCase):
+    """dtrun --status and --stacks of a job whose rendezvous is on etcd: by
+    run id (the host's registry names the cluster) and by the cluster's
+    address (another host's job: the run that published last)."""
+
+    def query(self, *args):
+        env = dict(os.environ, XDG_RUNTIME_DIR=self.dir)
+        p = subprocess.run([ARGS.dtrun, *args], capture_output=True, text=True,
+                           env=env, timeout=90)
+        return p.returncode, p.stdout, p.stderr
+
+    def nodes_json(self, target):
+        rc, out, _ = self.query("--status", target, "--json")
+        if rc != 0:
+            return None
+        import json
+        nodes = json.loads(out)["nodes"]
+        return nodes if len(nodes) == 2 else None
+
+    def test_status_and_stacks_by_run_id_and_by_the_cluster(self):
+        import shutil as sh
+        flags = self.etcd_flags() + ["--nnodes=2", "--nproc-per-node=1",
+                                     "--no-python", ARGS.fake_worker, "--hang"]
+        env = {"XDG_RUNTIME_DIR": self.dir}
+        a, b = self.node(0, flags, env=env), self.node(1, flags, env=env)
+        self.assertTrue(wait_for(lambda: self.nodes_json(self.run_id), 60),
+                        a.err()[-2000:] + b.err()[-2000:])
+        rc, out, err = self.query("--status")
+        self.assertEqual(rc, 0, err)
+        self.assertIn(self.etcd.endpoints().split(",")[0], out)  # the store column
+        rc, out, err = self.query("--status", self.run_id)
+        self.assertEqual(rc, 0, err)
+        self.assertIn("node 0 of 2", out)
+        self.assertIn("node 1 of 2", out)
+        cluster = "http://" + self.etcd.endpoints()
+        self.assertTrue(wait_for(lambda: self.nodes_json(cluster), 30),
+                        self.query("--status", cluster)[2])
+        if sh.which("eu-stack") or sh.which("gdb"):
+            rc, out, err = self.query("--stacks", self.run_id)
+            self.assertEqual(rc, 0, err)
+            self.assertIn("=== rank 0 on ", out)
+            self.assertIn("=== rank 1 on ", out)
+        self.assertIsNone(a.proc.poll())  # the queries do not stop the job
+        self.assertIsNone(b.proc.poll())
+
+
 class SilentNodeLoss(EtcdCase):
     def test_store_host_killed_is_declared_dead_and_the_rest_go_on(self):
         # Workers that never talk to each other: only the heartbeats in etcd
