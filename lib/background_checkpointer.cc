@@ -72,8 +72,7 @@ int64_t BackgroundCheckpointer::ResumeFromCopies() {
     }
     return -1;
   }
-  strategy_.Restore(file.parts, opt_);
-  RestoreRng(file);
+  Restore(file);
   if (rank_ == 0) {
     std::printf(
         "resumed from memory at step %lld (copies in %s; the folder's newest "

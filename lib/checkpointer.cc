@@ -108,8 +108,7 @@ int64_t Checkpointer::ResumeFromFolder() {
       std::fprintf(stderr, "checkpoint skipped: %s\n", s.c_str());
   }
   if (!loaded) return 0;
-  strategy_.Restore(file.parts, opt_);
-  RestoreRng(file);
+  Restore(file);
   if (rank_ == 0) {
     std::printf(
         "resumed from %s at step %lld (saved on %lld ranks; read in %.1f "
@@ -118,6 +117,11 @@ int64_t Checkpointer::ResumeFromFolder() {
         MsSince(start));
   }
   return file.step;
+}
+
+void Checkpointer::Restore(const StepFile& file) {
+  strategy_.Restore(file.parts, opt_);
+  RestoreRng(file);
 }
 
 // Bitwise resume needs each rank's generator exactly where it was (dropout

@@ -70,6 +70,9 @@ class Checkpointer {
   // (then the folder). Collective.
   virtual int64_t ResumeFromCopies() { return -1; }
   int64_t ResumeFromFolder();
+  // The state `file` holds into the model, the optimizer and this rank's
+  // generator.
+  void Restore(const StepFile& file);
   void RestoreRng(const StepFile& file);
   void BeginEpoch(int64_t start);
   // "checkpoint at step N not saved: WHY. The newest checkpoint in DIR is
