@@ -454,8 +454,9 @@ Result<T> Ask(const std::string& target,
 // A query that found no answer: what went wrong and what to give; exit 2.
 int Refuse(const char* flag, const Status& why) {
   std::fprintf(stderr,
-               "dtrun %s: %s; give a run id, a log folder or a store's "
-               "host:port (dtrun --status lists this host's jobs)\n",
+               "dtrun %s: %s; give a run id, a log folder, a store's "
+               "host:port or an etcd cluster's http(s)://host:port,... "
+               "(dtrun --status lists this host's jobs)\n",
                flag, why.message().c_str());
   return 2;
 }

@@ -254,24 +254,51 @@ void EtcdBackend::RemoveJobKeys(const std::string& run) {
   }
 }
 
-// The etcd client's options from the flags; the password read from its
-// file now.
+// The --rdzv-conf keys that secure etcd (cacert, cert, key, user,
+// password_file), as StoreLocation keeps them: the files' paths, never the
+// password.
+std::map<std::string, std::string> EtcdSettingsOf(const RdzvConfig& rc) {
+  std::map<std::string, std::string> settings;
+  for (const auto& [key, value] :
+       {std::pair<const char*, std::string>{"cacert", rc.cacert},
+        {"cert", rc.cert},
+        {"key", rc.key},
+        {"user", rc.user},
+        {"password_file", rc.password_file}}) {
+    if (!value.empty()) settings[key] = value;
+  }
+  return settings;
+}
+
+// Those settings into the client's options, the password read from its
+// file now; a file that cannot be read is Invalid, naming the key.
+Status SecureEtcd(const std::map<std::string, std::string>& settings,
+                  rendezvous::EtcdOptions* eo) {
+  auto get = [&settings](const char* key) {
+    auto it = settings.find(key);
+    return it == settings.end() ? std::string() : it->second;
+  };
+  eo->cacert = get("cacert");
+  eo->cert = get("cert");
+  eo->key = get("key");
+  eo->user = get("user");
+  const std::string file = get("password_file");
+  if (file.empty()) return Status::Ok();
+  auto password = os::ReadFile(file);
+  if (!password.ok()) {
+    return Status::Invalid("--rdzv-conf password_file=" + file + ": " +
+                           password.status().message());
+  }
+  eo->password = password->substr(0, password->find('\n'));
+  return Status::Ok();
+}
+
+// The etcd client's options from the flags.
 Status EtcdOptionsOf(const LaunchConfig& config, rendezvous::EtcdOptions* eo) {
   const RdzvConfig& rc = config.rdzv_conf;
   eo->endpoints = config.etcd_endpoints;
   eo->tls = rc.protocol == "https";
-  eo->cacert = rc.cacert;
-  eo->cert = rc.cert;
-  eo->key = rc.key;
-  eo->user = rc.user;
-  if (!rc.password_file.empty()) {
-    auto password = os::ReadFile(rc.password_file);
-    if (!password.ok()) {
-      return Status::Invalid("--rdzv-conf password_file=" + rc.password_file +
-                             ": " + password.status().message());
-    }
-    eo->password = password->substr(0, password->find('\n'));
-  }
+  if (Status s = SecureEtcd(EtcdSettingsOf(rc), eo); !s.ok()) return s;
   // As for the TCP store: an operation may take as long as a node may stay
   // silent (read_timeout overrides); connecting, the join timeout.
   eo->timeout =
@@ -323,18 +350,9 @@ Result<std::unique_ptr<RendezvousBackend>> ConnectEtcd(
   Status allowed = CheckEtcdKeys(**client, list, rc.user);
   if (!allowed.ok()) return allowed;
   (*client)->set_timeout(eo.timeout);
-  std::map<std::string, std::string> settings;
-  for (const auto& [key, value] :
-       {std::pair<const char*, std::string>{"cacert", rc.cacert},
-        {"cert", rc.cert},
-        {"key", rc.key},
-        {"user", rc.user},
-        {"password_file", rc.password_file}}) {
-    if (!value.empty()) settings[key] = value;
-  }
   return std::unique_ptr<RendezvousBackend>(std::make_unique<EtcdBackend>(
       std::move(*client), eo.timeout, rc.protocol + "://" + list,
-      std::move(settings)));
+      EtcdSettingsOf(rc)));
 }
 
 // `dtrun --status` of a job on etcd: the members and settings the job's
@@ -350,19 +368,7 @@ Result<std::unique_ptr<rendezvous::Store>> OpenEtcdAt(
     if (comma > at) eo.endpoints.push_back(members.substr(at, comma - at));
     at = comma + 1;
   }
-  auto get = [&where](const char* key) {
-    auto it = where.settings.find(key);
-    return it == where.settings.end() ? std::string() : it->second;
-  };
-  eo.cacert = get("cacert");
-  eo.cert = get("cert");
-  eo.key = get("key");
-  eo.user = get("user");
-  if (!get("password_file").empty()) {
-    auto password = os::ReadFile(get("password_file"));
-    if (!password.ok()) return password.status();
-    eo.password = password->substr(0, password->find('\n'));
-  }
+  if (Status s = SecureEtcd(where.settings, &eo); !s.ok()) return s;
   eo.timeout = timeout;
   auto client = rendezvous::EtcdClient::Connect(eo);
   if (!client.ok()) return client.status();
