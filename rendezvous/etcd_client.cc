@@ -380,6 +380,16 @@ Status EtcdWatch::WatchKey(const std::string& key) {
   return st;
 }
 
+// Each stream is a connection and an HTTP request to a member: the keys of
+// one call share one.
+Status EtcdWatch::WatchKeys(const std::vector<std::string>& keys) {
+  const size_t before = keys_.size();
+  for (const auto& key : keys) keys_.push_back(Key{prefix_ + key, 0});
+  Status st = Open();
+  if (!st.ok()) keys_.resize(before);
+  return st;
+}
+
 // Splits the stream's messages into changes; false on a canceled watch.
 bool EtcdWatch::Drain(std::vector<KeyChange>* changes) {
   return framing::DrainWatch(&stream_->pending, prefix_, &keys_, changes);

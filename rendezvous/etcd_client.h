@@ -142,6 +142,8 @@ class EtcdWatch : public KeyWatch {
   // Reopens the stream with `key` added (the others resume where they
   // stood).
   Status WatchKey(const std::string& key) override;
+  // All on one stream, opened once.
+  Status WatchKeys(const std::vector<std::string>& keys) override;
   Status TakeChanges(std::vector<KeyChange>* changes) override;
   // Blocks up to `timeout` until a change arrives (TakeChanges then returns
   // it); false when none came in time.

@@ -213,6 +213,31 @@ Kv FirstKv(const nlohmann::json& range) {
   return kv;
 }
 
+Status DecodeRangeAll(const nlohmann::json& reply,
+                      std::map<std::string, Kv>* out, int64_t* revision) {
+  out->clear();
+  if (!reply.is_object()) return Status::Io("etcd: malformed reply to a read");
+  auto kvs = reply.find("kvs");
+  if (kvs != reply.end()) {
+    if (!kvs->is_array()) return Status::Io("etcd: malformed reply to a read");
+    for (const auto& one : *kvs) {
+      std::string key;
+      if (!one.is_object() || !Base64Decode(StrField(one, "key"), &key))
+        return Status::Io("etcd: malformed key in a read");
+      Kv& kv = (*out)[key];
+      kv.found = true;
+      if (!Base64Decode(StrField(one, "value"), &kv.value)) kv.value.clear();
+      kv.mod_revision = IntField(one, "mod_revision");
+      kv.version = IntField(one, "version");
+    }
+  }
+  if (revision) {
+    auto header = reply.find("header");
+    *revision = header != reply.end() ? IntField(*header, "revision") : 0;
+  }
+  return Status::Ok();
+}
+
 // The number of responses must match the requests: a shorter list would
 // leave keys unread that the caller takes as missing, which a rendezvous
 // reads as a node that never came.

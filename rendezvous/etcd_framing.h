@@ -10,6 +10,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -84,6 +85,10 @@ struct Kv {
 // The first key-value of a /v3/kv/range reply, or of a txn's range
 // response (`response_range` inside).
 Kv FirstKv(const nlohmann::json& range);
+// Every key-value of a /v3/kv/range reply over a range, by key, and the
+// reply's revision.
+Status DecodeRangeAll(const nlohmann::json& reply,
+                      std::map<std::string, Kv>* out, int64_t* revision);
 // A txn of `n` range requests: each one's first key-value, and the reply's
 // revision. Invalid unless the reply holds exactly `n` responses.
 Status DecodeRanges(const nlohmann::json& reply, size_t n, std::vector<Kv>* out,

@@ -5,7 +5,8 @@
 // dtrun node hosts. Every key lives under `prefix` ("/dtrun/" by default).
 // How each operation maps (rendezvous/README.md, "Rendezvous on etcd"):
 //   Set, MultiSet        put; puts in one transaction
-//   Get, Check, MultiGet one range, or ranges in one transaction
+//   Get, Check, MultiGet one range, or ranges in one transaction; more
+//                        than 128 keys: one range over the folder they share
 //   Add                  one put per increment: a counter is its key's
 //                        version (the number of puts since it was created),
 //                        so concurrent adds never retry; Add(k, 0) reads the
@@ -14,8 +15,10 @@
 //                        Counters only count up.
 //   CompareSet           a transaction comparing the value (missing: the
 //                        create revision is 0)
-//   Wait                 reads, then waits on a watch of the first missing
-//                        key, kept open for the next Wait of it: no polling
+//   Wait                 one key: reads, then waits on a watch of it, kept
+//                        open for the next Wait of it (no polling; a pushed
+//                        put ends the wait without a read). Several: the
+//                        missing ones read again every 100 ms
 // A transaction holds at most 128 operations (etcd's default
 // --max-txn-ops); longer lists are split.
 
@@ -77,9 +80,16 @@ class EtcdStore : public Store {
   // revision at the read.
   Status Read(const std::vector<std::string>& keys, std::vector<Entry>* out,
               int64_t* revision);
+  // Read for more than a transaction's keys: one range over the folder
+  // they share.
+  Status ReadUnder(const std::vector<std::string>& keys,
+                   std::vector<Entry>* out, int64_t* revision);
   // The first of `keys` missing (keys.size(): none).
   Result<size_t> FirstMissing(const std::vector<std::string>& keys);
   void WatchFor(const std::string& key, std::chrono::milliseconds left);
+  // Wait for more than one key (a round's closer, for every joiner).
+  Status WaitAll(const std::vector<std::string>& keys,
+                 std::chrono::milliseconds timeout);
 
   std::unique_ptr<EtcdClient> client_;
   std::string prefix_;

@@ -88,13 +88,24 @@ Rendezvous::Rendezvous(Store* store, RendezvousOptions options,
 }
 
 Result<StateDoc> Rendezvous::ReadDoc() {
-  // Read and create in one request: compare-and-set from "" creates the
-  // document when missing and otherwise returns it, so the first nodes to
-  // arrive cannot both create one.
-  auto got = store_->CompareSet(keys_.Job("state"), "", StateDoc().Serialize());
+  // One read for the state and the job's settings (CheckConfig's); only a
+  // missing state costs a write: compare-and-set from "" creates it, so the
+  // first nodes to arrive cannot both create one. On a replicated store a
+  // write is a consensus round and a read is not, and thousands of joiners
+  // read the state at once.
+  auto got = store_->MultiGet({keys_.Job("state"), keys_.Job("config")});
   if (!got.ok()) return got.status();
+  DTRUN_CHECK(got->size() == 2) << "MULTI_GET of 2 keys gave " << got->size();
+  std::string text = std::move((*got)[0]);
+  job_config_ = std::move((*got)[1]);
+  if (text.empty()) {
+    auto created =
+        store_->CompareSet(keys_.Job("state"), "", StateDoc().Serialize());
+    if (!created.ok()) return created.status();
+    text = std::move(*created);
+  }
   StateDoc d;
-  if (!StateDoc::Parse(*got, &d)) {
+  if (!StateDoc::Parse(text, &d)) {
     end_reason_ = EndReason::kForeignState;
     return Status::Invalid(
         "rendezvous state at key '" + keys_.Job("state") +
@@ -163,13 +174,18 @@ Status Rendezvous::ClosedStatus(const StateDoc& doc) {
 Status Rendezvous::CheckConfig(const StateDoc& doc) {
   std::string mine = std::to_string(opts_.nproc_per_node) + " " +
                      std::to_string(opts_.max_restarts);
-  auto job = store_->CompareSet(keys_.Job("config"), "", mine);
-  if (!job.ok()) return job.status();
+  // ReadDoc read the settings; the first node writes them.
+  std::string job = job_config_;
+  if (job.empty()) {
+    auto set = store_->CompareSet(keys_.Job("config"), "", mine);
+    if (!set.ok()) return set.status();
+    job = std::move(*set);
+  }
   config_checked_ = true;
-  if (*job == mine) return Status::Ok();
+  if (job == mine) return Status::Ok();
   int64_t nproc = 0;
   std::string restarts;
-  SplitRecord(*job, &nproc, &restarts);
+  SplitRecord(job, &nproc, &restarts);
   return CloseJob(
       doc.round, EndReason::kConfigMismatch,
       "node " + opts_.node_id +
@@ -214,12 +230,11 @@ Status Rendezvous::Register(const StateDoc& doc) {
 
 Status Rendezvous::Enter(int r, int64_t hint) {
   const int64_t slot = last_call_.slot;
-  // The preference before the node key: WriteRanks waits for the latter.
-  Status s = store_->Set(keys_.Round(r, "pref", slot),
-                         std::to_string(opts_.preferred_rank));
-  if (!s.ok()) return s;
-  s = store_->Set(keys_.Round(r, "node", slot),
-                  NodeRecord(hint, opts_.node_id));
+  // One request for both, the preference first: WriteRanks waits for the
+  // node key (a store without MULTI_SET sets them in this order).
+  Status s = store_->MultiSet(
+      {keys_.Round(r, "pref", slot), keys_.Round(r, "node", slot)},
+      {std::to_string(opts_.preferred_rank), NodeRecord(hint, opts_.node_id)});
   if (!s.ok() || slot < opts_.min_nodes || opts_.min_nodes == opts_.max_nodes)
     return s;
   if (slot > opts_.min_nodes) {  // the node at slot min_nodes sets it now
@@ -247,11 +262,18 @@ Status Rendezvous::TryClose(int round) {
   auto closer = store_->CompareSet(keys_.Round(round, "closing"), "", claim);
   if (!closer.ok()) return closer.status();
   if (*closer != claim) return Status::Ok();  // another node closes it
+  const TimePoint started = clock_.Now();
   Status s = WriteRanks(round, count);
+  if (s.ok()) {
+    s = store_
+            ->CompareSet(keys_.Round(round, "final"), "", std::to_string(count))
+            .status();
+  }
   if (!s.ok()) return s;
-  return store_
-      ->CompareSet(keys_.Round(round, "final"), "", std::to_string(count))
-      .status();
+  Logger("dtrun.rdzv")
+      ->info("round {}: closed with {} node(s), ranks written in {}", round,
+             count, DescribeSeconds(clock_.Now() - started));
+  return Status::Ok();
 }
 
 // Ranks: the closer reads every joiner's records and writes every rank
@@ -342,22 +364,38 @@ Status Rendezvous::MaybeClose() {
   return TryClose(joined_round_);
 }
 
-Result<std::optional<Assignment>> Rendezvous::Look(int* round) {
+Result<std::optional<Assignment>> Rendezvous::Look(int* round,
+                                                   bool final_written) {
+  // Woken by its round's `final`: the state read before still holds for
+  // the round (it changes only to move the round on or to close the job,
+  // and a job closed first writes final "-"), so one read tells the
+  // outcome. Anything else reads the state again.
+  if (final_written && round_doc_.round == *round && joined_round_ == *round &&
+      waiting_round_ != *round) {
+    auto quick = Outcome(round_doc_);
+    if (!quick.ok() || *quick || waiting_round_ == *round) return quick;
+  }
   auto doc = ReadDoc();
   if (!doc.ok()) return doc.status();
+  round_doc_ = *doc;
   if (!doc->closed.empty()) return ClosedStatus(*doc);
   if (!config_checked_) {
     Status s = CheckConfig(*doc);
     if (!s.ok()) return s;
   }
   *round = doc->round;
-  if (joined_round_ != doc->round) {
+  const bool registered = joined_round_ != doc->round;
+  if (registered) {
     Status s = Register(*doc);
     if (!s.ok()) return s;
   }
   if (waiting_round_ == doc->round) return std::optional<Assignment>();
   Status s = MaybeClose();
   if (!s.ok()) return s;
+  // A node that just took its slot and did not close learns the outcome
+  // when `final` wakes it (at once if the round closed before it came):
+  // a read now would find the round open.
+  if (registered && !last_call_.close_tried) return std::optional<Assignment>();
   return Outcome(*doc);
 }
 
@@ -369,12 +407,15 @@ Result<Assignment> Rendezvous::Join(const std::function<bool()>& interrupted) {
   const TimePoint started = clock_.Now();
   const TimePoint deadline = started + opts_.join_timeout;
   int r = -1;
-  bool look = true;
+  bool look = true, woken_in_round = false;
+  // Steps between the safety-net reads (a step is at most poll_interval).
+  constexpr int kMaxLookEvery = 120;
+  int look_every = 10, next_look = 10;
   for (int step = 1;; ++step) {
     if (interrupted && interrupted())
       return Status::Canceled("rendezvous interrupted");
     if (look) {
-      auto outcome = Look(&r);
+      auto outcome = Look(&r, woken_in_round);
       if (!outcome.ok()) return outcome.status();
       if (*outcome) {
         last_round_ = r;
@@ -397,8 +438,16 @@ Result<Assignment> Rendezvous::Join(const std::function<bool()>& interrupted) {
         store_->Wait({keys_.Round(r, in_round ? "final" : "over")}, wait);
     if (!s.ok() && s.code() != Status::Code::kTimeout) return s;
     // Woken, something changed; timed out, nothing did (the wakes cover every
-    // change), so the state is read again only now and then.
-    look = s.ok() || step % 10 == 0;
+    // change), so the state is read again only as a safety net, less often
+    // as the wait goes on (5 s, 10 s, 20 s ... at most a minute apart):
+    // thousands of joiners each reading every 5 s were most of a slow
+    // store's load while one node closed the round.
+    look = s.ok() || step >= next_look;
+    if (!s.ok() && look) {
+      look_every = std::min(look_every * 2, kMaxLookEvery);
+      next_look = step + look_every;
+    }
+    woken_in_round = s.ok() && in_round;
   }
 }
 
@@ -490,10 +539,10 @@ bool Rendezvous::WatchRound(const Assignment& current) {
   }
   watch_ = std::move(*opened);
   const int n = current.group_world_size;
-  Status s = watch_->WatchKey(keys_.Round(r, "over"));
-  if (s.ok() && n > 1) {
-    s = watch_->WatchKey(keys_.Round(r, "hb", (current.group_rank + 1) % n));
-  }
+  std::vector<std::string> watched = {keys_.Round(r, "over")};
+  if (n > 1)
+    watched.push_back(keys_.Round(r, "hb", (current.group_rank + 1) % n));
+  Status s = watch_->WatchKeys(watched);
   if (!s.ok()) {
     DropWatch(r, s.message());
     return false;

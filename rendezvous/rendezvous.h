@@ -157,7 +157,8 @@ class Rendezvous {
   Status MaybeClose();
   // Reads the state, takes a slot in a round new to this node, closes the
   // round when it may, and returns the assignment once the round is final.
-  Result<std::optional<Assignment>> Look(int* round);
+  // `final_written`: woken by the round's `final` key (*round's).
+  Result<std::optional<Assignment>> Look(int* round, bool final_written);
   Status WriteRanks(int round, int count);
   // The assignment once the round is final, nullopt while it is not (or
   // when this node did not make it in and now waits for the next round).
@@ -175,9 +176,11 @@ class Rendezvous {
   EndReason end_reason_ = EndReason::kNone;
   std::vector<std::string> last_participants_;
   bool config_checked_ = false;
-  int joined_round_ = -1;                 // round this node holds a slot in
-  LastCall last_call_;                    // its slot and the round's last call
-  int waiting_round_ = -1;                // round this node could not get into
+  std::string job_config_;  // the job's settings as ReadDoc last read them
+  StateDoc round_doc_;      // the state as Look last read it
+  int joined_round_ = -1;   // round this node holds a slot in
+  LastCall last_call_;      // its slot and the round's last call
+  int waiting_round_ = -1;  // round this node could not get into
   int last_round_ = -1, last_rank_ = -1;  // this node's last completed round
   BeatTimer beat_;
   HeartbeatWatch next_;  // the watched node's heartbeat counter

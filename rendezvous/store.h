@@ -68,6 +68,14 @@ class KeyWatch {
   virtual ~KeyWatch() = default;
   // Registers `key`; returns once the store will push every later change.
   virtual Status WatchKey(const std::string& key) = 0;
+  // Registers each of `keys`, in one request where the store can.
+  virtual Status WatchKeys(const std::vector<std::string>& keys) {
+    for (const auto& key : keys) {
+      Status s = WatchKey(key);
+      if (!s.ok()) return s;
+    }
+    return Status::Ok();
+  }
   // Appends the changes pushed since the last call, in the order the store
   // made them, without blocking. Unavailable once the stream is lost and
   // cannot be resumed where it stood.

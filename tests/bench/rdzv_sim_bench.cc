@@ -56,6 +56,26 @@ using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
 std::atomic<uint64_t> g_requests{0}, g_bytes{0};
+// Requests by operation, for the round's breakdown (stderr).
+enum Op {
+  kSet,
+  kGet,
+  kAdd,
+  kCas,
+  kCheck,
+  kWait,
+  kDelete,
+  kNumKeys,
+  kMultiGet,
+  kMultiSet,
+  kOps
+};
+const char* const kOpNames[kOps] = {
+    "set",  "get",    "add",     "cas",       "check",
+    "wait", "delete", "numkeys", "multi_get", "multi_set"};
+std::atomic<uint64_t> g_ops[kOps];
+// Whether this agent thread is in Join (only those calls are broken down).
+thread_local bool t_joining = false;
 
 // c10d wire size of a request or reply: opcode, u64 lengths, the bytes.
 uint64_t Wire(const std::vector<std::string>& strings) {
@@ -70,59 +90,60 @@ class CountingStore : public Store {
   explicit CountingStore(std::unique_ptr<Store> inner)
       : inner_(std::move(inner)) {}
   Status Set(const std::string& key, std::string_view value) override {
-    Count(1 + Wire({key, std::string(value)}));
+    Count(kSet, 1 + Wire({key, std::string(value)}));
     return inner_->Set(key, value);
   }
   Result<std::string> Get(const std::string& key) override {
     auto r = inner_->Get(key);
     // TcpStoreClient's Get is WAIT then GET.
-    Count(2 + Wire({key}) * 2 + 1 + 8 + (r.ok() ? r->size() : 0), 2);
+    Count(kGet, 2 + Wire({key}) * 2 + 1 + 8 + (r.ok() ? r->size() : 0), 2);
     return r;
   }
   Result<int64_t> Add(const std::string& key, int64_t delta) override {
-    Count(1 + Wire({key}) + 16);
+    Count(kAdd, 1 + Wire({key}) + 16);
     return inner_->Add(key, delta);
   }
   Result<std::string> CompareSet(const std::string& key,
                                  std::string_view expected,
                                  std::string_view desired) override {
     auto r = inner_->CompareSet(key, expected, desired);
-    Count(1 + Wire({key, std::string(expected), std::string(desired)}) + 8 +
-          (r.ok() ? r->size() : 0));
+    Count(kCas, 1 + Wire({key, std::string(expected), std::string(desired)}) +
+                    8 + (r.ok() ? r->size() : 0));
     return r;
   }
   Result<bool> Check(const std::vector<std::string>& keys) override {
-    Count(1 + 8 + Wire(keys) + 1);
+    Count(kCheck, 1 + 8 + Wire(keys) + 1);
     return inner_->Check(keys);
   }
   Status Wait(const std::vector<std::string>& keys,
               milliseconds timeout) override {
-    Count(1 + 8 + Wire(keys) + 1);
+    Count(kWait, 1 + 8 + Wire(keys) + 1);
     return inner_->Wait(keys, timeout);
   }
   Result<bool> DeleteKey(const std::string& key) override {
-    Count(1 + Wire({key}) + 8);
+    Count(kDelete, 1 + Wire({key}) + 8);
     return inner_->DeleteKey(key);
   }
   Result<int64_t> NumKeys() override {
-    Count(1 + 8);
+    Count(kNumKeys, 1 + 8);
     return inner_->NumKeys();
   }
   Result<std::vector<std::string>> MultiGet(
       const std::vector<std::string>& keys) override {
     auto r = inner_->MultiGet(keys);
-    Count(1 + 8 + Wire(keys) + (r.ok() ? Wire(*r) : 0));
+    Count(kMultiGet, 1 + 8 + Wire(keys) + (r.ok() ? Wire(*r) : 0));
     return r;
   }
   Status MultiSet(const std::vector<std::string>& keys,
                   const std::vector<std::string>& values) override {
-    Count(1 + 8 + Wire(keys) + Wire(values));
+    Count(kMultiSet, 1 + 8 + Wire(keys) + Wire(values));
     return inner_->MultiSet(keys, values);
   }
   milliseconds timeout() const override { return inner_->timeout(); }
 
  private:
-  static void Count(uint64_t bytes, uint64_t requests = 1) {
+  static void Count(Op op, uint64_t bytes, uint64_t requests = 1) {
+    if (t_joining) g_ops[op] += 1;
     g_requests += requests;
     g_bytes += bytes;
   }
@@ -196,7 +217,9 @@ void Agent(std::unique_ptr<Store> store, RendezvousOptions ro, Marks* m,
            std::shared_future<void> go) {
   go.wait();  // all agents connected: join together
   Rendezvous r(store.get(), ro);
+  t_joining = true;
   auto a = r.Join(nullptr);
+  t_joining = false;
   if (!a.ok()) return m->Fail(a.status().message());
   m->Max(&m->last_join_ns, m->Since(m->t0));
   ++m->joined;
@@ -303,6 +326,21 @@ std::vector<std::thread> StartAgents(const Options& o, int n, const Dtstore& d,
   return agents;
 }
 
+// The round's store calls per agent by operation, on stderr.
+void PrintBreakdown(int n, const uint64_t* before) {
+  std::string line;
+  for (int i = 0; i < kOps; ++i) {
+    const uint64_t calls = g_ops[i] - before[i];
+    if (calls == 0) continue;
+    char cell[64];
+    std::snprintf(cell, sizeof cell, " %s %.2f", kOpNames[i],
+                  static_cast<double>(calls) / n);
+    line += cell;
+  }
+  std::fprintf(stderr, "N=%d round, calls per agent in Join:%s\n", n,
+               line.c_str());
+}
+
 int RunOne(const Options& o, int n) {
   Dtstore d;
   if (o.etcd.empty()) d = StartDtstore(o.dtstore);
@@ -315,6 +353,8 @@ int RunOne(const Options& o, int n) {
   auto agents = StartAgents(o, n, d, &m, start.get_future().share());
   double cpu0 = StoreCpu(o, d.pid);
   uint64_t req0 = g_requests, bytes0 = g_bytes;
+  uint64_t ops0[kOps];
+  for (int i = 0; i < kOps; ++i) ops0[i] = g_ops[i];
   m.t0 = Clock::now();
   start.set_value();
   while (m.joined < n && m.failed == 0)
@@ -322,6 +362,7 @@ int RunOne(const Options& o, int n) {
   double round_s = m.last_join_ns / 1e9;
   double round_cpu = StoreCpu(o, d.pid) - cpu0;
   uint64_t round_req = g_requests - req0, round_bytes = g_bytes - bytes0;
+  PrintBreakdown(n, ops0);
   // Steady state: let the agents settle into their Check rhythm, then measure.
   std::this_thread::sleep_for(milliseconds(1000));
   double cpu1 = StoreCpu(o, d.pid);

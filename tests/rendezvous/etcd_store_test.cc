@@ -11,7 +11,6 @@
 #include <unistd.h>
 
 #include <arpa/inet.h>
-#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <set>
@@ -169,6 +168,38 @@ TEST_F(EtcdStoreTest, GetAndWaitWakeWhenAnotherClientSets) {
   ASSERT_TRUE(got.ok()) << got.status().message();
   EXPECT_EQ(*got, "here");
   EXPECT_LT(std::chrono::steady_clock::now() - t0, milliseconds(2000));
+}
+
+// A round's closer waits for every joiner's record: the keys come in any
+// order while it waits, some are there before it starts, and the wait ends
+// with the last one (one watch of their range, not a read per arrival).
+TEST_F(EtcdStoreTest, WaitForManyKeysEndsWithTheLastToCome) {
+  auto s = Open();
+  auto other = Open();
+  ASSERT_TRUE(s && other);
+  std::vector<std::string> keys;
+  for (int i = 1; i <= 300; ++i) keys.push_back("node/" + std::to_string(i));
+  for (int i = 0; i < 300; i += 3) ASSERT_TRUE(s->Set(keys[i], "early").ok());
+  std::thread later([&] {
+    std::this_thread::sleep_for(milliseconds(100));
+    for (int i = 299; i >= 0; --i) {
+      if (i % 3 != 0) other->Set(keys[i], "late");
+    }
+  });
+  Status waited = s->Wait(keys, milliseconds(20000));
+  // Read before the writer is joined: every key must be there already.
+  auto got = s->MultiGet(keys);
+  later.join();
+  ASSERT_TRUE(waited.ok()) << waited.message();
+  ASSERT_TRUE(got.ok());
+  for (size_t i = 0; i < keys.size(); ++i)
+    EXPECT_FALSE((*got)[i].empty()) << keys[i] << " missing after the wait";
+  // One never comes: the timeout names it.
+  keys.push_back("node/never");
+  Status missing = s->Wait(keys, milliseconds(300));
+  EXPECT_EQ(missing.code(), Status::Code::kTimeout);
+  EXPECT_NE(missing.message().find("node/never"), std::string::npos)
+      << missing.message();
 }
 
 TEST_F(EtcdStoreTest, WatchPushesChangesInOrder) {

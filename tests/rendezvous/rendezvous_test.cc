@@ -8,6 +8,7 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <future>
 
 #include <nlohmann/json.hpp>
@@ -48,6 +49,60 @@ TEST(RendezvousTest, StaticRanksFollowNodeRank) {
   EXPECT_EQ(ra->world_size, 4);
   EXPECT_EQ(ra->group_world_size, 2);
   EXPECT_EQ(ra->round, 0);
+}
+
+// Counts the writes the rendezvous makes (on etcd each is a consensus
+// round; reads are not).
+class WriteCountingStore : public MemoryStore {
+ public:
+  Status Set(const std::string& key, std::string_view value) override {
+    if (!in_multi_) ++sets;
+    return MemoryStore::Set(key, value);
+  }
+  Result<int64_t> Add(const std::string& key, int64_t delta) override {
+    if (delta > 0) ++adds;
+    return MemoryStore::Add(key, delta);
+  }
+  Result<std::string> CompareSet(const std::string& key,
+                                 std::string_view expected,
+                                 std::string_view desired) override {
+    ++compare_sets;
+    return MemoryStore::CompareSet(key, expected, desired);
+  }
+  Status MultiSet(const std::vector<std::string>& keys,
+                  const std::vector<std::string>& values) override {
+    ++multi_sets;
+    in_multi_ = true;
+    Status s = MemoryStore::MultiSet(keys, values);
+    in_multi_ = false;
+    return s;
+  }
+  std::atomic<int> sets{0}, adds{0}, compare_sets{0}, multi_sets{0};
+
+ private:
+  static inline thread_local bool in_multi_ = false;
+};
+
+// A joiner writes only what must change: its slot, its records (one
+// request), its first heartbeat. The state and the settings are read, and
+// written once, by the first node; the closer claims, writes the ranks in
+// one request and sets `final`.
+TEST(RendezvousTest, JoinersWriteOnlyWhatMustChange) {
+  WriteCountingStore store;
+  Rendezvous a(&store, Options("a", 4, 4)), b(&store, Options("b", 4, 4)),
+      c(&store, Options("c", 4, 4)), d(&store, Options("d", 4, 4));
+  auto fa = JoinAsync(&a);
+  // The first node has created the state and the settings.
+  ASSERT_TRUE(store.Wait({"rdzv/job/round/0/node/1"}, milliseconds(5000)).ok());
+  auto fb = JoinAsync(&b), fc = JoinAsync(&c), fd = JoinAsync(&d);
+  for (auto* f : {&fa, &fb, &fc, &fd}) {
+    auto r = f->get();
+    ASSERT_TRUE(r.ok()) << r.status().message();
+  }
+  EXPECT_EQ(store.compare_sets, 4);  // state, config, closing, final
+  EXPECT_EQ(store.multi_sets, 5);    // each joiner's records, the ranks
+  EXPECT_EQ(store.adds, 8);          // each slot, each first heartbeat
+  EXPECT_EQ(store.sets, 0);
 }
 
 TEST(RendezvousTest, ElasticRoundClosesAfterLastCallWithMinNodes) {
