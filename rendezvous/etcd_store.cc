@@ -225,6 +225,18 @@ bool Puts(const std::vector<KeyChange>& changes, const std::string& key) {
 
 }  // namespace
 
+// Whether Wait must read `key`: not when the watch kept from the last call
+// has seen no change since that call found it missing. A key not watched
+// yet is watched before the read, so a put after it is pushed: one read.
+bool EtcdStore::Arm(const std::string& key, milliseconds timeout) {
+  if (wait_watch_ && key == wait_key_) {
+    auto changed = wait_watch_->AwaitChange(milliseconds(0));
+    return !changed.ok() || *changed;
+  }
+  WatchFor(key, timeout);
+  return true;
+}
+
 // The watch of the key waited for stays open between calls: a joiner
 // waits for its round's `final` in steps of half a second (so it can
 // answer signals). The store is read only when that watch reports a change
@@ -234,16 +246,7 @@ Status EtcdStore::Wait(const std::vector<std::string>& keys,
   if (keys.size() > 1) return WaitAll(keys, timeout);
   std::lock_guard<std::mutex> lock(wait_mu_);
   const auto deadline = std::chrono::steady_clock::now() + timeout;
-  // Nothing changed since the last call found the key missing: skip the
-  // read.
-  bool read = true;
-  if (wait_watch_ && !keys.empty() && keys[0] == wait_key_) {
-    auto changed = wait_watch_->AwaitChange(milliseconds(0));
-    read = !changed.ok() || *changed;
-  } else if (!keys.empty()) {
-    // Watched before the read, so a put after it is pushed: one read.
-    WatchFor(keys[0], timeout);
-  }
+  bool read = keys.empty() || Arm(keys[0], timeout);
   size_t missing = 0;
   for (;;) {
     if (read) {

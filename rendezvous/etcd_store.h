@@ -87,6 +87,8 @@ class EtcdStore : public Store {
   // The first of `keys` missing (keys.size(): none).
   Result<size_t> FirstMissing(const std::vector<std::string>& keys);
   void WatchFor(const std::string& key, std::chrono::milliseconds left);
+  // Readies Wait's watch of `key`; whether Wait must read the key first.
+  bool Arm(const std::string& key, std::chrono::milliseconds timeout);
   // Wait for more than one key (a round's closer, for every joiner).
   Status WaitAll(const std::vector<std::string>& keys,
                  std::chrono::milliseconds timeout);

@@ -408,9 +408,7 @@ Result<Assignment> Rendezvous::Join(const std::function<bool()>& interrupted) {
   const TimePoint deadline = started + opts_.join_timeout;
   int r = -1;
   bool look = true, woken_in_round = false;
-  // Steps between the safety-net reads (a step is at most poll_interval).
-  constexpr int kMaxLookEvery = 120;
-  int look_every = 10, next_look = 10;
+  SafetyNet net;
   for (int step = 1;; ++step) {
     if (interrupted && interrupted())
       return Status::Canceled("rendezvous interrupted");
@@ -438,15 +436,8 @@ Result<Assignment> Rendezvous::Join(const std::function<bool()>& interrupted) {
         store_->Wait({keys_.Round(r, in_round ? "final" : "over")}, wait);
     if (!s.ok() && s.code() != Status::Code::kTimeout) return s;
     // Woken, something changed; timed out, nothing did (the wakes cover every
-    // change), so the state is read again only as a safety net, less often
-    // as the wait goes on (5 s, 10 s, 20 s ... at most a minute apart):
-    // thousands of joiners each reading every 5 s were most of a slow
-    // store's load while one node closed the round.
-    look = s.ok() || step >= next_look;
-    if (!s.ok() && look) {
-      look_every = std::min(look_every * 2, kMaxLookEvery);
-      next_look = step + look_every;
-    }
+    // change), so the state is read again only as a safety net.
+    look = s.ok() || net.Due(step);
     woken_in_round = s.ok() && in_round;
   }
 }

@@ -8,6 +8,7 @@
 // (tests/rendezvous/round_state_test.cc); Rendezvous (rendezvous.h) is the
 // shell that reads and writes the keys.
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <optional>
@@ -140,6 +141,25 @@ struct LastCall {
   std::chrono::milliseconds WaitStep(std::chrono::milliseconds poll,
                                      int64_t now_unix_ms, bool in_round,
                                      std::chrono::milliseconds left) const;
+};
+
+// When a joiner that nothing woke reads the round anyway: after 10 waits,
+// then 20, 40, ... at most 120 apart (a wait is at most the poll interval,
+// 0.5 s: 5 s, then 10, 20 ... a minute). Thousands of joiners each reading
+// every 5 s were most of a slow store's load while one node closed.
+class SafetyNet {
+ public:
+  // Whether wait number `step` (counted from 1) is followed by a read.
+  bool Due(int step) {
+    if (step < next_) return false;
+    every_ = std::min(every_ * 2, kMaxEvery);
+    next_ = step + every_;
+    return true;
+  }
+
+ private:
+  static constexpr int kMaxEvery = 120;
+  int every_ = 10, next_ = 10;
 };
 
 // Failure detection: the watched node's heartbeat counter, timed by this

@@ -210,5 +210,15 @@ TEST(BeatTimerTest, DueEveryIntervalOrWhenForced) {
   EXPECT_FALSE(t.Due(At(20000), interval, false));  // from the forced one
 }
 
+// A joiner nothing wakes reads at wait 10, then 20 waits later, 40, ...
+// never more than 120 apart.
+TEST(SafetyNetTest, ReadsLessOftenAsTheWaitGoesOn) {
+  SafetyNet net;
+  std::vector<int> reads;
+  for (int step = 1; step <= 600; ++step)
+    if (net.Due(step)) reads.push_back(step);
+  EXPECT_EQ(reads, (std::vector<int>{10, 30, 70, 150, 270, 390, 510}));
+}
+
 }  // namespace
 }  // namespace dtrun::rendezvous
