@@ -8,6 +8,8 @@
 //              heartbeat ADD each keep-alive); the store's CPU (utime+stime
 //              of the dtstore process from /proc) as % of one core, and its
 //              requests per second
+//   calls:     on stderr, the round's store calls per agent in Join, by
+//              operation
 //   detection: one agent stops (its connection closes, as when its host
 //              dies); time until a survivor declares it dead, and until the
 //              N-1 survivors hold a new round
