@@ -57,7 +57,9 @@ const std::map<std::string, std::set<std::string>> kKeys = {
     {"train",
      {"batch_size", "steps", "accumulate", "eval_every", "log_every", "seed",
       "stop_after_step", "drop_last"}},
-    {"checkpoint", {"dir", "every", "keep", "format", "mode", "persist_every"}},
+    {"checkpoint",
+     {"dir", "every", "keep", "format", "mode", "persist_every", "checksum",
+      "payload"}},
     {"fault",
      {"kill_rank", "kill_at_step", "kill_in", "hang_rank", "hang_at_step",
       "slow_rank", "slow_factor", "save_delay_ms"}},
@@ -204,6 +206,8 @@ void ReadCheckpointAndFaults(const toml::table& t, TrainConfig* cfg) {
   Read(t, "checkpoint", "keep", &c.keep_checkpoints);
   ReadChoice(t, "checkpoint", "format", &c.checkpoint_format);
   ReadChoice(t, "checkpoint", "mode", &c.checkpoint_mode);
+  ReadChoice(t, "checkpoint", "checksum", &c.checksum);
+  ReadChoice(t, "checkpoint", "payload", &c.payload_format);
   Read(t, "checkpoint", "persist_every", &c.persist_every);
   // Only memory mode persists some checkpoints and not others.
   if (t["checkpoint"]["persist_every"] &&

@@ -229,15 +229,15 @@ Status BackgroundCheckpointer::WriteSave(SaveJob& job) {
   }
   Encoded e;
   if (job.shard) {
-    e.shard_payload = EncodeTensors(*job.shard);
-    e.shard_header = CheckpointHeader(e.shard_payload);
+    e.shard_payload = EncodeTensors(*job.shard, c_.payload_format);
+    e.shard_header = CheckpointHeader(e.shard_payload, c_.checksum);
   }
   if (job.whole) {
     if (job.encode) {
       for (auto& [name, t] : job.encode()) job.file.parts[name] = std::move(t);
     }
-    e.step_payload = EncodeTensors(job.file.ToTensors());
-    e.step_header = CheckpointHeader(e.step_payload);
+    e.step_payload = EncodeTensors(job.file.ToTensors(), c_.payload_format);
+    e.step_header = CheckpointHeader(e.step_payload, c_.checksum);
   }
   // fault.kill_in = "write": halfway through this rank's first write,
   // the memory copy's in memory mode, else the file's.
@@ -261,11 +261,11 @@ Status BackgroundCheckpointer::WriteCopies(
   std::vector<mc::FileToWrite> files;
   if (job.shard) {
     files.push_back({CheckpointDir::ShardName(job.step, rank_), e.shard_header,
-                     e.shard_payload, 0});
+                     e.shard_payload.pieces, 0});
   }
   if (job.whole) {
     files.push_back({CheckpointDir::StepName(job.step), e.step_header,
-                     e.step_payload, job.shard ? world_ : 0});
+                     e.step_payload.pieces, job.shard ? world_ : 0});
   }
   if (files.empty()) return Status::Ok();
   return copies_->Write(job.step, world_, rank_, files, halfway);

@@ -42,7 +42,8 @@ class BackgroundCheckpointer : public Checkpointer {
   // The payloads of one job, encoded and checksummed once for both the
   // memory copy and the disk.
   struct Encoded {
-    std::string shard_payload, shard_header, step_payload, step_header;
+    Payload shard_payload, step_payload;
+    std::string shard_header, step_header;
   };
 
   int64_t ResumeFromCopies() override;

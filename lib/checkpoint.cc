@@ -1,7 +1,7 @@
 // Checkpoint files and folders: every write goes to a temporary name,
 // fsync, rename, folder fsync, so a crash leaves the old file or the new
-// one whole; every read verifies the frame and its SHA-256 before the
-// payload is trusted. The folder's rules (which step loads, keep, epochs,
+// one whole; every read verifies the frame (checkpoint_frame.cc) before
+// the payload is trusted. The folder's rules (which step loads, keep, epochs,
 // stale files set aside) live here; what a payload holds does not.
 #include "lib/checkpoint.h"
 
@@ -14,15 +14,12 @@
 #include <cstdio>
 #include <cstring>
 
-#include "lib/sha256.h"
 #include "rendezvous/util/checkpoint_files.h"
 #include "rendezvous/util/os_util.h"
 
 namespace dtrun::train {
 namespace {
 
-constexpr char kMagic[] = "DTCKPT1\n";
-constexpr size_t kMagicLen = 8, kHeaderLen = kMagicLen + 32 + 8;
 // Written in chunks so that a test can kill the writer halfway (on_chunk).
 constexpr size_t kChunk = 4 << 20;
 constexpr const char* kEpochsName = checkpoint_files::kEpochsName;
@@ -30,23 +27,6 @@ constexpr const char* kEpochsName = checkpoint_files::kEpochsName;
 std::string Errno(const std::string& what) {
   return what + ": " + std::strerror(errno);
 }
-
-}  // namespace
-
-// "DTCKPT1\n" | sha256(payload) | u64 length (LE). The length lets a reader
-// call a cut-off file truncated rather than merely corrupt.
-std::string CheckpointHeader(const std::string& payload) {
-  Sha256 sha;
-  sha.Update(payload);
-  auto digest = sha.Digest();
-  std::string header(kMagic, kMagicLen);
-  header.append(reinterpret_cast<const char*>(digest.data()), digest.size());
-  uint64_t len = payload.size();
-  header.append(reinterpret_cast<const char*>(&len), sizeof(len));
-  return header;
-}
-
-namespace {
 
 Status WriteAllFd(int fd, const char* p, size_t n,
                   const std::function<void(size_t)>& on_chunk, size_t* written,
@@ -68,15 +48,17 @@ Status WriteAllFd(int fd, const char* p, size_t n,
 // before the rename publishes it, or a crash could leave the final name
 // pointing at a file whose blocks never made it.
 Status WriteSynced(const std::string& tmp, const std::string& header,
-                   const std::string& payload,
+                   const Payload& payload,
                    const std::function<void(size_t)>& on_chunk) {
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) return Status::Io(Errno("creating " + tmp));
   size_t written = 0;
   Status s =
       WriteAllFd(fd, header.data(), header.size(), on_chunk, &written, tmp);
-  if (s.ok())
-    s = WriteAllFd(fd, payload.data(), payload.size(), on_chunk, &written, tmp);
+  for (size_t i = 0; s.ok() && i < payload.pieces.size(); ++i) {
+    s = WriteAllFd(fd, payload.pieces[i].data(), payload.pieces[i].size(),
+                   on_chunk, &written, tmp);
+  }
   if (s.ok() && ::fsync(fd) != 0) s = Status::Io(Errno("fsync " + tmp));
   ::close(fd);
   return s;
@@ -137,7 +119,7 @@ std::string CheckpointDir::PathFor(int64_t step) const {
 // temporary name carries the pid, so ranks writing shards to one folder
 // never share one.
 Status WriteCheckpointFile(const std::string& final_path,
-                           const std::string& payload,
+                           const Payload& payload,
                            const std::function<void(size_t)>& on_chunk,
                            const std::string& header) {
   const std::string dir = final_path.substr(0, final_path.rfind('/') + 1);
@@ -160,35 +142,7 @@ Status WriteCheckpointFile(const std::string& final_path,
   return Status::Ok();
 }
 
-// Every failure is Status::Invalid: to LoadLatest() an unreadable file is
-// one more checkpoint to skip, whatever the reason.
-Result<std::string> ReadCheckpointFile(const std::string& path) {
-  auto read = os::ReadFile(path);
-  if (!read.ok()) return Status::Invalid(read.status().message());
-  return VerifyCheckpointBytes(*read);
-}
-
-Result<std::string> VerifyCheckpointBytes(const std::string& data) {
-  if (data.size() < kHeaderLen || data.compare(0, kMagicLen, kMagic) != 0) {
-    return Status::Invalid("not a dtrun checkpoint (bad header)");
-  }
-  uint64_t len = 0;
-  std::memcpy(&len, data.data() + kMagicLen + 32, sizeof(len));
-  if (len != data.size() - kHeaderLen) {
-    return Status::Invalid(
-        "truncated: " + std::to_string(data.size() - kHeaderLen) + " of " +
-        std::to_string(len) + " payload bytes");
-  }
-  Sha256 sha;
-  sha.Update(data.data() + kHeaderLen, len);
-  auto digest = sha.Digest();
-  if (std::memcmp(digest.data(), data.data() + kMagicLen, 32) != 0) {
-    return Status::Invalid("checksum mismatch");
-  }
-  return data.substr(kHeaderLen);
-}
-
-Status CheckpointDir::Write(int64_t step, const std::string& payload,
+Status CheckpointDir::Write(int64_t step, const Payload& payload,
                             const std::string& header) {
   Status s = os::MakeDirs(dir_);
   if (!s.ok()) return Status::Io("checkpoint: " + s.message());
@@ -284,7 +238,7 @@ Result<std::vector<EpochRecord>> ParseEpochs(const std::string& text) {
 std::vector<EpochRecord> CheckpointDir::Epochs() const {
   auto payload = ReadCheckpointFile(dir_ + "/" + kEpochsName);
   if (!payload.ok()) return {};
-  auto parsed = ParseEpochs(*payload);
+  auto parsed = ParseEpochs(std::string(payload->bytes()));
   return parsed.ok() ? *parsed : std::vector<EpochRecord>{};
 }
 

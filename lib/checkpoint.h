@@ -2,31 +2,71 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "rendezvous/util/status.h"
 
 namespace dtrun::train {
 
+// A payload to write, as the pieces it lies in (the raw format's index and
+// each tensor's storage: checkpoint_payload.h), so that nothing is copied
+// only to be joined; `owner` keeps what the pieces point into alive. A
+// string converts: the payload is then that string, owned.
+struct Payload {
+  std::vector<std::string_view> pieces;
+  std::shared_ptr<const void> owner;
+
+  Payload() = default;
+  Payload(std::string bytes);  // NOLINT: one owned piece
+  Payload(const char* bytes) : Payload(std::string(bytes)) {}  // NOLINT
+  uint64_t size() const;
+  std::string Join() const;  // the pieces as one string (small payloads)
+};
+
+// A verified payload in memory: a file or a shared-memory copy mapped, or
+// bytes read; `owner` keeps them (and a copy's lock) until the last holder
+// lets go. Tensors decoded from it point into it.
+struct PayloadView {
+  const char* data = nullptr;
+  size_t size = 0;
+  std::shared_ptr<const void> owner;
+  std::string_view bytes() const { return {data, size}; }
+};
+
+// How a file's frame checks its payload: XXH3-64 of each 4 MiB block
+// ("DTCKPT2", at memory speed, verified on several threads), or SHA-256
+// of the whole ("DTCKPT1", checkpoint.checksum = "sha256"). Both load.
+enum class Checksum { kXxh3, kSha256 };  // checkpoint.checksum
+// What a payload holds its tensors in: the raw format
+// (checkpoint_payload.h) or torch's archives (checkpoint.payload =
+// "torch": what files written before the raw format hold).
+enum class PayloadFormat { kRaw, kTorch };  // checkpoint.payload
+
 // One checkpoint file: writes `payload` to `path` crash-safely (temporary
 // file in the same folder, fsync, rename, folder fsync). on_chunk: see
 // CheckpointDir::on_chunk.
 // `header`: CheckpointHeader(payload) when the caller has it already ("":
-// computed here).
+// computed here, XXH3).
 Status WriteCheckpointFile(
-    const std::string& path, const std::string& payload,
+    const std::string& path, const Payload& payload,
     const std::function<void(size_t)>& on_chunk = nullptr,
     const std::string& header = "");
-// Reads and verifies one checkpoint file; the payload, or Status::Invalid
-// saying why it does not load ("truncated: ...", "checksum mismatch").
-Result<std::string> ReadCheckpointFile(const std::string& path);
-// The framing a file of `payload` starts with (magic, SHA-256, length).
-std::string CheckpointHeader(const std::string& payload);
-// The payload of a whole framed file's bytes, verified as
-// ReadCheckpointFile verifies a file's.
-Result<std::string> VerifyCheckpointBytes(const std::string& bytes);
+// Reads (large files: maps) and verifies one checkpoint file; the payload,
+// or Status::Invalid saying why it does not load ("truncated: ...",
+// "checksum mismatch ...").
+Result<PayloadView> ReadCheckpointFile(const std::string& path);
+// The framing a file of `payload` starts with.
+std::string CheckpointHeader(const Payload& payload,
+                             Checksum checksum = Checksum::kXxh3);
+// The payload within a whole framed file's bytes, verified as
+// ReadCheckpointFile verifies a file's; the view shares `owner`.
+Result<PayloadView> VerifyCheckpointBytes(const char* data, size_t size,
+                                          std::shared_ptr<const void> owner);
+Result<PayloadView> VerifyCheckpointBytes(std::string bytes);
 
 // Epochs. Each time training resumes in a folder (or starts in it), rank 0
 // records a new epoch there: its number and the step it resumed from. Every
@@ -53,8 +93,11 @@ Result<std::vector<EpochRecord>> ParseEpochs(const std::string& text);
 
 // A folder of checkpoints, each one file "ckpt_<step>.dtck":
 // clang-format off
-//   "DTCKPT1\n" | sha256(payload) (32 bytes) | u64 payload length (LE) | payload
+//   "DTCKPT2\n" | u64 payload length | u64 block size | u64 XXH3 of each block
+//              | u64 XXH3 of the header's bytes before it | zeros to 64 | payload
+//   "DTCKPT1\n" | sha256(payload) (32 bytes) | u64 payload length | payload
 // clang-format on
+// (little endian; DTCKPT1 is written when checkpoint.checksum = "sha256").
 // Writes go to a temporary file in the same folder, are fsynced, renamed over
 // the final name and the folder fsynced, so a crash mid-write never leaves a
 // file that loads. Loading verifies the checksum and falls back to the
@@ -70,12 +113,12 @@ class CheckpointDir {
 
   // Writes `payload` as the checkpoint of `step` (`header`: as for
   // WriteCheckpointFile).
-  Status Write(int64_t step, const std::string& payload,
+  Status Write(int64_t step, const Payload& payload,
                const std::string& header = "");
 
   struct Loaded {
     int64_t step;
-    std::string payload;
+    PayloadView payload;
     std::string path;
   };
   // The newest checkpoint whose checksum verifies and that `accept` (when

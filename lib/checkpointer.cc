@@ -27,7 +27,10 @@ class SyncCheckpointer : public Checkpointer {
     file.parts = strategy_.Save(opt_, dir_, done);
     Stamp(done, &file);
     if (rank_ == 0) {
-      Status s = dir_.Write(done, EncodeTensors(file.ToTensors()));
+      const Payload payload =
+          EncodeTensors(file.ToTensors(), c_.payload_format);
+      Status s =
+          dir_.Write(done, payload, CheckpointHeader(payload, c_.checksum));
       if (!s.ok()) throw Error(NotSaved(done, s.message()));
     }
     // nobody runs ahead of a checkpoint in progress

@@ -80,17 +80,18 @@ int64_t NodeCopies::Newest(
   return -1;
 }
 
-// The bytes are read under the segment's shared lock (so no writer can
-// change them meanwhile) and verified after it is dropped.
-Result<std::string> NodeCopies::Read(int64_t step,
+// The file is mapped in place under the segment's shared lock, which the
+// view holds (so no writer can change the bytes while they are read).
+Result<PayloadView> NodeCopies::Read(int64_t step,
                                      const std::string& name) const {
   for (const mc::MemoryCopy& c : scanned_) {
     const mc::MemoryFile* f =
         c.step == step && c.dir == dir_ ? c.Find(name) : nullptr;
     if (!f) continue;
-    auto bytes = mc::ReadMemoryFile(c, *f);
-    if (!bytes.ok()) return bytes.status();
-    auto payload = VerifyCheckpointBytes(*bytes);
+    auto mapped = mc::MapMemoryFile(c, *f);
+    if (!mapped.ok()) return mapped.status();
+    auto payload =
+        VerifyCheckpointBytes(mapped->data, mapped->size, mapped->hold);
     if (!payload.ok())
       return Status::Invalid(c.path + ": " + name + ": " +
                              payload.status().message());

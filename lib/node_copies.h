@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "lib/checkpoint.h"
 #include "rendezvous/util/memory_checkpoint.h"
 #include "rendezvous/util/status.h"
 
@@ -40,7 +41,7 @@ class NodeCopies {
                  int64_t at_least, int64_t world_size) const;
   // The verified payload of file `name` of `step`, or why it does not load
   // (gone, rewritten since the scan, checksum mismatch, truncated).
-  Result<std::string> Read(int64_t step, const std::string& name) const;
+  Result<PayloadView> Read(int64_t step, const std::string& name) const;
 
   const std::vector<std::string>& unusable() const { return unusable_; }
   // "/dev/shm/<prefix>-*", for messages.

@@ -118,6 +118,8 @@ class FsdpStrategy : public Strategy {
                ProcessGroup* pg, const TrainConfig& c)
       : pg_(pg),
         full_format_(c.checkpoint_format == CheckpointFormat::kFull),
+        checksum_(c.checksum),
+        payload_format_(c.payload_format),
         fsdp_(model, pg, Options(c)) {}
 
   torch::Tensor Forward(const torch::Tensor& x) override {
@@ -144,8 +146,10 @@ class FsdpStrategy : public Strategy {
       return state;
     }
     const std::string path = dir.ShardPath(step, pg_->getRank());
-    Status s = WriteCheckpointFile(
-        path, EncodeTensors(fsdp_.StateDict(opt, /*full=*/false)));
+    const Payload shard =
+        EncodeTensors(fsdp_.StateDict(opt, /*full=*/false), payload_format_);
+    Status s = WriteCheckpointFile(path, shard, nullptr,
+                                   CheckpointHeader(shard, checksum_));
     if (!s.ok())
       throw Error("rank " + std::to_string(pg_->getRank()) + ": " +
                   s.message());
@@ -212,7 +216,7 @@ class FsdpStrategy : public Strategy {
     return o;
   }
   // Decodes one shard file's verified payload into verified_.
-  Status LoadShard(const Result<std::string>& shard, const std::string& path) {
+  Status LoadShard(const Result<PayloadView>& shard, const std::string& path) {
     auto decoded =
         shard.ok() ? DecodeTensors(*shard) : Result<TensorMap>(shard.status());
     if (!decoded.ok()) {
@@ -225,6 +229,8 @@ class FsdpStrategy : public Strategy {
 
   ProcessGroup* pg_;
   bool full_format_;
+  Checksum checksum_;
+  PayloadFormat payload_format_;
   FullyShardedDataParallel fsdp_;
   // by Complete(), for Restore()
   std::vector<TensorMap> verified_;

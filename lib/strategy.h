@@ -61,7 +61,7 @@ class Strategy {
   // Where Complete() reads a step's shard files from.
   struct ShardSource {
     // Shard `rank` of `step`: its payload, verified, or why not.
-    std::function<Result<std::string>(int64_t step, int rank)> read;
+    std::function<Result<PayloadView>(int64_t step, int rank)> read;
     // Whether this rank's own shard is all it reads (copies in memory, of
     // the same world size) or every shard the step names (the folder: any
     // world size).

@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "lib/checkpoint.h"
+
 namespace dtrun::train {
 
 // The config's choices, each read from its TOML string by ParseChoice.
@@ -18,6 +20,8 @@ enum class Schedule { kConstant, kCosine };            // schedule.type
 enum class CheckpointFormat { kSharded, kFull };       // checkpoint.format
 enum class CheckpointMode { kSync, kAsync, kMemory };  // checkpoint.mode
 enum class KillPoint { kStep, kCopy, kWrite };         // fault.kill_in
+// checkpoint.checksum and checkpoint.payload: Checksum and PayloadFormat
+// (checkpoint.h).
 
 // Sets *out to the choice named `value` (as in TOML: "ddp", "adamw", ...)
 // and returns "", or returns what is wrong, naming `key` and the choices
@@ -36,6 +40,10 @@ std::string ParseChoice(const std::string& key, const std::string& value,
                         CheckpointFormat* out);
 std::string ParseChoice(const std::string& key, const std::string& value,
                         CheckpointMode* out);
+std::string ParseChoice(const std::string& key, const std::string& value,
+                        Checksum* out);
+std::string ParseChoice(const std::string& key, const std::string& value,
+                        PayloadFormat* out);
 std::string ParseChoice(const std::string& key, const std::string& value,
                         KillPoint* out);
 
@@ -94,6 +102,11 @@ struct TrainConfig {
   // outlives the worker (under dtrun) and to disk every persist_every-th
   // checkpoint.
   CheckpointMode checkpoint_mode = CheckpointMode::kSync;
+  // each file's frame: xxh3 [xxh3] (per 4 MiB block) | sha256
+  Checksum checksum = Checksum::kXxh3;
+  // tensors as raw bytes [raw] | torch (torch's archives, the format
+  // before raw)
+  PayloadFormat payload_format = PayloadFormat::kRaw;
   int persist_every = 4;  // memory mode [4]; the run's last one always
   // stop (as if preempted) after this step; -1 never
   int64_t stop_after_step = -1;

@@ -86,6 +86,18 @@ std::string ParseChoice(const std::string& key, const std::string& value,
 }
 
 std::string ParseChoice(const std::string& key, const std::string& value,
+                        Checksum* out) {
+  static const char* const kNames[] = {"xxh3", "sha256"};
+  return ParseNamed(key, value, kNames, out);
+}
+
+std::string ParseChoice(const std::string& key, const std::string& value,
+                        PayloadFormat* out) {
+  static const char* const kNames[] = {"raw", "torch"};
+  return ParseNamed(key, value, kNames, out);
+}
+
+std::string ParseChoice(const std::string& key, const std::string& value,
                         KillPoint* out) {
   static const char* const kNames[] = {"step", "copy", "write"};
   return ParseNamed(key, value, kNames, out);

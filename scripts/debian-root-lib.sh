@@ -22,7 +22,7 @@ torch_peer_packages=(
   cmake ninja-build g++ ccache pkg-config libgloo-dev
   libcli11-dev libspdlog-dev libasio-dev nlohmann-json3-dev libtomlplusplus-dev
   libgtest-dev libgmock-dev libbenchmark-dev
-  procps iproute2 libhwloc-dev libssl-dev libzstd-dev
+  procps iproute2 libhwloc-dev libssl-dev libzstd-dev libxxhash-dev
 )
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)

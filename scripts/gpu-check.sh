@@ -26,7 +26,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 debs=build-gpu-debs
 deps=(libspdlog-dev libspdlog1.10 libfmt-dev libfmt9 libcli11-dev nlohmann-json3-dev
-  libasio-dev libhwloc-dev libhwloc15 libssl-dev libssl3 zlib1g-dev zlib1g pkgconf
+  libasio-dev libhwloc-dev libhwloc15 libssl-dev libssl3 zlib1g-dev zlib1g pkgconf libxxhash-dev
   pkgconf-bin libpkgconf3 libtomlplusplus-dev libtomlplusplus3)
 
 if [[ ${1:-} == --fetch ]]; then

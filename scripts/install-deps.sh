@@ -11,7 +11,7 @@ set -euo pipefail
 main_packages=(
   cmake ninja-build g++ ccache pkg-config
   libtorch-dev libgloo-dev
-  libcli11-dev libspdlog-dev libasio-dev nlohmann-json3-dev libtomlplusplus-dev libssl-dev
+  libcli11-dev libspdlog-dev libasio-dev nlohmann-json3-dev libtomlplusplus-dev libssl-dev libxxhash-dev
   libhwloc-dev python3-sklearn
 )
 # The tests' on top: the torch peers, GoogleTest, the fuzzer's clang, the

@@ -7,6 +7,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/file.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -40,7 +41,7 @@ constexpr size_t kChunk = 4 << 20;  // bytes per read or write call
 // byte, with state "complete" and the entries. A reader trusts nothing in
 // it: the magic, the state, the file count, each name and each range are
 // checked against the segment's real size before anything is read (Parse).
-// The files themselves carry their own SHA-256 (lib/checkpoint.h's
+// The files themselves carry their own checksum (lib/checkpoint.h's
 // framing), which the training library verifies before it loads a copy;
 // dtrun does not hash (a copy it persists is verified when it loads).
 //
@@ -337,37 +338,63 @@ MemorySlots::MemorySlots(std::string prefix, int local_rank)
 // takes.
 namespace {
 
+// Each file starts on a page, so that a reader can map it and find its
+// payload aligned.
+uint64_t PageUp(uint64_t v) { return (v + 4095) / 4096 * 4096; }
+
+// The segment's size for `files`: the header's pages, then each file on a
+// page of its own.
+uint64_t SegmentSize(const std::vector<FileToWrite>& files) {
+  uint64_t at = kDataStart;
+  for (const FileToWrite& f : files)
+    at = PageUp(at + f.header.size() + f.size());
+  return at;
+}
+
+// Writes `pieces` one after another from `at`, calling `halfway` (once)
+// when the bytes written pass half of `total` (*done counts them).
+Status WritePieces(int fd, const std::string& path,
+                   const std::vector<std::string_view>& pieces, uint64_t at,
+                   uint64_t total, uint64_t* done,
+                   const std::function<void()>& halfway) {
+  for (std::string_view p : pieces) {
+    while (!p.empty()) {
+      const uint64_t n = std::min<uint64_t>(p.size(), kChunk);
+      Status s = WriteAll(fd, p.data(), n, at, path);
+      if (!s.ok()) return s;
+      const bool before = *done < total / 2;
+      *done += n;
+      at += n;
+      p.remove_prefix(n);
+      if (halfway && before && *done >= total / 2) halfway();
+    }
+  }
+  return Status::Ok();
+}
+
 // The files' bytes after the header, each entry of `h` filled as its file
 // goes in; `halfway` (a test's fault) once half of all the bytes are in.
 Status WriteFiles(int fd, const std::string& path,
-                  const std::vector<FileToWrite>& files, uint64_t total,
-                  Header* h, const std::function<void()>& halfway) {
-  Status s = Status::Ok();
+                  const std::vector<FileToWrite>& files, Header* h,
+                  const std::function<void()>& halfway) {
+  uint64_t total = 0, done = 0;
+  for (const FileToWrite& f : files) total += f.header.size() + f.size();
   uint64_t at = kDataStart;
-  bool halfway_done = !halfway;
-  for (size_t i = 0; i < files.size() && s.ok(); ++i) {
+  for (size_t i = 0; i < files.size(); ++i) {
     const FileToWrite& f = files[i];
     Header::Entry& e = h->files[i];
     std::snprintf(e.name, sizeof(e.name), "%s", f.name.c_str());
     e.offset = at;
-    e.length = f.header.size() + f.payload.size();
+    e.length = f.header.size() + f.size();
     e.shards = f.shards;
-    s = WriteAll(fd, f.header.data(), f.header.size(), at, path);
-    const uint64_t half = f.payload.size() / 2;
+    Status s = WritePieces(fd, path, {f.header}, at, total, &done, halfway);
     if (s.ok())
-      s = WriteAll(fd, f.payload.data(), half, at + f.header.size(), path);
-    // the bytes written so far, against half of all
-    if (s.ok() && !halfway_done &&
-        at - kDataStart + f.header.size() + half >= total / 2) {
-      halfway_done = true;
-      halfway();
-    }
-    if (s.ok())
-      s = WriteAll(fd, f.payload.data() + half, f.payload.size() - half,
-                   at + f.header.size() + half, path);
-    at += e.length;
+      s = WritePieces(fd, path, f.payload, at + f.header.size(), total, &done,
+                      halfway);
+    if (!s.ok()) return s;
+    at = PageUp(at + e.length);
   }
-  return s;
+  return Status::Ok();
 }
 
 }  // namespace
@@ -389,17 +416,14 @@ Status MemorySlots::Write(int64_t step, int64_t world_size, int64_t rank,
   h.state = kBeingWritten;
   Status s =
       WriteAll(seg.fd(), reinterpret_cast<const char*>(&h), sizeof(h), 0, path);
-  uint64_t total = 0;
-  for (const FileToWrite& f : files)
-    total += f.header.size() + f.payload.size();
-  if (s.ok() && ::ftruncate(seg.fd(), static_cast<off_t>(kDataStart + total)))
+  if (s.ok() && ::ftruncate(seg.fd(), static_cast<off_t>(SegmentSize(files))))
     s = Status::Io(Errno("sizing " + path + " (is /dev/shm full?)"));
   h.file_count = static_cast<uint32_t>(files.size());
   h.step = step;
   h.world_size = world_size;
   h.rank = rank;
   std::snprintf(h.dir, sizeof(h.dir), "%s", dir.c_str());
-  if (s.ok()) s = WriteFiles(seg.fd(), path, files, total, &h, halfway);
+  if (s.ok()) s = WriteFiles(seg.fd(), path, files, &h, halfway);
   if (!s.ok()) return s;
   h.state = kComplete;
   return WriteAll(seg.fd(), reinterpret_cast<const char*>(&h), sizeof(h), 0,
@@ -444,6 +468,38 @@ Result<std::string> ReadMemoryFile(const MemoryCopy& copy,
   if (!ReadAll(seg.fd(), bytes.data(), file.length, file.offset))
     return Status::Invalid(Errno("reading " + copy.path));
   return bytes;
+}
+
+// The mapping starts on the page the file starts on (every file does,
+// PageUp); the lock stays with the mapping.
+Result<MappedFile> MapMemoryFile(const MemoryCopy& copy,
+                                 const MemoryFile& file) {
+  auto seg = std::make_shared<Locked>(copy.path, O_RDONLY, LOCK_SH);
+  Header h{};
+  uint64_t size = 0;
+  if (seg->fd() < 0 || !ReadHeader(seg->fd(), &h, &size) ||
+      h.state != kComplete || h.step != copy.step ||
+      file.offset + file.length > size) {
+    return Status::Invalid(copy.path + " no longer holds step " +
+                           std::to_string(copy.step));
+  }
+  const uint64_t start = file.offset / 4096 * 4096;
+  const size_t len = static_cast<size_t>(file.offset + file.length - start);
+  if (file.length == 0) return MappedFile{"", 0, seg};
+  void* map =
+      ::mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_POPULATE,
+             seg->fd(), static_cast<off_t>(start));
+  if (map == MAP_FAILED) return Status::Invalid(Errno("mapping " + copy.path));
+  std::shared_ptr<const void> hold(
+      map, [seg, len](const void* p) { ::munmap(const_cast<void*>(p), len); });
+  return MappedFile{static_cast<const char*>(map) + (file.offset - start),
+                    file.length, std::move(hold)};
+}
+
+uint64_t FileToWrite::size() const {
+  uint64_t n = 0;
+  for (std::string_view p : payload) n += p.size();
+  return n;
 }
 
 // Each folder's newest step is what a restart would want; older copies are

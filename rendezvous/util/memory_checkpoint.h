@@ -8,7 +8,7 @@
 // the one that does not hold its newest complete copy, so a crash in the
 // middle of a write leaves the other. A segment holds the files the rank
 // would write to the checkpoint folder, byte for byte as they would lie on
-// disk (lib/checkpoint.h's framing, with its SHA-256), and says which step,
+// disk (lib/checkpoint.h's framing, with its checksum), and says which step,
 // world size, rank and folder they belong to.
 //
 // dtrun names the prefix ("dtrun-<its pid>-ckpt", in DTRUN_CHECKPOINT_SHM),
@@ -23,6 +23,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -61,12 +62,15 @@ struct MemoryCopy {
   const MemoryFile* Find(const std::string& name) const;
 };
 
-// A file to write into a segment: its framing header and payload, kept
-// apart so that the payload is not copied to be joined with it.
+// A file to write into a segment: its framing header and its payload's
+// pieces (lib/checkpoint.h's Payload), kept apart so that nothing is copied
+// only to be joined.
 struct FileToWrite {
   std::string name;
-  std::string_view header, payload;
+  std::string_view header;
+  std::vector<std::string_view> payload;
   int64_t shards = 0;
+  uint64_t size() const;
 };
 
 // One local rank's two segments. Not thread-safe: one writer.
@@ -97,6 +101,19 @@ std::vector<MemoryCopy> ScanMemoryCopies(
 // the scan).
 Result<std::string> ReadMemoryFile(const MemoryCopy& copy,
                                    const MemoryFile& file);
+
+// `file` of `copy` mapped in place (no copy; its pages populated in one
+// call), the segment's shared lock held until the last holder of `hold`
+// lets go: no writer can change the bytes meanwhile, and the rank's next
+// copy waits for it, so a reader must let go once it has loaded them.
+// Private: writes to the mapping stay in this process.
+struct MappedFile {
+  const char* data = nullptr;
+  size_t size = 0;
+  std::shared_ptr<const void> hold;
+};
+Result<MappedFile> MapMemoryFile(const MemoryCopy& copy,
+                                 const MemoryFile& file);
 
 // What PersistMemoryCopies did, in lines for dtrun's log.
 struct PersistReport {

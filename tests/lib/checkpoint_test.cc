@@ -30,7 +30,7 @@ TEST_F(CheckpointTest, WritesKeepsLastKAndLoadsNewest) {
   auto loaded = ckpt.LoadLatest();
   ASSERT_TRUE(loaded.has_value());
   EXPECT_EQ(loaded->step, 30);
-  EXPECT_EQ(loaded->payload, "thirty");
+  EXPECT_EQ(loaded->payload.bytes(), "thirty");
 }
 
 TEST_F(CheckpointTest, CorruptNewestFallsBackToPrevious) {
@@ -57,8 +57,8 @@ TEST_F(CheckpointTest, AcceptCallbackSkipsToAnOlderCheckpoint) {
   ckpt.Write(2, "two");
   std::vector<std::string> skipped;
   auto loaded = ckpt.LoadLatest(&skipped, [](const CheckpointDir::Loaded& l) {
-    return l.payload == "two" ? Status::Invalid("its shard is missing")
-                              : Status::Ok();
+    return l.payload.bytes() == "two" ? Status::Invalid("its shard is missing")
+                                      : Status::Ok();
   });
   ASSERT_TRUE(loaded.has_value());
   EXPECT_EQ(loaded->step, 1);
@@ -86,7 +86,7 @@ TEST_F(CheckpointTest, ShardsOfDroppedAndUnfinishedStepsAreDeleted) {
   EXPECT_TRUE(Exists(ckpt.ShardPath(20, 1)));
   auto shard = ReadCheckpointFile(ckpt.ShardPath(20, 1));
   ASSERT_TRUE(shard.ok());
-  EXPECT_EQ(*shard, "s");
+  EXPECT_EQ(shard->bytes(), "s");
   EXPECT_FALSE(ReadCheckpointFile(ckpt.ShardPath(99, 0)).ok());
 }
 
@@ -152,7 +152,7 @@ TEST_F(CheckpointTest, AWriteSetsLaterStepsAsideInsteadOfDroppingItself) {
   ASSERT_TRUE(ckpt.Write(120, "stale").ok());
   ASSERT_TRUE(ckpt.Write(60, "good").ok());
   EXPECT_EQ(ckpt.Steps(), (std::vector<int64_t>{60}));
-  EXPECT_EQ(ckpt.LoadLatest()->payload, "good");
+  EXPECT_EQ(ckpt.LoadLatest()->payload.bytes(), "good");
   std::ifstream aside(dir_ + "/" + CheckpointDir::StepName(120) + ".abandoned");
   EXPECT_TRUE(aside.good());
 }
@@ -182,9 +182,75 @@ TEST_F(CheckpointTest, WriteKilledHalfwayNeverLoads) {
   auto loaded = ckpt.LoadLatest();
   ASSERT_TRUE(loaded.has_value());
   EXPECT_EQ(loaded->step, 5);
-  EXPECT_EQ(loaded->payload, "last good");
+  EXPECT_EQ(loaded->payload.bytes(), "last good");
   EXPECT_EQ(ckpt.Steps(),
             std::vector<int64_t>{5});  // the temp file does not count
+}
+
+// The frame: XXH3 per 4 MiB block by default, SHA-256 where asked for;
+// both load, from a mapping (large files) or a read (small ones).
+class FrameTest : public CheckpointTest {
+ protected:
+  // 10 MiB in three pieces whose edges fall inside blocks.
+  static Payload ThreePieces(std::string* joined) {
+    *joined = std::string(3 << 20, 'a') + std::string(5 << 20, 'b') +
+              std::string(2 << 20, 'c');
+    for (size_t i = 0; i < joined->size(); i += 4093) (*joined)[i] = char(i);
+    Payload p;
+    p.pieces = {std::string_view(*joined).substr(0, 3 << 20),
+                std::string_view(*joined).substr(3 << 20, 5 << 20),
+                std::string_view(*joined).substr(8 << 20)};
+    return p;
+  }
+  std::string File(const std::string& header, const std::string& payload) {
+    const std::string path = dir_ + "/f.dtck";
+    std::ofstream(path, std::ios::binary) << header << payload;
+    return path;
+  }
+};
+
+TEST_F(FrameTest, PiecesHashAsTheirJoinInEitherChecksum) {
+  std::string joined;
+  const Payload pieces = ThreePieces(&joined);
+  for (Checksum c : {Checksum::kXxh3, Checksum::kSha256}) {
+    const std::string header = CheckpointHeader(pieces, c);
+    EXPECT_EQ(header, CheckpointHeader(Payload(joined), c));
+    EXPECT_EQ(header.substr(0, 8),
+              c == Checksum::kXxh3 ? "DTCKPT2\n" : "DTCKPT1\n");
+    auto read = ReadCheckpointFile(File(header, joined));
+    ASSERT_TRUE(read.ok()) << read.status().message();
+    EXPECT_TRUE(read->bytes() == joined);
+  }
+  ASSERT_TRUE(WriteCheckpointFile(dir_ + "/w.dtck", pieces).ok());
+  auto written = ReadCheckpointFile(dir_ + "/w.dtck");
+  ASSERT_TRUE(written.ok()) << written.status().message();
+  EXPECT_TRUE(written->bytes() == joined);
+}
+
+// A damaged byte anywhere is found and placed: in a block (which one is
+// named), in the table of block hashes, or a file cut short.
+TEST_F(FrameTest, DamageIsFoundAndPlaced) {
+  std::string joined;
+  const std::string header = CheckpointHeader(ThreePieces(&joined));
+  auto why = [this](const std::string& h, const std::string& p) {
+    auto r = ReadCheckpointFile(File(h, p));
+    return r.ok() ? std::string("loaded") : r.status().message();
+  };
+  std::string flipped = joined;
+  flipped[(5 << 20) + 7] ^= 1;
+  EXPECT_EQ(why(header, flipped),
+            "checksum mismatch in payload bytes 4194304-8388608");
+  std::string table = header;
+  table[8 + 16 + 8] ^= 1;  // the second block's hash
+  EXPECT_EQ(why(table, joined), "checksum mismatch in the header");
+  EXPECT_NE(why(header, joined.substr(0, 9 << 20))
+                .find("truncated: 9437184 of "
+                      "10485760"),
+            std::string::npos);
+  EXPECT_NE(why(header.substr(0, 20), "").find("bad header"),
+            std::string::npos);
+  EXPECT_NE(why("DTCKPT9\n", joined).find("not a dtrun checkpoint"),
+            std::string::npos);
 }
 
 }  // namespace

@@ -46,8 +46,11 @@ class NodeCopiesTest : public ::testing::Test {
     shard_header_ = CheckpointHeader(shard_payload_);
     return copies.Write(
         step, 2, 0,
-        {{CheckpointDir::ShardName(step, 0), shard_header_, shard_payload_, 0},
-         {CheckpointDir::StepName(step), step_header_, step_payload_, 2}},
+        {{CheckpointDir::ShardName(step, 0),
+          shard_header_,
+          {shard_payload_},
+          0},
+         {CheckpointDir::StepName(step), step_header_, {step_payload_}, 2}},
         halfway);
   }
   std::vector<std::string> Names(int64_t step) {
@@ -80,7 +83,7 @@ TEST_F(NodeCopiesTest, AlternatesSlotsAndReadsTheNewestBack) {
   EXPECT_EQ(copies->Newest(names, 1, 4), -1);   // saved on another world
   auto step = copies->Read(30, CheckpointDir::StepName(30));
   ASSERT_TRUE(step.ok()) << step.status().message();
-  EXPECT_EQ(*step, "step thirty");
+  EXPECT_EQ(step->bytes(), "step thirty");
   EXPECT_FALSE(copies->Read(10, CheckpointDir::StepName(10)).ok());  // gone
   EXPECT_TRUE(copies->Read(20, CheckpointDir::ShardName(20, 0)).ok());
 }
@@ -148,7 +151,7 @@ TEST_F(NodeCopiesTest, PersistWritesTheNewestStepWhole) {
   EXPECT_EQ(report.written[0], dir_ + "/" + CheckpointDir::StepName(20));
   auto on_disk = ReadCheckpointFile(report.written[0]);
   ASSERT_TRUE(on_disk.ok());
-  EXPECT_EQ(*on_disk, "step twenty");
+  EXPECT_EQ(on_disk->bytes(), "step twenty");
   EXPECT_TRUE(mc::PersistMemoryCopies(prefix_).written.empty());  // all there
 }
 

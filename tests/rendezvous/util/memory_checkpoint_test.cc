@@ -54,7 +54,7 @@ class MemoryCheckpointTest : public ::testing::Test {
   Status Write(MemorySlots& slots, int64_t step, const std::string& body) {
     step_ = "step " + body;
     return slots.Write(step, 1, 0, dir_,
-                       {{cf::StepName(step), "HEAD", step_, 0}});
+                       {{cf::StepName(step), "HEAD", {step_}, 0}});
   }
   std::string dir_, prefix_, step_;
 };
@@ -104,7 +104,7 @@ TEST_F(MemoryCheckpointTest, AWriterThatDiedHalfwayLeavesThePreviousCopy) {
   if (child == 0) {
     MemorySlots again(prefix_, 0);
     std::string big(1 << 20, 'x');
-    (void)again.Write(20, 1, 0, dir_, {{cf::StepName(20), "HEAD", big, 0}},
+    (void)again.Write(20, 1, 0, dir_, {{cf::StepName(20), "HEAD", {big}, 0}},
                       [] { _exit(9); });
     _exit(0);
   }
