@@ -5,6 +5,10 @@
 
 #include <sys/mman.h>
 
+#include <algorithm>
+#include <cstring>
+#include <thread>
+
 #include "lib/process_group.h"
 #include "lib/torch_compat.h"
 
@@ -167,14 +171,59 @@ bool HasModelAndOptimizerState(
   return it != parts.end() && it->first.rfind(kModelPrefix, 0) == 0;
 }
 
+// The pieces are dealt to the threads in runs, so that each streams
+// through memory; a pair that cannot be copied as bytes goes to copy_.
+void CopyTensors(const std::vector<torch::Tensor>& dst,
+                 const std::vector<torch::Tensor>& src) {
+  constexpr size_t kPiece = 4 << 20;
+  struct Piece {
+    char* to;
+    const char* from;
+    size_t n;
+  };
+  std::vector<Piece> pieces;
+  for (size_t i = 0; i < dst.size(); ++i) {
+    const torch::Tensor &d = dst[i], &s = src[i];
+    if (!d.device().is_cpu() || !s.device().is_cpu() ||
+        d.scalar_type() != s.scalar_type() || !d.is_contiguous() ||
+        !s.is_contiguous() || d.numel() != s.numel()) {
+      dst[i].copy_(s);
+      continue;
+    }
+    const size_t n = static_cast<size_t>(d.numel()) * d.element_size();
+    for (size_t at = 0; at < n; at += kPiece) {
+      pieces.push_back({static_cast<char*>(d.data_ptr()) + at,
+                        static_cast<const char*>(s.data_ptr()) + at,
+                        std::min(kPiece, n - at)});
+    }
+  }
+  const size_t threads =
+      std::min<size_t>({4, std::max(1u, std::thread::hardware_concurrency()),
+                        (pieces.size() + 3) / 4});
+  auto run = [&pieces, threads](size_t t) {
+    for (size_t i = pieces.size() * t / threads;
+         i < pieces.size() * (t + 1) / threads; ++i)
+      std::memcpy(pieces[i].to, pieces[i].from, pieces[i].n);
+  };
+  std::vector<std::thread> pool;
+  for (size_t t = 1; t < threads; ++t) pool.emplace_back(run, t);
+  if (threads > 0) run(0);
+  for (auto& th : pool) th.join();
+}
+
 void RestoreModelAndOptimizerState(
     const std::map<std::string, torch::Tensor>& parts, torch::nn::Module& model,
     torch::optim::Optimizer& opt) {
   torch::NoGradGuard no_grad;
-  for (const auto& p : model.named_parameters())
-    p.value().copy_(Saved(parts, kModelPrefix + p.key(), p.value()));
-  for (const auto& b : model.named_buffers())
-    b.value().copy_(Saved(parts, kModelPrefix + b.key(), b.value()));
+  std::vector<torch::Tensor> dst, src;
+  for (const auto& p : model.named_parameters()) {
+    dst.push_back(p.value());
+    src.push_back(Saved(parts, kModelPrefix + p.key(), p.value()));
+  }
+  for (const auto& b : model.named_buffers()) {
+    dst.push_back(b.value());
+    src.push_back(Saved(parts, kModelPrefix + b.key(), b.value()));
+  }
   // Each parameter's fields, then fresh tensors for them all at once: a
   // fresh optimizer has no state to copy into, and one mapping populated
   // in one call costs less than a fault per page of many allocations.
@@ -195,8 +244,12 @@ void RestoreModelAndOptimizerState(
     }
   }
   std::vector<torch::Tensor> fresh = PopulatedLike(like);
-  for (size_t k = 0; k < fill.size(); ++k)
-    *fill[k].first = fresh[k].copy_(*fill[k].second);
+  for (size_t k = 0; k < fill.size(); ++k) {
+    *fill[k].first = fresh[k];
+    dst.push_back(fresh[k]);
+    src.push_back(*fill[k].second);
+  }
+  CopyTensors(dst, src);
   for (size_t i = 0; i < params.size(); ++i)
     SetParamOptimizerState(opt, params[i], std::move(states[i]));
 }

@@ -38,6 +38,13 @@ std::map<std::string, torch::Tensor> ModelAndOptimizerState(
 // Whether `parts` hold such a checkpoint.
 bool HasModelAndOptimizerState(
     const std::map<std::string, torch::Tensor>& parts);
+// Copies each src[i] into dst[i] (same shapes). CPU tensors of one dtype,
+// both contiguous, are copied in 4 MiB pieces on up to four threads
+// whatever OMP_NUM_THREADS says (a restore has the machine to itself: the
+// loop waits for it); any other pair with copy_.
+void CopyTensors(const std::vector<torch::Tensor>& dst,
+                 const std::vector<torch::Tensor>& src);
+
 // Restores it into `model` (copied into its tensors, on their device) and
 // `opt`, whose parameters are model.parameters(). Throws Error naming the
 // first key missing or of another shape (a checkpoint of another model).

@@ -102,11 +102,10 @@ std::vector<MemoryCopy> ScanMemoryCopies(
 Result<std::string> ReadMemoryFile(const MemoryCopy& copy,
                                    const MemoryFile& file);
 
-// `file` of `copy` mapped in place (no copy; its pages populated in one
-// call), the segment's shared lock held until the last holder of `hold`
-// lets go: no writer can change the bytes meanwhile, and the rank's next
-// copy waits for it, so a reader must let go once it has loaded them.
-// Private: writes to the mapping stay in this process.
+// `file` of `copy` mapped in place (no copy), the segment's shared lock
+// held until the last holder of `hold` lets go: no writer can change the bytes
+// meanwhile, and the rank's next copy waits for it, so a reader must let go
+// once it has loaded them. Private: writes to the mapping stay in this process.
 struct MappedFile {
   const char* data = nullptr;
   size_t size = 0;

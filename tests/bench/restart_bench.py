@@ -17,7 +17,14 @@ checkpoint (the trainer's "read in" figure). Sides:
     the new group reads the copies in /dev/shm while dtrun persists them.
 The sides take turns, repeated; medians and spread.
 
-Usage: restart_bench.py --dtrun PATH --train-cfg PATH [--repeat N]"""
+--payloads raw,torch runs each side with both payload formats (the raw
+one with XXH3, the default, and torch's archives with SHA-256, the format
+before it), taking turns, so that the two compare in one run;
+--strategies and --sides pick a subset.
+
+Usage: restart_bench.py --dtrun PATH --train-cfg PATH [--repeat N]
+         [--strategies ddp,fsdp] [--sides "disk, warm;disk, cold;memory"]
+         [--payloads raw[,torch]]"""
 import argparse
 import os
 import re
@@ -37,6 +44,9 @@ p = argparse.ArgumentParser()
 p.add_argument("--dtrun", required=True)
 p.add_argument("--train-cfg", required=True)
 p.add_argument("--repeat", type=int, default=3)
+p.add_argument("--strategies", default="ddp,fsdp")
+p.add_argument("--sides", default="disk, warm;disk, cold;memory")
+p.add_argument("--payloads", default="raw")
 ARGS = p.parse_args()
 
 
@@ -46,13 +56,15 @@ def drop_page_cache():
         f.write("3\n")
 
 
-def run(strategy, side, folder):
+def run(strategy, side, payload, folder):
     mode = "memory" if side == "memory" else "async"
+    checksum = "xxh3" if payload == "raw" else "sha256"
     cmd = [ARGS.dtrun, "--nproc-per-node=2", "--max-restarts=1", ARGS.train_cfg,
            os.path.join(CONFIGS, f"mlp100m_{strategy}.toml"),
            "--set", f'checkpoint.dir="{folder}"', "--set", f'checkpoint.mode="{mode}"',
            *(["--set", "checkpoint.persist_every=100"] if mode == "memory" else []),
            "--set", "checkpoint.every=4",
+           "--set", f'checkpoint.payload="{payload}"', "--set", f'checkpoint.checksum="{checksum}"',
            "--set", "train.steps=16", "--set", "train.log_every=1",
            "--set", "fault.kill_rank=1", "--set", "fault.kill_at_step=14"]
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -89,23 +101,25 @@ def run(strategy, side, folder):
 
 
 def main():
-    sides = [(s, side) for s in ("ddp", "fsdp") for side in ("disk, warm", "disk, cold", "memory")]
+    sides = [(s, side, pay) for s in ARGS.strategies.split(",")
+             for side in ARGS.sides.split(";") for pay in ARGS.payloads.split(",")]
     got = {k: [] for k in sides}
     with tempfile.TemporaryDirectory(dir=os.environ.get("DTRUN_BENCH_TMP", "/tmp")) as tmp:
         for _ in range(ARGS.repeat):
-            for strategy, side in sides:  # the sides take turns
+            for strategy, side, payload in sides:  # the sides take turns
                 folder = os.path.join(tmp, "ckpt")
                 shutil.rmtree(folder, ignore_errors=True)
-                got[(strategy, side)].append(run(strategy, side, folder))
+                got[(strategy, side, payload)].append(run(strategy, side, payload, folder))
                 shutil.rmtree(folder, ignore_errors=True)
-    print("| strategy, resumed from (2 ranks, 96.4 M parameters) | SIGKILL to the first "
-          "step after it, median (min-max) | of which reading the checkpoint | vs disk, warm |")
+    print("| strategy, resumed from, payload (2 ranks, 96.4 M parameters) | SIGKILL to the first "
+          "step after it, median (min-max) | of which reading the checkpoint | vs the first row |")
     print("|---|---|---|---|")
-    for (strategy, side), runs in got.items():
+    for (strategy, side, payload), runs in got.items():
         total = [r[0] for r in runs]
         read = [r[1] for r in runs]
-        base = statistics.median(r[0] for r in got[(strategy, "disk, warm")])
-        print(f"| {strategy.upper()}, {side} | {statistics.median(total):.2f} s "
+        first = next(k for k in got if k[0] == strategy)
+        base = statistics.median(r[0] for r in got[first])
+        print(f"| {strategy.upper()}, {side}, {payload} | {statistics.median(total):.2f} s "
               f"({min(total):.2f}-{max(total):.2f}) | {statistics.median(read):.2f} s "
               f"({min(read):.2f}-{max(read):.2f}) | {statistics.median(total) / base:.3f} |")
 

@@ -66,6 +66,30 @@ class TrainCfg(unittest.TestCase):
         self.assertIn("resumed from", out)
         self.assertEqual(self.done(out), whole)
 
+    def test_checkpoints_of_the_format_before_resume_in_the_raw_one(self):
+        # The first half writes torch's archives framed with SHA-256 (what
+        # every file written before the raw format holds); the second half
+        # resumes from them with the defaults, writes raw + XXH3, and ends
+        # where an unbroken run does. Both frames are on disk at the end.
+        short = ["train.steps=20", "checkpoint.every=5", "train.log_every=5",
+                 "checkpoint.keep=10"]
+        rc, out, err = train(2, self.ckpt("whole"), *short)
+        self.assertEqual(rc, 0, err)
+        whole = self.done(out)
+        old = ['checkpoint.payload="torch"', 'checkpoint.checksum="sha256"']
+        rc, out, err = train(2, self.ckpt("split"), *short, *old, "train.stop_after_step=10")
+        self.assertEqual(rc, 0, err)
+        rc, out, err = train(2, self.ckpt("split"), *short)
+        self.assertEqual(rc, 0, err)
+        self.assertIn("at step 10", out)
+        self.assertEqual(self.done(out), whole)
+        folder = os.path.join(self.tmp.name, "split")
+        heads = {}
+        for step in (10, 20):
+            with open(os.path.join(folder, f"ckpt_{step:012d}.dtck"), "rb") as f:
+                heads[step] = f.read(8)
+        self.assertEqual(heads, {10: b"DTCKPT1\n", 20: b"DTCKPT2\n"})
+
     def test_a_file_of_a_given_up_history_is_set_aside(self):
         # A node cut off from the job persists step 20 of a history the
         # others gave up (here: a run with another learning rate) after they
@@ -307,6 +331,10 @@ class TrainCfg(unittest.TestCase):
                           ('fault.kill_in="flush"', "fault.kill_in 'flush': use \"step\""),
                           ('fault.kill_in="copy"', "fault.kill_in = \"copy\" or \"write\" needs"),
                           ('checkpoint.mode="memory"', "use format = \"sharded\" with it"),
+                          ('checkpoint.checksum="md5"',
+                           "checkpoint.checksum 'md5': use \"xxh3\" or \"sha256\""),
+                          ('checkpoint.payload="pickle"',
+                           "checkpoint.payload 'pickle': use \"raw\" or \"torch\""),
                           ('strategy.device="gpu"',
                            "strategy.device 'gpu': use \"auto\" or \"cpu\" or \"cuda\""),
                           ('strategy.backend="nccl"',
