@@ -419,6 +419,8 @@ Result<Assignment> Rendezvous::Join(const std::function<bool()>& interrupted) {
         last_round_ = r;
         last_rank_ = (*outcome)->group_rank;
         next_.Reset();
+        next_gone_ = false;
+        BindGone(**outcome);
         Heartbeat(**outcome, true);
         return **outcome;
       }
@@ -444,6 +446,23 @@ Result<Assignment> Rendezvous::Join(const std::function<bool()>& interrupted) {
 
 std::string Rendezvous::DescribeParticipants() const {
   return JoinIds(last_participants_);
+}
+
+// The store counts this node's connection closing in round/<r>/gone/<rank>
+// and its (re)binds in round/<r>/bound/<rank> (Store::BindOnClose): the
+// node watching this one knows at once that its dtrun is gone (killed,
+// crashed, its host down) instead of after the missed heartbeats. A store
+// that cannot (etcd) leaves the heartbeats to tell.
+void Rendezvous::BindGone(const Assignment& a) {
+  Status s = store_->BindOnClose(keys_.Round(a.round, "gone", a.group_rank),
+                                 keys_.Round(a.round, "bound", a.group_rank));
+  if (!s.ok() && s.code() != Status::Code::kInvalid) {
+    Logger("dtrun.rdzv")
+        ->warn(
+            "round {}: the store will not say when this node's "
+            "connection closes ({}); heartbeats alone tell",
+            a.round, s.message());
+  }
 }
 
 // An ADD rather than a timestamp: the watcher only needs to see the value
@@ -486,6 +505,13 @@ Result<RoundEvent> Rendezvous::CheckRound(const Assignment& current) {
     if (!event.ok() || *event != RoundEvent::kNone) return event;
   }
   if (current.group_world_size == 1) return RoundEvent::kNone;
+  if (next_gone_) {
+    next_gone_ = false;
+    return StartNextRound(
+        current, "node " + current.next_node +
+                     "'s connection to the store closed (its dtrun exited "
+                     "or was killed, or its host went down); declared dead");
+  }
   return WatchNext(current, count.empty() ? next_.count() : count);
 }
 
@@ -493,8 +519,13 @@ Result<RoundEvent> Rendezvous::ReadRound(const Assignment& current,
                                          std::string* count) {
   const int r = current.round;
   const int n = current.group_world_size;
+  const int next = (current.group_rank + 1) % n;
   std::vector<std::string> keys = {keys_.Job("state")};
-  if (n > 1) keys.push_back(keys_.Round(r, "hb", (current.group_rank + 1) % n));
+  if (n > 1) {
+    keys.push_back(keys_.Round(r, "hb", next));
+    keys.push_back(keys_.Round(r, "gone", next));
+    keys.push_back(keys_.Round(r, "bound", next));
+  }
   auto got = store_->MultiGet(keys);
   if (!got.ok()) return got.status();
   DTRUN_CHECK(got->size() == keys.size())
@@ -504,7 +535,11 @@ Result<RoundEvent> Rendezvous::ReadRound(const Assignment& current,
   if (!StateDoc::Parse((*got)[0], &s)) return CorruptState();
   if (!s.closed.empty()) return Ended(s);
   if (s.round != r) return RoundEvent::kRestart;
-  if (n > 1) *count = (*got)[1];
+  if (n > 1) {
+    *count = (*got)[1];
+    // Every connection it bound has closed: its dtrun is gone.
+    next_gone_ = next_gone_ || GoneOf((*got)[2], (*got)[3]);
+  }
   return RoundEvent::kNone;
 }
 
@@ -531,8 +566,10 @@ bool Rendezvous::WatchRound(const Assignment& current) {
   watch_ = std::move(*opened);
   const int n = current.group_world_size;
   std::vector<std::string> watched = {keys_.Round(r, "over")};
-  if (n > 1)
+  if (n > 1) {
     watched.push_back(keys_.Round(r, "hb", (current.group_rank + 1) % n));
+    watched.push_back(keys_.Round(r, "gone", (current.group_rank + 1) % n));
+  }
   Status s = watch_->WatchKeys(watched);
   if (!s.ok()) {
     DropWatch(r, s.message());
@@ -553,12 +590,15 @@ bool Rendezvous::NeedsRead(const Assignment& current, std::string* count) {
   // Pushes come in order on one TCP connection, so none is lost while the
   // connection stands; a failed connection sends this node back to reading.
   const std::string over = keys_.Round(current.round, "over");
+  const std::string gone = keys_.Round(
+      current.round, "gone",
+      (current.group_rank + 1) % std::max(1, current.group_world_size));
   bool read = read_due_;
   for (const auto& c : changes) {
-    if (c.key == over) {
-      read = true;
+    if (c.key == over || c.key == gone) {
+      read = true;  // a close: read whether every bound connection closed
     } else if (c.kind != KeyChange::Kind::kDeleted) {
-      *count = c.value;  // the only other key watched: the next node's
+      *count = c.value;  // the only other key watched: the next node's beat
     }
   }
   read_due_ = false;
@@ -651,6 +691,7 @@ Result<int> Rendezvous::ReportFailure(const Assignment& current,
 }
 
 Status Rendezvous::AckEnd(const Assignment& current) {
+  (void)store_->BindOnClose("", "");
   return store_->Add(keys_.Round(current.round, "ended"), 1).status();
 }
 
@@ -661,7 +702,10 @@ bool Rendezvous::AllEnded(const Assignment& current) {
   return n.ok() && *n >= current.group_world_size;
 }
 
+// This node leaves on purpose from here: its connection closing is no
+// longer news.
 Status Rendezvous::MarkDone(const Assignment& current) {
+  (void)store_->BindOnClose("", "");
   auto done = store_->Add(keys_.Round(current.round, "done"), 1);
   if (!done.ok()) return done.status();
   // The last node to finish ends the job at once.

@@ -167,6 +167,7 @@ class Rendezvous {
   Result<RoundEvent> StartNextRound(const Assignment& current,
                                     const std::string& why);
   Status Heartbeat(const Assignment& current, bool force);
+  void BindGone(const Assignment& a);
 
   Store* store_;
   RendezvousOptions opts_;
@@ -183,7 +184,8 @@ class Rendezvous {
   int waiting_round_ = -1;  // round this node could not get into
   int last_round_ = -1, last_rank_ = -1;  // this node's last completed round
   BeatTimer beat_;
-  HeartbeatWatch next_;  // the watched node's heartbeat counter
+  HeartbeatWatch next_;     // the watched node's heartbeat counter
+  bool next_gone_ = false;  // its every store connection closed
   // Push mode: the watch connection, the round it registered for, a round
   // whose watch failed (read instead), and whether the next check reads.
   std::unique_ptr<KeyWatch> watch_;

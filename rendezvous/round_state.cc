@@ -136,6 +136,13 @@ std::string NodeRecord(int64_t hint, const std::string& node_id) {
   return std::to_string(hint) + " " + node_id;
 }
 
+// A reconnect closes one connection and binds the next: gone only when
+// the closes have caught up with the binds.
+bool GoneOf(const std::string& closes, const std::string& binds) {
+  const int64_t c = ToInt(closes, 0), b = ToInt(binds, 0);
+  return c > 0 && c >= b;
+}
+
 void SplitRecord(const std::string& text, int64_t* number, std::string* rest) {
   auto space = text.find(' ');
   *number = ToInt(text.substr(0, space), -1);

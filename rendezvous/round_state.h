@@ -162,6 +162,12 @@ class SafetyNet {
   int every_ = 10, next_ = 10;
 };
 
+// Whether a node is gone by its store connections: `closes` (the store's
+// count of its bound connections that closed) and `binds` (its own count
+// of connections it bound), as read; missing reads as 0. Gone once every
+// connection it bound has closed and at least one has.
+bool GoneOf(const std::string& closes, const std::string& binds);
+
 // Failure detection: the watched node's heartbeat counter, timed by this
 // node's own steady clock from when its value was last seen to change, so
 // no two machines' clocks need agree.

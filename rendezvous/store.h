@@ -46,6 +46,19 @@ class Store {
                           const std::vector<std::string>& values);
   // Default timeout of Get and of Wait(keys).
   virtual std::chrono::milliseconds timeout() const = 0;
+  // Asks the store to ADD 1 to `closes` when this client's connection
+  // closes (its process died, or the connection broke); the client ADDs 1
+  // to `binds` each time it binds a connection (now, and again after any
+  // reconnect), so the client is gone once closes >= binds. "" and "":
+  // unbind (the client leaves on purpose). Stores that cannot (etcd,
+  // in-process ones) say so with Status::Invalid; the rendezvous then
+  // relies on heartbeats alone.
+  virtual Status BindOnClose(const std::string& closes,
+                             const std::string& binds) {
+    (void)closes;
+    (void)binds;
+    return Status::Invalid("this store cannot tell when a client is gone");
+  }
 
   Status Wait(const std::vector<std::string>& keys) {
     return Wait(keys, timeout());

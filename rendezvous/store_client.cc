@@ -34,6 +34,7 @@
 #include <random>
 #include <thread>
 
+#include "rendezvous/store_state.h"
 #include "rendezvous/util/describe.h"
 
 namespace dtrun::rendezvous {
@@ -179,8 +180,10 @@ Status TcpStoreClient::Open() {
   std::string last_error;
   for (int attempt = 1;; ++attempt) {
     if (ConnectOnce(deadline, &last_error)) {
+      const bool again = connected_once_;
       connected_once_ = true;
-      return Status::Ok();
+      // The old connection's close counted once; this one binds anew.
+      return again && !on_close_.empty() ? Bind() : Status::Ok();
     }
     auto now = Clock::now();
     if (now >= deadline) {
@@ -403,6 +406,31 @@ int64_t I64(const std::string& bytes) {
 }
 
 }  // namespace
+
+Status TcpStoreClient::BindOnClose(const std::string& closes,
+                                   const std::string& binds) {
+  std::lock_guard<std::mutex> lock(mu_);
+  on_close_ = closes;
+  on_bind_ = binds;
+  return Bind();
+}
+
+// The binding first: counted as bound only once the store will count the
+// close. With mu_ held (Open runs inside a call); right after a connect,
+// so a failure here closes the connection and goes no deeper.
+Status TcpStoreClient::Bind() {
+  // The key bound is the one on the wire (with c10d's "/"), as the ADD
+  // the store makes on the close must hit what this client reads.
+  Status s =
+      Call(MakeRequest(Op::kSet, {K(kOnCloseKey)},
+                       {on_close_.empty() ? std::string() : K(on_close_)}),
+           "bind the on-close key", 0, nullptr);
+  std::string reply;
+  if (s.ok() && !on_bind_.empty())
+    s = Call(MakeRequest(Op::kAdd, {K(on_bind_)}, {}, 1),
+             "add to key '" + on_bind_ + "'", 8, &reply);
+  return s;
+}
 
 Status TcpStoreClient::Set(const std::string& key, std::string_view value) {
   std::lock_guard<std::mutex> lock(mu_);

@@ -56,6 +56,9 @@ class TcpStoreClient : public Store, public KeyWatch {
   Result<bool> DeleteKey(const std::string& key) override;
   Result<int64_t> NumKeys() override;
   std::chrono::milliseconds timeout() const override { return opts_.timeout; }
+  // Through kOnCloseKey (store_state.h), re-sent on every reconnect.
+  Status BindOnClose(const std::string& closes,
+                     const std::string& binds) override;
   // kTorch2: one MULTI_GET / MULTI_SET request (a missing key reads as
   // empty: unlike c10d's client, MultiGet does not wait for the keys).
   Result<std::vector<std::string>> MultiGet(
@@ -132,6 +135,9 @@ class TcpStoreClient : public Store, public KeyWatch {
   std::mutex mu_;
   int fd_ = -1;
   bool connected_once_ = false;
+  // BindOnClose's keys, bound again on each new connection.
+  std::string on_close_, on_bind_;
+  Status Bind();      // mu_ held
   std::string rbuf_;  // received, not yet consumed
   // Watch connections: acknowledgements not yet matched to a WatchKey, and
   // changes not yet taken.

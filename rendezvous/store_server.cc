@@ -249,6 +249,7 @@ void StoreServer::Impl::OnRead(const std::shared_ptr<Session>& s,
       log_->debug("connection {} from {}: {}", s->id, s->peer, ec.message());
     }
     Close(s.get(), "");
+    FlushDirty();  // what its on-close ADD woke
     return;
   }
   s->in.append(s->buf.get(), n);
@@ -347,12 +348,18 @@ void StoreServer::Impl::OutShared(ConnId conn,
   if (s) s->out.push_back(Segment{std::string(), std::move(bytes)});
 }
 
+// A write that fails closes its connection, whose on-close ADD (StoreState
+// ::Disconnect) may wake others: they join dirty_ while it is flushed, so
+// it is taken in batches until none is left.
 void StoreServer::Impl::FlushDirty() {
-  for (auto& s : dirty_) {
-    s->dirty = false;
-    StartWrite(s);
+  while (!dirty_.empty()) {
+    std::vector<std::shared_ptr<Session>> batch;
+    batch.swap(dirty_);
+    for (auto& s : batch) {
+      s->dirty = false;
+      StartWrite(s);
+    }
   }
-  dirty_.clear();
 }
 
 size_t StoreServer::Impl::Pending(const Session& s) {
@@ -422,6 +429,7 @@ void StoreServer::Impl::StartWrite(const std::shared_ptr<Session>& s) {
         if (s->closed) return;
         if (ec) {
           Close(s.get(), "");
+          FlushDirty();
           return;
         }
         StartWrite(s);
@@ -438,7 +446,7 @@ void StoreServer::Impl::Close(Session* s, const std::string& reason) {
   } else {
     log_->debug("connection {} from {} closed", s->id, s->peer);
   }
-  state_.Disconnect(s->id);
+  state_.Disconnect(s->id, this);
   asio::error_code ignored;
   s->socket.shutdown(tcp::socket::shutdown_both, ignored);
   s->socket.close(ignored);

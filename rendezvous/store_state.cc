@@ -68,6 +68,12 @@ bool ParseCounter(std::string_view text, int64_t* value) {
   return true;
 }
 
+// With or without the "/" that c10d's clients put before every key.
+bool IsOnCloseKey(std::string_view key) {
+  if (!key.empty() && key[0] == '/') key.remove_prefix(1);
+  return key == kOnCloseKey;
+}
+
 Status StoreState::Apply(ConnId conn, const Request& req, ReplySink* sink) {
   // Replies for a connection that is already gone are built into discard_
   // and dropped, so every case below can write unconditionally.
@@ -85,6 +91,14 @@ Status StoreState::Apply(ConnId conn, const Request& req, ReplySink* sink) {
       PutU32(&out, req.word);
       break;
     case Op::kSet:
+      if (IsOnCloseKey(req.keys[0])) {
+        if (req.values[0].empty()) {
+          on_close_.erase(conn);
+        } else {
+          on_close_[conn] = req.values[0];
+        }
+        return Status::Ok();
+      }
       Set(req.keys[0], req.values[0], sink);
       return Status::Ok();
     case Op::kMultiSet:
@@ -336,13 +350,22 @@ void StoreState::CancelWaits(ConnId conn) {
   }
 }
 
-void StoreState::Disconnect(ConnId conn) {
+// The on-close ADD comes after the connection's own registrations are gone,
+// so its wakes reach only the others. A counter that cannot take the ADD
+// (a value that is no number) is left as it is.
+void StoreState::Disconnect(ConnId conn, ReplySink* sink) {
   CancelWaits(conn);
   for (auto w = watchers_.begin(); w != watchers_.end();) {
     auto& list = w->second;
     list.erase(std::remove(list.begin(), list.end(), conn), list.end());
     w = list.empty() ? watchers_.erase(w) : std::next(w);
   }
+  auto bound = on_close_.find(conn);
+  if (bound == on_close_.end()) return;
+  const std::string key = std::move(bound->second);
+  on_close_.erase(bound);
+  int64_t ignored = 0;
+  (void)Add(key, 1, &ignored, sink);
 }
 
 void StoreState::Clear() {

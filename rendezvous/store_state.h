@@ -67,8 +67,9 @@ class StoreState {
   // wrong magic); the caller then closes `conn` and calls Disconnect.
   Status Apply(ConnId conn, const Request& req, ReplySink* sink);
 
-  // Forgets every WAIT, BARRIER and WATCH_KEY registration of `conn`.
-  void Disconnect(ConnId conn);
+  // Forgets every WAIT, BARRIER and WATCH_KEY registration of `conn`, and
+  // does its on-close ADD (kOnCloseKey), whose wakes go through `sink`.
+  void Disconnect(ConnId conn, ReplySink* sink);
 
   // Removes every key and queue (a fresh key space for a new attempt).
   // Waiters stay registered and are released as keys appear again.
@@ -114,7 +115,19 @@ class StoreState {
   std::unordered_map<ConnId, std::vector<uint64_t>> conn_waiters_;
   std::unordered_map<std::string, std::vector<BarrierWaiter>> barriers_;
   std::unordered_map<std::string, std::vector<ConnId>> watchers_;
+  std::unordered_map<ConnId, std::string> on_close_;  // kOnCloseKey's
 };
+
+// A SET of this key is not stored: it binds its value, a key, to the
+// connection that sent it, and when that connection closes the store ADDs
+// 1 to that key (waking its waiters and watchers). An empty value unbinds;
+// a later SET replaces the binding. dtrun's rendezvous binds each node's
+// "gone" key of the round on its store connection, so that a node whose
+// dtrun dies (the kernel closes its sockets) is known at once rather than
+// after its missed heartbeats. No torch client sets it.
+constexpr char kOnCloseKey[] = "dtrun/.on_close";
+// kOnCloseKey, or it after c10d's "/".
+bool IsOnCloseKey(std::string_view key);
 
 // Parses a stored counter the way ADD does, which is torch's std::stoll:
 // leading blanks, an optional sign, decimal digits; text after the digits

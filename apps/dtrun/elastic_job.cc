@@ -497,8 +497,10 @@ ElasticJob::RoundEnd ElasticJob::FollowRound() {
                      backend_->replicated());
   group_.StartRound(assignment_.round);
   // Check the round at least twice a second (more often with a faster
-  // keep-alive).
-  auto tick =
+  // keep-alive), and ten times a second while the store pushes the round's
+  // changes: a check then reads nothing from the store, and a node whose
+  // connection closed is acted on within 0.1 s.
+  const auto tick =
       std::min(milliseconds(500), config_.rdzv_conf.keep_alive_interval);
   auto next_check = clock_->Now();
   for (;;) {
@@ -506,7 +508,9 @@ ElasticJob::RoundEnd ElasticJob::FollowRound() {
     RoundStep step = policy.OnLocal(group_.outcome(), group_.stop_signal());
     if (auto end = Carry(step, &policy, &next_check)) return *end;
     if (clock_->Now() < next_check) continue;
-    next_check = clock_->Now() + tick;
+    next_check =
+        clock_->Now() +
+        (rdzv_->pushed(assignment_) ? std::min(tick, milliseconds(100)) : tick);
     auto event = rdzv_->Check(assignment_);
     store_answers_ = event.ok();
     NoteStore(event.status());

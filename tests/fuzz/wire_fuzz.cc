@@ -44,11 +44,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (st != DecodeState::kDone) break;
     pos += consumed;
     // Alternate connections so waiters on one are released by another.
-    if (!state.Apply(conn, req, &sink).ok()) state.Disconnect(conn);
+    if (!state.Apply(conn, req, &sink).ok()) state.Disconnect(conn, &sink);
     conn = conn % 3 + 1;
   }
-  state.Disconnect(1);
-  state.Disconnect(2);
-  state.Disconnect(3);
+  state.Disconnect(1, &sink);
+  state.Disconnect(2, &sink);
+  state.Disconnect(3, &sink);
   return 0;
 }

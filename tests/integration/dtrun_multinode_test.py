@@ -122,6 +122,31 @@ class MultiNode(NodesTestCase):
         self.assertLess(detected, 0.2 * 3 + 3)  # keep-alive x attempts, + a restart
         self.assertNotIn((2, 1), read_pids(self.dir))  # the new world has 2 ranks
 
+    def test_a_killed_nodes_closed_connection_is_its_death_at_once(self):
+        # torchrun's keep-alive (5 s x 3): a killed dtrun's connection to the
+        # store closes with it, which is news at once, not after 15 s.
+        port = free_port()
+        common = ["--nnodes=1:2", "--nproc-per-node=1", "--rdzv-backend=c10d",
+                  f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=closed",
+                  "--rdzv-conf=last_call_timeout=0.5,join_timeout=30", FAKE,
+                  "--pid-dir", self.dir, "--sleep-ms", "8000"]
+        host = self.node(common)
+        time.sleep(0.1)
+        victim = self.node(common)
+        self.assertTrue(wait_for(lambda: len(read_pids(self.dir)) == 2, 20))
+        killed_at = time.monotonic()
+        victim.kill()
+        victim.communicate()
+        # the survivor's worker of the next round (rank 0 of a world of 1)
+        first = read_pids(self.dir)[(0, 0)]
+        self.assertTrue(wait_for(lambda: read_pids(self.dir).get((0, 1), first) != first, 10))
+        detected = time.monotonic() - killed_at
+        rc, _, err = self.finish(host)
+        self.assertEqual(rc, 0, err)
+        self.assertIn("connection to the store closed", err)
+        self.assertIn("declared dead", err)
+        self.assertLess(detected, 5)  # not the 15 s of the heartbeats
+
     def test_failure_restarts_every_node_with_the_same_count(self):
         port = free_port()
         common = ["--nnodes=2", "--nproc-per-node=2", "--rdzv-backend=c10d",

@@ -12,6 +12,18 @@ using std::chrono::milliseconds;
 
 TimePoint At(int64_t ms) { return TimePoint(milliseconds(ms)); }
 
+// A node is gone when every connection it bound has closed: not before
+// any closed, not while a reconnect's bind is ahead of the closes.
+TEST(GoneOfTest, EveryBoundConnectionClosed) {
+  EXPECT_FALSE(GoneOf("", ""));
+  EXPECT_FALSE(GoneOf("", "1"));
+  EXPECT_TRUE(GoneOf("1", "1"));
+  EXPECT_FALSE(GoneOf("1", "2"));  // reconnected
+  EXPECT_TRUE(GoneOf("2", "2"));
+  EXPECT_TRUE(GoneOf("1", ""));  // closed before its bind was counted
+  EXPECT_FALSE(GoneOf("x", "1"));
+}
+
 TEST(EndReasonTest, NamesRoundTrip) {
   for (EndReason r :
        {EndReason::kNone, EndReason::kSucceeded, EndReason::kWorkersFailed,

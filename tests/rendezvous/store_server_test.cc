@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "rendezvous/util/log.h"
+#include "rendezvous/round_state.h"
 #include "rendezvous/store_client.h"
 #include "rendezvous/store_state.h"
 #include "tests/testing/log_capture.h"
@@ -343,6 +344,36 @@ TEST_F(StoreServerTest, AddToTextValueClosesThatConnection) {
   EXPECT_FALSE(r.ok());
   EXPECT_NE(Warnings().find("not a decimal integer"), std::string::npos);
   EXPECT_EQ(*c->Get("text"), "abc");  // the client reconnects
+}
+
+// A client that binds on-close keys: its connection closing (the server
+// closing it here, then the client going away) counts in one key, each
+// (re)connection's bind in the other, so a reconnect is not a death.
+TEST_F(StoreServerTest, ABoundClientsClosesAndBindsAreCounted) {
+  auto c = Client();
+  auto w = Client();
+  ASSERT_TRUE(c && w);
+  ASSERT_TRUE(c->BindOnClose("gone", "bound").ok());
+  EXPECT_EQ(*w->Get("bound"), "1");
+  EXPECT_FALSE(*w->Check({"gone"}));
+  c->Set("text", "abc");
+  EXPECT_FALSE(c->Add("text", 1).ok());  // the server closes c's connection
+  EXPECT_EQ(*c->Get("text"), "abc");     // c reconnects, and binds again
+  EXPECT_EQ(*w->Get("bound"), "2");
+  ASSERT_TRUE(w->Wait({"gone"}, milliseconds(2000)).ok());
+  EXPECT_EQ(*w->Get("gone"), "1");
+  EXPECT_FALSE(GoneOf(*w->Get("gone"), *w->Get("bound")));
+  c.reset();
+  for (int i = 0; i < 200 && *w->Get("gone") != "2"; ++i)
+    std::this_thread::sleep_for(milliseconds(10));
+  EXPECT_TRUE(GoneOf(*w->Get("gone"), *w->Get("bound")));
+  // An unbound client's close counts nowhere.
+  auto u = Client();
+  ASSERT_TRUE(u->BindOnClose("gone_u", "bound_u").ok());
+  ASSERT_TRUE(u->BindOnClose("", "").ok());
+  u.reset();
+  std::this_thread::sleep_for(milliseconds(100));
+  EXPECT_FALSE(*w->Check({"gone_u"}));
 }
 
 TEST_F(StoreServerTest, ServesAThousandIdleConnections) {

@@ -128,6 +128,29 @@ TEST_F(StoreStateTest, WaitOnTwoKeysReleasesAfterBoth) {
   EXPECT_EQ(state_.NumWaiters(), 0u);
 }
 
+// A connection that bound a key with kOnCloseKey ADDs 1 to it when it
+// closes, waking who waits on it; the binding itself stores nothing, a
+// later one replaces it, an empty one unbinds, and only the closing
+// connection's own binding fires.
+TEST_F(StoreStateTest, AClosingConnectionAddsToTheKeyItBound) {
+  Do(1, Op::kSet, {std::string("/") + kOnCloseKey}, {"/old"});
+  Do(1, Op::kSet, {kOnCloseKey}, {"/gone/1"});
+  Do(2, Op::kSet, {kOnCloseKey}, {"/gone/2"});
+  Do(3, Op::kSet, {kOnCloseKey}, {"/gone/3"});
+  Do(3, Op::kSet, {kOnCloseKey}, {""});
+  EXPECT_EQ(state_.NumKeys(), 0u);
+  Do(4, Op::kWait, {"/gone/1"});
+  state_.Disconnect(1, &sink_);
+  EXPECT_EQ(sink_.Take(4), kStop);
+  state_.Disconnect(3, &sink_);
+  Do(4, Op::kGet, {"/gone/1"});
+  EXPECT_EQ(sink_.Take(4), BytesOf("1"));
+  Do(4, Op::kCheck, {"/old"});
+  Do(4, Op::kCheck, {"/gone/2"});
+  Do(4, Op::kCheck, {"/gone/3"});
+  EXPECT_EQ(sink_.Take(4), std::string(3, char(kCheckNotReady)));
+}
+
 TEST_F(StoreStateTest, CompareSetCreatingKeyWakesWaiters) {
   Do(2, Op::kWait, {"/a"});
   Do(1, Op::kCompareSet, {"/a"}, {"", "v"});
@@ -136,7 +159,7 @@ TEST_F(StoreStateTest, CompareSetCreatingKeyWakesWaiters) {
 
 TEST_F(StoreStateTest, DisconnectForgetsWaiters) {
   Do(2, Op::kWait, {"/a", "/b"});
-  state_.Disconnect(2);
+  state_.Disconnect(2, &sink_);
   EXPECT_EQ(state_.NumWaiters(), 0u);
   Do(1, Op::kSet, {"/a"}, {"1"});
   Do(1, Op::kSet, {"/b"}, {"1"});
