@@ -335,6 +335,17 @@ struct DistributedDataParallel::Impl {
   }
 };
 
+// Rank 0's weights everywhere: replicas start identical whatever each
+// rank's initialisation did.
+void DistributedDataParallel::BroadcastState() {
+  Impl& d = *impl_;
+  at::NoGradGuard no_grad;
+  for (auto& p : d.module->parameters()) d.Broadcast(p.data());
+  if (d.opts.broadcast_buffers) {
+    for (auto& b : d.module->buffers()) d.Broadcast(b);
+  }
+}
+
 DistributedDataParallel::DistributedDataParallel(
     std::shared_ptr<torch::nn::Module> module, ProcessGroup* pg,
     DdpOptions options)
@@ -343,15 +354,7 @@ DistributedDataParallel::DistributedDataParallel(
   d.module = std::move(module);
   d.pg = pg;
   d.opts = options;
-  {
-    // Rank 0's weights everywhere: replicas start identical whatever each
-    // rank's initialisation did.
-    at::NoGradGuard no_grad;
-    for (auto& p : d.module->parameters()) d.Broadcast(p.data());
-    if (options.broadcast_buffers) {
-      for (auto& b : d.module->buffers()) d.Broadcast(b);
-    }
-  }
+  if (options.broadcast_at_start) BroadcastState();
   for (auto& p : d.module->parameters()) {
     if (p.requires_grad()) d.params.push_back(p);
   }

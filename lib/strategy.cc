@@ -50,6 +50,7 @@ class DdpStrategy : public Strategy {
     return model_->parameters();
   }
   bool CollectiveEval() const override { return false; }
+  void StartFresh() override { ddp_.BroadcastState(); }
 
   // Every parameter, buffer and optimizer state tensor by name
   // (state_copy.h), so that any libtorch loads it: torch's own optimizer
@@ -102,6 +103,7 @@ class DdpStrategy : public Strategy {
     DdpOptions o;
     o.bucket_cap_mb = c.bucket_cap_mb;
     o.shared_memory = c.shared_memory;
+    o.broadcast_at_start = false;  // StartFresh, when nothing is restored
     return o;
   }
 

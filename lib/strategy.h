@@ -78,6 +78,10 @@ class Strategy {
                           int64_t step) = 0;
   virtual void Restore(const TensorMap& parts,
                        torch::optim::Optimizer& opt) = 0;
+  // Training starts from no checkpoint: every rank's state is made the
+  // same (DDP: rank 0's broadcast, which a resume does not need: every
+  // rank restored the same checkpoint). Collective; after the resume.
+  virtual void StartFresh() {}
 
   // Seconds spent waiting for gradient collectives (SyncGradients) since
   // the last call: the loop subtracts them to time its own compute.

@@ -237,6 +237,7 @@ int Trainer::Run() {
   // group and model) and when its state was in place.
   const double init_unix = UnixSeconds();
   const int64_t start = ckpt_ ? ckpt_->Resume() : 0;
+  if (start == 0) strategy_->StartFresh();
   rendezvous::Heartbeat::Resumed(start,
                                  ckpt_ ? ckpt_->source().c_str() : "none",
                                  init_unix, UnixSeconds());

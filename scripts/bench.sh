@@ -20,7 +20,8 @@ configure=(-G Ninja -DDTRUN_BUILD_BENCHMARKS=ON -DDTRUN_BUILD_TESTS=ON -DDTRUN_F
   -DCMAKE_BUILD_TYPE=Release)
 cmake -S . -B "$b" "${configure[@]}" >/dev/null
 ninja -C "$b" dtrun dtstore fake_worker store_bench store_load_bench rdzv_sim_bench \
-  torch_store_host ddp_bench fsdp_bench hang_bench status_cost_bench train_cfg >/dev/null
+  torch_store_host ddp_bench fsdp_bench hang_bench status_cost_bench train_cfg \
+  payload_bench >/dev/null
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 # DTRUN_BENCH_ONLY=store,launcher,... runs only those parts: store, store-load,
@@ -207,9 +208,15 @@ if want checkpoint; then
   /usr/bin/python3 tests/bench/checkpoint_bench.py --dtrun $b/apps/dtrun \
     --train-cfg $b/examples/train_cfg "${args[@]}"
   echo
+  echo "== a checkpoint's save and load vs a memcpy of its bytes and vs DCP (0.77 GB)"
+  args=()
+  [[ $torch2 == 1 ]] && args=(--torch2-python "$py2")
+  /usr/bin/python3 tests/bench/payload_bench.py --bench $b/tests/bench/payload_bench \
+    "${args[@]}"
+  echo
   echo "== restart to the first step after a SIGKILL: resume from disk (warm, cold) vs memory"
   /usr/bin/python3 tests/bench/restart_bench.py --dtrun $b/apps/dtrun \
-    --train-cfg $b/examples/train_cfg
+    --train-cfg $b/examples/train_cfg --payloads raw,torch
 fi
 
 if want hang; then

@@ -83,9 +83,9 @@ def main():
                 ours[row["format"]].append(row)
             if a.torch2_python:
                 # the root sees /tmp and the checkout; the disk folder is
-                # this checkout's, so that both sides write the same disk
-                here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
-                folder = os.path.join(here, "build-bench", "dcp-payload")
+                # the bench's build folder, on the same disk as --dir here
+                folder = os.path.join(os.path.dirname(os.path.abspath(a.bench)),
+                                      "dcp-payload")
                 run = subprocess.run([a.torch2_python, os.path.abspath(__file__), "--dcp",
                                       folder, os.path.join(shm, "dcp")],
                                      env=env, check=True, capture_output=True, text=True)
