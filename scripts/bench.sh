@@ -27,7 +27,7 @@ trap 'rm -rf "$tmp"' EXIT
 # DTRUN_BENCH_ONLY=store,launcher,... runs only those parts: store, store-load,
 # launcher, multinode, rdzv-sim, rdzv-scale, etcd, ddp, fsdp, interactive,
 # hang, status, straggler, checkpoint, auto, torch-versions, wheel, fuzz,
-# partition, soak.
+# partition, soak, detect.
 want() { [[ -z ${DTRUN_BENCH_ONLY:-} || ",$DTRUN_BENCH_ONLY," == *",$1,"* ]]; }
 
 torch2=${DTRUN_BENCH_TORCH2:-1}
@@ -217,6 +217,14 @@ if want checkpoint; then
   echo "== restart to the first step after a SIGKILL: resume from disk (warm, cold) vs memory"
   /usr/bin/python3 tests/bench/restart_bench.py --dtrun $b/apps/dtrun \
     --train-cfg $b/examples/train_cfg --payloads raw,torch
+fi
+
+if want detect; then
+  echo
+  echo "== a lost node declared dead: SIGKILL (its closed connection) vs SIGSTOP (heartbeats)"
+  ninja -C "$b" fake_worker >/dev/null
+  /usr/bin/python3 tests/bench/detect_bench.py --dtrun $b/apps/dtrun \
+    --fake-worker $b/tests/apps/fake_worker
 fi
 
 if want hang; then
