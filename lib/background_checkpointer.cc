@@ -62,6 +62,7 @@ int64_t BackgroundCheckpointer::ResumeFromCopies() {
   Status loaded = Status::Invalid("not every rank holds a copy of a step");
   if (step > 0) loaded = LoadFromMemory(step, &file);
   if (!AllLoaded(step, file, loaded)) {
+    strategy_.Discard();
     if (rank_ == 0 && copies_ && dist_.env().restart_count > 0) {
       std::printf(
           "no memory copy to resume from (%s; the folder's newest "

@@ -198,6 +198,7 @@ class FsdpStrategy : public Strategy {
     }
     return Status::Ok();
   }
+  void Discard() override { verified_.clear(); }
   void Restore(const TensorMap&, torch::optim::Optimizer& opt) override {
     DTRUN_CHECK(!verified_.empty())
         << "FSDP Restore() without a Complete() that accepted";

@@ -82,6 +82,10 @@ class Strategy {
   // same (DDP: rank 0's broadcast, which a resume does not need: every
   // rank restored the same checkpoint). Collective; after the resume.
   virtual void StartFresh() {}
+  // A Complete() that accepted is not followed by Restore() (another rank's
+  // copy did not load): what it kept goes. Its tensors may point into a
+  // memory copy, whose lock they hold while they live.
+  virtual void Discard() {}
 
   // Seconds spent waiting for gradient collectives (SyncGradients) since
   // the last call: the loop subtracts them to time its own compute.
