@@ -44,6 +44,7 @@ def once(a, fault):
         conf = "last_call_timeout=0.5,join_timeout=30" + (f",{a.rdzv_conf}" if a.rdzv_conf else "")
         common = ["--nnodes=1:2", "--nproc-per-node=1", "--rdzv-backend=c10d",
                   f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=detect",
+                  f"--log-dir={d}/logs",
                   f"--rdzv-conf={conf}", a.fake_worker, "--pid-dir", d, "--sleep-ms", "60000"]
         err = open(os.path.join(d, "host.err"), "w+")
         host = subprocess.Popen([a.dtrun, *common], stdout=subprocess.DEVNULL, stderr=err)

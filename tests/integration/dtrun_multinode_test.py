@@ -128,6 +128,7 @@ class MultiNode(NodesTestCase):
         port = free_port()
         common = ["--nnodes=1:2", "--nproc-per-node=1", "--rdzv-backend=c10d",
                   f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=closed",
+                  f"--log-dir={self.dir}/logs",
                   "--rdzv-conf=last_call_timeout=0.5,join_timeout=30", FAKE,
                   "--pid-dir", self.dir, "--sleep-ms", "8000"]
         host = self.node(common)
