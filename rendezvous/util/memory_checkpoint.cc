@@ -453,23 +453,6 @@ std::vector<MemoryCopy> ScanMemoryCopies(const std::string& prefix,
   return copies;
 }
 
-Result<std::string> ReadMemoryFile(const MemoryCopy& copy,
-                                   const MemoryFile& file) {
-  Locked seg(copy.path, O_RDONLY, LOCK_SH);
-  Header h{};
-  uint64_t size = 0;
-  if (seg.fd() < 0 || !ReadHeader(seg.fd(), &h, &size) ||
-      h.state != kComplete || h.step != copy.step ||
-      file.offset + file.length > size) {
-    return Status::Invalid(copy.path + " no longer holds step " +
-                           std::to_string(copy.step));
-  }
-  std::string bytes(file.length, '\0');
-  if (!ReadAll(seg.fd(), bytes.data(), file.length, file.offset))
-    return Status::Invalid(Errno("reading " + copy.path));
-  return bytes;
-}
-
 // The mapping starts on the page the file starts on (every file does,
 // PageUp); the lock stays with the mapping.
 Result<MappedFile> MapMemoryFile(const MemoryCopy& copy,

@@ -96,16 +96,12 @@ class MemorySlots {
 std::vector<MemoryCopy> ScanMemoryCopies(
     const std::string& prefix, std::vector<std::string>* unusable = nullptr);
 
-// The bytes of `file` of `copy`, read under a shared lock. Status::Invalid
-// when the segment no longer holds that copy (rewritten or removed since
-// the scan).
-Result<std::string> ReadMemoryFile(const MemoryCopy& copy,
-                                   const MemoryFile& file);
-
 // `file` of `copy` mapped in place (no copy), the segment's shared lock
 // held until the last holder of `hold` lets go: no writer can change the bytes
 // meanwhile, and the rank's next copy waits for it, so a reader must let go
 // once it has loaded them. Private: writes to the mapping stay in this process.
+// Status::Invalid when the segment no longer holds that copy (rewritten or
+// removed since the scan).
 struct MappedFile {
   const char* data = nullptr;
   size_t size = 0;
