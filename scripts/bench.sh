@@ -227,6 +227,12 @@ if want detect; then
     --fake-worker $b/tests/apps/fake_worker
 fi
 
+if want py-restart; then
+  echo
+  echo "== a Python torch worker SIGKILLed: to its next step, cold vs --standby-import vs torchrun"
+  /usr/bin/python3 tests/bench/py_restart_bench.py --dtrun $b/apps/dtrun
+fi
+
 if want hang; then
   echo
   echo "== hangs: detection latency, heartbeat cost, torch's FileTimerServer vs dtrun"

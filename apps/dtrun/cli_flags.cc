@@ -91,6 +91,11 @@ void AddWorkerFlags(CLI::App& app, LaunchConfig& c, RawFlags& raw) {
        "python interpreter for .py/-m entrypoints (default: $PYTHON_EXEC or "
        "python3)",
        workers);
+  Flag(app, "--standby-import", c.standby_import,
+       "Python workers: keep a standby process that has imported these "
+       "modules (comma-separated, e.g. torch,numpy) and fork restarted "
+       "workers from it, skipping their imports",
+       workers);
   Flag(app, "--role", c.role, "worker role name (ROLE_NAME)", workers)
       ->capture_default_str();
   // torchrun's fork/spawn/forkserver choose how Python makes workers; dtrun

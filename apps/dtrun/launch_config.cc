@@ -8,6 +8,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <cstdlib>
 #include <sstream>
 
@@ -467,6 +468,35 @@ Status ResolveWorkerArgv(LaunchConfig* c) {
   return Status::Ok();
 }
 
+// --standby-import: dotted module names, for a Python entrypoint only.
+Status CheckStandby(LaunchConfig* c) {
+  if (c->standby_import.empty()) return Status::Ok();
+  if (!c->python_worker) {
+    return Status::Invalid(
+        "--standby-import: the workers do not run Python ('" +
+        c->worker_argv[0] +
+        "' runs directly); drop the flag or run a .py script or -m module");
+  }
+  std::string item;
+  std::istringstream in(c->standby_import);
+  while (std::getline(in, item, ',')) {
+    bool ok = !item.empty() && item.front() != '.' && item.back() != '.' &&
+              item.find("..") == std::string::npos &&
+              !std::isdigit(static_cast<unsigned char>(item[0]));
+    for (char ch : item) {
+      ok = ok && (std::isalnum(static_cast<unsigned char>(ch)) || ch == '_' ||
+                  ch == '.');
+    }
+    if (!ok) {
+      return Status::Invalid("--standby-import: '" + item +
+                             "' is not a module name (give names such as "
+                             "torch,numpy,mypackage.model, comma-separated)");
+    }
+    c->standby_modules.push_back(item);
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 Status Validate(LaunchConfig* c) {
@@ -482,7 +512,8 @@ Status Validate(LaunchConfig* c) {
   s = CheckCombinations(*c);
   if (s.ok()) s = CheckChoices(*c);
   if (s.ok()) s = ApplyFreePortEndpoint(c);
-  return s.ok() ? ResolveWorkerArgv(c) : s;
+  if (s.ok()) s = ResolveWorkerArgv(c);
+  return s.ok() ? CheckStandby(c) : s;
 }
 
 }  // namespace dtrun::agent

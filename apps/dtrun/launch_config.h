@@ -42,8 +42,12 @@ struct LaunchConfig {
   bool no_python = false;               // --no-python: exec entrypoint directly
   bool run_path = false;                // --run-path: run the file with python
   std::string python = "python3";       // --python, else $PYTHON_EXEC
-  std::string role = "default";         // --role -> ROLE_NAME
-  bool interactive = false;  // --interactive: Python workers + a console
+  // --standby-import: modules a standby imports before it forks workers
+  // (standby.h); Validate() splits it into standby_modules.
+  std::string standby_import;
+  std::vector<std::string> standby_modules;
+  std::string role = "default";  // --role -> ROLE_NAME
+  bool interactive = false;      // --interactive: Python workers + a console
   bool no_console = false;  // --no-console: host the session, print its address
   std::string gpu_ids;  // --gpu-ids 0,2 (interactive): GPU of each local rank
   // --virtual-local-rank: LOCAL_RANK=0 and one GPU in CUDA_VISIBLE_DEVICES.

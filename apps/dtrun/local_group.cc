@@ -19,6 +19,7 @@
 #include "apps/dtrun/exit_code.h"
 #include "apps/dtrun/numa_binding.h"
 #include "apps/dtrun/run_layout.h"
+#include "apps/dtrun/standby.h"
 #include "rendezvous/util/check.h"
 #include "rendezvous/util/log.h"
 #include "rendezvous/util/console.h"
@@ -100,9 +101,11 @@ Status LocalGroup::Prepare(const std::string& run_id) {
   watch_.Prepare(run_dir_);
   // Python workers get the torch compatibility shim (worker_env.h), once per
   // run.
-  if (config_.python_worker)
-    return InstallTorchShim(layout::ShimDir(run_dir_), &base_env_);
-  return Status::Ok();
+  if (!config_.python_worker) return Status::Ok();
+  Status s = InstallTorchShim(layout::ShimDir(run_dir_), &base_env_);
+  if (s.ok() && !config_.standby_modules.empty())
+    workers_->UseStandby(StartStandby(config_, base_env_, run_dir_));
+  return s;
 }
 
 // The entry points below turn an event into the Agent's call with the time
@@ -438,8 +441,10 @@ void LocalGroup::StartWorkers(int restart_count) {
   pids_.clear();
   spawn_error_.clear();
   std::string pid_list;
+  int warm = 0;
   for (int lr = 0; lr < config_.nproc_per_node; ++lr) {
     Result<int> pid = workers_->Spawn(SpecFor(lr, attempt_dir_));
+    warm += workers_->spawned_warm() ? 1 : 0;
     if (!pid.ok()) {
       // Reported as that rank's failure when its exit (127) is reaped.
       spawn_error_[lr] = pid.status().message();
@@ -453,8 +458,9 @@ void LocalGroup::StartWorkers(int restart_count) {
   hang_.Reset(config_.nproc_per_node, attempt_dir_, restart_count);
   beats_.Reset(attempt_dir_, config_.nproc_per_node);
   watch_.OnSpawned(started);
-  log->info("attempt {}: started {} worker(s), pids {}", restart_count,
-            config_.nproc_per_node, pid_list);
+  log->info("attempt {}: started {} worker(s), pids {}{}", restart_count,
+            config_.nproc_per_node, pid_list,
+            warm ? " (" + std::to_string(warm) + " from the standby)" : "");
 }
 
 // The Agent gave up waiting for workers that outlived SIGKILL: their later

@@ -27,6 +27,9 @@
 #include <cstring>
 #include <memory>
 
+#include "apps/dtrun/error_report.h"
+#include "rendezvous/util/log.h"
+
 namespace dtrun::agent {
 namespace {
 
@@ -105,7 +108,8 @@ Result<int> PosixWorkerGroup::Spawn(const WorkerSpec& spec) {
     close(out[1]);
     return Status::Io(std::string("pipe: ") + std::strerror(errno));
   }
-  Result<int> pid = ForkExec(spec, out[1], err[1]);
+  auto warm = FromStandby(spec, out[1], err[1]);
+  Result<int> pid = warm ? std::move(*warm) : ForkExec(spec, out[1], err[1]);
   close(out[1]);
   close(err[1]);
   // The pipes are read even when exec failed: the mux closes them at EOF.
@@ -217,6 +221,43 @@ Result<int> PosixWorkerGroup::ForkExec(const WorkerSpec& spec, int out_fd,
   return pid;
 }
 
+void PosixWorkerGroup::UseStandby(std::unique_ptr<Standby> standby) {
+  standby_ = std::move(standby);
+}
+
+// The worker forked by the standby, or nullopt to start it cold: no
+// standby, one still importing (this worker does not wait for it), or one
+// that cannot (then it is dropped, saying why, and every later worker
+// starts cold too).
+std::optional<Result<int>> PosixWorkerGroup::FromStandby(const WorkerSpec& spec,
+                                                         int out_fd,
+                                                         int err_fd) {
+  warm_ = false;
+  if (!standby_) return std::nullopt;
+  auto ready = standby_->Ready();
+  if (ready.ok() && !*ready) {
+    Logger("dtrun.agent")
+        ->info("local_rank {}: the standby is still importing; started cold",
+               spec.local_rank);
+    return std::nullopt;
+  }
+  Result<int> pid = ready.ok() ? standby_->Fork(spec, out_fd, err_fd)
+                               : Result<int>(ready.status());
+  if (!pid.ok()) {
+    DropStandby(pid.status().message());
+    return std::nullopt;
+  }
+  local_rank_of_[*pid] = spec.local_rank;
+  warm_ = true;
+  return pid;
+}
+
+void PosixWorkerGroup::DropStandby(const std::string& why) {
+  Logger("dtrun.agent")
+      ->warn("--standby-import: {}; workers start cold from now on", why);
+  standby_.reset();
+}
+
 void PosixWorkerGroup::Signal(int pid, int signo) {
   if (local_rank_of_.count(pid) == 0)
     return;  // already reaped: pid may be reused
@@ -225,12 +266,56 @@ void PosixWorkerGroup::Signal(int pid, int signo) {
   if (kill(-pid, signo) != 0) kill(pid, signo);
 }
 
+std::vector<int> PosixWorkerGroup::output_fds() const {
+  std::vector<int> fds = mux_.fds();
+  if (standby_ && !standby_said_) fds.push_back(standby_->fd());
+  return fds;
+}
+
+void PosixWorkerGroup::OnReadable(int fd) {
+  if (standby_ && fd == standby_->fd()) {
+    WatchStandby();
+  } else {
+    mux_.OnReadable(fd);
+  }
+}
+
+// Said once, as soon as it is known: the standby is ready, or it refused.
+void PosixWorkerGroup::WatchStandby() {
+  if (!standby_ || standby_said_) return;
+  auto ready = standby_->Ready();
+  if (!ready.ok()) {
+    DropStandby(ready.status().message());
+  } else if (*ready) {
+    standby_said_ = true;
+    Logger("dtrun.agent")
+        ->info(
+            "--standby-import: the standby is ready (its imports took "
+            "{:.2f} s); restarted workers are forked from it",
+            standby_->import_seconds());
+  }
+}
+
 std::vector<WorkerExit> PosixWorkerGroup::Reap() {
+  WatchStandby();
   std::vector<WorkerExit> out;
   for (;;) {
     int status = 0;
     pid_t pid = waitpid(-1, &status, WNOHANG);
     if (pid <= 0) break;
+    if (standby_ && pid == standby_->pid()) {
+      standby_->OnExited();
+      // A standby that refused said why before it exited.
+      auto said = standby_->Ready();
+      DropStandby(
+          !said.ok() && said.status().code() == Status::Code::kUnavailable
+              ? said.status().message()
+          : WIFSIGNALED(status)
+              ? "the standby was killed by " + SignalName(WTERMSIG(status))
+              : "the standby exited with code " +
+                    std::to_string(WEXITSTATUS(status)));
+      continue;
+    }
     auto it = local_rank_of_.find(pid);
     if (it == local_rank_of_.end())
       continue;  // a tool's, or a worker's orphan we adopted

@@ -1,8 +1,10 @@
 #pragma once
 
 #include <map>
+#include <optional>
 
 #include "apps/dtrun/log_mux.h"
+#include "apps/dtrun/standby.h"
 #include "apps/dtrun/worker_group.h"
 
 namespace dtrun::agent {
@@ -17,15 +19,26 @@ class PosixWorkerGroup : public WorkerGroup {
   Result<int> Spawn(const WorkerSpec& spec) override;
   void Signal(int pid, int signo) override;
   std::vector<WorkerExit> Reap() override;
-  std::vector<int> output_fds() const override { return mux_.fds(); }
-  void OnReadable(int fd) override { mux_.OnReadable(fd); }
+  // The standby's socket too, until it said whether it is ready.
+  std::vector<int> output_fds() const override;
+  void OnReadable(int fd) override;
   void ReadPending(std::chrono::milliseconds limit) override;
   void Drain(std::chrono::milliseconds limit) override;
   void RunTools(const std::vector<ToolRun>& tools,
                 std::chrono::milliseconds limit) override;
+  void UseStandby(std::unique_ptr<Standby> standby) override;
+  bool spawned_warm() const override { return warm_; }
 
  private:
   Result<int> ForkExec(const WorkerSpec& spec, int out_fd, int err_fd);
+  std::optional<Result<int>> FromStandby(const WorkerSpec& spec, int out_fd,
+                                         int err_fd);
+  void DropStandby(const std::string& why);
+  void WatchStandby();
+
+  std::unique_ptr<Standby> standby_;
+  bool warm_ = false;          // the last Spawn's worker came from the standby
+  bool standby_said_ = false;  // its readiness was logged
 
   std::map<int, int> local_rank_of_;  // live pid -> local rank
   LogMux mux_;

@@ -28,6 +28,7 @@ inline constexpr char kStatusFile[] = "status.json";
 inline constexpr char kReportFile[] = "report.html";
 inline constexpr char kStackRequestFile[] = "stacks.request";
 inline constexpr char kShimDir[] = "python";
+inline constexpr char kStandbyDir[] = "standby";
 
 inline std::string StatusFile(const std::string& run) {
   return run + "/" + kStatusFile;
@@ -43,6 +44,9 @@ inline std::string StackAnswer(const std::string& run, const std::string& id) {
 }
 inline std::string ShimDir(const std::string& run) {
   return run + "/" + kShimDir;
+}
+inline std::string StandbyDir(const std::string& run) {
+  return run + "/" + kStandbyDir;
 }
 inline std::string AttemptDir(const std::string& run, int restart_count) {
   return run + "/attempt_" + std::to_string(restart_count);

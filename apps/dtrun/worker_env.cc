@@ -120,6 +120,14 @@ EnvMap WorkerEnv(const EnvMap& base, const AttemptEnv& a,
   return env;
 }
 
+EnvMap StandbyEnv(const EnvMap& base, int local_world_size) {
+  EnvMap env = base;
+  WorkerPlace place;
+  place.local_world_size = local_world_size;
+  SetTorchDefaults(base, place, &env);
+  return env;
+}
+
 std::vector<std::string> ToEnvStrings(const EnvMap& env) {
   std::vector<std::string> out;
   out.reserve(env.size());

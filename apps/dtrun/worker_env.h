@@ -55,6 +55,11 @@ EnvMap WorkerEnv(const EnvMap& base, const AttemptEnv& attempt,
 // error.json, where torch's @record writes and error_report.cc reads. Pure.
 std::string ErrorFilePath(const AttemptEnv& attempt, int local_rank);
 
+// The environment of the Python workers' standby (standby.h): `base` and
+// the defaults every worker of a node of `local_world_size` gets
+// (OMP_NUM_THREADS, ...), none of the variables that differ per worker.
+EnvMap StandbyEnv(const EnvMap& base, int local_world_size);
+
 // map -> "K=V" strings for execve, sorted by name (the map's order), so two
 // workers' environments compare line by line. Pure.
 std::vector<std::string> ToEnvStrings(const EnvMap& env);

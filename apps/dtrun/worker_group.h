@@ -6,6 +6,7 @@
 // FakeWorkerGroup (tests/testing/fake_worker_group.h).
 
 #include <chrono>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -41,9 +42,16 @@ struct ToolRun {
   std::string output_file;        // stdout and stderr
 };
 
+class Standby;
+
 class WorkerGroup {
  public:
   virtual ~WorkerGroup() = default;
+  // Python workers come from `standby` once it is ready (standby.h); a
+  // group that cannot use one (tests' fakes) drops it.
+  virtual void UseStandby(std::unique_ptr<Standby> standby);
+  // Whether the last Spawn forked its worker from the standby.
+  virtual bool spawned_warm() const { return false; }
   // Starts one worker leading a process group of its own, its output
   // forwarded whole lines at a time. Returns its pid, or why it could not be
   // started (then nothing of it runs).

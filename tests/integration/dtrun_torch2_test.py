@@ -38,6 +38,7 @@ SLOW = 300  # seconds for a job of torch 2.6 workers on a busy machine
 os.chdir(CHECKOUT)
 
 import dtrun_interactive_test as interactive  # noqa: E402 (its Console; needs --dtrun)
+import dtrun_torch_test as torch_test  # noqa: E402 (the standby's restart check)
 from dtrun_multinode_test import FAST, free_port  # noqa: E402
 
 # What a worker sees of the shim: before torch is imported, after, and when
@@ -124,6 +125,12 @@ class Torch2Workers(WorkerTestCase):
         # The pids dtrun started are Python's own (torch2.sh execs chroot).
         started = err.split("started 2 worker(s), pids ")[1].split()[0]
         self.assertEqual(sorted(int(x) for x in started.split(",")), pids)
+
+    def test_a_killed_worker_restarts_from_the_standby_bitwise(self):
+        # --standby-import with the root's interpreter: the standby imports
+        # torch in the root and forks the workers there.
+        err = torch_test.standby_restart(self, DTRUN, PY2, timeout=SLOW)
+        self.assertIn("imports torch,torch.distributed", err)
 
     def test_workers_that_are_not_python_get_no_shim(self):
         rc, _, err = run(DTRUN, ["--nproc-per-node=2", FAKE, "--env-dir", self.dir],

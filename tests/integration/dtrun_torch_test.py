@@ -1,7 +1,9 @@
 """The real dtrun binary launching Debian's Python torch workers (gloo)."""
 import json
 import os
+import re
 import signal
+import subprocess
 import sys
 import time
 import unittest
@@ -66,6 +68,88 @@ class DtrunWithTorchWorkers(WorkerTestCase):
             out, err = p.communicate(timeout=120)
             self.assertEqual(p.returncode, 0, err)
             self.assertIn("sum=3 attempt=0 OK", out)
+
+
+TRAIN = os.path.join(HERE, "py_train_worker.py")
+TRAIN_ARGS = ["8", "--width", "64", "--layers", "2"]
+SHA = re.compile(r"params_sha256=([0-9a-f]{64})")
+RECOVERED = re.compile(r"recovered in [0-9.]+ s: detect [0-9.]+, regroup [0-9.]+, start [0-9.]+, "
+                       r"init [0-9.]+, load [0-9.]+, first step [0-9.]+ \(from step 4, disk\)")
+STANDBY = "--standby-import=torch,torch.distributed"
+
+
+def standby_restart(test, dtrun, python, timeout=120):
+    """A Python DDP run (py_train_worker.py) undisturbed, then the same run
+    with rank 1 SIGKILLed after step 3 once dtrun's standby is ready: the
+    restarted workers come from the standby, the recovery is reported whole,
+    and the parameters end bitwise equal. Returns the second run's stderr."""
+    ref = os.path.join(test.dir, "ref")
+    os.makedirs(ref)
+    rc, out, err = run(dtrun, python + ["--nproc-per-node=2", TRAIN, ref] + TRAIN_ARGS,
+                       timeout=timeout)
+    test.assertEqual(rc, 0, err)
+    want = SHA.search(out).group(1)
+    ckpt, trigger = os.path.join(test.dir, "ckpt"), os.path.join(test.dir, "kill")
+    os.makedirs(ckpt)
+    err_path = os.path.join(test.dir, "stderr")
+    with open(err_path, "w") as err_file:
+        p = subprocess.Popen([dtrun] + python + ["--nproc-per-node=2", "--max-restarts=1",
+                                                 STANDBY, TRAIN, ckpt] + TRAIN_ARGS +
+                             ["--kill-at", "3", "--kill-when", trigger],
+                             stdout=subprocess.PIPE, stderr=err_file, text=True)
+    read_err = lambda: open(err_path).read()  # noqa: E731
+    try:
+        ready = wait_for(lambda: "the standby is ready" in read_err() or p.poll() is not None,
+                         timeout)
+        test.assertTrue(ready and p.poll() is None, read_err())
+        open(trigger, "w").close()
+        out, _ = p.communicate(timeout=timeout)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    err = read_err()
+    test.assertEqual(p.returncode, 0, err)
+    test.assertIn("attempt 1: started 2 worker(s)", err)
+    test.assertIn("(2 from the standby)", err)
+    test.assertRegex(err, RECOVERED)
+    test.assertEqual(SHA.search(out).group(1), want, err)
+    return err
+
+
+class StandbyWorkers(WorkerTestCase):
+    """--standby-import: restarted Python workers forked from a standby that
+    imported torch, or, when it cannot be, started cold saying why."""
+
+    def test_a_killed_worker_restarts_from_the_standby_bitwise(self):
+        standby_restart(self, DTRUN, PY)
+
+    def test_a_module_that_starts_a_thread_is_refused_and_workers_start_cold(self):
+        with open(os.path.join(self.dir, "spinner.py"), "w") as f:
+            f.write("import threading, time\n"
+                    "threading.Thread(target=time.sleep, args=(60,), daemon=True).start()\n")
+        rc, out, err = run(DTRUN, PY + ["--nproc-per-node=2", "--max-restarts=1",
+                                        "--standby-import=spinner", WORKER, "fail-once",
+                                        self.dir], env={"PYTHONPATH": self.dir})
+        self.assertEqual(rc, 0, err)
+        self.assertIn("--standby-import: the standby runs 2 threads after its imports", err)
+        self.assertIn("workers start cold from now on", err)
+        self.assertNotIn("from the standby)", err)
+        self.assertIn("sum=3 attempt=1 OK", out)
+
+    def test_a_module_that_does_not_import_is_named(self):
+        rc, out, err = run(DTRUN, PY + ["--nproc-per-node=1", "--standby-import=no_such_mod_x",
+                                        WORKER, "allreduce"])
+        self.assertEqual(rc, 0, err)
+        self.assertIn("importing no_such_mod_x failed: ModuleNotFoundError", err)
+
+    def test_bad_values_exit_2_naming_the_flag(self):
+        rc, _, err = run(DTRUN, PY + ["--standby-import=torch,,numpy", WORKER, "allreduce"])
+        self.assertEqual(rc, 2)
+        self.assertIn("--standby-import: '' is not a module name", err)
+        rc, _, err = run(DTRUN, ["--standby-import=torch", "--no-python", "/bin/true"])
+        self.assertEqual(rc, 2)
+        self.assertIn("--standby-import: the workers do not run Python", err)
 
 
 if __name__ == "__main__":

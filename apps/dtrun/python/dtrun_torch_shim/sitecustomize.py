@@ -167,4 +167,7 @@ def _register_stack_dump():
 
 _install()
 _register_stack_dump()
+# Found by dtrun's standby (dtrun_standby.py), which registers a forked
+# worker's stack handler with the worker's own variables.
+sys.modules["_dtrun_torch_shim"] = sys.modules[__name__]
 _chain()

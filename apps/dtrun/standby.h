@@ -1,0 +1,79 @@
+#pragma once
+
+// The standby of Python workers (--standby-import): one process per node
+// that has imported torch and the modules the user named, and forks a
+// worker when dtrun asks, so a restarted worker skips seconds of imports.
+// The Python side is apps/dtrun/python/dtrun_standby/dtrun_standby.py,
+// which says how the worker is made; this is dtrun's end of their socket.
+//
+// Workers it forks become dtrun's children (dtrun is a child subreaper once
+// a standby starts), so PosixWorkerGroup reaps and signals them as its own.
+// Every failure (an import that fails, threads or CUDA after the imports, a
+// worker the standby cannot make, the standby gone) is a Status saying why;
+// the group then starts workers cold.
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "apps/dtrun/launch_config.h"
+#include "apps/dtrun/worker_env.h"
+#include "apps/dtrun/worker_group.h"
+#include "rendezvous/util/status.h"
+
+namespace dtrun::agent {
+
+struct StandbyPlan {
+  std::string interpreter;           // the workers' --python interpreter
+  std::string dir;                   // where dtrun_standby.py is written
+  std::vector<std::string> modules;  // --standby-import
+  std::vector<std::string> env;      // "K=V": what every worker has
+  std::string log_file;              // the standby's stdout and stderr
+};
+
+class Standby {
+ public:
+  // Writes the standby's file and starts it; its imports then run while
+  // dtrun goes on.
+  static Result<std::unique_ptr<Standby>> Start(const StandbyPlan& plan);
+  ~Standby();
+  Standby(const Standby&) = delete;
+  Standby& operator=(const Standby&) = delete;
+
+  // Whether its imports are done; never blocks. An error: it refused (an
+  // import failed, threads or CUDA after them) or died, and why.
+  Result<bool> Ready();
+  // Forks the worker `spec` describes, with `out_fd` and `err_fd` as its
+  // stdout and stderr; its pid (a child of this process), or why not.
+  Result<int> Fork(const WorkerSpec& spec, int out_fd, int err_fd);
+
+  int pid() const { return pid_; }
+  // Its socket: readable when Ready() has news.
+  int fd() const { return sock_; }
+  // The group reaped the standby's own exit (its pid is no longer ours).
+  void OnExited() { exited_ = true; }
+  // Seconds its imports took, once ready.
+  double import_seconds() const { return import_seconds_; }
+
+ private:
+  Standby(int pid, int sock, std::string log_file)
+      : pid_(pid), sock_(sock), log_file_(std::move(log_file)) {}
+  Result<std::string> Receive(std::chrono::milliseconds limit);
+
+  int pid_;
+  int sock_;
+  std::string log_file_;
+  bool ready_ = false;
+  bool exited_ = false;
+  double import_seconds_ = 0;
+};
+
+// The job's standby (--standby-import), its files in `run_dir`, its
+// environment `base_env` and what every worker adds; nullptr, said in the
+// log, when it cannot start (the workers then start cold, as without it).
+std::unique_ptr<Standby> StartStandby(const LaunchConfig& config,
+                                      const EnvMap& base_env,
+                                      const std::string& run_dir);
+
+}  // namespace dtrun::agent
