@@ -1,4 +1,5 @@
 """The real dtrun binary launching Debian's Python torch workers (gloo)."""
+import glob
 import json
 import os
 import re
@@ -123,6 +124,25 @@ class StandbyWorkers(WorkerTestCase):
 
     def test_a_killed_worker_restarts_from_the_standby_bitwise(self):
         standby_restart(self, DTRUN, PY)
+
+    def test_a_hung_worker_from_the_standby_is_found_and_its_stack_kept(self):
+        # --hang-timeout gives each worker PYTHONFAULTHANDLER=1, read when an
+        # interpreter starts: the standby's worker applies it after the fork
+        # (not a refusal), and dtrun's SIGABRT to its group prints its stack.
+        logs = os.path.join(self.dir, "logs")
+        rc, _, err = run(DTRUN, PY + ["--nproc-per-node=2", "--max-restarts=1",
+                                      "--hang-timeout=4", "--hang-first-beat=4",
+                                      "--log-dir", logs, STANDBY, WORKER, "hang", self.dir],
+                         timeout=120)
+        self.assertNotEqual(rc, 0, err)
+        self.assertIn("attempt 1: started 2 worker(s)", err)
+        self.assertIn("(2 from the standby)", err)
+        self.assertNotIn("differs between the worker", err)
+        stacks = glob.glob(os.path.join(logs, "*", "attempt_1", "*", "stack.txt"))
+        self.assertEqual(len(stacks), 2, err)
+        for path in stacks:
+            with open(path) as f:
+                self.assertIn("torch_worker.py", f.read())
 
     def test_a_module_that_starts_a_thread_is_refused_and_workers_start_cold(self):
         with open(os.path.join(self.dir, "spinner.py"), "w") as f:

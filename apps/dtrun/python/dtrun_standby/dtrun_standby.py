@@ -23,10 +23,12 @@ process group and arms its death signal, as for a worker it execs itself.
 In the worker, before the user's code: its own process group, dtrun as its
 parent and PR_SET_PDEATHSIG, its descriptors, signal mask and CPUs, its
 environment, the torch shim's stack handler, numpy's global seed drawn
-anew (as a fresh interpreter would), sys.argv and sys.path[0] as
-`python -u SCRIPT` or `python -u -m MODULE` set them. Left as the standby
-had them: variables read only when the interpreter starts (PYTHON*: the
-standby refuses a worker whose differ) and the hash seed of str keys.
+anew (as a fresh interpreter would), PYTHONFAULTHANDLER and
+PYTHONDONTWRITEBYTECODE applied, sys.argv and sys.path[0] as `python -u
+SCRIPT` or `python -u -m MODULE` set them. Left as the standby had them:
+the other variables read only when the interpreter starts (PYTHON*, LD_*,
+OMP_*, ...: the standby refuses a worker whose differ) and the hash seed
+of str keys.
 """
 import builtins
 import ctypes
@@ -48,8 +50,25 @@ def _prctl_deathsig():
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
+# Start-only variables a worker can still set after the fork, as the
+# interpreter would have at its start.
+_EMULATED = ("PYTHONFAULTHANDLER", "PYTHONDONTWRITEBYTECODE")
+
+
 def _start_only(env):
-    return {k: v for k, v in env.items() if k.startswith(_START_ONLY)}
+    return {k: v for k, v in env.items()
+            if k.startswith(_START_ONLY) and k not in _EMULATED}
+
+
+def _emulate_start(env):
+    """What the interpreter makes of _EMULATED at its start (dtrun sets
+    PYTHONFAULTHANDLER per worker with --hang-timeout)."""
+    import faulthandler
+    if env.get("PYTHONFAULTHANDLER"):
+        faulthandler.enable(all_threads=True)
+    elif faulthandler.is_enabled():
+        faulthandler.disable()
+    sys.dont_write_bytecode = bool(env.get("PYTHONDONTWRITEBYTECODE"))
 
 
 def _target(argv):
@@ -93,6 +112,7 @@ def _run_worker(target, env):
     module, name, args = target
     os.environ.clear()
     os.environ.update(env)
+    _emulate_start(env)
     shim = sys.modules.get("_dtrun_torch_shim")
     if shim is not None:
         shim._register_stack_dump()
