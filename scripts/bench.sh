@@ -19,7 +19,7 @@ export CCACHE_DIR=${CCACHE_DIR:-$HOME/.cache/ccache} CCACHE_BASEDIR=${CCACHE_BAS
 configure=(-G Ninja -DDTRUN_BUILD_BENCHMARKS=ON -DDTRUN_BUILD_TESTS=ON -DDTRUN_FUZZ=OFF
   -DCMAKE_BUILD_TYPE=Release)
 cmake -S . -B "$b" "${configure[@]}" >/dev/null
-ninja -C "$b" dtrun dtstore fake_worker store_bench store_load_bench rdzv_sim_bench \
+ninja -C "$b" dtrun dtstore fake_worker store_bench store_load_bench fanin_bench rdzv_sim_bench \
   torch_store_host ddp_bench fsdp_bench hang_bench status_cost_bench train_cfg \
   payload_bench >/dev/null
 tmp=$(mktemp -d)
@@ -92,6 +92,14 @@ if want launcher; then
   echo "== launcher: dtrun vs torchrun 1.13 and 2.6 ($(nproc) cores; workers OMP_NUM_THREADS=1)"
   /usr/bin/python3 tests/bench/launch_bench.py --dtrun $b/apps/dtrun \
     --fake-worker $b/tests/apps/fake_worker "${launch2[@]}"
+fi
+
+if want fanin; then
+  echo
+  echo "== the workers' store at scale: N workers' init_process_group traffic at once"
+  $b/tests/bench/fanin_bench --dtstore $b/apps/dtstore \
+    --torch-host $b/tests/bench/torch_store_host \
+    --workers 1024,4096,8192,16384,65536,100000 --rounds 2 --limit 90
 fi
 
 if want multinode; then
