@@ -33,6 +33,7 @@
 #include <atomic>
 #include <cstdio>
 #include <deque>
+#include <fstream>
 #include <future>
 #include <thread>
 #include <unordered_map>
@@ -522,6 +523,22 @@ StoreServer::Counts StoreServer::GetCounts() {
     return Counts{impl_->sessions_.size(), impl_->state_.NumKeys(),
                   impl_->requests_};
   });
+}
+
+std::string AcceptQueueAdvice(int64_t connections, int64_t somaxconn) {
+  if (somaxconn <= 0 || connections <= somaxconn) return "";
+  return std::to_string(connections) +
+         " workers connect to this store at once and net.core.somaxconn is " +
+         std::to_string(somaxconn) +
+         ": connections beyond the listen queue wait 1-3 s for the kernel "
+         "to retry them; raise it on this host (sysctl -w "
+         "net.core.somaxconn=65535)";
+}
+
+int64_t SystemSomaxconn() {
+  std::ifstream f("/proc/sys/net/core/somaxconn");
+  int64_t n = -1;
+  return (f >> n) ? n : -1;
 }
 
 }  // namespace dtrun::rendezvous

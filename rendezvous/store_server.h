@@ -73,4 +73,12 @@ class StoreServer {
   std::unique_ptr<Impl> impl_;
 };
 
+// Why `connections` arriving at once would wait on a listen queue the
+// kernel caps at `somaxconn` (a burst beyond it has its SYNs dropped and
+// retried after 1 s, then 3 s: tests/bench/README.md, "The workers'
+// store"), with what to do; "" when they fit. Pure.
+std::string AcceptQueueAdvice(int64_t connections, int64_t somaxconn);
+// net.core.somaxconn of this host (its network namespace); -1 if unknown.
+int64_t SystemSomaxconn();
+
 }  // namespace dtrun::rendezvous

@@ -73,6 +73,13 @@ Status ElasticJob::SetUpWorkerStore() {
     if (!server.ok()) return server.status();
     worker_store_ = std::move(*server);
     worker_store_->RunInBackground();
+    // Said once a job: every worker of every node connects here at once.
+    std::string advice = rendezvous::AcceptQueueAdvice(
+        assignment_.world_size, rendezvous::SystemSomaxconn());
+    if (!advice.empty() && !said_accept_queue_) {
+      Logger("dtrun.agent")->warn("the workers' store: {}", advice);
+      said_accept_queue_ = true;
+    }
     std::string host = config_.local_addr.empty() ? backend_->LocalAddress()
                                                   : config_.local_addr;
     addr = host + ":" + std::to_string(worker_store_->port());

@@ -86,6 +86,7 @@ class ElasticJob : public Job {
   std::unique_ptr<RendezvousBackend> backend_;
   // group rank 0: this round's workers' store
   std::unique_ptr<rendezvous::StoreServer> worker_store_;
+  bool said_accept_queue_ = false;             // AcceptQueueAdvice logged
   std::optional<TimePoint> store_lost_since_;  // the store's outage, if one
   std::unique_ptr<rendezvous::Rendezvous> rdzv_;
   rendezvous::Assignment assignment_;

@@ -126,10 +126,10 @@ size_t ReplySize(Stage stage, const std::string& in) {
 }
 
 struct Result {
-  double seconds = -1;    // first connect -> last release; -1: gave up
-  double accepted = -1;   // first connect -> every connection writable
-  double cpu = 0;         // the server's CPU seconds
-  double rss_mb = 0;      // the server's peak resident set
+  double seconds = -1;   // first connect -> last release; -1: gave up
+  double accepted = -1;  // first connect -> every connection writable
+  double cpu = 0;        // the server's CPU seconds
+  double rss_mb = 0;     // the server's peak resident set
   int done = 0;
 };
 
@@ -269,11 +269,12 @@ int RaiseFdLimit(int n) {
 
 void PrintRow(const char* name, int n, const Result& r, double limit) {
   if (r.seconds < 0) {
-    std::printf("| %s | %d | gave up after %.0f s (%d released) | | %.1f | %.0f |\n",
-                name, n, limit, r.done, r.cpu, r.rss_mb);
+    std::printf(
+        "| %s | %d | gave up after %.0f s (%d released) | | %.1f | %.0f |\n",
+        name, n, limit, r.done, r.cpu, r.rss_mb);
   } else {
-    std::printf("| %s | %d | %.2f | %.2f | %.1f | %.0f |\n", name, n,
-                r.seconds, r.accepted, r.cpu, r.rss_mb);
+    std::printf("| %s | %d | %.2f | %.2f | %.1f | %.0f |\n", name, n, r.seconds,
+                r.accepted, r.cpu, r.rss_mb);
   }
   std::fflush(stdout);
 }
@@ -320,9 +321,10 @@ int main(int argc, char** argv) {
       "|---|---|---|---|---|---|\n");
   for (int n : sizes) {
     if (n > most) {
-      std::printf("| - | %d | not run: needs %d descriptors in one process, "
-                  "this machine allows %d (RLIMIT_NOFILE) | | | |\n",
-                  n, n + 256, most + 256);
+      std::printf(
+          "| - | %d | not run: needs %d descriptors in one process, "
+          "this machine allows %d (RLIMIT_NOFILE) | | | |\n",
+          n, n + 256, most + 256);
       continue;
     }
     for (int round = 0; round < rounds; ++round) {
@@ -339,8 +341,7 @@ int main(int argc, char** argv) {
                        ours ? "dtstore" : "torch");
           return 1;
         }
-        PrintRow(ours ? "dtstore" : "torch 1.13", n, FanIn(s, n, limit),
-                 limit);
+        PrintRow(ours ? "dtstore" : "torch 1.13", n, FanIn(s, n, limit), limit);
         Stop(s);
       }
     }
