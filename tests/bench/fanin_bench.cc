@@ -36,6 +36,7 @@
 
 #include "rendezvous/wire.h"
 #include "tests/helpers/server_process.h"
+#include "tests/helpers/wire_frame.h"
 
 namespace dtrun::rendezvous {
 namespace {
@@ -48,14 +49,8 @@ constexpr int kPerSource = 25000;  // connections per source address
 
 std::string Frame(Op op, std::vector<std::string> keys,
                   std::vector<std::string> values = {}, int64_t number = 0) {
-  Request r;
-  r.op = op;
-  r.keys = std::move(keys);
-  r.values = std::move(values);
-  r.number = number;
-  std::string out;
-  EncodeRequest(r, Dialect::kTorch113, &out);
-  return out;
+  return dtrun::testing::EncodeFrame(Dialect::kTorch113, op, std::move(keys),
+                                     std::move(values), number);
 }
 
 // Where one worker is in its init: each stage ends with one reply.

@@ -32,6 +32,7 @@
 
 #include "rendezvous/wire.h"
 #include "tests/helpers/server_process.h"
+#include "tests/helpers/wire_frame.h"
 
 namespace {
 
@@ -162,14 +163,8 @@ double WaitRelease(uint16_t port, int iterations) {
 
 std::string Frame(Op op, std::vector<std::string> keys,
                   std::vector<std::string> values, int64_t number) {
-  Request r;
-  r.op = op;
-  r.keys = std::move(keys);
-  r.values = std::move(values);
-  r.number = number;
-  std::string out;
-  EncodeRequest(r, kDialect, &out);
-  return out;
+  return dtrun::testing::EncodeFrame(kDialect, op, std::move(keys),
+                                     std::move(values), number);
 }
 
 // N raw connections each ADD a counter and WAIT for a key the last arrival

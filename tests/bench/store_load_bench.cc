@@ -37,6 +37,7 @@
 
 #include "rendezvous/wire.h"
 #include "tests/helpers/server_process.h"
+#include "tests/helpers/wire_frame.h"
 
 namespace dtrun::rendezvous {
 namespace {
@@ -49,14 +50,8 @@ using dtrun::testing::CpuSeconds;
 
 std::string Frame(Op op, std::vector<std::string> keys,
                   std::vector<std::string> values = {}, int64_t number = 0) {
-  Request r;
-  r.op = op;
-  r.keys = std::move(keys);
-  r.values = std::move(values);
-  r.number = number;
-  std::string out;
-  EncodeRequest(r, g_dialect, &out);
-  return out;
+  return dtrun::testing::EncodeFrame(g_dialect, op, std::move(keys),
+                                     std::move(values), number);
 }
 
 // A non-blocking connection; a torch2-dialect one starts with VALIDATE.
