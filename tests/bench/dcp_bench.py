@@ -25,19 +25,25 @@ import torch.nn as nn
 from torch.utils._pytree import tree_map
 
 
-def main():
-    mode, folder = sys.argv[1], sys.argv[2]
-    steps = int(sys.argv[3]) if len(sys.argv) > 3 else 16
-    every = int(sys.argv[4]) if len(sys.argv) > 4 else 8
-    dist.init_process_group("gloo")
-    rank = dist.get_rank()
+def mlp100m_ddp():
+    """examples/configs/mlp100m_ddp.toml's model under PyTorch's DDP (96.4 M
+    parameters), and its SGD with momentum (0.77 GB of state)."""
     torch.manual_seed(7)
     sizes = [2048] + [4096] * 6
     layers = []
     for a, b in zip(sizes, sizes[1:]):
         layers += [nn.Linear(a, b), nn.ReLU()]
     model = nn.parallel.DistributedDataParallel(nn.Sequential(*layers, nn.Linear(4096, 1000)))
-    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    return model, torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+
+
+def main():
+    mode, folder = sys.argv[1], sys.argv[2]
+    steps = int(sys.argv[3]) if len(sys.argv) > 3 else 16
+    every = int(sys.argv[4]) if len(sys.argv) > 4 else 8
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    model, opt = mlp100m_ddp()
     # async_save's thread runs collectives of its own: on the group the
     # loop's DDP all-reduces use, the two interleave and deadlock (seen:
     # its gather_object against the backward's all-reduce). A group of its
@@ -72,4 +78,5 @@ def main():
     dist.destroy_process_group()
 
 
-main()
+if __name__ == "__main__":
+    main()

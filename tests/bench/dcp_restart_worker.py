@@ -18,6 +18,8 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 import torch.nn as nn
 
+from dcp_bench import mlp100m_ddp  # the same model, beside this file
+
 
 def newest(folder):
     steps = []
@@ -31,13 +33,7 @@ def main():
     folder, steps, every, kill = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
     dist.init_process_group("gloo")
     rank = dist.get_rank()
-    torch.manual_seed(7)
-    sizes = [2048] + [4096] * 6
-    layers = []
-    for a, b in zip(sizes, sizes[1:]):
-        layers += [nn.Linear(a, b), nn.ReLU()]
-    model = nn.parallel.DistributedDataParallel(nn.Sequential(*layers, nn.Linear(4096, 1000)))
-    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    model, opt = mlp100m_ddp()
     start = 0
     found = newest(folder)
     if found:

@@ -128,8 +128,9 @@ struct Result {
   int done = 0;
 };
 
-// Moves worker `w` (rank `i` of `n`) on by one reply; false on an error.
-void Advance(int i, int n, Worker& w, size_t size) {
+// Moves worker `w` (of `n`) on by the reply of `size` bytes at the head of
+// its input.
+void Advance(int n, Worker& w, size_t size) {
   const std::string bar = "/init/barrier", go = "/init/barrier/go";
   switch (w.stage) {
     case Stage::kWaitUid:
@@ -157,7 +158,6 @@ void Advance(int i, int n, Worker& w, size_t size) {
     default:
       break;
   }
-  (void)i;
   w.in.erase(0, size);
 }
 
@@ -226,7 +226,7 @@ Result FanIn(const Server& srv, int n, double limit) {
       if (got <= 0) continue;
       w.in.append(buf.data(), static_cast<size_t>(got));
       for (size_t size; (size = ReplySize(w.stage, w.in)) > 0;) {
-        Advance(i, n, w, size);
+        Advance(n, w, size);
         if (w.stage == Stage::kDone) ++r.done;
       }
     }
