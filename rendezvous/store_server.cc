@@ -28,6 +28,7 @@
 // posting (OnLoop), so nothing needs a lock.
 
 #include "rendezvous/store_server.h"
+#include "rendezvous/store_server_impl.h"
 
 #include <array>
 #include <atomic>
@@ -48,52 +49,6 @@
 namespace dtrun::rendezvous {
 namespace {
 
-constexpr size_t kReadChunk = 64 * 1024;
-constexpr int kSendBufferBytes = 192 << 10;  // the kernel doubles it
-using asio::ip::tcp;
-
-std::string FormatEndpoint(const tcp::endpoint& ep) {
-  std::string addr = ep.address().to_string();
-  if (ep.address().is_v6()) addr = "[" + addr + "]";
-  return addr + ":" + std::to_string(ep.port());
-}
-
-// Reply bytes queued for a connection: owned, or a stored value shared with
-// the store (sent without a copy).
-struct Segment {
-  std::string bytes;
-  std::shared_ptr<const std::string> shared;
-  std::string_view view() const {
-    return shared ? std::string_view(*shared) : bytes;
-  }
-};
-
-}  // namespace
-
-// One client connection. Owned by Impl::sessions_ and by in-flight handlers;
-// touched only on the loop thread.
-struct Session : std::enable_shared_from_this<Session> {
-  Session(tcp::socket s, ConnId conn_id) : socket(std::move(s)), id(conn_id) {}
-
-  tcp::socket socket;
-  ConnId id;
-  std::string peer;
-  Dialect dialect = Dialect::kUnknown;
-  uint64_t requests = 0;  // requests decoded so far
-  std::string in;         // received bytes; in[in_off..] not yet decoded
-  size_t in_off = 0;
-  size_t need = 1;          // decode again once this many bytes are buffered
-  std::deque<Segment> out;  // replies not yet handed to the kernel
-  size_t out_off = 0;       // bytes of out.front() already sent
-  bool write_busy = false;  // waiting for the socket to take more
-  bool read_busy = false;
-  bool dirty = false;  // listed in Impl::dirty_
-  bool closed = false;
-  std::unique_ptr<char[]> buf{new char[kReadChunk]};
-};
-
-namespace {
-
 // A first request of 0x00 that failed to decode as 1.13 was probably a
 // torch>=2.2 VALIDATE with another magic (another protocol version): the
 // message says so, with the magic received.
@@ -112,47 +67,6 @@ std::string WrongMagicHint(const Session& s, std::string_view avail) {
 }
 
 }  // namespace
-
-class StoreServer::Impl : public ReplySink {
- public:
-  explicit Impl(const StoreServerOptions& opts)
-      : opts_(opts), log_(Logger("dtrun.store")) {}
-
-  Status Listen();
-  void Accept();
-  void StartRead(const std::shared_ptr<Session>& s);
-  void OnRead(const std::shared_ptr<Session>& s, const asio::error_code& ec,
-              size_t n);
-  bool Process(Session* s);
-  static void CompactInput(Session* s);
-  void StartWrite(const std::shared_ptr<Session>& s);
-  bool WriteNow(Session* s);
-  static size_t Pending(const Session& s);
-  void FlushDirty();
-  void Close(Session* s, const std::string& reason);
-  Session* Dirty(ConnId conn);
-  std::string* Out(ConnId conn) override;
-  void OutShared(ConnId conn,
-                 std::shared_ptr<const std::string> bytes) override;
-  void CloseAll();
-  template <typename Fn>
-  auto OnLoop(Fn fn) -> decltype(fn());
-
-  StoreServerOptions opts_;
-  std::shared_ptr<spdlog::logger> log_;
-  asio::io_context io_{1};  // one thread runs it: lets asio skip some locking
-  tcp::acceptor acceptor_{io_};
-  asio::steady_timer accept_retry_{io_};
-  std::string host_;
-  uint16_t port_ = 0;
-  StoreState state_;
-  uint64_t requests_ = 0;  // every request decoded, on the loop thread
-  std::unordered_map<ConnId, std::shared_ptr<Session>> sessions_;
-  std::vector<std::shared_ptr<Session>> dirty_;
-  ConnId next_id_ = 1;
-  std::thread thread_;
-  std::atomic<bool> stopped_{false};
-};
 
 // "::" is tried first as a dual-stack socket (v6_only off), which also
 // takes IPv4 clients; hosts without IPv6 fall back to 0.0.0.0.
@@ -262,10 +176,22 @@ void StoreServer::Impl::OnRead(const std::shared_ptr<Session>& s,
   if (Pending(*s) <= opts_.max_pending_reply_bytes) StartRead(s);
 }
 
+// A connection whose first byte is the multiplexed hello's is a node's
+// proxy (store_server_mux.cc); every other speaks TCPStore's wire. False
+// when the connection was closed.
+bool StoreServer::Impl::Process(Session* s) {
+  if (s->mux) return ProcessMux(s);
+  if (!s->sub() && s->requests == 0 && s->dialect == Dialect::kUnknown) {
+    std::string_view avail(s->in.data() + s->in_off, s->in.size() - s->in_off);
+    if (LooksLikeMuxHello(avail)) return StartMux(s, avail);
+  }
+  return ProcessRequests(s);
+}
+
 // Decodes and applies every whole request buffered. `need` is the size the
 // decoder asked for, so a large value arriving in 64 KiB reads is decoded
 // once, when complete. False when the connection was closed.
-bool StoreServer::Impl::Process(Session* s) {
+bool StoreServer::Impl::ProcessRequests(Session* s) {
   while (s->in.size() - s->in_off >= s->need) {
     std::string_view avail(s->in.data() + s->in_off, s->in.size() - s->in_off);
     // The dialect is fixed by the first bytes of the connection; fewer than
@@ -416,6 +342,10 @@ bool StoreServer::Impl::WriteNow(Session* s) {
 
 void StoreServer::Impl::StartWrite(const std::shared_ptr<Session>& s) {
   if (s->write_busy || s->closed || s->out.empty()) return;
+  if (s->sub()) {  // its parent's socket carries it
+    FrameStream(s.get());
+    return;
+  }
   if (!WriteNow(s.get())) return;
   if (s->out.empty()) {
     // All sent: a connection held back by unread replies reads again.
@@ -440,8 +370,19 @@ void StoreServer::Impl::StartWrite(const std::shared_ptr<Session>& s) {
 }
 
 void StoreServer::Impl::Close(Session* s, const std::string& reason) {
+  if (s->sub()) {
+    CloseStream(s, reason, /*tell_proxy=*/true);
+    return;
+  }
   if (s->closed) return;
   s->closed = true;
+  if (s->mux) {  // its streams end with it, before it
+    auto streams = s->streams;
+    for (const auto& kv : streams) {
+      auto it = sessions_.find(kv.second);
+      if (it != sessions_.end()) CloseStream(it->second.get(), "", false);
+    }
+  }
   if (!reason.empty()) {
     log_->warn("closing connection from {}: {}", s->peer, reason);
   } else {
