@@ -406,10 +406,11 @@ void StoreProxy::Impl::Lost(const std::string& why) {
   if (lost_) return;
   lost_ = true;
   lost_flag_ = true;
-  log_->error(
-      "store proxy: lost the workers' store at {} ({}); closing this "
-      "node's {} worker connection(s)",
-      upstream_, why, downs_.size());
+  // With no worker connected, the store's round just ended before ours.
+  log_->log(downs_.empty() ? spdlog::level::debug : spdlog::level::err,
+            "store proxy: lost the workers' store at {} ({}); closing this "
+            "node's {} worker connection(s)",
+            upstream_, why, downs_.size());
   CloseAll();
 }
 

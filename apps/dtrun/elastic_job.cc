@@ -66,6 +66,7 @@ Status ElasticJob::SetUpWorkerStore() {
   const std::string key =
       rendezvous::keys::WorkerStore(config_.rdzv_id, assignment_.round);
   std::string addr;
+  worker_proxy_.reset();
   worker_store_.reset();
   if (assignment_.group_rank == 0) {
     auto server =
@@ -106,7 +107,33 @@ Status ElasticJob::SetUpWorkerStore() {
   }
   group_.attempt().master_addr = host;
   group_.attempt().master_port = port;
+  const std::string& proxy = config_.store_proxy;
+  if (assignment_.group_rank != 0 &&
+      (proxy == "on" ||
+       (proxy == "auto" && assignment_.world_size > kProxyAutoWorkers))) {
+    ProxyWorkerStore(host, port);
+  }
   return Status::Ok();
+}
+
+void ElasticJob::ProxyWorkerStore(const std::string& host, uint16_t port) {
+  rendezvous::StoreProxyOptions po;
+  po.upstream_host = host;
+  po.upstream_port = port;
+  po.connect_timeout = std::chrono::seconds(30);
+  auto proxy = rendezvous::StoreProxy::Start(po);
+  if (!proxy.ok()) {
+    Logger("dtrun.agent")
+        ->warn(
+            "{}; this node's workers connect to the store itself "
+            "(--store-proxy=off says the same without trying)",
+            proxy.status().message());
+    return;
+  }
+  worker_proxy_ = std::move(*proxy);
+  worker_proxy_->RunInBackground();
+  group_.attempt().master_addr = "127.0.0.1";
+  group_.attempt().master_port = worker_proxy_->port();
 }
 
 rendezvous::RendezvousOptions ElasticJob::RendezvousOptionsOf(
@@ -259,12 +286,13 @@ int ElasticJob::JoinRounds() {
     }
     log->info(
         "round {}: group rank {} of {}, ranks {}..{} of {}; workers' store "
-        "{}:{}",
+        "{}:{}{}",
         assignment_.round, assignment_.group_rank, assignment_.group_world_size,
         assignment_.base_rank,
         assignment_.base_rank + config_.nproc_per_node - 1,
         assignment_.world_size, group_.attempt().master_addr,
-        group_.attempt().master_port);
+        group_.attempt().master_port,
+        worker_proxy_ ? " (this node's proxy to it)" : "");
     RoundEnd end = FollowRound();
     if (!end.rejoin) {
       RecordRdzv(

@@ -9,6 +9,7 @@
 #include "apps/dtrun/round_policy.h"
 #include "apps/dtrun/signals.h"
 #include "rendezvous/rendezvous.h"
+#include "rendezvous/store_proxy.h"
 
 namespace dtrun::agent {
 
@@ -73,6 +74,9 @@ class ElasticJob : public Job {
   // A hang declared here (HangWatch::ShareFn): this node's ranks to the
   // others, and theirs back, within kShareWait.
   std::vector<std::string> ShareHang(const std::string& mine);
+  // --store-proxy: points this node's workers at a proxy to the workers'
+  // store at host:port; leaves them on the store itself when none starts.
+  void ProxyWorkerStore(const std::string& host, uint16_t port);
   // --event-log-handler: a rendezvous event in torch's RdzvEvent schema.
   void RecordRdzv(const std::string& name, const std::string& node_state,
                   const std::string& message);
@@ -86,6 +90,8 @@ class ElasticJob : public Job {
   std::unique_ptr<RendezvousBackend> backend_;
   // group rank 0: this round's workers' store
   std::unique_ptr<rendezvous::StoreServer> worker_store_;
+  // other group ranks (--store-proxy): this node's way to it
+  std::unique_ptr<rendezvous::StoreProxy> worker_proxy_;
   bool said_accept_queue_ = false;             // AcceptQueueAdvice logged
   std::optional<TimePoint> store_lost_since_;  // the store's outage, if one
   std::unique_ptr<rendezvous::Rendezvous> rdzv_;

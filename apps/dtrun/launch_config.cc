@@ -369,6 +369,11 @@ Status CheckChoices(const LaunchConfig& c) {
                            "' (choose from node, socket, exclusive, "
                            "core-complex)");
   }
+  const std::string& sp = c.store_proxy;
+  if (sp != "auto" && sp != "on" && sp != "off") {
+    return Status::Invalid("--store-proxy: invalid choice '" + sp +
+                           "' (choose from auto, on, off)");
+  }
   const std::string& e = c.event_log_handler;
   bool file = (e.rfind("file:", 0) == 0 && e.size() > 5) ||
               e.find('/') != std::string::npos;

@@ -32,6 +32,12 @@ struct StreamSpec {
   }
 };
 
+// --store-proxy=auto proxies the workers' store for jobs of more workers
+// than this: beyond it a burst of connections outgrows a listen queue of
+// Linux's default 4,096 soon (tests/bench/README.md, "The workers' store"),
+// and below it every worker sees rank 0's MASTER_ADDR, as under torchrun.
+constexpr int kProxyAutoWorkers = 2048;
+
 // Everything dtrun was asked to do, after parsing and defaults. Plain data;
 // Validate() checks it and fills derived fields.
 struct LaunchConfig {
@@ -74,6 +80,11 @@ struct LaunchConfig {
   std::string rdzv_id = "none";  // --rdzv-id
   RdzvConfig rdzv_conf;          // --rdzv-conf k=v,k=v, typed
   std::string local_addr;        // --local-addr
+  // --store-proxy: "on": on a node that is not group rank 0, the workers
+  // reach the workers' store through this node's proxy (store_proxy.h), so
+  // that store holds one connection per node; "off": each worker connects
+  // to it; "auto" (default): on for jobs of more than kProxyAutoWorkers.
+  std::string store_proxy = "auto";
 
   // Failures and signals.
   int max_restarts = 0;                           // --max-restarts

@@ -14,6 +14,7 @@ from dtrun_proc import NodesTestCase, alive, parse_args, read_pids, run, start, 
 ARGS, REST = parse_args()
 DTRUN, FAKE = ARGS.dtrun, ARGS.fake_worker
 HERE = os.path.dirname(os.path.abspath(__file__))
+WORKER = os.path.join(HERE, "torch_worker.py")
 ALLREDUCE = os.path.join(HERE, "..", "..", "examples", "allreduce_check.py")
 PY = ["--python", "/usr/bin/python3"]
 FAST = "keep_alive_interval=0.2,keep_alive_max_attempt=3,last_call_timeout=0.5,join_timeout=30"
@@ -79,6 +80,42 @@ class MultiNode(NodesTestCase):
         self.assertEqual(e[0]["GROUP_RANK"], "0")
         self.assertEqual(e[3]["GROUP_RANK"], "1")
         self.assertEqual(len({(v["MASTER_ADDR"], v["MASTER_PORT"]) for v in e.values()}), 1)
+
+    def test_store_proxy_carries_the_other_nodes_workers_through_a_restart(self):
+        """--store-proxy=on: node 1's workers reach the workers' store through
+        their dtrun (MASTER_ADDR 127.0.0.1, its port), torch 1.13's gloo set-up
+        works through it, and after a worker fails the next round's proxy
+        carries the restarted group."""
+        port = free_port()
+        marks = os.path.join(self.dir, "marks")
+        os.makedirs(marks)
+        common = PY + ["--nnodes=2", "--nproc-per-node=2", "--master-addr=127.0.0.2",
+                       f"--master-port={port}", "--max-restarts=1", "--store-proxy=on"]
+        n1 = self.node(common + ["--node-rank=1", "--local-addr=127.0.0.3",
+                                 WORKER, "fail-once", marks])
+        n0 = self.node(common + ["--node-rank=0", "--local-addr=127.0.0.2",
+                                 WORKER, "fail-once", marks])
+        rc0, out0, err0 = self.finish(n0)
+        rc1, _, err1 = self.finish(n1)
+        self.assertEqual((rc0, rc1), (0, 0), err0 + err1)
+        self.assertIn("sum=10 attempt=1 OK", out0)
+        self.assertEqual(err1.count("(this node's proxy to it)"), 2, err1)
+        self.assertRegex(err1, r"workers' store 127\.0\.0\.1:\d+ \(this node's proxy")
+        self.assertNotIn("proxy", err0)
+        self.assertNotIn("lost the workers' store", err1)
+
+    def test_store_proxy_off_and_auto_keep_rank_zeros_address(self):
+        port = free_port()
+        for mode in ["off", "auto"]:
+            out = os.path.join(self.dir, mode)
+            os.makedirs(out)
+            common = ["--nnodes=2", "--nproc-per-node=2", "--rdzv-backend=c10d",
+                      f"--rdzv-endpoint=127.0.0.1:{port}", f"--rdzv-id=p{mode}",
+                      f"--store-proxy={mode}", FAKE, "--env-dir", out]
+            results = [self.finish(p) for p in [self.node(common), self.node(common)]]
+            self.assertEqual([r[0] for r in results], [0, 0], results[0][2] + results[1][2])
+            e = envs(out)
+            self.assertEqual(len({(v["MASTER_ADDR"], v["MASTER_PORT"]) for v in e.values()}), 1)
 
     def test_late_node_joins_a_running_job(self):
         port = free_port()
