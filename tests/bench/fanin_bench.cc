@@ -24,6 +24,7 @@
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -32,8 +33,12 @@
 #include <cstring>
 #include <fstream>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include <asio.hpp>
+
+#include "rendezvous/store_proxy.h"
 #include "rendezvous/wire.h"
 #include "tests/helpers/server_process.h"
 #include "tests/helpers/wire_frame.h"
@@ -185,58 +190,195 @@ double PeakRssMb(pid_t pid) {
   return 0;
 }
 
-Result FanIn(const Server& srv, int n, double limit) {
-  Result r;
-  std::vector<Worker> ws(static_cast<size_t>(n));
-  int ep = epoll_create1(0);
-  const double cpu0 = CpuSeconds(srv.pid);
-  const auto t0 = Clock::now();
-  const auto give_up = t0 + std::chrono::duration_cast<Clock::duration>(
-                                std::chrono::duration<double>(limit));
-  for (int i = 0; i < n; ++i) {
-    ws[i].fd = StartConnect(i, srv.port);
-    if (ws[i].fd < 0) {
-      std::fprintf(stderr, "connect %d: %s\n", i, std::strerror(errno));
-      return r;
-    }
+// Seconds on the monotonic clock, comparable across processes.
+double Now() {
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<double>(ts.tv_sec) + ts.tv_nsec * 1e-9;
+}
+
+// What one driver saw: when its first connect began, when its last
+// connection was up and its last worker released (absolute, Now()).
+struct Span {
+  double start = 0, accepted = -1, end = -1;
+  int done = 0;
+};
+
+// Registers worker i's connection with epoll (data: its index here).
+bool Open(int ep, int i, uint16_t port, Worker* w, uint32_t local) {
+  w->fd = StartConnect(i, port);
+  if (w->fd < 0) {
+    std::fprintf(stderr, "connect %d: %s\n", i, std::strerror(errno));
+    return false;
+  }
+  epoll_event ev{};
+  ev.events = EPOLLIN | EPOLLOUT;
+  ev.data.u32 = local;
+  epoll_ctl(ep, EPOLL_CTL_ADD, w->fd, &ev);
+  return true;
+}
+
+// One readiness event of worker `w` (global index i of n).
+void OnEvent(int ep, int i, int n, Worker& w, uint32_t events, uint32_t local,
+             Span* s, int* connected, int count, std::vector<char>& buf) {
+  if (w.stage == Stage::kConnecting && (events & EPOLLOUT)) {
     epoll_event ev{};
-    ev.events = EPOLLIN | EPOLLOUT;
-    ev.data.u32 = static_cast<uint32_t>(i);
-    epoll_ctl(ep, EPOLL_CTL_ADD, ws[i].fd, &ev);
+    ev.events = EPOLLIN;
+    ev.data.u32 = local;
+    epoll_ctl(ep, EPOLL_CTL_MOD, w.fd, &ev);
+    if (++*connected == count) s->accepted = Now();
+    Begin(i, w);
+  }
+  if (!(events & EPOLLIN)) return;
+  ssize_t got = recv(w.fd, buf.data(), buf.size(), 0);
+  if (got <= 0) return;
+  w.in.append(buf.data(), static_cast<size_t>(got));
+  for (size_t size; (size = ReplySize(w.stage, w.in)) > 0;) {
+    Advance(n, w, size);
+    if (w.stage == Stage::kDone && ++s->done == count) s->end = Now();
+  }
+}
+
+// Workers first..first+count-1 of n, worker i connecting to port_of(i),
+// on one epoll thread, until all are released or `limit` seconds passed.
+template <typename PortOf>
+Span Drive(int first, int count, int n, PortOf port_of, double limit) {
+  Span s;
+  std::vector<Worker> ws(static_cast<size_t>(count));
+  int ep = epoll_create1(0);
+  s.start = Now();
+  for (int k = 0; k < count; ++k) {
+    if (!Open(ep, first + k, port_of(first + k), &ws[k], k)) return s;
   }
   int connected = 0;
   std::vector<epoll_event> events(1024);
   std::vector<char> buf(1 << 16);
-  while (r.done < n && Clock::now() < give_up) {
+  while (s.done < count && Now() < s.start + limit) {
     int k = epoll_wait(ep, events.data(), static_cast<int>(events.size()), 100);
     for (int e = 0; e < k; ++e) {
-      const int i = static_cast<int>(events[e].data.u32);
-      Worker& w = ws[static_cast<size_t>(i)];
-      if (w.stage == Stage::kConnecting && (events[e].events & EPOLLOUT)) {
-        epoll_event ev{};
-        ev.events = EPOLLIN;
-        ev.data.u32 = static_cast<uint32_t>(i);
-        epoll_ctl(ep, EPOLL_CTL_MOD, w.fd, &ev);
-        if (++connected == n)
-          r.accepted = std::chrono::duration<double>(Clock::now() - t0).count();
-        Begin(i, w);
-      }
-      if (!(events[e].events & EPOLLIN)) continue;
-      ssize_t got = recv(w.fd, buf.data(), buf.size(), 0);
-      if (got <= 0) continue;
-      w.in.append(buf.data(), static_cast<size_t>(got));
-      for (size_t size; (size = ReplySize(w.stage, w.in)) > 0;) {
-        Advance(n, w, size);
-        if (w.stage == Stage::kDone) ++r.done;
-      }
+      const uint32_t local = events[e].data.u32;
+      OnEvent(ep, first + static_cast<int>(local), n, ws[local],
+              events[e].events, local, &s, &connected, count, buf);
     }
   }
-  if (r.done == n)
-    r.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
-  r.cpu = CpuSeconds(srv.pid) - cpu0;
-  r.rss_mb = PeakRssMb(srv.pid);
   for (auto& w : ws) close(w.fd);
   close(ep);
+  return s;
+}
+
+Result FanIn(const Server& srv, int n, double limit) {
+  Result r;
+  const double cpu0 = CpuSeconds(srv.pid);
+  Span s = Drive(0, n, n, [&srv](int) { return srv.port; }, limit);
+  r.done = s.done;
+  if (s.end > 0) r.seconds = s.end - s.start;
+  if (s.accepted > 0) r.accepted = s.accepted - s.start;
+  r.cpu = CpuSeconds(srv.pid) - cpu0;
+  r.rss_mb = PeakRssMb(srv.pid);
+  return r;
+}
+
+// --- Through proxies: nodes of kPerNode workers, each node's workers
+// connecting to its own StoreProxy, which holds one connection to the
+// store. Node processes (forked, each within the descriptor limit: per
+// node 2 x kPerNode worker ends, the store connection and the listener)
+// run their nodes' proxies on one asio thread and drive their workers on
+// another; they start together when the parent closes the go pipe.
+
+constexpr int kPerNode = 8;
+
+struct Pipes {
+  int ready[2], go[2], result[2];
+};
+
+[[noreturn]] void NodeProcess(uint16_t store_port, int first_node, int nodes,
+                              int n, double limit, const Pipes& p) {
+  asio::io_context io(1);
+  auto work = asio::make_work_guard(io);
+  std::thread loop([&io] { io.run(); });
+  std::vector<std::unique_ptr<StoreProxy>> proxies;
+  for (int k = 0; k < nodes; ++k) {
+    StoreProxyOptions o;
+    o.upstream_host = "127.0.0.1";
+    o.upstream_port = store_port;
+    o.connect_timeout = std::chrono::seconds(120);
+    auto proxy = StoreProxy::Start(o, &io);
+    if (!proxy.ok()) {
+      std::fprintf(stderr, "%s\n", proxy.status().message().c_str());
+      write(p.ready[1], "F", 1);
+      _exit(1);
+    }
+    proxies.push_back(std::move(*proxy));
+  }
+  write(p.ready[1], "R", 1);
+  char c;
+  while (read(p.go[0], &c, 1) > 0) {
+  }
+  const int first = first_node * kPerNode;
+  const int count = std::min(nodes * kPerNode, n - first);
+  Span s = Drive(
+      first, count, n,
+      [&](int i) { return proxies[i / kPerNode - first_node]->port(); },
+      limit);
+  write(p.result[1], &s, sizeof(s));
+  _exit(0);  // the proxies go with the process
+}
+
+// Forks the node processes; false (with them reaped) if one failed to
+// start its proxies.
+bool StartNodes(const Server& srv, int n, int fd_room, double limit,
+                const Pipes& p, std::vector<pid_t>* pids) {
+  const int nodes = (n + kPerNode - 1) / kPerNode;
+  const int per_proc = std::max(1, fd_room / (2 * kPerNode + 3));
+  std::fflush(nullptr);  // or the children would print it again
+  for (int first = 0; first < nodes; first += per_proc) {
+    pid_t pid = fork();
+    if (pid == 0) {
+      close(p.go[1]);
+      NodeProcess(srv.port, first, std::min(per_proc, nodes - first), n,
+                  limit, p);
+    }
+    pids->push_back(pid);
+  }
+  bool ok = true;
+  for (size_t k = 0; k < pids->size(); ++k) {
+    char c = 'F';
+    if (read(p.ready[0], &c, 1) != 1 || c != 'R') ok = false;
+  }
+  return ok;
+}
+
+// `setup`: fork -> every proxy connected (not part of the fan-in).
+Result FanInProxied(const Server& srv, int n, int fd_room, double limit,
+                    double* setup, int* procs) {
+  Result r;
+  Pipes p;
+  pipe(p.ready);
+  pipe(p.go);
+  pipe(p.result);
+  std::vector<pid_t> pids;
+  const double t0 = Now();
+  bool ok = StartNodes(srv, n, fd_room, limit, p, &pids);
+  *setup = Now() - t0;
+  *procs = static_cast<int>(pids.size());
+  const double cpu0 = CpuSeconds(srv.pid);
+  close(p.go[1]);  // go
+  double start = 1e300, accepted = 0, end = 0;
+  for (size_t k = 0; ok && k < pids.size(); ++k) {
+    Span s;
+    if (read(p.result[0], &s, sizeof(s)) != sizeof(s)) break;
+    start = std::min(start, s.start);
+    accepted = s.accepted < 0 ? 1e300 : std::max(accepted, s.accepted);
+    end = s.end < 0 ? 1e300 : std::max(end, s.end);
+    r.done += s.done;
+  }
+  for (pid_t pid : pids) waitpid(pid, nullptr, 0);
+  for (int fd : {p.ready[0], p.ready[1], p.go[0], p.result[0], p.result[1]})
+    close(fd);
+  if (r.done == n && end < 1e300) r.seconds = end - start;
+  if (accepted < 1e300 && accepted > 0) r.accepted = accepted - start;
+  r.cpu = CpuSeconds(srv.pid) - cpu0;
+  r.rss_mb = PeakRssMb(srv.pid);
   return r;
 }
 
@@ -272,6 +414,46 @@ void PrintRow(const char* name, int n, const Result& r, double limit) {
                 r.accepted, r.cpu, r.rss_mb);
   }
   std::fflush(stdout);
+}
+
+
+// One measurement: side 0 dtstore, 1 torch's server (when given), 2
+// dtstore with the workers behind proxies, nodes of kPerNode.
+void RunSide(int side, int n, int most, double limit,
+             const std::string& dtstore, const std::string& torch_host) {
+  if (side == 1 && torch_host.empty()) return;
+  if (side != 2 && n > most) {
+    if (side == 0) {
+      std::printf(
+          "| - | %d | not run: needs %d descriptors in one process, "
+          "this machine allows %d (RLIMIT_NOFILE) | | | |\n",
+          n, n + 256, most + 256);
+    }
+    return;
+  }
+  Server s = side == 1 ? dtrun::testing::SpawnServer({torch_host})
+                       : dtrun::testing::SpawnServer(
+                             {dtstore, "--host", "127.0.0.1", "--port", "0",
+                              "--log-level", "error"});
+  if (s.pid < 0 || s.port == 0) {
+    std::fprintf(stderr, "could not start the server\n");
+    std::exit(1);
+  }
+  if (side == 2) {
+    double setup = 0;
+    int procs = 0;
+    Result r = FanInProxied(s, n, most, limit, &setup, &procs);
+    char name[160];
+    std::snprintf(name, sizeof(name),
+                  "dtstore, %d proxies (%d node processes; proxies connected "
+                  "in %.2f s before)",
+                  (n + kPerNode - 1) / kPerNode, procs, setup);
+    PrintRow(name, n, r, limit);
+  } else {
+    PrintRow(side == 0 ? "dtstore" : "torch 1.13", n, FanIn(s, n, limit),
+             limit);
+  }
+  Stop(s);
 }
 
 }  // namespace
@@ -315,31 +497,13 @@ int main(int argc, char** argv) {
       "accepted (s) | server CPU (s) | server peak RSS (MB) |\n"
       "|---|---|---|---|---|---|\n");
   for (int n : sizes) {
-    if (n > most) {
-      std::printf(
-          "| - | %d | not run: needs %d descriptors in one process, "
-          "this machine allows %d (RLIMIT_NOFILE) | | | |\n",
-          n, n + 256, most + 256);
-      continue;
-    }
     for (int round = 0; round < rounds; ++round) {
-      // Alternating which server goes first.
-      for (int side = 0; side < 2; ++side) {
-        bool ours = (side + round) % 2 == 0;
-        if (!ours && torch_host.empty()) continue;
-        Server s = ours ? dtrun::testing::SpawnServer(
-                              {dtstore, "--host", "127.0.0.1", "--port", "0",
-                               "--log-level", "error"})
-                        : dtrun::testing::SpawnServer({torch_host});
-        if (s.pid < 0 || s.port == 0) {
-          std::fprintf(stderr, "could not start the %s server\n",
-                       ours ? "dtstore" : "torch");
-          return 1;
-        }
-        PrintRow(ours ? "dtstore" : "torch 1.13", n, FanIn(s, n, limit), limit);
-        Stop(s);
+      // Alternating which side goes first: direct, torch, proxied.
+      for (int k = 0; k < 3; ++k) {
+        RunSide((k + round) % 3, n, most, limit, dtstore, torch_host);
       }
     }
   }
   return 0;
 }
+
