@@ -469,11 +469,13 @@ StoreServer::Counts StoreServer::GetCounts() {
 std::string AcceptQueueAdvice(int64_t connections, int64_t somaxconn) {
   if (somaxconn <= 0 || connections <= somaxconn) return "";
   return std::to_string(connections) +
-         " workers connect to this store at once and net.core.somaxconn is " +
+         " connections (workers, or their nodes' proxies) arrive at this "
+         "store at once and net.core.somaxconn is " +
          std::to_string(somaxconn) +
          ": connections beyond the listen queue wait 1-3 s for the kernel "
          "to retry them; raise it on this host (sysctl -w "
-         "net.core.somaxconn=65535)";
+         "net.core.somaxconn=65535), or, if each worker connects, let each "
+         "node's dtrun carry its workers (--store-proxy=on)";
 }
 
 int64_t SystemSomaxconn() {

@@ -73,7 +73,8 @@ class StoreServer {
   std::unique_ptr<Impl> impl_;
 };
 
-// Why `connections` arriving at once would wait on a listen queue the
+// Why `connections` (workers, or nodes' proxies) arriving at once would
+// wait on a listen queue the
 // kernel caps at `somaxconn` (a burst beyond it has its SYNs dropped and
 // retried after 1 s, then 3 s: tests/bench/README.md, "The workers'
 // store"), with what to do; "" when they fit. Pure.

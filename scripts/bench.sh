@@ -99,7 +99,7 @@ if want fanin; then
   echo "== the workers' store at scale: N workers' init_process_group traffic at once"
   $b/tests/bench/fanin_bench --dtstore $b/apps/dtstore \
     --torch-host $b/tests/bench/torch_store_host \
-    --workers 1024,4096,8192,16384,65536,100000 --rounds 2 --limit 90
+    --workers 1024,4096,8192,16384,65536,100000 --rounds 2 --limit 60
 fi
 
 if want multinode; then

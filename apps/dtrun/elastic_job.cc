@@ -75,8 +75,12 @@ Status ElasticJob::SetUpWorkerStore() {
     worker_store_ = std::move(*server);
     worker_store_->RunInBackground();
     // Said once a job: every worker of every node connects here at once.
+    // Proxied, the others' workers come as one connection a node.
+    const int64_t arriving =
+        Proxied() ? assignment_.group_world_size - 1 + config_.nproc_per_node
+                  : assignment_.world_size;
     std::string advice = rendezvous::AcceptQueueAdvice(
-        assignment_.world_size, rendezvous::SystemSomaxconn());
+        arriving, rendezvous::SystemSomaxconn());
     if (!advice.empty() && !said_accept_queue_) {
       Logger("dtrun.agent")->warn("the workers' store: {}", advice);
       said_accept_queue_ = true;
@@ -107,13 +111,14 @@ Status ElasticJob::SetUpWorkerStore() {
   }
   group_.attempt().master_addr = host;
   group_.attempt().master_port = port;
-  const std::string& proxy = config_.store_proxy;
-  if (assignment_.group_rank != 0 &&
-      (proxy == "on" ||
-       (proxy == "auto" && assignment_.world_size > kProxyAutoWorkers))) {
-    ProxyWorkerStore(host, port);
-  }
+  if (assignment_.group_rank != 0 && Proxied()) ProxyWorkerStore(host, port);
   return Status::Ok();
+}
+
+bool ElasticJob::Proxied() const {
+  const std::string& proxy = config_.store_proxy;
+  return proxy == "on" ||
+         (proxy == "auto" && assignment_.world_size > kProxyAutoWorkers);
 }
 
 void ElasticJob::ProxyWorkerStore(const std::string& host, uint16_t port) {

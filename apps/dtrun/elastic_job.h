@@ -77,6 +77,8 @@ class ElasticJob : public Job {
   // --store-proxy: points this node's workers at a proxy to the workers'
   // store at host:port; leaves them on the store itself when none starts.
   void ProxyWorkerStore(const std::string& host, uint16_t port);
+  // --store-proxy says this round's other nodes use a proxy.
+  bool Proxied() const;
   // --event-log-handler: a rendezvous event in torch's RdzvEvent schema.
   void RecordRdzv(const std::string& name, const std::string& node_state,
                   const std::string& message);
