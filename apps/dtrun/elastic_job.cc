@@ -79,8 +79,8 @@ Status ElasticJob::SetUpWorkerStore() {
     const int64_t arriving =
         Proxied() ? assignment_.group_world_size - 1 + config_.nproc_per_node
                   : assignment_.world_size;
-    std::string advice = rendezvous::AcceptQueueAdvice(
-        arriving, rendezvous::SystemSomaxconn());
+    std::string advice =
+        rendezvous::AcceptQueueAdvice(arriving, rendezvous::SystemSomaxconn());
     if (!advice.empty() && !said_accept_queue_) {
       Logger("dtrun.agent")->warn("the workers' store: {}", advice);
       said_accept_queue_ = true;

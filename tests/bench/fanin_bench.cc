@@ -274,7 +274,8 @@ Span Drive(int first, int count, int n, PortOf port_of, double limit) {
 Result FanIn(const Server& srv, int n, double limit) {
   Result r;
   const double cpu0 = CpuSeconds(srv.pid);
-  Span s = Drive(0, n, n, [&srv](int) { return srv.port; }, limit);
+  Span s = Drive(
+      0, n, n, [&srv](int) { return srv.port; }, limit);
   r.done = s.done;
   if (s.end > 0) r.seconds = s.end - s.start;
   if (s.accepted > 0) r.accepted = s.accepted - s.start;
@@ -323,8 +324,7 @@ struct Pipes {
   const int count = std::min(nodes * kPerNode, n - first);
   Span s = Drive(
       first, count, n,
-      [&](int i) { return proxies[i / kPerNode - first_node]->port(); },
-      limit);
+      [&](int i) { return proxies[i / kPerNode - first_node]->port(); }, limit);
   write(p.result[1], &s, sizeof(s));
   _exit(0);  // the proxies go with the process
 }
@@ -340,8 +340,8 @@ bool StartNodes(const Server& srv, int n, int fd_room, double limit,
     pid_t pid = fork();
     if (pid == 0) {
       close(p.go[1]);
-      NodeProcess(srv.port, first, std::min(per_proc, nodes - first), n,
-                  limit, p);
+      NodeProcess(srv.port, first, std::min(per_proc, nodes - first), n, limit,
+                  p);
     }
     pids->push_back(pid);
   }
@@ -420,7 +420,6 @@ void PrintRow(const char* name, int n, const Result& r, double limit) {
   }
   std::fflush(stdout);
 }
-
 
 // One measurement: side 0 dtstore, 1 torch's server (when given), 2
 // dtstore with the workers behind proxies, nodes of kPerNode.
@@ -511,4 +510,3 @@ int main(int argc, char** argv) {
   }
   return 0;
 }
-

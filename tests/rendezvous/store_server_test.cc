@@ -491,7 +491,9 @@ TEST(AcceptQueueAdviceTest, SaysWhenABurstOutgrowsTheListenQueue) {
   EXPECT_EQ(AcceptQueueAdvice(4096, 4096), "");
   EXPECT_EQ(AcceptQueueAdvice(16, -1), "");  // somaxconn unknown
   std::string advice = AcceptQueueAdvice(8192, 4096);
-  EXPECT_NE(advice.find("8192 connections (workers, or their nodes' proxies)"), std::string::npos) << advice;
+  EXPECT_NE(advice.find("8192 connections (workers, or their nodes' proxies)"),
+            std::string::npos)
+      << advice;
   EXPECT_NE(advice.find("net.core.somaxconn is 4096"), std::string::npos);
   EXPECT_NE(advice.find("sysctl -w net.core.somaxconn=65535"),
             std::string::npos);
