@@ -18,6 +18,7 @@
 #include "apps/dtrun/job_status.h"
 #include "apps/dtrun/metrics.h"
 #include "apps/dtrun/rdzv_backend.h"
+#include "apps/dtrun/worker_store.h"
 #include "rendezvous/util/describe.h"
 #include "rendezvous/util/log.h"
 #include "rendezvous/util/os_util.h"
@@ -65,80 +66,55 @@ Status ElasticJob::SetUpWorkerStore() {
   // space for every attempt, whatever prefix the workers' torch uses.
   const std::string key =
       rendezvous::keys::WorkerStore(config_.rdzv_id, assignment_.round);
-  std::string addr;
   worker_proxy_.reset();
   worker_store_.reset();
-  if (assignment_.group_rank == 0) {
-    auto server =
-        rendezvous::StoreServer::Start(rendezvous::StoreServerOptions{});
-    if (!server.ok()) return server.status();
-    worker_store_ = std::move(*server);
-    worker_store_->RunInBackground();
-    // Said once a job: every worker of every node connects here at once.
-    // Proxied, the others' workers come as one connection a node.
-    const int64_t arriving =
-        Proxied() ? assignment_.group_world_size - 1 + config_.nproc_per_node
-                  : assignment_.world_size;
-    std::string advice =
-        rendezvous::AcceptQueueAdvice(arriving, rendezvous::SystemSomaxconn());
-    if (!advice.empty() && !said_accept_queue_) {
-      Logger("dtrun.agent")->warn("the workers' store: {}", advice);
-      said_accept_queue_ = true;
-    }
-    std::string host = config_.local_addr.empty() ? backend_->LocalAddress()
-                                                  : config_.local_addr;
-    addr = host + ":" + std::to_string(worker_store_->port());
-    Status s = backend_->store()->Set(key, addr);
-    // The interactive console follows the session from round to round here.
-    if (s.ok() && config_.interactive) {
-      s = backend_->store()->Set(
-          interactive_protocol::CurrentRoundKey(config_.rdzv_id),
-          interactive_protocol::CurrentRoundValue(
-              assignment_.round, assignment_.world_size, addr));
-    }
-    if (!s.ok()) return s;
-  } else {
-    auto got = backend_->store()->Get(key);
-    if (!got.ok()) return got.status();
-    addr = *got;
-  }
+  const bool proxied =
+      UsesStoreProxy(config_.store_proxy, assignment_.world_size);
+  auto addr = assignment_.group_rank == 0 ? HostRoundStore(key, proxied)
+                                          : backend_->store()->Get(key);
+  if (!addr.ok()) return addr.status();
   std::string host;
   uint16_t port = 0;
-  if (!SplitEndpoint(addr, 0, &host, &port) || port == 0) {
+  if (!SplitEndpoint(*addr, 0, &host, &port) || port == 0) {
     return Status::Invalid("round " + std::to_string(assignment_.round) +
-                           ": the workers' store address '" + addr +
+                           ": the workers' store address '" + *addr +
                            "' is not host:port");
   }
   group_.attempt().master_addr = host;
   group_.attempt().master_port = port;
-  if (assignment_.group_rank != 0 && Proxied()) ProxyWorkerStore(host, port);
+  if (assignment_.group_rank != 0 && proxied) {
+    worker_proxy_ = StartWorkerProxy(host, port);
+    if (worker_proxy_) {
+      group_.attempt().master_addr = "127.0.0.1";
+      group_.attempt().master_port = worker_proxy_->port();
+    }
+  }
   return Status::Ok();
 }
 
-bool ElasticJob::Proxied() const {
-  const std::string& proxy = config_.store_proxy;
-  return proxy == "on" ||
-         (proxy == "auto" && assignment_.world_size > kProxyAutoWorkers);
-}
-
-void ElasticJob::ProxyWorkerStore(const std::string& host, uint16_t port) {
-  rendezvous::StoreProxyOptions po;
-  po.upstream_host = host;
-  po.upstream_port = port;
-  po.connect_timeout = std::chrono::seconds(30);
-  auto proxy = rendezvous::StoreProxy::Start(po);
-  if (!proxy.ok()) {
-    Logger("dtrun.agent")
-        ->warn(
-            "{}; this node's workers connect to the store itself "
-            "(--store-proxy=off says the same without trying)",
-            proxy.status().message());
-    return;
+Result<std::string> ElasticJob::HostRoundStore(const std::string& key,
+                                               bool proxied) {
+  // Every worker of every node connects here at once; proxied, the others'
+  // workers come as one connection a node.
+  auto server = HostWorkerStore(
+      proxied ? assignment_.group_world_size - 1 + config_.nproc_per_node
+              : assignment_.world_size,
+      &said_accept_queue_);
+  if (!server.ok()) return server.status();
+  worker_store_ = std::move(*server);
+  std::string host = config_.local_addr.empty() ? backend_->LocalAddress()
+                                                : config_.local_addr;
+  std::string addr = host + ":" + std::to_string(worker_store_->port());
+  Status s = backend_->store()->Set(key, addr);
+  // The interactive console follows the session from round to round here.
+  if (s.ok() && config_.interactive) {
+    s = backend_->store()->Set(
+        interactive_protocol::CurrentRoundKey(config_.rdzv_id),
+        interactive_protocol::CurrentRoundValue(assignment_.round,
+                                                assignment_.world_size, addr));
   }
-  worker_proxy_ = std::move(*proxy);
-  worker_proxy_->RunInBackground();
-  group_.attempt().master_addr = "127.0.0.1";
-  group_.attempt().master_port = worker_proxy_->port();
+  if (!s.ok()) return s;
+  return addr;
 }
 
 rendezvous::RendezvousOptions ElasticJob::RendezvousOptionsOf(

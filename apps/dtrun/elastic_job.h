@@ -27,6 +27,9 @@ class ElasticJob : public Job {
 
  private:
   Status SetUpWorkerStore();
+  // Group rank 0: starts the round's workers' store and publishes its
+  // address (under `key`); that address.
+  Result<std::string> HostRoundStore(const std::string& key, bool proxied);
   rendezvous::RendezvousOptions RendezvousOptionsOf(
       const std::string& run_id) const;
   // How a round ended for this node: join the next one, or exit.
@@ -74,11 +77,7 @@ class ElasticJob : public Job {
   // A hang declared here (HangWatch::ShareFn): this node's ranks to the
   // others, and theirs back, within kShareWait.
   std::vector<std::string> ShareHang(const std::string& mine);
-  // --store-proxy: points this node's workers at a proxy to the workers'
-  // store at host:port; leaves them on the store itself when none starts.
-  void ProxyWorkerStore(const std::string& host, uint16_t port);
-  // --store-proxy says this round's other nodes use a proxy.
-  bool Proxied() const;
+
   // --event-log-handler: a rendezvous event in torch's RdzvEvent schema.
   void RecordRdzv(const std::string& name, const std::string& node_state,
                   const std::string& message);
