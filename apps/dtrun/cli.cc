@@ -344,6 +344,7 @@ std::vector<std::string> Choices(const std::string& name) {
   if (name == "--numa-binding")
     return {"node", "socket", "exclusive", "core-complex"};
   if (name == "--event-log-handler") return {"null", "console"};
+  if (name == "--store-proxy") return {"auto", "on", "off"};
   if (name == "--log-level")
     return {"trace", "debug", "info", "warn", "error", "off"};
   if (name == "--redirects" || name == "--tee") return {"0", "1", "2", "3"};
@@ -376,7 +377,11 @@ bool IsDtrunOnly(const std::string& name) {
                                "--json",
                                "--stacks",
                                "--metrics-port",
-                               "--metrics_port"};
+                               "--metrics_port",
+                               "--standby-import",
+                               "--standby_import",
+                               "--store-proxy",
+                               "--store_proxy"};
   for (const char* own : kOwn) {
     if (name == own) return true;
   }

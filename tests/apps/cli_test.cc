@@ -243,6 +243,8 @@ TEST(CliTest, NewTorchrunFlagsParse) {
 TEST(CliTest, ChoicesAreCheckedAsTorchrunChecksThem) {
   EXPECT_EQ(Parse({"--start-method=thread", "true"}).exit_code, 2);
   EXPECT_EQ(Parse({"--numa-binding=all", "true"}).exit_code, 2);
+  EXPECT_EQ(Parse({"--store-proxy=yes", "true"}).exit_code, 2);
+  EXPECT_EQ(Parse({"--store-proxy=off", "true"}).config.store_proxy, "off");
   // etcd needs its members named.
   EXPECT_EQ(Parse({"--rdzv-backend=etcd", "true"}).exit_code, 2);
   EXPECT_EQ(Parse({"--rdzv-backend=etcd-v2", "true"}).exit_code, 2);
