@@ -3,7 +3,7 @@
 // address, WAITs for and GETs rank 0's (the unique id rank 0 SETs), then the
 // store barrier (ADD a counter, WAIT for the key the last arrival SETs).
 // Every connection is a real TCP connection on loopback (sources spread over
-// 127.0.0.2... so no one address runs out of ports), driven by one epoll
+// 127.0.0.1, .2, ... so no one address runs out of ports), driven by one epoll
 // thread so that the figures measure the server; dtstore and libtorch's
 // TCPStore server (tests/helpers/torch_store_host) each run in a process of
 // their own, alternately. Per N: the time from the first connect to the
@@ -18,7 +18,10 @@
 // dtstore (below, "Through proxies"); these run in forked node processes,
 // so 100,000 workers fit the descriptor limit.
 //
-// Usage: fanin_bench --dtstore PATH [--torch-host PATH] [--workers
+// --torch2-host "scripts/torch2-python tests/bench/torch_store_host.py":
+// torch 2.x's own server too, its workers speaking the >= 2.2 dialect.
+//
+// Usage: fanin_bench --dtstore PATH [--torch-host PATH] [--torch2-host CMD] [--workers
 //                    1024,8192,65536,100000] [--rounds 1] [--limit 120]
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -37,6 +40,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -57,14 +61,19 @@ using dtrun::testing::CpuSeconds;
 
 constexpr int kPerSource = 25000;  // connections per source address
 
+// The workers' dialect: 1.13's, or >= 2.2's against torch 2.x's server.
+Dialect g_dialect = Dialect::kTorch113;
+
 std::string Frame(Op op, std::vector<std::string> keys,
                   std::vector<std::string> values = {}, int64_t number = 0) {
-  return dtrun::testing::EncodeFrame(Dialect::kTorch113, op, std::move(keys),
+  return dtrun::testing::EncodeFrame(g_dialect, op, std::move(keys),
                                      std::move(values), number);
 }
 
 // Where one worker is in its init: each stage ends with one reply.
-enum class Stage { kConnecting, kWaitUid, kGetUid, kAdd, kWaitGo, kDone };
+// (kPing: a torch 2.x client's VALIDATE and PING, answered before its
+// first request, as torch's client does.)
+enum class Stage { kConnecting, kPing, kWaitUid, kGetUid, kAdd, kWaitGo, kDone };
 
 struct Worker {
   int fd = -1;
@@ -84,7 +93,10 @@ void SendAll(int fd, const std::string& bytes) {
   }
 }
 
-// Starts a non-blocking connect from 127.0.0.(2 + i / kPerSource).
+// Starts a non-blocking connect from 127.0.0.(1 + i / kPerSource). The
+// first 25,000 come from 127.0.0.1: torch 2.6's server looks up each
+// client's name, and 127.0.0.2 has none in its root (a 5 s resolver
+// timeout every few dozen connections).
 int StartConnect(int i, uint16_t port) {
   int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
   if (fd < 0) return -1;
@@ -95,7 +107,7 @@ int StartConnect(int i, uint16_t port) {
   setsockopt(fd, IPPROTO_IP, IP_BIND_ADDRESS_NO_PORT, &one, sizeof(one));
   sockaddr_in src{};
   src.sin_family = AF_INET;
-  src.sin_addr.s_addr = htonl(0x7f000002 + i / kPerSource);
+  src.sin_addr.s_addr = htonl(0x7f000001 + i / kPerSource);
   bind(fd, reinterpret_cast<sockaddr*>(&src), sizeof(src));
   sockaddr_in dst{};
   dst.sin_family = AF_INET;
@@ -118,6 +130,8 @@ size_t ReplySize(Stage stage, const std::string& in) {
       return in.empty() ? 0 : 1;
     case Stage::kAdd:
       return in.size() >= 8 ? 8 : 0;
+    case Stage::kPing:
+      return in.size() >= 4 ? 4 : 0;
     case Stage::kGetUid: {
       if (in.size() < 8) return 0;
       uint64_t len = 0;
@@ -138,11 +152,16 @@ struct Result {
   int done = 0;
 };
 
-// Moves worker `w` (of `n`) on by the reply of `size` bytes at the head of
+// Moves worker `w` (i of `n`) on by the reply of `size` bytes at the head of
 // its input.
-void Advance(int n, Worker& w, size_t size) {
+void Start(int i, Worker& w);
+
+void Advance(int n, int i, Worker& w, size_t size) {
   const std::string bar = "/init/barrier", go = "/init/barrier/go";
   switch (w.stage) {
+    case Stage::kPing:
+      Start(i, w);
+      break;
     case Stage::kWaitUid:
       SendAll(w.fd, Frame(Op::kGet, {"/init/uid"}));
       w.stage = Stage::kGetUid;
@@ -172,13 +191,28 @@ void Advance(int n, Worker& w, size_t size) {
 }
 
 // A connection is up: the worker's first requests.
-void Begin(int i, Worker& w) {
+// Worker i's requests up to its first WAIT.
+void Start(int i, Worker& w) {
   std::string first =
       Frame(Op::kSet, {"/init/addr/" + std::to_string(i)}, {"127.0.0.1:29500"});
   if (i == 0) first += Frame(Op::kSet, {"/init/uid"}, {std::string(128, 'u')});
   first += Frame(Op::kWait, {"/init/uid"});
   SendAll(w.fd, first);
   w.stage = Stage::kWaitUid;
+}
+
+void Begin(int i, Worker& w) {
+  if (g_dialect != Dialect::kTorch2) return Start(i, w);
+  std::string hello;
+  Request v;
+  v.op = Op::kValidate;
+  v.word = kValidateMagic;
+  EncodeRequest(v, Dialect::kTorch2, &hello);
+  v.op = Op::kPing;
+  v.word = static_cast<uint32_t>(i);
+  EncodeRequest(v, Dialect::kTorch2, &hello);
+  SendAll(w.fd, hello);
+  w.stage = Stage::kPing;
 }
 
 double PeakRssMb(pid_t pid) {
@@ -239,7 +273,7 @@ void OnEvent(int ep, int i, int n, Worker& w, uint32_t events, uint32_t local,
   if (got <= 0) return;
   w.in.append(buf.data(), static_cast<size_t>(got));
   for (size_t size; (size = ReplySize(w.stage, w.in)) > 0;) {
-    Advance(n, w, size);
+    Advance(n, i, w, size);
     if (w.stage == Stage::kDone && ++s->done == count) s->end = Now();
   }
 }
@@ -421,11 +455,26 @@ void PrintRow(const char* name, int n, const Result& r, double limit) {
   std::fflush(stdout);
 }
 
-// One measurement: side 0 dtstore, 1 torch's server (when given), 2
-// dtstore with the workers behind proxies, nodes of kPerNode.
+// The servers a side runs: dtstore, torch 1.13's, torch 2.x's (a command
+// line, split at spaces).
+struct Hosts {
+  std::string dtstore, torch, torch2;
+};
+
+std::vector<std::string> Words(const std::string& line) {
+  std::vector<std::string> out;
+  std::istringstream in(line);
+  for (std::string w; in >> w;) out.push_back(w);
+  return out;
+}
+
+// One measurement: side 0 dtstore, 1 torch 1.13's server (when given), 2
+// dtstore with the workers behind proxies (nodes of kPerNode), 3 torch
+// 2.x's server (when given; the workers speak its dialect).
 void RunSide(int side, int round, int n, int most, double limit,
-             const std::string& dtstore, const std::string& torch_host) {
-  if (side == 1 && torch_host.empty()) return;
+             const Hosts& hosts) {
+  if ((side == 1 && hosts.torch.empty()) || (side == 3 && hosts.torch2.empty()))
+    return;
   if (side != 2 && n > most) {
     if (side == 0 && round == 0) {
       std::printf(
@@ -435,10 +484,12 @@ void RunSide(int side, int round, int n, int most, double limit,
     }
     return;
   }
-  Server s = side == 1 ? dtrun::testing::SpawnServer({torch_host})
-                       : dtrun::testing::SpawnServer(
-                             {dtstore, "--host", "127.0.0.1", "--port", "0",
-                              "--log-level", "error"});
+  Server s = side == 1   ? dtrun::testing::SpawnServer({hosts.torch})
+             : side == 3 ? dtrun::testing::SpawnServer(Words(hosts.torch2))
+                         : dtrun::testing::SpawnServer(
+                               {hosts.dtstore, "--host", "127.0.0.1", "--port",
+                                "0", "--log-level", "error"});
+  g_dialect = side == 3 ? Dialect::kTorch2 : Dialect::kTorch113;
   if (s.pid < 0 || s.port == 0) {
     std::fprintf(stderr, "could not start the server\n");
     std::exit(1);
@@ -454,8 +505,8 @@ void RunSide(int side, int round, int n, int most, double limit,
                   (n + kPerNode - 1) / kPerNode, procs, setup);
     PrintRow(name, n, r, limit);
   } else {
-    PrintRow(side == 0 ? "dtstore" : "torch 1.13", n, FanIn(s, n, limit),
-             limit);
+    PrintRow(side == 0 ? "dtstore" : side == 1 ? "torch 1.13" : "torch 2.x",
+             n, FanIn(s, n, limit), limit);
   }
   Stop(s);
 }
@@ -465,16 +516,18 @@ void RunSide(int side, int round, int n, int most, double limit,
 
 int main(int argc, char** argv) {
   using namespace dtrun::rendezvous;
-  std::string dtstore, torch_host;
+  Hosts hosts;
   std::vector<int> sizes = {1024, 8192, 65536, 100000};
   int rounds = 1;
   double limit = 120;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string a = argv[i], v = argv[i + 1];
     if (a == "--dtstore") {
-      dtstore = v;
+      hosts.dtstore = v;
     } else if (a == "--torch-host") {
-      torch_host = v;
+      hosts.torch = v;
+    } else if (a == "--torch2-host") {
+      hosts.torch2 = v;
     } else if (a == "--workers") {
       sizes.clear();
       for (size_t at = 0; at < v.size();) {
@@ -488,9 +541,10 @@ int main(int argc, char** argv) {
       limit = std::atof(v.c_str());
     }
   }
-  if (dtstore.empty()) {
+  if (hosts.dtstore.empty()) {
     std::fprintf(stderr,
                  "usage: fanin_bench --dtstore PATH [--torch-host PATH] "
+                 "[--torch2-host CMD] "
                  "[--workers 1024,8192] [--rounds R] [--limit S]\n");
     return 2;
   }
@@ -502,10 +556,9 @@ int main(int argc, char** argv) {
       "|---|---|---|---|---|---|\n");
   for (int n : sizes) {
     for (int round = 0; round < rounds; ++round) {
-      // Alternating which side goes first: direct, torch, proxied.
-      for (int k = 0; k < 3; ++k) {
-        RunSide((k + round) % 3, round, n, most, limit, dtstore, torch_host);
-      }
+      // Alternating which side goes first.
+      for (int k = 0; k < 4; ++k)
+        RunSide((k + round) % 4, round, n, most, limit, hosts);
     }
   }
   return 0;
