@@ -39,8 +39,10 @@ if [[ $torch2 == 1 ]]; then
   py2=scripts/torch2-python
   shim2=PYTHONPATH=$PWD/apps/dtrun/python/dtrun_torch_shim
   launch2=(--torch2 scripts/torch2.sh --torch2-python "$py2")
+  fanin2=(--torch2-host "$py2 tests/bench/torch_store_host.py")
 else
   launch2=()
+  fanin2=()
 fi
 
 if want store; then
@@ -99,6 +101,7 @@ if want fanin; then
   echo "== the workers' store at scale: N workers' init_process_group traffic at once"
   $b/tests/bench/fanin_bench --dtstore $b/apps/dtstore \
     --torch-host $b/tests/bench/torch_store_host \
+    "${fanin2[@]}" \
     --workers 1024,4096,8192,16384,65536,100000 --rounds 2 --limit 60
 fi
 

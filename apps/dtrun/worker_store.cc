@@ -31,7 +31,7 @@ std::unique_ptr<rendezvous::StoreProxy> StartWorkerProxy(
   rendezvous::StoreProxyOptions po;
   po.upstream_host = host;
   po.upstream_port = port;
-  po.connect_timeout = std::chrono::seconds(30);
+  po.connect_timeout = std::chrono::seconds(10);
   auto proxy = rendezvous::StoreProxy::Start(po);
   if (!proxy.ok()) {
     Logger("dtrun.agent")

@@ -97,7 +97,17 @@ void SendAll(int fd, const std::string& bytes) {
 // first 25,000 come from 127.0.0.1: torch 2.6's server looks up each
 // client's name, and 127.0.0.2 has none in its root (a 5 s resolver
 // timeout every few dozen connections).
-int StartConnect(int i, uint16_t port) {
+// Where worker i connects: an IPv4 address (host order) and a port.
+struct Target {
+  uint32_t addr;
+  uint16_t port;
+};
+
+// Sources start here: 127.0.0.1 directly (see StartConnect), 127.0.0.2
+// through proxies, whose listeners hold ports on their own addresses.
+uint32_t g_source_base = 0x7f000001;
+
+int StartConnect(int i, Target to) {
   int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
   if (fd < 0) return -1;
   int one = 1;
@@ -107,12 +117,12 @@ int StartConnect(int i, uint16_t port) {
   setsockopt(fd, IPPROTO_IP, IP_BIND_ADDRESS_NO_PORT, &one, sizeof(one));
   sockaddr_in src{};
   src.sin_family = AF_INET;
-  src.sin_addr.s_addr = htonl(0x7f000001 + i / kPerSource);
+  src.sin_addr.s_addr = htonl(g_source_base + i / kPerSource);
   bind(fd, reinterpret_cast<sockaddr*>(&src), sizeof(src));
   sockaddr_in dst{};
   dst.sin_family = AF_INET;
-  dst.sin_port = htons(port);
-  dst.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  dst.sin_port = htons(to.port);
+  dst.sin_addr.s_addr = htonl(to.addr);
   int rc = connect(fd, reinterpret_cast<sockaddr*>(&dst), sizeof(dst));
   if (rc != 0 && errno != EINPROGRESS) {
     close(fd);
@@ -244,8 +254,8 @@ struct Span {
 };
 
 // Registers worker i's connection with epoll (data: its index here).
-bool Open(int ep, int i, uint16_t port, Worker* w, uint32_t local) {
-  w->fd = StartConnect(i, port);
+bool Open(int ep, int i, Target to, Worker* w, uint32_t local) {
+  w->fd = StartConnect(i, to);
   if (w->fd < 0) {
     std::fprintf(stderr, "connect %d: %s\n", i, std::strerror(errno));
     return false;
@@ -278,16 +288,16 @@ void OnEvent(int ep, int i, int n, Worker& w, uint32_t events, uint32_t local,
   }
 }
 
-// Workers first..first+count-1 of n, worker i connecting to port_of(i),
+// Workers first..first+count-1 of n, worker i connecting to target_of(i),
 // on one epoll thread, until all are released or `limit` seconds passed.
-template <typename PortOf>
-Span Drive(int first, int count, int n, PortOf port_of, double limit) {
+template <typename TargetOf>
+Span Drive(int first, int count, int n, TargetOf target_of, double limit) {
   Span s;
   std::vector<Worker> ws(static_cast<size_t>(count));
   int ep = epoll_create1(0);
   s.start = Now();
   for (int k = 0; k < count; ++k) {
-    if (!Open(ep, first + k, port_of(first + k), &ws[k], k)) return s;
+    if (!Open(ep, first + k, target_of(first + k), &ws[k], k)) return s;
   }
   int connected = 0;
   std::vector<epoll_event> events(1024);
@@ -309,7 +319,7 @@ Result FanIn(const Server& srv, int n, double limit) {
   Result r;
   const double cpu0 = CpuSeconds(srv.pid);
   Span s = Drive(
-      0, n, n, [&srv](int) { return srv.port; }, limit);
+      0, n, n, [&srv](int) { return Target{0x7f000001, srv.port}; }, limit);
   r.done = s.done;
   if (s.end > 0) r.seconds = s.end - s.start;
   if (s.accepted > 0) r.accepted = s.accepted - s.start;
@@ -342,6 +352,9 @@ struct Pipes {
     o.upstream_host = "127.0.0.1";
     o.upstream_port = store_port;
     o.connect_timeout = std::chrono::seconds(120);
+    // Listeners spread over 127.1.x.1, 4,096 an address: on one address
+    // they and the last run's TIME_WAIT ends outgrow its ephemeral ports.
+    o.listen_host = "127.1." + std::to_string((first_node + k) / 4096) + ".1";
     auto proxy = StoreProxy::Start(o, &io);
     if (!proxy.ok()) {
       std::fprintf(stderr, "%s\n", proxy.status().message().c_str());
@@ -358,7 +371,12 @@ struct Pipes {
   const int count = std::min(nodes * kPerNode, n - first);
   Span s = Drive(
       first, count, n,
-      [&](int i) { return proxies[i / kPerNode - first_node]->port(); }, limit);
+      [&](int i) {
+        const int node = i / kPerNode;
+        return Target{0x7f010001u + (static_cast<uint32_t>(node / 4096) << 8),
+                      proxies[node - first_node]->port()};
+      },
+      limit);
   write(p.result[1], &s, sizeof(s));
   _exit(0);  // the proxies go with the process
 }
@@ -490,6 +508,7 @@ void RunSide(int side, int round, int n, int most, double limit,
                                {hosts.dtstore, "--host", "127.0.0.1", "--port",
                                 "0", "--log-level", "error"});
   g_dialect = side == 3 ? Dialect::kTorch2 : Dialect::kTorch113;
+  g_source_base = side == 2 ? 0x7f000002 : 0x7f000001;
   if (s.pid < 0 || s.port == 0) {
     std::fprintf(stderr, "could not start the server\n");
     std::exit(1);
