@@ -1,4 +1,5 @@
 #include "apps/dtrun/cli.h"
+#include "apps/dtrun/worker_store.h"
 
 #include <gtest/gtest.h>
 
@@ -433,6 +434,28 @@ TEST(CliTest, EtcdEndpointsAndSettings) {
     auto r = Parse(args);
     EXPECT_EQ(r.exit_code, 2) << bad.back();
   }
+}
+
+}  // namespace
+}  // namespace dtrun::agent
+
+namespace dtrun::agent {
+namespace {
+
+// --store-proxy=auto proxies only the jobs whose burst of connections
+// would outgrow a default listen queue; on and off are what they say.
+TEST(StoreProxyModeTest, AutoProxiesOnlyJobsOfMoreThan2048Workers) {
+  EXPECT_FALSE(UsesStoreProxy("auto", 8));
+  EXPECT_FALSE(UsesStoreProxy("auto", kProxyAutoWorkers));
+  EXPECT_TRUE(UsesStoreProxy("auto", kProxyAutoWorkers + 1));
+  EXPECT_TRUE(UsesStoreProxy("on", 2));
+  EXPECT_FALSE(UsesStoreProxy("off", 100000));
+  EXPECT_EQ(Parse({"true"}).config.store_proxy, "auto");
+}
+
+// A store that cannot be reached leaves the workers on the store itself.
+TEST(StoreProxyModeTest, AProxyThatCannotStartIsNull) {
+  EXPECT_EQ(StartWorkerProxy("127.0.0.1", 1), nullptr);
 }
 
 }  // namespace

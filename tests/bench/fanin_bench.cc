@@ -21,7 +21,8 @@
 // --torch2-host "scripts/torch2-python tests/bench/torch_store_host.py":
 // torch 2.x's own server too, its workers speaking the >= 2.2 dialect.
 //
-// Usage: fanin_bench --dtstore PATH [--torch-host PATH] [--torch2-host CMD] [--workers
+// Usage: fanin_bench --dtstore PATH [--torch-host PATH] [--torch2-host CMD]
+// [--workers
 //                    1024,8192,65536,100000] [--rounds 1] [--limit 120]
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -73,7 +74,15 @@ std::string Frame(Op op, std::vector<std::string> keys,
 // Where one worker is in its init: each stage ends with one reply.
 // (kPing: a torch 2.x client's VALIDATE and PING, answered before its
 // first request, as torch's client does.)
-enum class Stage { kConnecting, kPing, kWaitUid, kGetUid, kAdd, kWaitGo, kDone };
+enum class Stage {
+  kConnecting,
+  kPing,
+  kWaitUid,
+  kGetUid,
+  kAdd,
+  kWaitGo,
+  kDone
+};
 
 struct Worker {
   int fd = -1;
@@ -319,7 +328,11 @@ Result FanIn(const Server& srv, int n, double limit) {
   Result r;
   const double cpu0 = CpuSeconds(srv.pid);
   Span s = Drive(
-      0, n, n, [&srv](int) { return Target{0x7f000001, srv.port}; }, limit);
+      0, n, n,
+      [&srv](int) {
+        return Target{0x7f000001, srv.port};
+      },
+      limit);
   r.done = s.done;
   if (s.end > 0) r.seconds = s.end - s.start;
   if (s.accepted > 0) r.accepted = s.accepted - s.start;
@@ -524,7 +537,9 @@ void RunSide(int side, int round, int n, int most, double limit,
                   (n + kPerNode - 1) / kPerNode, procs, setup);
     PrintRow(name, n, r, limit);
   } else {
-    PrintRow(side == 0 ? "dtstore" : side == 1 ? "torch 1.13" : "torch 2.x",
+    PrintRow(side == 0   ? "dtstore"
+             : side == 1 ? "torch 1.13"
+                         : "torch 2.x",
              n, FanIn(s, n, limit), limit);
   }
   Stop(s);
