@@ -151,29 +151,27 @@ class Torch2MultiNode(NodesTestCase):
         self.procs.append(p)
         return p
 
-    def test_static_two_nodes_two_workers_all_reduce(self):
+    def static_pair(self, *extra):
+        """Two static nodes of 2 workers each running ALLREDUCE; node 0's
+        stdout and node 1's stderr, once both exited 0."""
         port = free_port()
         common = PY2 + ["--nnodes=2", "--nproc-per-node=2", "--master-addr=127.0.0.2",
-                        f"--master-port={port}"]
+                        f"--master-port={port}", *extra]
         n1 = self.node(common + ["--node-rank=1", "--local-addr=127.0.0.3", ALLREDUCE])
         n0 = self.node(common + ["--node-rank=0", "--local-addr=127.0.0.2", ALLREDUCE])
         out0, err0 = n0.communicate(timeout=SLOW)
         _, err1 = n1.communicate(timeout=SLOW)
         self.assertEqual((n0.returncode, n1.returncode), (0, 0), err0 + err1)
         self.assertIn("all_reduce over 4 ranks: sum=10 expected=10 OK", out0)
+        return out0, err1
+
+    def test_static_two_nodes_two_workers_all_reduce(self):
+        self.static_pair()
 
     def test_two_nodes_through_the_store_proxy(self):
         """Node 1's workers (this root's torch) reach the workers' store
         through their dtrun's proxy."""
-        port = free_port()
-        common = PY2 + ["--nnodes=2", "--nproc-per-node=2", "--master-addr=127.0.0.2",
-                        f"--master-port={port}", "--store-proxy=on"]
-        n1 = self.node(common + ["--node-rank=1", "--local-addr=127.0.0.3", ALLREDUCE])
-        n0 = self.node(common + ["--node-rank=0", "--local-addr=127.0.0.2", ALLREDUCE])
-        out0, err0 = n0.communicate(timeout=SLOW)
-        _, err1 = n1.communicate(timeout=SLOW)
-        self.assertEqual((n0.returncode, n1.returncode), (0, 0), err0 + err1)
-        self.assertIn("all_reduce over 4 ranks: sum=10 expected=10 OK", out0)
+        _, err1 = self.static_pair("--store-proxy=on")
         self.assertIn("(this node's proxy to it)", err1)
 
     def test_elastic_one_to_two_nodes_second_joins_later(self):

@@ -20,6 +20,7 @@
 #include "rendezvous/store_mux.h"
 #include "rendezvous/store_server.h"
 #include "rendezvous/util/log.h"
+#include "tests/testing/dialect_param.h"
 #include "tests/testing/log_capture.h"
 #include "tests/testing/raw_conn.h"
 
@@ -109,12 +110,7 @@ TEST_P(StoreProxyDialectTest, EveryOperationPassesThrough) {
 }
 
 INSTANTIATE_TEST_SUITE_P(BothDialects, StoreProxyDialectTest,
-                         ::testing::Values(Dialect::kTorch113,
-                                           Dialect::kTorch2),
-                         [](const auto& info) {
-                           return info.param == Dialect::kTorch2 ? "Torch2"
-                                                                 : "Torch113";
-                         });
+                         testing::BothDialects(), testing::DialectName);
 
 // Eight workers on each of two nodes: every one SETs its address and waits
 // for rank 0's; all released, each store connection one per node.

@@ -15,6 +15,7 @@
 #include "rendezvous/round_state.h"
 #include "rendezvous/store_client.h"
 #include "rendezvous/store_state.h"
+#include "tests/testing/dialect_param.h"
 #include "tests/testing/log_capture.h"
 #include "tests/testing/loopback_server.h"
 #include "tests/testing/raw_conn.h"
@@ -136,12 +137,7 @@ TEST_P(StoreServerDialectTest, WaitTimeoutLeavesClientInSync) {
 }
 
 INSTANTIATE_TEST_SUITE_P(BothDialects, StoreServerDialectTest,
-                         ::testing::Values(Dialect::kTorch113,
-                                           Dialect::kTorch2),
-                         [](const auto& info) {
-                           return info.param == Dialect::kTorch2 ? "Torch2"
-                                                                 : "Torch113";
-                         });
+                         testing::BothDialects(), testing::DialectName);
 
 TEST_F(StoreServerTest, BarrierAndAppendOverTorch2) {
   auto a = Client();
