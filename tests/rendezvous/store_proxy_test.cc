@@ -33,8 +33,6 @@ using testing::RawConn;
 class StoreProxyTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    log_sink_ = std::make_shared<testing::LogCapture>();
-    Logger("dtrun.store")->sinks().push_back(log_sink_);
     StoreServerOptions opts;
     opts.host = "127.0.0.1";
     auto server = StoreServer::Start(opts);
@@ -45,9 +43,6 @@ class StoreProxyTest : public ::testing::Test {
   void TearDown() override {
     proxies_.clear();
     if (server_) server_->Stop();
-    auto& sinks = Logger("dtrun.store")->sinks();
-    sinks.erase(std::remove(sinks.begin(), sinks.end(), log_sink_),
-                sinks.end());
   }
 
   // A proxy of its own loop in front of the server; its port.
@@ -76,11 +71,11 @@ class StoreProxyTest : public ::testing::Test {
     return client.ok() ? std::move(*client) : nullptr;
   }
 
-  std::string Log() { return log_sink_->Text(); }
+  std::string Log() { return log_.Text(); }
 
   std::unique_ptr<StoreServer> server_;
   std::vector<std::unique_ptr<StoreProxy>> proxies_;
-  std::shared_ptr<testing::LogCapture> log_sink_;
+  testing::ScopedLogCapture log_{"dtrun.store"};
 };
 
 class StoreProxyDialectTest : public StoreProxyTest,

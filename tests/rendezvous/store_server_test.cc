@@ -51,8 +51,6 @@ std::string Validate() {
 class StoreServerTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    log_sink_ = std::make_shared<testing::LogCapture>();
-    Logger("dtrun.store")->sinks().push_back(log_sink_);
     StoreServerOptions opts;
     opts.host = "127.0.0.1";
     opts.limits.max_value_bytes = 1 << 20;
@@ -61,12 +59,7 @@ class StoreServerTest : public ::testing::Test {
     server_ = std::move(*server);
     server_->RunInBackground();
   }
-  void TearDown() override {
-    server_->Stop();
-    auto& sinks = Logger("dtrun.store")->sinks();
-    sinks.erase(std::remove(sinks.begin(), sinks.end(), log_sink_),
-                sinks.end());
-  }
+  void TearDown() override { server_->Stop(); }
 
   std::unique_ptr<TcpStoreClient> Client(
       Dialect d = Dialect::kTorch2, milliseconds timeout = milliseconds(2000)) {
@@ -87,10 +80,10 @@ class StoreServerTest : public ::testing::Test {
     EXPECT_EQ(*c->Add("alive", 1), 1 + alive_++);
   }
 
-  std::string Warnings() { return log_sink_->Text(); }
+  std::string Warnings() { return log_.Text(); }
 
   std::unique_ptr<StoreServer> server_;
-  std::shared_ptr<testing::LogCapture> log_sink_;
+  testing::ScopedLogCapture log_{"dtrun.store"};
   int alive_ = 0;
 };
 
