@@ -119,6 +119,7 @@ class StoreProxy::Impl : public std::enable_shared_from_this<Impl> {
         own_io_(io ? nullptr : new asio::io_context(1)),
         io_(io ? io : own_io_.get()),
         acceptor_(*io_),
+        accept_retry_(*io_),
         up_(*io_),
         log_(Logger("dtrun.store")) {}
 
@@ -142,6 +143,7 @@ class StoreProxy::Impl : public std::enable_shared_from_this<Impl> {
   std::unique_ptr<asio::io_context> own_io_;
   asio::io_context* io_;
   tcp::acceptor acceptor_;
+  asio::steady_timer accept_retry_;  // after a failed accept (EMFILE)
   tcp::socket up_;
   std::string upstream_;  // "host:port" for messages
   uint16_t port_ = 0;
@@ -338,10 +340,16 @@ void StoreProxy::Impl::Accept() {
       self->workers_ = self->downs_.size();
       self->SendUp(MuxType::kOpen, d->stream, {});
       self->ReadDown(d);
-    } else {
-      self->log_->warn("store proxy: accept failed: {}", ec.message());
+      self->Accept();
+      return;
     }
-    self->Accept();
+    // Out of descriptors and the like: at once again would spin.
+    self->log_->warn("store proxy: accept failed: {}; retrying in 50 ms",
+                     ec.message());
+    self->accept_retry_.expires_after(std::chrono::milliseconds(50));
+    self->accept_retry_.async_wait([self](const asio::error_code& e) {
+      if (!e && !self->stopped_ && !self->lost_) self->Accept();
+    });
   });
 }
 
@@ -417,6 +425,7 @@ void StoreProxy::Impl::Lost(const std::string& why) {
 void StoreProxy::Impl::CloseAll() {
   asio::error_code ignored;
   acceptor_.close(ignored);
+  accept_retry_.cancel();
   up_.close(ignored);
   std::vector<uint32_t> streams;
   for (const auto& kv : downs_) streams.push_back(kv.first);
