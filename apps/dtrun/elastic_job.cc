@@ -392,8 +392,15 @@ std::string ElasticJob::StoreMetrics() {
     stores.push_back(SampleStore("rendezvous", backend_->hosted()));
   if (worker_store_)
     stores.push_back(SampleStore("workers", worker_store_.get()));
-  return StoreMetricsText(stores, joined_ ? assignment_.round : -1,
-                          config_.rdzv_id);
+  std::string text = StoreMetricsText(stores, joined_ ? assignment_.round : -1,
+                                      config_.rdzv_id);
+  if (worker_proxy_) {
+    const rendezvous::StoreProxy::Counts c = worker_proxy_->GetCounts();
+    text += ProxyMetricsText(
+        {c.workers, c.frames_up, c.upstream_writes, c.upstream_lost},
+        config_.rdzv_id);
+  }
+  return text;
 }
 
 // The same request as `dtrun --stacks`: every node answers it within a

@@ -179,6 +179,23 @@ std::string StoreMetricsText(const std::vector<StoreSample>& stores,
                      });
 }
 
+std::string ProxyMetricsText(const ProxySample& p, const std::string& run) {
+  return Gauge("dtrun_store_proxy_workers",
+               "Worker connections this node's store proxy carries to the "
+               "workers' store on one connection.",
+               run, static_cast<double>(p.workers)) +
+         Counter("dtrun_store_proxy_frames_total",
+                 "Frames this node's store proxy sent to the workers' store.",
+                 run, static_cast<int64_t>(p.frames)) +
+         Counter("dtrun_store_proxy_writes_total",
+                 "Writes that carried them (fewer than frames: batched).", run,
+                 static_cast<int64_t>(p.writes)) +
+         Gauge("dtrun_store_proxy_up",
+               "1 while this node's store proxy holds its connection to the "
+               "workers' store.",
+               run, p.lost ? 0.0 : 1.0);
+}
+
 // The names follow Prometheus' conventions: base units (seconds, bytes,
 // ratios), _total for counters.
 std::string MetricsText(const nlohmann::json& node, const JobCounts& counts) {

@@ -60,6 +60,19 @@ StoreSample SampleStore(const std::string& role,
 std::string StoreMetricsText(const std::vector<StoreSample>& stores,
                              int64_t round, const std::string& run);
 
+// This node's store proxy (--store-proxy): the worker connections it
+// carries to the workers' store and what went up, for
+// ProxyMetricsText.
+struct ProxySample {
+  size_t workers = 0;
+  uint64_t frames = 0;  // frames sent to the store
+  uint64_t writes = 0;  // writes that carried them (fewer: batched)
+  bool lost = false;    // the store's connection is gone
+};
+
+// dtrun_store_proxy_*: the families of this node's proxy. Pure.
+std::string ProxyMetricsText(const ProxySample& p, const std::string& run);
+
 // Where the job is, for the health port's answers.
 enum class HealthPhase { kStarting, kRunning, kStopping };
 

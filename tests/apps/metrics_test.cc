@@ -98,5 +98,24 @@ TEST(MetricsTextTest, UnknownJobValuesHaveNoSample) {
             std::string::npos);
 }
 
+// A proxied node says how many workers its proxy carries and how its
+// frames went up (batched: fewer writes than frames).
+TEST(MetricsTest, AProxiedNodeCountsItsProxy) {
+  std::string text = ProxyMetricsText({8, 24, 5, false}, "r");
+  EXPECT_NE(text.find("dtrun_store_proxy_workers{run_id=\"r\"} 8\n"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("# TYPE dtrun_store_proxy_frames_total counter\n"
+                      "dtrun_store_proxy_frames_total{run_id=\"r\"} 24\n"),
+            std::string::npos);
+  EXPECT_NE(text.find("dtrun_store_proxy_writes_total{run_id=\"r\"} 5\n"),
+            std::string::npos);
+  EXPECT_NE(text.find("dtrun_store_proxy_up{run_id=\"r\"} 1\n"),
+            std::string::npos);
+  EXPECT_NE(ProxyMetricsText({0, 0, 0, true}, "r")
+                .find("dtrun_store_proxy_up{run_id=\"r\"} 0\n"),
+            std::string::npos);
+}
+
 }  // namespace
 }  // namespace dtrun::agent

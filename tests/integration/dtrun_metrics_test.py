@@ -4,6 +4,7 @@ TORCHELASTIC_HEALTH_CHECK_PORT's answer. Skipped (77) without Prometheus."""
 import argparse
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -93,7 +94,7 @@ class MetricsTest(unittest.TestCase):
         status, _ = get(f"http://127.0.0.1:{port}/other")
         self.assertEqual(status, 404)
 
-    def two_nodes(self):
+    def two_nodes(self, *extra, work=("wedge", "100000", "99", "99")):
         """A 2-node job (2 workers each, on loopback hosts), each node with
         its own metrics port; the ports."""
         rdzv, ports = free_port(), [free_port(), free_port()]
@@ -101,7 +102,7 @@ class MetricsTest(unittest.TestCase):
             self.start([ARGS.dtrun, "--python", ARGS.python, "--nnodes=2", "--nproc-per-node=2",
                         "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{rdzv}",
                         "--rdzv-id=metrics2", f"--local-addr={addr}", f"--node-rank={node}",
-                        f"--metrics-port={ports[node]}", WORKER, "wedge", "100000", "99", "99"])
+                        f"--metrics-port={ports[node]}", *extra, WORKER, *work])
         return ports
 
     def test_a_single_node_serves_the_job_and_its_store(self):
@@ -138,6 +139,20 @@ class MetricsTest(unittest.TestCase):
         # rendezvous store, and counts what it answered.
         self.assertRegex(first + second, r'dtrun_store_requests_total\{run_id="metrics2",'
                                          r'store="rendezvous"\} [1-9]')
+
+    def test_a_proxied_node_counts_its_proxy(self):
+        """--store-proxy=on: node 1's workers reach the workers' store
+        through its proxy, which says so on node 1's port (the workers
+        all_reduce over gloo, holding their store connections)."""
+        ports = self.two_nodes("--store-proxy=on", work=("collective", "100000000"))
+        carrying = re.compile(r'dtrun_store_proxy_workers\{run_id="metrics2"\} [1-9]')
+        second = self.wait_for("node 1's proxy carrying its workers", lambda: (
+            lambda r: carrying.search(r[1]) and r[1])(
+                get(f"http://127.0.0.1:{ports[1]}/metrics")))
+        self.assertIn('dtrun_store_proxy_up{run_id="metrics2"} 1\n', second)
+        self.assertRegex(second, r'dtrun_store_proxy_frames_total\{run_id="metrics2"\} [1-9]')
+        first = get(f"http://127.0.0.1:{ports[0]}/metrics")[1]
+        self.assertNotIn("dtrun_store_proxy_", first)
 
     def test_outcome_textfile_counts_runs_for_node_exporter(self):
         """--metrics-textfile: torchrun's run outcomes counted over this
