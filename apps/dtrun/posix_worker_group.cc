@@ -21,6 +21,7 @@
 #include <sched.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
+#include <linux/close_range.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -57,6 +58,15 @@ StreamRoute ToStreamRoute(const OutputRoute& route, int pid) {
   return out;
 }
 
+// Every descriptor above stderr closes at exec, as torchrun's workers get
+// them (Popen's close_fds): dtrun's own sockets (the stores it hosts, their
+// clients, a proxy's connection) would otherwise live on in every worker,
+// and in anything a worker leaves behind, after dtrun is gone. Marked, not
+// closed, so the exec-status pipe still reports a failed exec. A system
+// call only (it runs in the child before exec); a kernel older than 5.11
+// has none, and then they are inherited as before.
+void KeepOnlyStandardStreams() { close_range(3, ~0U, CLOSE_RANGE_CLOEXEC); }
+
 // Polls `fds` for up to `timeout_ms`; calls `readable` for each ready one.
 // Returns false when nothing was ready.
 template <typename F>
@@ -89,6 +99,7 @@ int SpawnTool(const ToolRun& tool) {
     sigprocmask(SIG_SETMASK, &none, nullptr);
     dup2(fd, 1);
     dup2(fd, 2);
+    KeepOnlyStandardStreams();
     execv(args[0], args.data());
     _exit(127);
   }
@@ -144,6 +155,7 @@ int ChildMain(void* arg) {
   signal(SIGPIPE, SIG_DFL);  // the child's own dispositions (no CLONE_SIGHAND)
   dup2(plan.out_fd, 1);
   dup2(plan.err_fd, 2);
+  KeepOnlyStandardStreams();
   sigset_t none;
   sigemptyset(&none);
   sigprocmask(SIG_SETMASK, &none, nullptr);

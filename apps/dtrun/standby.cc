@@ -63,6 +63,9 @@ Status SpawnStandby(const StandbyPlan& plan, int fd, pid_t* pid) {
   posix_spawn_file_actions_addopen(&actions, 1, plan.log_file.c_str(),
                                    O_WRONLY | O_CREAT | O_TRUNC, 0644);
   posix_spawn_file_actions_adddup2(&actions, 1, 2);
+  // Nothing else of dtrun's (its sockets) reaches the standby, or through
+  // it the workers it forks.
+  posix_spawn_file_actions_addclosefrom_np(&actions, kStandbyFd + 1);
   posix_spawnattr_t attr;
   posix_spawnattr_init(&attr);
   sigset_t none, all;

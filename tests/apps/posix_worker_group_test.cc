@@ -73,6 +73,25 @@ TEST_F(PosixWorkerGroupTest,
   EXPECT_TRUE(group_.output_fds().empty());
 }
 
+// A descriptor dtrun holds open without close-on-exec (asio's sockets are
+// such) is not the worker's: only its standard streams are.
+TEST_F(PosixWorkerGroupTest, AWorkerInheritsOnlyItsStandardStreams) {
+  int p[2];
+  ASSERT_EQ(pipe(p), 0);  // no O_CLOEXEC, as an asio socket
+  ASSERT_EQ(dup2(p[0], 77), 77);
+  ASSERT_TRUE(Sh(0,
+                 "if [ -e /proc/$$/fd/77 ]; then echo leaked; fi; "
+                 "[ -e /proc/$$/fd/2 ] && echo has-stderr")
+                  .ok());
+  auto exits = ReapAll(1);
+  close(77);
+  close(p[0]);
+  close(p[1]);
+  ASSERT_EQ(exits.size(), 1u);
+  group_.Drain(milliseconds(2000));
+  EXPECT_EQ(os::ReadFileOrEmpty(dir_ + "/0.out"), "has-stderr\n");
+}
+
 TEST_F(PosixWorkerGroupTest, AProgramThatCannotRunIsAnErrorNamingIt) {
   WorkerSpec spec;
   spec.argv = {dir_ + "/no-such-program"};
