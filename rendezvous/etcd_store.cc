@@ -386,4 +386,34 @@ Status EtcdStore::MultiSet(const std::vector<std::string>& keys,
   return Status::Ok();
 }
 
+// Detaching puts the key again without a lease, so its end is never read
+// as the node's death.
+Status EtcdStore::LeaseKey(const std::string& key, milliseconds ttl) {
+  std::lock_guard<std::mutex> lock(lease_mu_);
+  if (key.empty()) {
+    if (leased_key_.empty()) return Status::Ok();
+    Status s = Set(leased_key_, "left");
+    leased_key_.clear();
+    return s;
+  }
+  if (!lease_ || !lease_->alive() || lease_->asked() != ttl) {
+    lease_.reset();
+    auto granted = EtcdLease::Grant(client_->options(), ttl);
+    if (!granted.ok()) return granted.status();
+    lease_ = std::move(*granted);
+  }
+  lease_->Touch();
+  json body = {{"key", Base64Encode(prefix_ + key)},
+               {"value", Base64Encode("1")},
+               {"lease", std::to_string(lease_->id())}};
+  Status s = client_->Call("/v3/kv/put", body).status();
+  if (s.ok()) leased_key_ = key;
+  return s;
+}
+
+void EtcdStore::StillAlive() {
+  std::lock_guard<std::mutex> lock(lease_mu_);
+  if (lease_) lease_->Touch();
+}
+
 }  // namespace dtrun::rendezvous

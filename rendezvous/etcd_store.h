@@ -13,6 +13,7 @@
 //                        version. The value holds the writer's count (exact
 //                        for a key one node writes, such as its heartbeat).
 //                        Counters only count up.
+//   LeaseKey             a put under a lease of this node's (etcd_lease.h)
 //   CompareSet           a transaction comparing the value (missing: the
 //                        create revision is 0)
 //   Wait                 one key: reads, then waits on a watch of it, kept
@@ -30,6 +31,7 @@
 #include <vector>
 
 #include "rendezvous/etcd_client.h"
+#include "rendezvous/etcd_lease.h"
 #include "rendezvous/store.h"
 
 namespace dtrun::rendezvous {
@@ -57,6 +59,12 @@ class EtcdStore : public Store {
   Status MultiSet(const std::vector<std::string>& keys,
                   const std::vector<std::string>& values) override;
   std::chrono::milliseconds timeout() const override { return timeout_; }
+  // One lease for the node's life (granted again when it lapsed, or when
+  // another TTL is asked), revoked when the store goes.
+  Status LeaseKey(const std::string& key,
+                  std::chrono::milliseconds ttl) override;
+  void StillAlive() override;
+  bool has_leases() const override { return true; }
   using Store::Wait;
 
   // Removes every key that starts with `prefix` (under the store's own);
@@ -104,6 +112,10 @@ class EtcdStore : public Store {
   std::mutex wait_mu_;
   std::unique_ptr<EtcdWatch> wait_watch_;
   std::string wait_key_;
+  // LeaseKey's lease and the key last put under it.
+  std::mutex lease_mu_;
+  std::unique_ptr<EtcdLease> lease_;
+  std::string leased_key_;
 };
 
 }  // namespace dtrun::rendezvous

@@ -420,6 +420,7 @@ Result<Assignment> Rendezvous::Join(const std::function<bool()>& interrupted) {
         last_rank_ = (*outcome)->group_rank;
         next_.Reset();
         next_gone_ = false;
+        next_leased_ = false;
         BindGone(**outcome);
         Heartbeat(**outcome, true);
         return **outcome;
@@ -452,22 +453,69 @@ std::string Rendezvous::DescribeParticipants() const {
 // and its (re)binds in round/<r>/bound/<rank> (Store::BindOnClose): the
 // node watching this one knows at once that its dtrun is gone (killed,
 // crashed, its host down) instead of after the missed heartbeats. A store
-// that cannot (etcd) leaves the heartbeats to tell.
+// that sees no connection close (etcd) keeps round/<r>/alive/<rank> under a
+// lease of the silent limit instead: the watching node sees it deleted a
+// TTL after this node stops renewing (dead, stopped or cut off), and this
+// node writes no heartbeats (the renewals cost etcd no consensus round).
+// A store with neither leaves the heartbeats to tell.
 void Rendezvous::BindGone(const Assignment& a) {
+  leased_ = false;
   Status s = store_->BindOnClose(keys_.Round(a.round, "gone", a.group_rank),
                                  keys_.Round(a.round, "bound", a.group_rank));
+  lease_store_ = store_->has_leases();
+  if (lease_store_) {
+    s = store_->LeaseKey(
+        keys_.Round(a.round, "alive", a.group_rank),
+        opts_.keep_alive_interval * opts_.keep_alive_max_attempt);
+    leased_ = s.ok();
+  }
   if (!s.ok() && s.code() != Status::Code::kInvalid) {
     Logger("dtrun.rdzv")
         ->warn(
-            "round {}: the store will not say when this node's "
-            "connection closes ({}); heartbeats alone tell",
+            "round {}: the store will not say when this node is gone ({}); "
+            "heartbeats alone tell",
             a.round, s.message());
   }
+}
+
+void Rendezvous::Unbind() {
+  (void)store_->BindOnClose("", "");
+  if (lease_store_) (void)store_->LeaseKey("", std::chrono::milliseconds(0));
+  leased_ = false;
+}
+
+// The watched node's key present means it holds a lease; deleted (pushed,
+// or read missing after it was seen) means the lease ended.
+void Rendezvous::SeeLease(const std::string& value, bool deleted) {
+  if (!deleted && !value.empty()) {
+    next_leased_ = true;
+  } else if (next_leased_) {
+    next_gone_ = true;
+    gone_why_ =
+        "lease in the store ended (its dtrun exited, was killed "
+        "or stopped, or lost the store for the lease's time); "
+        "declared dead";
+  }
+}
+
+Result<RoundEvent> Rendezvous::DeclareGone(const Assignment& current) {
+  next_gone_ = false;
+  std::string why = gone_why_.empty()
+                        ? "connection to the store closed (its dtrun "
+                          "exited or was killed, or its host went down); "
+                          "declared dead"
+                        : gone_why_;
+  gone_why_.clear();
+  return StartNextRound(current, "node " + current.next_node + "'s " + why);
 }
 
 // An ADD rather than a timestamp: the watcher only needs to see the value
 // change, so no clock has to agree with another machine's.
 Status Rendezvous::Heartbeat(const Assignment& current, bool force) {
+  if (leased_) {
+    store_->StillAlive();
+    return Status::Ok();
+  }
   if (!beat_.Due(clock_.Now(), opts_.keep_alive_interval, force))
     return Status::Ok();
   return store_->Add(keys_.Round(current.round, "hb", current.group_rank), 1)
@@ -505,13 +553,7 @@ Result<RoundEvent> Rendezvous::CheckRound(const Assignment& current) {
     if (!event.ok() || *event != RoundEvent::kNone) return event;
   }
   if (current.group_world_size == 1) return RoundEvent::kNone;
-  if (next_gone_) {
-    next_gone_ = false;
-    return StartNextRound(
-        current, "node " + current.next_node +
-                     "'s connection to the store closed (its dtrun exited "
-                     "or was killed, or its host went down); declared dead");
-  }
+  if (next_gone_) return DeclareGone(current);
   return WatchNext(current, count.empty() ? next_.count() : count);
 }
 
@@ -525,6 +567,7 @@ Result<RoundEvent> Rendezvous::ReadRound(const Assignment& current,
     keys.push_back(keys_.Round(r, "hb", next));
     keys.push_back(keys_.Round(r, "gone", next));
     keys.push_back(keys_.Round(r, "bound", next));
+    if (lease_store_) keys.push_back(keys_.Round(r, "alive", next));
   }
   auto got = store_->MultiGet(keys);
   if (!got.ok()) return got.status();
@@ -539,6 +582,7 @@ Result<RoundEvent> Rendezvous::ReadRound(const Assignment& current,
     *count = (*got)[1];
     // Every connection it bound has closed: its dtrun is gone.
     next_gone_ = next_gone_ || GoneOf((*got)[2], (*got)[3]);
+    if (lease_store_) SeeLease((*got)[4], false);
   }
   return RoundEvent::kNone;
 }
@@ -569,6 +613,8 @@ bool Rendezvous::WatchRound(const Assignment& current) {
   if (n > 1) {
     watched.push_back(keys_.Round(r, "hb", (current.group_rank + 1) % n));
     watched.push_back(keys_.Round(r, "gone", (current.group_rank + 1) % n));
+    if (lease_store_)
+      watched.push_back(keys_.Round(r, "alive", (current.group_rank + 1) % n));
   }
   Status s = watch_->WatchKeys(watched);
   if (!s.ok()) {
@@ -590,12 +636,15 @@ bool Rendezvous::NeedsRead(const Assignment& current, std::string* count) {
   // Pushes come in order on one TCP connection, so none is lost while the
   // connection stands; a failed connection sends this node back to reading.
   const std::string over = keys_.Round(current.round, "over");
-  const std::string gone = keys_.Round(
-      current.round, "gone",
-      (current.group_rank + 1) % std::max(1, current.group_world_size));
+  const int next =
+      (current.group_rank + 1) % std::max(1, current.group_world_size);
+  const std::string gone = keys_.Round(current.round, "gone", next);
+  const std::string alive = keys_.Round(current.round, "alive", next);
   bool read = read_due_;
   for (const auto& c : changes) {
-    if (c.key == over || c.key == gone) {
+    if (c.key == alive) {
+      SeeLease(c.value, c.kind == KeyChange::Kind::kDeleted);
+    } else if (c.key == over || c.key == gone) {
       read = true;  // a close: read whether every bound connection closed
     } else if (c.kind != KeyChange::Kind::kDeleted) {
       *count = c.value;  // the only other key watched: the next node's beat
@@ -650,6 +699,17 @@ Result<RoundEvent> Rendezvous::WatchCounters(const Assignment& current) {
 Result<RoundEvent> Rendezvous::WatchNext(const Assignment& current,
                                          const std::string& count) {
   const auto limit = opts_.keep_alive_interval * opts_.keep_alive_max_attempt;
+  if (next_leased_) {
+    // Its lease says when it is gone; a pushed round reads the key once a
+    // silent limit in case the stream quietly stopped.
+    if (!pushed(current) || clock_.Now() < next_lease_read_)
+      return RoundEvent::kNone;
+    next_lease_read_ = clock_.Now() + limit;
+    std::string read;
+    auto moved = ReadRound(current, &read);
+    if (!moved.ok() || *moved != RoundEvent::kNone) return moved;
+    return next_gone_ ? DeclareGone(current) : RoundEvent::kNone;
+  }
   auto silent = next_.Observe(current.round, count, clock_.Now(), limit);
   if (!silent) return RoundEvent::kNone;
   if (pushed(current)) {
@@ -691,7 +751,7 @@ Result<int> Rendezvous::ReportFailure(const Assignment& current,
 }
 
 Status Rendezvous::AckEnd(const Assignment& current) {
-  (void)store_->BindOnClose("", "");
+  Unbind();
   return store_->Add(keys_.Round(current.round, "ended"), 1).status();
 }
 
@@ -705,7 +765,7 @@ bool Rendezvous::AllEnded(const Assignment& current) {
 // This node leaves on purpose from here: its connection closing is no
 // longer news.
 Status Rendezvous::MarkDone(const Assignment& current) {
-  (void)store_->BindOnClose("", "");
+  Unbind();
   auto done = store_->Add(keys_.Round(current.round, "done"), 1);
   if (!done.ok()) return done.status();
   // The last node to finish ends the job at once.

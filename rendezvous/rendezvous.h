@@ -28,7 +28,7 @@ struct RendezvousOptions {
   int max_restarts = 0;                            // must agree on every node
   std::chrono::milliseconds join_timeout{600000};  // default 600 s
   std::chrono::milliseconds last_call_timeout{30000};   // default 30 s
-  std::chrono::milliseconds keep_alive_interval{5000};  // default 5 s
+  std::chrono::milliseconds keep_alive_interval{1000};  // default 1 s
   int keep_alive_max_attempt = 3;                       // misses before "dead"
   // A joining node is woken by the store when the round it waits for
   // completes; it also looks again this often (signals, the last call).
@@ -168,6 +168,11 @@ class Rendezvous {
                                     const std::string& why);
   Status Heartbeat(const Assignment& current, bool force);
   void BindGone(const Assignment& a);
+  // This node leaves on purpose: its connection or lease ending is no news.
+  void Unbind();
+  // The watched node's lease key as read or pushed ("" when missing).
+  void SeeLease(const std::string& value, bool deleted);
+  Result<RoundEvent> DeclareGone(const Assignment& current);
 
   Store* store_;
   RendezvousOptions opts_;
@@ -185,7 +190,17 @@ class Rendezvous {
   int last_round_ = -1, last_rank_ = -1;  // this node's last completed round
   BeatTimer beat_;
   HeartbeatWatch next_;     // the watched node's heartbeat counter
-  bool next_gone_ = false;  // its every store connection closed
+  bool next_gone_ = false;  // its every store connection closed, or its
+                            // lease ended
+  std::string gone_why_;    // which of the two, for the log
+  // Leases (a store that sees no connection close: etcd): whether the
+  // store has them, whether this node's key is under one (then it writes
+  // no heartbeats: the lease's renewals are its beats), whether the
+  // watched node's key was seen, and when a pushed round reads it again.
+  bool lease_store_ = false;
+  bool leased_ = false;
+  bool next_leased_ = false;
+  TimePoint next_lease_read_{};
   // Push mode: the watch connection, the round it registered for, a round
   // whose watch failed (read instead), and whether the next check reads.
   std::unique_ptr<KeyWatch> watch_;

@@ -59,6 +59,23 @@ class Store {
     (void)binds;
     return Status::Invalid("this store cannot tell when a client is gone");
   }
+  // For a store that sees no connection close (etcd): keeps `key` (value
+  // "1") only while this client lives, under a lease of `ttl` that the
+  // client renews on a thread of its own for as long as StillAlive() was
+  // called within `ttl`. When the client dies, stops, is cut off or stops
+  // calling StillAlive, the store deletes the key about `ttl` later. ""
+  // detaches the last key (it stays, valued "left": the client leaves on
+  // purpose). Stores that cannot: Status::Invalid.
+  virtual Status LeaseKey(const std::string& key,
+                          std::chrono::milliseconds ttl) {
+    (void)key;
+    (void)ttl;
+    return Status::Invalid("this store has no leases");
+  }
+  // The caller's loop is alive (see LeaseKey).
+  virtual void StillAlive() {}
+  // Whether LeaseKey can work here.
+  virtual bool has_leases() const { return false; }
 
   Status Wait(const std::vector<std::string>& keys) {
     return Wait(keys, timeout());

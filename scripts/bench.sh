@@ -232,10 +232,16 @@ fi
 
 if want detect; then
   echo
-  echo "== a lost node declared dead: SIGKILL (its closed connection) vs SIGSTOP (heartbeats)"
+  echo "== a lost node declared dead: SIGKILL vs SIGSTOP, on c10d and on etcd (its lease)"
   ninja -C "$b" fake_worker >/dev/null
-  /usr/bin/python3 tests/bench/detect_bench.py --dtrun $b/apps/dtrun \
-    --fake-worker $b/tests/apps/fake_worker
+  for backend in c10d etcd; do
+    /usr/bin/python3 tests/bench/detect_bench.py --dtrun $b/apps/dtrun \
+      --fake-worker $b/tests/apps/fake_worker --backend $backend
+  done
+  echo
+  echo "== a whole node SIGKILLed or SIGSTOPped mid-training: the survivor's next step"
+  /usr/bin/python3 tests/bench/node_loss_bench.py --dtrun $b/apps/dtrun \
+    --train-cfg $b/examples/train_cfg
 fi
 
 if want py-restart; then

@@ -21,9 +21,12 @@ struct RdzvConfig {
   // Once the minimum joined, how long more nodes may still join (s; default
   // 30).
   std::chrono::milliseconds last_call_timeout{30000};
-  // How often each node beats in the rendezvous store (s; default 5).
-  std::chrono::milliseconds keep_alive_interval{5000};
-  // Beats a node may miss before the others declare it dead (default 3).
+  // How often each node beats in the rendezvous store (s; default 1:
+  // torchrun's 5 would leave a silent node running for 15 s; on etcd the
+  // beats are a lease's renewals).
+  std::chrono::milliseconds keep_alive_interval{1000};
+  // Beats a node may miss before the others declare it dead (default 3: a
+  // silent node is dead after 3 s).
   int keep_alive_max_attempt = 3;
   // Bound on one store operation (s); default: the silent limit, at least 1 s.
   std::optional<std::chrono::milliseconds> read_timeout;

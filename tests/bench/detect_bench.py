@@ -1,17 +1,18 @@
 """How soon a lost node is declared dead: two dtrun nodes on loopback
-(c10d rendezvous, one fake worker each, torchrun's keep-alive unless
---rdzv-conf says otherwise); the second node's dtrun is then
-  - kill:  SIGKILLed (its worker dies with it): its store connection
-           closes, which the store counts and pushes at once;
-  - stop:  SIGSTOPped, with its worker: its connection stays open and
-           silent, so only the missed heartbeats tell (this is also how
-           a SIGKILL was found before the store counted closes).
+(c10d rendezvous, or --backend etcd: a 3-member etcd on 127.0.0.2-4; one
+fake worker each, dtrun's default keep-alive unless --rdzv-conf says
+otherwise); the second node's dtrun is then
+  - kill:  SIGKILLed (its worker dies with it): c10d: its store connection
+           closes, which the store counts and pushes at once; etcd: its
+           lease is no longer renewed and ends one TTL later;
+  - stop:  SIGSTOPped, with its worker: c10d: its connection stays open
+           and silent, so only the missed heartbeats tell; etcd: as kill.
 Measured from the signal to the surviving node's "declared dead" line
 (its log's own timestamp). The two faults take turns, repeated; medians
 and spread.
 
 Usage: detect_bench.py --dtrun PATH --fake-worker PATH [--repeat N]
-                       [--rdzv-conf K=V,...]"""
+                       [--rdzv-conf K=V,...] [--backend c10d|etcd]"""
 import argparse
 import datetime
 import os
@@ -27,6 +28,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "integration"))
 from dtrun_proc import read_pids, wait_for  # noqa: E402
+from etcd_cluster import EtcdCluster  # noqa: E402
 
 DEAD = re.compile(r"^\[(\S+ \S+)\] \[warning\] \[dtrun.rdzv\] starting round 1: .*declared dead",
                   re.M)
@@ -38,12 +40,12 @@ def free_port():
         return s.getsockname()[1]
 
 
-def once(a, fault):
+def once(a, fault, etcd, run):
     with tempfile.TemporaryDirectory(prefix="dtrun-detect-") as d:
-        port = free_port()
         conf = "last_call_timeout=0.5,join_timeout=30" + (f",{a.rdzv_conf}" if a.rdzv_conf else "")
-        common = ["--nnodes=1:2", "--nproc-per-node=1", "--rdzv-backend=c10d",
-                  f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=detect",
+        where = (["--rdzv-backend=etcd-v2", f"--rdzv-endpoint={etcd.endpoints()}"] if etcd else
+                 ["--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_port()}"])
+        common = ["--nnodes=1:2", "--nproc-per-node=1", *where, f"--rdzv-id=detect{run}",
                   f"--log-dir={d}/logs",
                   f"--rdzv-conf={conf}", a.fake_worker, "--pid-dir", d, "--sleep-ms", "60000"]
         err = open(os.path.join(d, "host.err"), "w+")
@@ -87,17 +89,23 @@ def main():
     p.add_argument("--fake-worker", required=True)
     p.add_argument("--repeat", type=int, default=5)
     p.add_argument("--rdzv-conf", default="")
+    p.add_argument("--backend", choices=("c10d", "etcd"), default="c10d")
     a = p.parse_args()
+    etcd = EtcdCluster().start() if a.backend == "etcd" else None
     got = {"kill": [], "stop": []}
-    for _ in range(a.repeat):
-        for fault in got:
-            got[fault].append(once(a, fault))
-    print(f"keep-alive: {a.rdzv_conf or 'torchrun default (5 s x 3)'}")
+    try:
+        for i in range(a.repeat):
+            for fault in got:
+                got[fault].append(once(a, fault, etcd, f"{os.getpid()}_{i}_{fault}"))
+    finally:
+        if etcd:
+            etcd.close()
+    print(f"backend {a.backend}, keep-alive: {a.rdzv_conf or 'the default (1 s x 3)'}")
     print("| fault of the second node | signal to \"declared dead\", median (min-max) |")
     print("|---|---|")
     for fault, xs in got.items():
-        label = ("SIGKILL of its dtrun (the store counts the closed connection)"
-                 if fault == "kill" else "SIGSTOP of its dtrun and worker (missed heartbeats)")
+        label = ("SIGKILL of its dtrun" if fault == "kill" else
+                 "SIGSTOP of its dtrun and worker")
         print(f"| {label} | {statistics.median(xs) * 1000:.0f} ms "
               f"({min(xs) * 1000:.0f}-{max(xs) * 1000:.0f}) |")
 

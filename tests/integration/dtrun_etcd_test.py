@@ -266,6 +266,47 @@ class SilentNodeLoss(EtcdCase):
         self.assertNotIn("pid_2_1", os.listdir(pid_dir))
 
 
+class LeaseEnds(EtcdCase):
+    """At the default keep-alive (1 s x 3) each node keeps its key under a
+    lease of 3 s and writes no heartbeats: a node killed or stopped is
+    declared dead when etcd ends its lease, the others go on in a new round."""
+
+    def lose_a_node(self, sig):
+        pid_dir = os.path.join(self.dir, "pids")
+        os.makedirs(pid_dir)
+        flags = self.etcd_flags(conf="last_call_timeout=1,join_timeout=60") + [
+            "--nnodes=2:3", "--nproc-per-node=1", "--max-restarts=1", "--no-python",
+            ARGS.fake_worker, "--pid-dir", pid_dir, "--sleep-ms", "8000"]
+        nodes = [self.node(i, flags) for i in range(3)]
+        self.assertTrue(wait_for(lambda: len(os.listdir(pid_dir)) == 3, 30), nodes[0].err())
+        victim = next(n for n in nodes if "round 0: group rank 1 of 3" in n.err())
+        rest = [n for n in nodes if n is not victim]
+        try:
+            lost_at = time.monotonic()
+            victim.proc.send_signal(sig)
+            self.assertTrue(wait_for(lambda: any("declared dead" in n.err() for n in rest), 20),
+                            rest[0].err())
+            detected = time.monotonic() - lost_at
+            err = "".join(n.err() for n in rest)
+            self.assertIn("lease in the store ended", err)
+            # The TTL, etcd's expiry sweep (0.5 s), a check and slack for 2 cores.
+            self.assertLess(detected, 3 + 0.5 + 3)
+            for n in rest:
+                self.assertEqual(n.wait(), 0, n.err())
+                self.assertRegex(n.err(), r"round 1: group rank \d of 2")
+            self.assertNotIn("heartbeat", err)
+        finally:
+            if victim.proc.poll() is None:
+                victim.proc.send_signal(signal.SIGCONT)
+            victim.kill()
+
+    def test_a_killed_nodes_lease_ends_and_it_is_declared_dead(self):
+        self.lose_a_node(signal.SIGKILL)
+
+    def test_a_stopped_nodes_lease_ends_and_it_is_declared_dead(self):
+        self.lose_a_node(signal.SIGSTOP)
+
+
 @unittest.skipUnless(ARGS.train_cfg, "needs --train-cfg (a build with libtorch)")
 class NodeLoss(EtcdCase):
     """Three nodes of one rank each train digits; one is SIGKILLed after the

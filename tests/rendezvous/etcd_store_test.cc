@@ -13,6 +13,7 @@
 #include <arpa/inet.h>
 #include <chrono>
 #include <cstdlib>
+#include <functional>
 #include <set>
 #include <string>
 #include <thread>
@@ -224,6 +225,62 @@ TEST_F(EtcdStoreTest, WatchPushesChangesInOrder) {
   EXPECT_EQ(changes[1].kind, KeyChange::Kind::kUpdated);
   EXPECT_EQ(changes[1].value, "2");
   EXPECT_EQ(changes[2].kind, KeyChange::Kind::kDeleted);
+}
+
+// Reads `key` through another client until it is gone; how long that took
+// (or `limit` when it stayed).
+milliseconds UntilGone(EtcdStore* s, const std::string& key, milliseconds limit,
+                       const std::function<void()>& meanwhile = nullptr) {
+  const auto t0 = std::chrono::steady_clock::now();
+  for (;;) {
+    const auto took = std::chrono::duration_cast<milliseconds>(
+        std::chrono::steady_clock::now() - t0);
+    if (took >= limit) return limit;
+    auto got = s->MultiGet({key});
+    if (got.ok() && (*got)[0].empty()) return took;
+    if (meanwhile) meanwhile();
+    std::this_thread::sleep_for(milliseconds(50));
+  }
+}
+
+// A leased key lives while its holder says it is alive (three TTLs here),
+// and goes about a TTL after the holder falls silent; the deletion is
+// pushed to a watcher.
+TEST_F(EtcdStoreTest, ALeasedKeyLivesWhileItsHolderDoes) {
+  auto holder = Open(), reader = Open();
+  ASSERT_TRUE(holder && reader);
+  auto watch = reader->OpenWatch();
+  ASSERT_TRUE(watch->WatchKey("alive").ok());
+  ASSERT_TRUE(holder->LeaseKey("alive", milliseconds(1000)).ok());
+  // etcd grants at least 2 s with its default timings.
+  EXPECT_EQ(UntilGone(reader.get(), "alive", milliseconds(6000),
+                      [&] { holder->StillAlive(); }),
+            milliseconds(6000));
+  const milliseconds gone =
+      UntilGone(reader.get(), "alive", milliseconds(8000));
+  EXPECT_LT(gone, milliseconds(8000)) << "the key outlived its silent holder";
+  EXPECT_GE(gone, milliseconds(1000));
+  std::vector<KeyChange> changes;
+  ASSERT_TRUE(watch->TakeChanges(&changes).ok());
+  ASSERT_FALSE(changes.empty());
+  EXPECT_EQ(changes.back().kind, KeyChange::Kind::kDeleted);
+  // A lapsed lease is granted again at the next key.
+  ASSERT_TRUE(holder->LeaseKey("again", milliseconds(1000)).ok());
+  EXPECT_EQ(*reader->Get("again"), "1");
+}
+
+// A detached key stays ("left"); the store going revokes its lease, and a
+// key still under it goes at once.
+TEST_F(EtcdStoreTest, ADetachedKeyStaysAndTheStoreGoingRevokes) {
+  auto holder = Open(), reader = Open();
+  ASSERT_TRUE(holder && reader);
+  ASSERT_TRUE(holder->LeaseKey("round0", milliseconds(30000)).ok());
+  ASSERT_TRUE(holder->LeaseKey("round1", milliseconds(30000)).ok());
+  ASSERT_TRUE(holder->LeaseKey("", milliseconds(0)).ok());  // detaches round1
+  holder.reset();
+  EXPECT_LT(UntilGone(reader.get(), "round0", milliseconds(3000)),
+            milliseconds(3000));
+  EXPECT_EQ(*reader->Get("round1"), "left");
 }
 
 TEST_F(EtcdStoreTest, AMemberThatIsDownIsPassedOver) {

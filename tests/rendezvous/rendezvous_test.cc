@@ -10,6 +10,8 @@
 
 #include <atomic>
 #include <future>
+#include <map>
+#include <mutex>
 
 #include <nlohmann/json.hpp>
 
@@ -217,6 +219,81 @@ TEST(RendezvousTest, SilentNodeIsDeclaredDead) {
   auto again = a.Join(nullptr);  // alone now (min 1)
   ASSERT_TRUE(again.ok());
   EXPECT_EQ(again->group_world_size, 1);
+}
+
+// A store with leases as the rendezvous sees them (etcd's are in
+// etcd_store_test.cc): a leased key is set; the test ends a lease by
+// deleting its key, as etcd does when renewals stop.
+class LeasingStore : public MemoryStore {
+ public:
+  bool has_leases() const override { return true; }
+  Status LeaseKey(const std::string& key, milliseconds ttl) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    ttl_ = ttl;
+    if (key.empty()) return last_.empty() ? Status::Ok() : Set(last_, "left");
+    leased_.push_back(key);
+    last_ = key;
+    return Set(key, "1");
+  }
+  void StillAlive() override { ++touches; }
+  Result<int64_t> Add(const std::string& key, int64_t delta) override {
+    if (delta > 0 && key.find("/hb/") != std::string::npos) ++beats;
+    return MemoryStore::Add(key, delta);
+  }
+  std::vector<std::string> leased() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return leased_;
+  }
+  std::atomic<int> touches{0}, beats{0};
+  milliseconds ttl_{0};
+
+ private:
+  std::mutex mu_;
+  std::vector<std::string> leased_;
+  std::string last_;
+};
+
+// Where the store has leases, a node's key under its lease replaces its
+// heartbeats: no beats are written, its silence is no death while the key
+// stands, and the key's end (a deletion) is its death at once. A node that
+// leaves on purpose detaches its key first.
+TEST(RendezvousTest, ALeasedNodesEndedLeaseIsItsDeath) {
+  LeasingStore store;
+  FakeClock clock;
+  Rendezvous a(&store, Options("a", 1, 3), clock),
+      b(&store, Options("b", 1, 3), clock),
+      c(&store, Options("c", 1, 3), clock);
+  auto fb = JoinAsync(&b), fc = JoinAsync(&c);
+  ASSERT_TRUE(store.Wait({"rdzv/job/round/0/node/2"}, milliseconds(5000)).ok());
+  auto ra = a.Join(nullptr);  // the third closes the round
+  auto rb = fb.get(), rc = fc.get();
+  ASSERT_TRUE(ra.ok() && rb.ok() && rc.ok());
+  ASSERT_EQ(store.leased().size(), 3u);
+  EXPECT_EQ(store.ttl_, milliseconds(60));  // the silent limit
+  std::map<int, Rendezvous*> by_rank = {
+      {ra->group_rank, &a}, {rb->group_rank, &b}, {rc->group_rank, &c}};
+  std::map<int, Assignment> as = {
+      {ra->group_rank, *ra}, {rb->group_rank, *rb}, {rc->group_rank, *rc}};
+  // Ten silent limits: nobody beats, nobody is declared dead.
+  for (int i = 0; i < 120; ++i) {
+    clock.Advance(milliseconds(5));
+    for (auto& [rank, r] : by_rank)
+      ASSERT_EQ(*r->Check(as[rank]), RoundEvent::kNone);
+  }
+  EXPECT_EQ(store.beats, 0);
+  EXPECT_GE(store.touches, 300);
+  // Rank 2 leaves on purpose: its key stays ("left"), no death.
+  ASSERT_TRUE(by_rank[2]->MarkDone(as[2]).ok());
+  for (int i = 0; i < 40; ++i) {
+    clock.Advance(milliseconds(5));
+    for (int rank : {0, 1})
+      ASSERT_EQ(*by_rank[rank]->Check(as[rank]), RoundEvent::kNone);
+  }
+  // Rank 1's lease ends: rank 0, which watches it, starts the next round.
+  const std::string key = "rdzv/job/round/0/alive/1";
+  ASSERT_TRUE(*store.DeleteKey(key));
+  EXPECT_EQ(*by_rank[0]->Check(as[0]), RoundEvent::kRestart);
+  EXPECT_EQ(*by_rank[1]->Check(as[1]), RoundEvent::kRestart);
 }
 
 TEST(RendezvousTest, FailuresCountOncePerRoundThenClose) {
