@@ -50,8 +50,12 @@ int64_t BackgroundCheckpointer::ResumeFromCopies() {
   int64_t mine = -1;
   if (copies_) {
     copies_->Scan();
+    // A DDP step file holds the whole state and loads on any world size
+    // (a node lost, the survivors go on); FSDP's shards are cut for the
+    // world that saved them.
+    const int64_t world = c_.strategy == StrategyKind::kFsdp ? world_ : -1;
     mine = copies_->Newest([this](int64_t s) { return MemoryFilesOf(s); },
-                           std::max<int64_t>(disk, 1), world_);
+                           std::max<int64_t>(disk, 1), world);
     if (dist_.env().local_rank == 0) {
       for (const auto& u : copies_->unusable())
         std::fprintf(stderr, "checkpoint copy not used: %s\n", u.c_str());

@@ -266,8 +266,9 @@ Result<int64_t> CheckpointDir::BeginEpoch(int64_t resumed_from,
 // checkpoint, not the run.
 std::optional<CheckpointDir::Loaded> CheckpointDir::LoadLatest(
     std::vector<std::string>* skipped,
-    const std::function<Status(const Loaded&)>& accept) const {
+    const std::function<Status(const Loaded&)>& accept, int64_t at_most) const {
   for (int64_t step : Steps()) {
+    if (step > at_most) continue;
     std::string path = PathFor(step);
     auto payload = ReadCheckpointFile(path);
     Status why = payload.status();

@@ -2,6 +2,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <string>
@@ -124,9 +125,11 @@ class CheckpointDir {
   // The newest checkpoint whose checksum verifies and that `accept` (when
   // given) accepts; each one skipped is described in *skipped ("path: why").
   // nullopt when none loads.
+  // Steps after `at_most` are passed over.
   std::optional<Loaded> LoadLatest(
       std::vector<std::string>* skipped = nullptr,
-      const std::function<Status(const Loaded&)>& accept = nullptr) const;
+      const std::function<Status(const Loaded&)>& accept = nullptr,
+      int64_t at_most = std::numeric_limits<int64_t>::max()) const;
 
   // Steps of the checkpoints present, newest first.
   std::vector<int64_t> Steps() const;

@@ -90,13 +90,13 @@ int64_t Checkpointer::Resume() {
   return start;
 }
 
-// The newest checkpoint that loads and whose other files verify; the step
-// to start from (0 when there is none).
+// The newest checkpoint that loads and whose other files verify, the same
+// on every rank; the step to start from (0 when there is none).
 int64_t Checkpointer::ResumeFromFolder() {
   const auto start = std::chrono::steady_clock::now();
   std::vector<std::string> skipped;
   StepFile file;
-  auto loaded = dir_.LoadLatest(&skipped, [&](const CheckpointDir::Loaded& l) {
+  auto accept = [&](const CheckpointDir::Loaded& l) {
     auto tensors = DecodeTensors(l.payload);
     auto parsed = tensors.ok() ? StepFile::FromTensors(std::move(*tensors))
                                : Result<StepFile>(tensors.status());
@@ -105,7 +105,8 @@ int64_t Checkpointer::ResumeFromFolder() {
     if (!stale.empty()) return Status::Invalid(stale);
     file = std::move(*parsed);
     return strategy_.Complete(file.parts, Strategy::FolderShards(dir_), l.step);
-  });
+  };
+  auto loaded = AgreedLatest(&skipped, accept);
   if (rank_ == 0) {
     for (const auto& s : skipped)
       std::fprintf(stderr, "checkpoint skipped: %s\n", s.c_str());
@@ -120,6 +121,34 @@ int64_t Checkpointer::ResumeFromFolder() {
         MsSince(start));
   }
   return file.step;
+}
+
+// The ranks may see different folders (one per node), or one folder at
+// different moments (a checkpoint being persisted while they look): each
+// loads its newest, and until they agree every rank loads again the newest
+// at or before the oldest of theirs. A rank with none sends every rank to
+// step 0. Without this, ranks resumed from different steps would train
+// apart without a word (DDP broadcasts no parameters after a restore).
+std::optional<CheckpointDir::Loaded> Checkpointer::AgreedLatest(
+    std::vector<std::string>* skipped,
+    const std::function<Status(const CheckpointDir::Loaded&)>& accept) {
+  auto loaded = dir_.LoadLatest(skipped, accept);
+  for (;;) {
+    const int64_t mine = loaded ? loaded->step : 0;
+    const int64_t oldest = AllMin(mine), newest = -AllMin(-mine);
+    if (oldest == newest) return loaded;
+    if (rank_ == 0) {
+      std::fprintf(stderr,
+                   "the ranks' newest checkpoints differ (steps %lld to "
+                   "%lld): every rank resumes from step %lld or before\n",
+                   (long long)oldest, (long long)newest, (long long)oldest);
+    }
+    if (oldest == 0) {
+      strategy_.Discard();
+      return std::nullopt;
+    }
+    if (mine > oldest) loaded = dir_.LoadLatest(skipped, accept, oldest);
+  }
 }
 
 void Checkpointer::Restore(const StepFile& file) {

@@ -16,7 +16,9 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -70,6 +72,11 @@ class Checkpointer {
   // (then the folder). Collective.
   virtual int64_t ResumeFromCopies() { return -1; }
   int64_t ResumeFromFolder();
+  // The folder's newest checkpoint that `accept` takes, the same step on
+  // every rank (collective).
+  std::optional<CheckpointDir::Loaded> AgreedLatest(
+      std::vector<std::string>* skipped,
+      const std::function<Status(const CheckpointDir::Loaded&)>& accept);
   // The state `file` holds into the model, the optimizer and this rank's
   // generator.
   void Restore(const StepFile& file);

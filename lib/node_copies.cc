@@ -56,8 +56,8 @@ void NodeCopies::Scan() {
 const mc::MemoryCopy* NodeCopies::Holder(int64_t step, const std::string& name,
                                          int64_t world_size) const {
   for (const mc::MemoryCopy& c : scanned_) {
-    if (c.step == step && c.dir == dir_ && c.world_size == world_size &&
-        c.Find(name)) {
+    if (c.step == step && c.dir == dir_ &&
+        (world_size < 0 || c.world_size == world_size) && c.Find(name)) {
       return &c;
     }
   }

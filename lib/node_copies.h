@@ -35,8 +35,8 @@ class NodeCopies {
   // unusable() ("path: why").
   void Scan();
   // The newest step >= `at_least` for which the scanned copies hold every
-  // file `names(step)` lists, each in a copy saved on `world_size` ranks;
-  // -1 when none.
+  // file `names(step)` lists, each in a copy saved on `world_size` ranks
+  // (-1: on any number); -1 when none.
   int64_t Newest(const std::function<std::vector<std::string>(int64_t)>& names,
                  int64_t at_least, int64_t world_size) const;
   // The verified payload of file `name` of `step`, or why it does not load

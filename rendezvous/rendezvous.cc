@@ -218,6 +218,8 @@ Status Rendezvous::Register(const StateDoc& doc) {
   if (!slot.ok()) return slot.status();
   joined_round_ = r;
   last_call_ = LastCall{*slot, opts_.max_nodes};
+  // The nodes the round expects are all in: no last call to wait out.
+  if (doc.expect >= opts_.min_nodes) last_call_.expect = doc.expect;
   if (*slot > opts_.max_nodes) {
     waiting_round_ = r;
     return store_->Add(keys_.Round(r, "waiting"), 1).status();
@@ -506,7 +508,8 @@ Result<RoundEvent> Rendezvous::DeclareGone(const Assignment& current) {
                           "declared dead"
                         : gone_why_;
   gone_why_.clear();
-  return StartNextRound(current, "node " + current.next_node + "'s " + why);
+  return StartNextRound(current, "node " + current.next_node + "'s " + why,
+                        current.group_world_size - 1);
 }
 
 // An ADD rather than a timestamp: the watcher only needs to see the value
@@ -523,8 +526,12 @@ Status Rendezvous::Heartbeat(const Assignment& current, bool force) {
 }
 
 Result<RoundEvent> Rendezvous::StartNextRound(const Assignment& current,
-                                              const std::string& why) {
-  auto doc = ChangeDoc(current.round, [](StateDoc& d) { ++d.round; });
+                                              const std::string& why,
+                                              int expect) {
+  auto doc = ChangeDoc(current.round, [expect](StateDoc& d) {
+    ++d.round;
+    d.expect = expect;
+  });
   if (!doc.ok()) return doc.status();
   Logger("dtrun.rdzv")->warn("starting round {}: {}", current.round + 1, why);
   return RoundEvent::kRestart;
@@ -681,7 +688,8 @@ Result<RoundEvent> Rendezvous::WatchCounters(const Assignment& current) {
   if (!waiting.ok()) return waiting.status();
   if (*waiting > 0 && n < opts_.max_nodes) {
     return StartNextRound(
-        current, std::to_string(*waiting) + " node(s) waiting to join");
+        current, std::to_string(*waiting) + " node(s) waiting to join",
+        static_cast<int>(std::min<int64_t>(n + *waiting, opts_.max_nodes)));
   }
   auto done = store_->Add(keys_.Round(r, "done"), 0);
   if (!done.ok()) return done.status();
@@ -721,9 +729,11 @@ Result<RoundEvent> Rendezvous::WatchNext(const Assignment& current,
     silent = next_.Observe(current.round, read, clock_.Now(), limit);
     if (!silent) return RoundEvent::kNone;
   }
-  return StartNextRound(
-      current, "node " + current.next_node + " sent no heartbeat for " +
-                   DescribeSeconds(*silent) + "; declared dead");
+  return StartNextRound(current,
+                        "node " + current.next_node +
+                            " sent no heartbeat for " +
+                            DescribeSeconds(*silent) + "; declared dead",
+                        current.group_world_size - 1);
 }
 
 // ChangeDoc applies the change only while the state is still at this round,
@@ -742,6 +752,7 @@ Result<int> Rendezvous::ReportFailure(const Assignment& current,
                   " restart(s)");
     } else {
       ++d.round;
+      d.expect = current.group_world_size;  // every node restarts its group
     }
   });
   if (!doc.ok()) return doc.status();

@@ -164,8 +164,10 @@ class Rendezvous {
   // when this node did not make it in and now waits for the next round).
   Result<std::optional<Assignment>> Outcome(const StateDoc& doc);
   Status Timeout(int round, TimePoint started);
+  // Moves the state on from `current`'s round, expecting `expect` nodes
+  // in the next (StateDoc::expect).
   Result<RoundEvent> StartNextRound(const Assignment& current,
-                                    const std::string& why);
+                                    const std::string& why, int expect);
   Status Heartbeat(const Assignment& current, bool force);
   void BindGone(const Assignment& a);
   // This node leaves on purpose: its connection or lease ending is no news.

@@ -88,11 +88,12 @@ void StateDoc::Close(EndReason reason, std::string why) {
 }
 
 std::string StateDoc::Serialize() const {
-  return nlohmann::json{{"round", round},
-                        {"failures", failures},
-                        {"closed", closed},
-                        {"end", EndReasonName(end)}}
-      .dump();
+  nlohmann::json j{{"round", round},
+                   {"failures", failures},
+                   {"closed", closed},
+                   {"end", EndReasonName(end)}};
+  if (expect > 0) j["expect"] = expect;
+  return j.dump();
 }
 
 bool StateDoc::Parse(const std::string& text, StateDoc* d) {
@@ -115,6 +116,10 @@ bool StateDoc::Parse(const std::string& text, StateDoc* d) {
   } else if (!named || d->end == EndReason::kNone) {
     d->end = EndReasonOfMessage(d->closed);
   }
+  // "expect" is missing in records of older versions: not known.
+  auto expect = j.find("expect");
+  d->expect =
+      expect != j.end() && expect->is_number_integer() ? expect->get<int>() : 0;
   d->raw = text;
   return true;
 }
@@ -210,7 +215,8 @@ Placement PlaceInRound(const StateDoc& doc, int64_t slot,
 // whether it or another node closed the round.
 bool LastCall::MayClose(int64_t now_unix_ms) const {
   if (close_tried) return false;
-  return slot == max_nodes || (deadline_ms > 0 && now_unix_ms >= deadline_ms);
+  return slot == max_nodes || (expect > 0 && slot >= expect) ||
+         (deadline_ms > 0 && now_unix_ms >= deadline_ms);
 }
 
 std::chrono::milliseconds LastCall::WaitStep(

@@ -59,6 +59,11 @@ bool ParseEndReason(const std::string& name, EndReason* reason);
 struct StateDoc {
   int round = 0;
   int failures = 0;
+  // The nodes the round expects: the last round's that live on (a node
+  // declared dead is not), plus those that waited to join; the round
+  // closes once that many joined, without waiting for the last call. 0:
+  // not known (the first round, or a state of an older version).
+  int expect = 0;
   std::string closed;                // "" open, "ok", or why the job failed
   EndReason end = EndReason::kNone;  // kNone exactly while `closed` is ""
   std::string raw;
@@ -129,6 +134,7 @@ Placement PlaceInRound(const StateDoc& doc, int64_t slot,
 struct LastCall {
   int64_t slot = 0;  // this node's slot in the round
   int max_nodes = 1;
+  int64_t expect = 0;       // StateDoc::expect, when at least the minimum
   int64_t deadline_ms = 0;  // unix ms, 0 while not known
   bool close_tried = false;
 

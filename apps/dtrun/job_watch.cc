@@ -86,6 +86,13 @@ void JobWatch::OnRestartDecided() {
   if (recovering_ && recovery_.decided == 0) recovery_.decided = os::UnixNow();
 }
 
+void JobWatch::OnRoundOver(double when) {
+  if (recovering_) return;
+  recovery_ = RecoveryTimes();
+  recovery_.failed = recovery_.decided = when;
+  recovering_ = true;
+}
+
 void JobWatch::OnSpawning(int restart_count) {
   recovering_ = recovering_ && restart_count > 0 && recovery_.decided > 0;
   if (recovering_) recovery_.spawn_begin = os::UnixNow();

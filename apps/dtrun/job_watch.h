@@ -71,6 +71,10 @@ class JobWatch {
   // The group's moments, in the order they come.
   void OnWorkerFailed(double when);  // a worker failed while the group ran
   void OnRestartDecided();           // ...and the Agent acted on it
+  // A new round stops the group (a node lost, or one joining): a recovery
+  // from `when`, this node's learning of it, unless a failure here began
+  // one.
+  void OnRoundOver(double when);
   void OnSpawning(int restart_count);
   void OnSpawned(double attempt_started);  // unix seconds
   void OnHang(int restart_count);

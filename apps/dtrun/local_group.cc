@@ -118,6 +118,7 @@ void LocalGroup::StartRound(int round) {
 }
 
 void LocalGroup::StopForNewRound() {
+  watch_.OnRoundOver(os::UnixNow());
   Apply(agent_.StopForNewRound(clock_->Now()));
 }
 

@@ -109,11 +109,9 @@ def once(fault, run_id):
         for t in threads:
             t.join()
         if survivor.returncode != 0 or "first_step" not in marks:
-            sys.exit(f"{fault}: exit {survivor.returncode}\n" + "".join(lines[-40:]))
-        if marks["source"] != "memory":
-            sys.exit(f"{fault}: resumed from {marks['source']}\n" + "".join(lines[-40:]))
+            sys.exit(f"{fault}: exit {survivor.returncode}\n" + "".join(lines))
         return (marks["first_step"] - marks["lost"], marks.get("declared", 0) - marks["lost"],
-                marks.get("report", "-"))
+                marks.get("report", "-"), marks["source"], marks["step"])
 
 
 def main():
@@ -124,8 +122,8 @@ def main():
             got[fault].append(once(fault, f"nodeloss{os.getpid()}_{i}_{fault}"))
     print(f"keep-alive: {ARGS.rdzv_conf or 'the default (1 s x 3)'}")
     print("| fault of the other node | signal to the survivor's next step, median (min-max) "
-          "| of which declared dead after | dtrun's recovery line (the median run) |")
-    print("|---|---|---|---|")
+          "| of which declared dead after | resumed from | dtrun's recovery line (the median run) |")
+    print("|---|---|---|---|---|")
     for fault, runs in got.items():
         total = [r[0] for r in runs]
         declared = [r[1] for r in runs]
@@ -133,6 +131,7 @@ def main():
         label = "SIGKILL of its dtrun and worker" if fault == "kill" else "SIGSTOP of its dtrun and worker"
         print(f"| {label} | {statistics.median(total):.2f} s ({min(total):.2f}-{max(total):.2f}) "
               f"| {statistics.median(declared):.2f} s ({min(declared):.2f}-{max(declared):.2f}) "
+              f"| {', '.join(sorted(set(f'{r[3]} (step {r[4]})' for r in runs)))} "
               f"| `{median_run[2]}` |")
 
 

@@ -354,9 +354,10 @@ class NodeLoss(EtcdCase):
         resumed = [int(k) for k in RESUMED.findall(out)]
         self.assertTrue(resumed, out)
         err = "".join(n.err() for n in rest)
-        # Found dead by its silence or by its peers' failing collectives,
-        # whichever comes first.
+        # Found dead by its lease or by its peers' failing collectives,
+        # whichever comes first; the survivors time their way back.
         self.assertRegex(err, r"round \d+: group rank \d of 2")
+        self.assertRegex(err, r"recovered in [\d.]+ s: detect [\d.]+, regroup")
         # The same path without the kill: three nodes up to that step, then two.
         step = resumed[-1]
         ref = os.path.join(self.dir, "ref")

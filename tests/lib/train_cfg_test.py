@@ -31,6 +31,34 @@ def train(nproc, *sets, restarts=0, config=CONFIG, flags=()):
     return p.returncode, p.stdout, p.stderr
 
 
+def train_on_two_nodes(dirs, *sets):
+    """Two dtrun nodes of one rank each (static rendezvous on loopback),
+    node i checkpointing into dirs[i]; both nodes' (returncode, out, err)."""
+    import socket
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    procs = []
+    for node, folder in enumerate(dirs):
+        cmd = [ARGS.dtrun, "--nnodes=2", "--nproc-per-node=1", f"--node-rank={node}",
+               "--master-addr=127.0.0.1", f"--master-port={port}", f"--local-addr=127.0.0.{2 + node}",
+               ARGS.train_cfg, CONFIG, "--set", f'checkpoint.dir="{folder}"']
+        for s in sets:
+            cmd += ["--set", s]
+        procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                      text=True))
+    results = []
+    for proc in procs:
+        try:
+            out, err = proc.communicate(timeout=240)
+            results.append((proc.returncode, out, err))
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    return results
+
+
 class TrainCfg(unittest.TestCase):
     def setUp(self):
         self.tmp = tempfile.TemporaryDirectory()
@@ -65,6 +93,30 @@ class TrainCfg(unittest.TestCase):
         self.assertEqual(rc, 0, err)
         self.assertIn("resumed from", out)
         self.assertEqual(self.done(out), whole)
+
+    def test_ranks_whose_folders_differ_resume_from_one_step(self):
+        # One folder per node, node 1's missing the newest checkpoint (a node
+        # replaced, a copy still being persisted): every rank resumes from
+        # the newest step all hold, bitwise where an unbroken run is.
+        short = ["train.steps=20", "checkpoint.every=5", "train.log_every=5"]
+        whole = os.path.join(self.tmp.name, "whole")
+        results = train_on_two_nodes([whole, whole], *short)
+        for rc, out, err in results:
+            self.assertEqual(rc, 0, err[-3000:])
+        want = self.done(results[0][1])
+        a, b = os.path.join(self.tmp.name, "a"), os.path.join(self.tmp.name, "b")
+        results = train_on_two_nodes([a, a], *short, "train.stop_after_step=10")
+        self.assertEqual([r[0] for r in results], [0, 0], results[0][2][-3000:])
+        shutil.copytree(a, b)
+        newest = [f for f in os.listdir(b) if f.startswith("ckpt_") and f.endswith("10.dtck")]
+        self.assertEqual(len(newest), 1, os.listdir(b))
+        os.remove(os.path.join(b, newest[0]))
+        results = train_on_two_nodes([a, b], *short)
+        self.assertEqual([r[0] for r in results], [0, 0], results[0][2][-3000:])
+        out, err = results[0][1], results[0][2]
+        self.assertIn("the ranks' newest checkpoints differ (steps 5 to 10)", err)
+        self.assertRegex(out, r"resumed from \S+ at step 5 ")
+        self.assertEqual(self.done(out), want)
 
     def test_checkpoints_of_the_format_before_resume_in_the_raw_one(self):
         # The first half writes torch's archives framed with SHA-256 (what

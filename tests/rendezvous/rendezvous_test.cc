@@ -296,6 +296,64 @@ TEST(RendezvousTest, ALeasedNodesEndedLeaseIsItsDeath) {
   EXPECT_EQ(*by_rank[1]->Check(as[1]), RoundEvent::kRestart);
 }
 
+// A round started because a node was declared dead expects the others
+// (StateDoc::expect): once they are back it closes at once, where it would
+// wait out the last call for nodes up to the maximum. The clock stands
+// still while they join: a round waiting for its last call would never
+// close.
+TEST(RendezvousTest, ARoundAfterADeathClosesOnceTheSurvivorsAreBack) {
+  MemoryStore store;
+  FakeClock clock;
+  Rendezvous a(&store, Options("a", 1, 3), clock),
+      b(&store, Options("b", 1, 3), clock),
+      c(&store, Options("c", 1, 3), clock);
+  auto fb = JoinAsync(&b), fc = JoinAsync(&c);
+  auto ra = a.Join(nullptr);
+  auto rb = fb.get(), rc = fc.get();
+  ASSERT_TRUE(ra.ok() && rb.ok() && rc.ok());
+  // c falls silent; a and b check until one declares it dead.
+  bool restarted = false;
+  for (int i = 0; i < 100 && !restarted; ++i) {
+    clock.Advance(milliseconds(5));
+    for (auto [r, as] : {std::pair{&a, *ra}, std::pair{&b, *rb}}) {
+      auto ev = r->Check(as);
+      ASSERT_TRUE(ev.ok());
+      restarted = restarted || *ev == RoundEvent::kRestart;
+    }
+  }
+  ASSERT_TRUE(restarted);
+  StateDoc doc;
+  ASSERT_TRUE(StateDoc::Parse(*store.Get("rdzv/job/state"), &doc));
+  EXPECT_EQ(doc.round, 1);
+  EXPECT_EQ(doc.expect, 2);
+  const auto before = clock.Elapsed();
+  auto fa1 = JoinAsync(&a), fb1 = JoinAsync(&b);
+  const bool ready =
+      fa1.wait_for(std::chrono::seconds(10)) == std::future_status::ready &&
+      fb1.wait_for(std::chrono::seconds(10)) == std::future_status::ready;
+  if (!ready) clock.Advance(milliseconds(200));  // past the last call
+  EXPECT_TRUE(ready) << "the round waited for its last call";
+  auto a1 = fa1.get(), b1 = fb1.get();
+  ASSERT_TRUE(a1.ok() && b1.ok()) << a1.status().message();
+  EXPECT_EQ(a1->group_world_size, 2);
+  EXPECT_EQ(clock.Elapsed(), before);
+}
+
+// A failure restarts every node's group: the round expects them all.
+TEST(RendezvousTest, ARoundAfterAFailureExpectsEveryNode) {
+  MemoryStore store;
+  Rendezvous a(&store, Options("a", 1, 3)), b(&store, Options("b", 1, 3)),
+      c(&store, Options("c", 1, 3));
+  auto fb = JoinAsync(&b), fc = JoinAsync(&c);
+  auto ra = a.Join(nullptr);
+  ASSERT_TRUE(ra.ok() && fb.get().ok() && fc.get().ok());
+  ASSERT_TRUE(a.ReportFailure(*ra, "worker exited 1").ok());
+  StateDoc doc;
+  ASSERT_TRUE(StateDoc::Parse(*store.Get("rdzv/job/state"), &doc));
+  EXPECT_EQ(doc.round, 1);
+  EXPECT_EQ(doc.expect, 3);
+}
+
 TEST(RendezvousTest, FailuresCountOncePerRoundThenClose) {
   MemoryStore store;
   Rendezvous a(&store, Options("a", 1, 1));
