@@ -12,6 +12,7 @@
 #include <future>
 #include <map>
 #include <mutex>
+#include <tuple>
 
 #include <nlohmann/json.hpp>
 
@@ -221,6 +222,16 @@ TEST(RendezvousTest, SilentNodeIsDeclaredDead) {
   EXPECT_EQ(again->group_world_size, 1);
 }
 
+// Joins b and c on threads of their own, then a, the third, which closes
+// the round (of at most 3 nodes).
+std::tuple<Result<Assignment>, Result<Assignment>, Result<Assignment>>
+JoinThree(Store* store, Rendezvous* a, Rendezvous* b, Rendezvous* c) {
+  auto fb = JoinAsync(b), fc = JoinAsync(c);
+  (void)store->Wait({"rdzv/job/round/0/node/2"}, milliseconds(5000));
+  auto ra = a->Join(nullptr);
+  return {std::move(ra), fb.get(), fc.get()};
+}
+
 // A store with leases as the rendezvous sees them (etcd's are in
 // etcd_store_test.cc): a leased key is set; the test ends a lease by
 // deleting its key, as etcd does when renewals stop.
@@ -263,10 +274,7 @@ TEST(RendezvousTest, ALeasedNodesEndedLeaseIsItsDeath) {
   Rendezvous a(&store, Options("a", 1, 3), clock),
       b(&store, Options("b", 1, 3), clock),
       c(&store, Options("c", 1, 3), clock);
-  auto fb = JoinAsync(&b), fc = JoinAsync(&c);
-  ASSERT_TRUE(store.Wait({"rdzv/job/round/0/node/2"}, milliseconds(5000)).ok());
-  auto ra = a.Join(nullptr);  // the third closes the round
-  auto rb = fb.get(), rc = fc.get();
+  auto [ra, rb, rc] = JoinThree(&store, &a, &b, &c);
   ASSERT_TRUE(ra.ok() && rb.ok() && rc.ok());
   ASSERT_EQ(store.leased().size(), 3u);
   EXPECT_EQ(store.ttl_, milliseconds(60));  // the silent limit
@@ -307,9 +315,7 @@ TEST(RendezvousTest, ARoundAfterADeathClosesOnceTheSurvivorsAreBack) {
   Rendezvous a(&store, Options("a", 1, 3), clock),
       b(&store, Options("b", 1, 3), clock),
       c(&store, Options("c", 1, 3), clock);
-  auto fb = JoinAsync(&b), fc = JoinAsync(&c);
-  auto ra = a.Join(nullptr);
-  auto rb = fb.get(), rc = fc.get();
+  auto [ra, rb, rc] = JoinThree(&store, &a, &b, &c);
   ASSERT_TRUE(ra.ok() && rb.ok() && rc.ok());
   // c falls silent; a and b check until one declares it dead.
   bool restarted = false;
@@ -344,9 +350,8 @@ TEST(RendezvousTest, ARoundAfterAFailureExpectsEveryNode) {
   MemoryStore store;
   Rendezvous a(&store, Options("a", 1, 3)), b(&store, Options("b", 1, 3)),
       c(&store, Options("c", 1, 3));
-  auto fb = JoinAsync(&b), fc = JoinAsync(&c);
-  auto ra = a.Join(nullptr);
-  ASSERT_TRUE(ra.ok() && fb.get().ok() && fc.get().ok());
+  auto [ra, rb, rc] = JoinThree(&store, &a, &b, &c);
+  ASSERT_TRUE(ra.ok() && rb.ok() && rc.ok());
   ASSERT_TRUE(a.ReportFailure(*ra, "worker exited 1").ok());
   StateDoc doc;
   ASSERT_TRUE(StateDoc::Parse(*store.Get("rdzv/job/state"), &doc));
