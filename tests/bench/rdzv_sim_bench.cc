@@ -25,6 +25,9 @@
 //                       [--keep-alive-ms 1000] [--attempts 3] [--steady-s 10]
 //                       [--watch 1|0]   (0: Check reads the round every call)
 //        rdzv_sim_bench --etcd H:P,H:P,H:P --etcd-pids P1,P2,P3 [same flags]
+//                       [--leases 1|0]   (0: agents beat in etcd instead;
+//                       a lease's own connection per agent puts 4,096
+//                       agents past a 20,000-descriptor limit)
 #include <fcntl.h>
 #include <signal.h>
 #include <spawn.h>
@@ -89,8 +92,9 @@ uint64_t Wire(const std::vector<std::string>& strings) {
 // Counts the requests and wire bytes an agent sends through the store.
 class CountingStore : public Store {
  public:
-  explicit CountingStore(std::unique_ptr<Store> inner)
-      : inner_(std::move(inner)) {}
+  // `leases`: false hides the store's leases (agents then beat in it).
+  CountingStore(std::unique_ptr<Store> inner, bool leases)
+      : inner_(std::move(inner)), leases_(leases) {}
   Status Set(const std::string& key, std::string_view value) override {
     Count(kSet, 1 + Wire({key, std::string(value)}));
     return inner_->Set(key, value);
@@ -142,14 +146,32 @@ class CountingStore : public Store {
     return inner_->MultiSet(keys, values);
   }
   milliseconds timeout() const override { return inner_->timeout(); }
+  // How a node's death is told, as the product's store does it: dtstore
+  // counts a bound connection's close, etcd ends a lease.
+  Status BindOnClose(const std::string& closes,
+                     const std::string& binds) override {
+    Status s = inner_->BindOnClose(closes, binds);
+    if (s.ok() && !closes.empty()) Count(kSet, 1 + Wire({kOnCloseKey, closes}));
+    return s;
+  }
+  // The put under the lease; its grant and renewals go on a client of the
+  // lease's own, counted in etcd's CPU only.
+  Status LeaseKey(const std::string& key, milliseconds ttl) override {
+    Count(kSet, 1 + Wire({key, "1"}));
+    return inner_->LeaseKey(key, ttl);
+  }
+  void StillAlive() override { inner_->StillAlive(); }
+  bool has_leases() const override { return leases_ && inner_->has_leases(); }
 
  private:
+  static constexpr char kOnCloseKey[] = "dtrun/.on_close";
   static void Count(Op op, uint64_t bytes, uint64_t requests = 1) {
     if (t_joining) g_ops[op] += 1;
     g_requests += requests;
     g_bytes += bytes;
   }
   std::unique_ptr<Store> inner_;
+  bool leases_;
 };
 
 using Dtstore = dtrun::testing::ServerProcess;
@@ -180,6 +202,9 @@ struct Options {
   std::vector<int> nodes = {64, 256, 1024, 4096};
   int keep_alive_ms = 1000, attempts = 3, steady_s = 10;
   bool watch = true;  // Check's push mode (a second connection per agent)
+  // etcd: each agent's key under a lease of its own (a third connection
+  // per agent, as each dtrun has), else heartbeats.
+  bool leases = true;
 };
 
 // One run's shared clock marks, in seconds since `t0`.
@@ -323,7 +348,8 @@ std::vector<std::thread> StartAgents(const Options& o, int n, const Dtstore& d,
       };
     }
     agents.emplace_back(
-        Agent, std::make_unique<CountingStore>(std::move(*client)), ro, m, go);
+        Agent, std::make_unique<CountingStore>(std::move(*client), o.leases),
+        ro, m, go);
   }
   return agents;
 }
@@ -432,6 +458,8 @@ int main(int argc, char** argv) {
       o.etcd_pids = ParseList(value);
     else if (flag == "--watch")
       o.watch = value != "0";
+    else if (flag == "--leases")
+      o.leases = value != "0";
     else {
       std::fprintf(stderr, "unknown flag %s\n", flag.c_str());
       return 2;
@@ -443,13 +471,13 @@ int main(int argc, char** argv) {
         "usage: rdzv_sim_bench --dtstore PATH [--nodes 64,256,1024,4096] "
         "[--keep-alive-ms 1000] [--attempts 3] [--steady-s 10] "
         "[--watch 1|0]\n       rdzv_sim_bench --etcd H:P,... --etcd-pids "
-        "P,... [same flags]\n");
+        "P,... [same flags] [--leases 1|0]\n");
     return 2;
   }
   signal(SIGPIPE, SIG_IGN);
   RaiseFdLimit(
       static_cast<size_t>(*std::max_element(o.nodes.begin(), o.nodes.end())) *
-          (o.watch ? 2 : 1) +
+          ((o.watch ? 2 : 1) + (!o.etcd.empty() && o.leases ? 2 : 0)) +
       64);
   std::printf(
       "| agents | round | requests | wire bytes | store CPU (round) | steady "
