@@ -142,7 +142,9 @@ class HangTest(unittest.TestCase):
         with socket.socket() as sock:
             sock.bind(("127.0.0.1", 0))
             port = sock.getsockname()[1]
-        fast = "keep_alive_interval=0.2,keep_alive_max_attempt=3,last_call_timeout=0.5,join_timeout=30"
+        # A 2 s silent limit: a node busy with its hang report (stack dumps)
+        # on a loaded 2-core machine must not look dead at 0.6 s.
+        fast = "keep_alive_interval=0.5,keep_alive_max_attempt=4,last_call_timeout=0.5,join_timeout=30"
         procs = []
         for node, addr in enumerate(("127.0.0.2", "127.0.0.3")):
             cmd = [ARGS.dtrun, "--python", ARGS.python, "--nnodes=2", "--nproc-per-node=2",
