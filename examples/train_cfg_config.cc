@@ -62,7 +62,7 @@ const std::map<std::string, std::set<std::string>> kKeys = {
       "payload"}},
     {"fault",
      {"kill_rank", "kill_at_step", "kill_in", "hang_rank", "hang_at_step",
-      "slow_rank", "slow_factor", "save_delay_ms"}},
+      "slow_rank", "slow_factor", "save_delay_ms", "damage_copy_at_step"}},
     {"metrics", {"path"}},
 };
 
@@ -225,6 +225,7 @@ void ReadCheckpointAndFaults(const toml::table& t, TrainConfig* cfg) {
   Read(t, "fault", "slow_rank", &c.slow_rank);
   Read(t, "fault", "slow_factor", &c.slow_factor);
   Read(t, "fault", "save_delay_ms", &c.save_delay_ms);
+  Read(t, "fault", "damage_copy_at_step", &c.damage_copy_at_step);
   Read(t, "metrics", "path", &c.metrics_path);
 }
 

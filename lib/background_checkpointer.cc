@@ -2,6 +2,7 @@
 // saver's thread, and the node's memory copies they resume from first.
 #include "lib/background_checkpointer.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <limits>
 #include <thread>
@@ -41,7 +42,8 @@ std::vector<std::string> BackgroundCheckpointer::MemoryFilesOf(
 // All-reduces decide it, so every rank takes the same path even when the
 // nodes' memories differ (a node that was replaced has none): a rank that
 // holds nothing says -1 and the whole group reads the folder. A copy is
-// trusted only after its SHA-256 verifies, as a file's would be.
+// trusted only once its checksum verifies, as a file's would be: its
+// header at once, its blocks as the restore copies them.
 int64_t BackgroundCheckpointer::ResumeFromCopies() {
   if (c_.checkpoint_mode != CheckpointMode::kMemory) return -1;
   const auto start = std::chrono::steady_clock::now();
@@ -77,7 +79,7 @@ int64_t BackgroundCheckpointer::ResumeFromCopies() {
     }
     return -1;
   }
-  Restore(file);
+  if (!RestoredFromCopy(step, &file)) return -1;
   if (rank_ == 0) {
     std::printf(
         "resumed from memory at step %lld (copies in %s; the folder's newest "
@@ -86,6 +88,31 @@ int64_t BackgroundCheckpointer::ResumeFromCopies() {
         MsSince(start));
   }
   return step;
+}
+
+// The copy's blocks are verified as the state is copied out of it (one
+// pass over it): a block that does not match leaves this rank's model a
+// mix, and every rank goes on to the folder, whose restore overwrites it
+// all (or, with none there, Resume() refuses to start from it). The bad
+// copy is set aside so that no restart reads it again.
+bool BackgroundCheckpointer::RestoredFromCopy(int64_t step, StepFile* file) {
+  Status restored = Restore(*file);
+  *file = StepFile();  // lets go of the copy and its lock
+  if (!restored.ok()) {
+    std::fprintf(stderr, "rank %d: memory copy of step %lld: %s\n", rank_,
+                 (long long)step, restored.message().c_str());
+    copies_->SetAside(step, CheckpointDir::StepName(step));
+  }
+  if (AllMin(restored.ok() ? 1 : 0) == 1) return true;
+  strategy_.Discard();
+  restore_spoiled_ = step;
+  if (rank_ == 0) {
+    std::printf(
+        "the memory copy of step %lld did not verify as it was loaded (a "
+        "rank's; set aside): resuming from disk\n",
+        (long long)step);
+  }
+  return false;
 }
 
 // A copy of a history given up is refused like a stale file, and every
@@ -112,13 +139,15 @@ bool BackgroundCheckpointer::AllLoaded(int64_t step, const StepFile& file,
 }
 
 Status BackgroundCheckpointer::LoadFromMemory(int64_t step, StepFile* file) {
-  auto payload = copies_->Read(step, CheckpointDir::StepName(step));
+  auto payload =
+      copies_->Read(step, CheckpointDir::StepName(step), VerifyWhen::kAsCopied);
   auto tensors = payload.ok() ? DecodeTensors(*payload)
                               : Result<TensorMap>(payload.status());
   auto parsed = tensors.ok() ? StepFile::FromTensors(std::move(*tensors))
                              : Result<StepFile>(tensors.status());
   if (!parsed.ok()) return parsed.status();
   *file = std::move(*parsed);
+  file->unverified = std::move(*payload);
   Strategy::ShardSource source;
   source.read = [this](int64_t s, int r) {
     return copies_->Read(s, CheckpointDir::ShardName(s, r));
@@ -273,7 +302,21 @@ Status BackgroundCheckpointer::WriteCopies(
                      e.step_payload.pieces, job.shard ? world_ : 0});
   }
   if (files.empty()) return Status::Ok();
-  return copies_->Write(job.step, world_, rank_, files, halfway);
+  // fault.damage_copy_at_step: one byte of the step's payload flipped in
+  // the copy only (the checksum was taken before; the disk gets the good).
+  char* damaged = nullptr;
+  if (job.whole && job.step == c_.damage_copy_at_step &&
+      dist_.env().restart_count == 0) {
+    const auto& pieces = e.step_payload.pieces;
+    const std::string_view& big =
+        *std::max_element(pieces.begin(), pieces.end(),
+                          [](auto a, auto b) { return a.size() < b.size(); });
+    damaged = const_cast<char*>(big.data() + big.size() / 2);
+    *damaged ^= 1;
+  }
+  Status s = copies_->Write(job.step, world_, rank_, files, halfway);
+  if (damaged) *damaged ^= 1;
+  return s;
 }
 
 // Each rank's shard is durable before the step's file names it: the

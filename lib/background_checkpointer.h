@@ -54,6 +54,9 @@ class BackgroundCheckpointer : public Checkpointer {
   // Whether every rank's copy of `step` loaded (`loaded`) and is of one
   // history; says why not. Collective.
   bool AllLoaded(int64_t step, const StepFile& file, Status loaded);
+  // Restores `file` (agreed on every rank) and lets go of it; false on
+  // every rank when a rank's copy did not verify as it was copied.
+  bool RestoredFromCopy(int64_t step, StepFile* file);
   // This rank writes the step's file: rank 0 (the folder's), and in memory
   // mode each node's first rank, so every node can resume from its own copy.
   bool Whole() const;

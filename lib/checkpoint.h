@@ -31,11 +31,21 @@ struct Payload {
 // A verified payload in memory: a file or a shared-memory copy mapped, or
 // bytes read; `owner` keeps them (and a copy's lock) until the last holder
 // lets go. Tensors decoded from it point into it.
+struct PendingBlocks;
 struct PayloadView {
   const char* data = nullptr;
   size_t size = 0;
   std::shared_ptr<const void> owner;
+  // Set when the payload's blocks are still to be verified (VerifyWhen::
+  // kAsCopied): CopyVerifying does it. Until then nothing read from the
+  // payload may be kept.
+  std::shared_ptr<const PendingBlocks> pending;
   std::string_view bytes() const { return {data, size}; }
+};
+// A DTCKPT2 payload's block size and each block's XXH3, from its header.
+struct PendingBlocks {
+  uint64_t block = 0;
+  std::vector<uint64_t> hashes;
 };
 
 // How a file's frame checks its payload: XXH3-64 of each 4 MiB block
@@ -63,11 +73,33 @@ Result<PayloadView> ReadCheckpointFile(const std::string& path);
 // The framing a file of `payload` starts with.
 std::string CheckpointHeader(const Payload& payload,
                              Checksum checksum = Checksum::kXxh3);
+// When a payload's blocks are verified: before it is returned, or as it is
+// copied out (CopyVerifying), so that loading reads it once: the header,
+// its own hash and the length are checked at once either way (DTCKPT1's
+// one SHA-256 always at once).
+enum class VerifyWhen { kNow, kAsCopied };
 // The payload within a whole framed file's bytes, verified as
 // ReadCheckpointFile verifies a file's; the view shares `owner`.
 Result<PayloadView> VerifyCheckpointBytes(const char* data, size_t size,
-                                          std::shared_ptr<const void> owner);
+                                          std::shared_ptr<const void> owner,
+                                          VerifyWhen when = VerifyWhen::kNow);
 Result<PayloadView> VerifyCheckpointBytes(std::string bytes);
+
+// One copy out of a payload: `n` bytes from `from` to `to`.
+struct ByteCopy {
+  char* to;
+  const char* from;
+  size_t n;
+};
+// Makes `copies` and verifies every block of `payload` still pending, in
+// one pass over it on up to four threads: each block is hashed a piece at
+// a time and the copies out of a piece made while it is in cache. Copies
+// from outside the payload are made last. Invalid, naming the first bad
+// block's bytes ("checksum mismatch in payload bytes A-B"), when one does
+// not match: the copies out of the payload are then partly made, those
+// from outside not at all, and the caller must not keep what they wrote.
+Status CopyVerifying(const PayloadView& payload,
+                     const std::vector<ByteCopy>& copies);
 
 // Epochs. Each time training resumes in a folder (or starts in it), rank 0
 // records a new epoch there: its number and the step it resumed from. Every

@@ -137,13 +137,23 @@ Result<PayloadView> Verify1(const char* data, size_t size,
   auto digest = sha.Digest();
   if (std::memcmp(digest.data(), data + kMagicLen, 32) != 0)
     return Status::Invalid("checksum mismatch");
-  return PayloadView{data + kHeader1Len, len, std::move(owner)};
+  return PayloadView{data + kHeader1Len, len, std::move(owner), nullptr};
+}
+
+// The first bad block's bytes, for a Status message.
+Status BadBlock(uint64_t b, uint64_t block, uint64_t len) {
+  const uint64_t begin = b * block;
+  return Status::Invalid("checksum mismatch in payload bytes " +
+                         std::to_string(begin) + "-" +
+                         std::to_string(std::min(len, begin + block)));
 }
 
 // The header's own hash first (a damaged length or block size must not
-// steer the rest), then the length, then every block.
+// steer the rest), then the length, then every block (or, kAsCopied, the
+// blocks' hashes kept for CopyVerifying).
 Result<PayloadView> Verify2(const char* data, size_t size,
-                            std::shared_ptr<const void> owner) {
+                            std::shared_ptr<const void> owner,
+                            VerifyWhen when) {
   const size_t fixed = kMagicLen + 16;
   if (size < fixed)
     return Status::Invalid("not a dtrun checkpoint (bad header)");
@@ -159,6 +169,13 @@ Result<PayloadView> Verify2(const char* data, size_t size,
   if (len != size - header)
     return Status::Invalid(Truncated(size - header, len));
   const char* payload = data + header;
+  if (when == VerifyWhen::kAsCopied) {
+    auto pending = std::make_shared<PendingBlocks>();
+    pending->block = block;
+    for (uint64_t b = 0; b < blocks; ++b)
+      pending->hashes.push_back(GetU64(data + fixed + 8 * b));
+    return PayloadView{payload, len, std::move(owner), std::move(pending)};
+  }
   // The first bad block any thread finds is the one named; the others
   // finish their ranges (stopping early would save little on a file that
   // is refused anyway).
@@ -170,14 +187,20 @@ Result<PayloadView> Verify2(const char* data, size_t size,
       bad.compare_exchange_strong(none, b);
     }
   });
-  if (bad.load() != blocks) {
-    const uint64_t begin = bad.load() * block;
-    return Status::Invalid("checksum mismatch in payload bytes " +
-                           std::to_string(begin) + "-" +
-                           std::to_string(std::min(len, begin + block)));
-  }
-  return PayloadView{payload, len, std::move(owner)};
+  if (bad.load() != blocks) return BadBlock(bad.load(), block, len);
+  return PayloadView{payload, len, std::move(owner), nullptr};
 }
+
+// The part of `c` whose source lies in [begin, end), copied.
+void CopyPart(const ByteCopy& c, const char* begin, const char* end) {
+  const char* from = std::max(c.from, begin);
+  const char* to = std::min(c.from + c.n, end);
+  if (from < to) std::memcpy(c.to + (from - c.from), from, to - from);
+}
+
+// Each block hashed in pieces this size, small enough that a piece is
+// still in the core's cache when the copies out of it read it.
+constexpr uint64_t kCachePiece = 256 << 10;
 
 // What failed and the system's reason, for a Status message.
 std::string Errno(const std::string& what) {
@@ -218,9 +241,10 @@ std::string CheckpointHeader(const Payload& payload, Checksum checksum) {
 }
 
 Result<PayloadView> VerifyCheckpointBytes(const char* data, size_t size,
-                                          std::shared_ptr<const void> owner) {
+                                          std::shared_ptr<const void> owner,
+                                          VerifyWhen when) {
   if (size >= kMagicLen && std::memcmp(data, kMagic2, kMagicLen) == 0)
-    return Verify2(data, size, std::move(owner));
+    return Verify2(data, size, std::move(owner), when);
   if (size >= kMagicLen && std::memcmp(data, kMagic1, kMagicLen) == 0)
     return Verify1(data, size, std::move(owner));
   return Status::Invalid("not a dtrun checkpoint (bad header)");
@@ -229,6 +253,55 @@ Result<PayloadView> VerifyCheckpointBytes(const char* data, size_t size,
 Result<PayloadView> VerifyCheckpointBytes(std::string bytes) {
   auto held = std::make_shared<const std::string>(std::move(bytes));
   return VerifyCheckpointBytes(held->data(), held->size(), held);
+}
+
+// Each copy is cut at the blocks its source spans, so that each block's
+// thread makes its part.
+Status CopyVerifying(const PayloadView& payload,
+                     const std::vector<ByteCopy>& copies) {
+  const char* base = payload.data;
+  const uint64_t len = payload.size;
+  const PendingBlocks* pending = payload.pending.get();
+  const uint64_t block = pending ? pending->block : kBlock;
+  const uint64_t blocks = Blocks(len, block);
+  std::vector<std::vector<ByteCopy>> in(blocks);
+  std::vector<ByteCopy> outside;
+  const auto lo = reinterpret_cast<uintptr_t>(base);
+  for (const ByteCopy& c : copies) {
+    const auto from = reinterpret_cast<uintptr_t>(c.from);
+    if (c.n == 0 || from < lo || from - lo > len || c.n > len - (from - lo)) {
+      outside.push_back(c);
+      continue;
+    }
+    for (uint64_t at = from - lo, end = at + c.n; at < end;) {
+      const uint64_t stop = std::min(end, (at / block + 1) * block);
+      in[at / block].push_back({c.to + (at - (from - lo)), base + at,
+                                static_cast<size_t>(stop - at)});
+      at = stop;
+    }
+  }
+  std::atomic<uint64_t> bad{blocks};
+  ForBlocks(blocks, [&](uint64_t b) {
+    const char* begin = base + b * block;
+    const uint64_t n = std::min(len - b * block, block);
+    if (!pending) {
+      for (const ByteCopy& c : in[b]) std::memcpy(c.to, c.from, c.n);
+      return;
+    }
+    Xxh3Stream h;
+    for (uint64_t at = 0; at < n; at += kCachePiece) {
+      const uint64_t m = std::min(kCachePiece, n - at);
+      h.Update(begin + at, m);
+      for (const ByteCopy& c : in[b]) CopyPart(c, begin + at, begin + at + m);
+    }
+    if (h.Digest() != pending->hashes[b]) {
+      uint64_t none = blocks;
+      bad.compare_exchange_strong(none, b);
+    }
+  });
+  if (bad.load() != blocks) return BadBlock(bad.load(), block, len);
+  for (const ByteCopy& c : outside) std::memcpy(c.to, c.from, c.n);
+  return Status::Ok();
 }
 
 // A large file is mapped (the page cache's pages, no copy) and the payload

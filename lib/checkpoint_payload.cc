@@ -195,14 +195,27 @@ Payload EncodeTensors(const TensorMap& tensors, PayloadFormat format) {
   return Payload(EncodeArchive(tensors));
 }
 
+// A payload still to verify: a torch archive is verified first (torch
+// reads it whole, and is not made for damaged bytes); a raw index that
+// does not decode is named as the damage it is when its blocks do not
+// verify.
 Result<TensorMap> DecodeTensors(const PayloadView& payload) {
-  if (raw::IsRaw(payload.bytes())) return DecodeRaw(payload);
-  return DecodeArchive(payload.bytes());
+  if (!raw::IsRaw(payload.bytes())) {
+    Status whole = payload.pending ? CopyVerifying(payload, {}) : Status::Ok();
+    if (!whole.ok()) return whole;
+    return DecodeArchive(payload.bytes());
+  }
+  auto decoded = DecodeRaw(payload);
+  if (!decoded.ok() && payload.pending) {
+    Status whole = CopyVerifying(payload, {});
+    if (!whole.ok()) return whole;
+  }
+  return decoded;
 }
 
 Result<TensorMap> DecodeTensors(std::string payload) {
   auto held = std::make_shared<const std::string>(std::move(payload));
-  return DecodeTensors(PayloadView{held->data(), held->size(), held});
+  return DecodeTensors(PayloadView{held->data(), held->size(), held, nullptr});
 }
 
 // A copy: the tensor owns its bytes, whatever becomes of `bytes`.

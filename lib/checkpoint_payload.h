@@ -63,6 +63,10 @@ struct StepFile {
                            // in files written before epochs were kept
   std::vector<torch::Tensor> rng;  // each rank's CPU generator state
   TensorMap parts;
+  // Where the tensors point into a payload whose blocks are still to
+  // verify (a memory copy): that payload, which the restore verifies as it
+  // copies; else empty (`pending` null). Set by the reader.
+  PayloadView unverified;
 
   TensorMap ToTensors() const;
   // Invalid when "step" or "world_size" is missing or not a scalar, naming

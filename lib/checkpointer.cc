@@ -10,6 +10,7 @@
 
 #include "lib/background_checkpointer.h"
 #include "lib/checkpoint_payload.h"
+#include "rendezvous/util/check.h"
 
 namespace dtrun::train {
 namespace {
@@ -85,6 +86,16 @@ int64_t Checkpointer::Resume() {
     source_ = "disk";
     start = ResumeFromFolder();
   }
+  // Every rank: a failed restore touched every rank's model.
+  if (start == 0 && restore_spoiled_ >= 0) {
+    throw Error(
+        "the memory copy of step " + std::to_string(restore_spoiled_) +
+        " did not verify as it was loaded, after part of it was in the "
+        "model, and " +
+        c_.checkpoint_dir +
+        " holds no checkpoint to load instead: the copy is set aside, and "
+        "the next restart starts from step 0");
+  }
   if (start == 0) source_ = "none";
   BeginEpoch(start);
   return start;
@@ -112,7 +123,8 @@ int64_t Checkpointer::ResumeFromFolder() {
       std::fprintf(stderr, "checkpoint skipped: %s\n", s.c_str());
   }
   if (!loaded) return 0;
-  Restore(file);
+  Status restored = Restore(file);  // verified: the copies cannot fail
+  DTRUN_CHECK(restored.ok()) << restored.message();
   if (rank_ == 0) {
     std::printf(
         "resumed from %s at step %lld (saved on %lld ranks; read in %.1f "
@@ -151,9 +163,11 @@ std::optional<CheckpointDir::Loaded> Checkpointer::AgreedLatest(
   }
 }
 
-void Checkpointer::Restore(const StepFile& file) {
-  strategy_.Restore(file.parts, opt_);
-  RestoreRng(file);
+Status Checkpointer::Restore(const StepFile& file) {
+  Status s = strategy_.Restore(
+      file.parts, opt_, file.unverified.pending ? &file.unverified : nullptr);
+  if (s.ok()) RestoreRng(file);
+  return s;
 }
 
 // Bitwise resume needs each rank's generator exactly where it was (dropout

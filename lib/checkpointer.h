@@ -78,8 +78,9 @@ class Checkpointer {
       std::vector<std::string>* skipped,
       const std::function<Status(const CheckpointDir::Loaded&)>& accept);
   // The state `file` holds into the model, the optimizer and this rank's
-  // generator.
-  void Restore(const StepFile& file);
+  // generator; Invalid when its payload was still to verify and did not
+  // (then only the model was touched: see Strategy::Restore).
+  Status Restore(const StepFile& file);
   void RestoreRng(const StepFile& file);
   void BeginEpoch(int64_t start);
   // "checkpoint at step N not saved: WHY. The newest checkpoint in DIR is
@@ -103,6 +104,9 @@ class Checkpointer {
   std::vector<EpochRecord> epochs_;  // the folder's, read at the resume
   int64_t epoch_ = 0;                // this run's, in every step's file
   std::string source_ = "disk";
+  // The step of a memory copy whose restore failed part way (every rank's
+  // model was touched), or -1: only a restore from the folder mends it.
+  int64_t restore_spoiled_ = -1;
 };
 
 // Milliseconds since `start`.

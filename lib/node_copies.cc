@@ -82,8 +82,8 @@ int64_t NodeCopies::Newest(
 
 // The file is mapped in place under the segment's shared lock, which the
 // view holds (so no writer can change the bytes while they are read).
-Result<PayloadView> NodeCopies::Read(int64_t step,
-                                     const std::string& name) const {
+Result<PayloadView> NodeCopies::Read(int64_t step, const std::string& name,
+                                     VerifyWhen when) const {
   for (const mc::MemoryCopy& c : scanned_) {
     const mc::MemoryFile* f =
         c.step == step && c.dir == dir_ ? c.Find(name) : nullptr;
@@ -91,13 +91,22 @@ Result<PayloadView> NodeCopies::Read(int64_t step,
     auto mapped = mc::MapMemoryFile(c, *f);
     if (!mapped.ok()) return mapped.status();
     auto payload =
-        VerifyCheckpointBytes(mapped->data, mapped->size, mapped->hold);
+        VerifyCheckpointBytes(mapped->data, mapped->size, mapped->hold, when);
     if (!payload.ok())
       return Status::Invalid(c.path + ": " + name + ": " +
                              payload.status().message());
     return payload;
   }
   return Status::Invalid("no copy of " + name + " in " + where());
+}
+
+void NodeCopies::SetAside(int64_t step, const std::string& name) {
+  for (const mc::MemoryCopy& c : scanned_) {
+    if (c.step == step && c.dir == dir_ && c.Find(name)) {
+      mc::SetAside(c);
+      return;
+    }
+  }
 }
 
 std::string NodeCopies::where() const {

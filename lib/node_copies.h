@@ -40,8 +40,14 @@ class NodeCopies {
   int64_t Newest(const std::function<std::vector<std::string>(int64_t)>& names,
                  int64_t at_least, int64_t world_size) const;
   // The verified payload of file `name` of `step`, or why it does not load
-  // (gone, rewritten since the scan, checksum mismatch, truncated).
-  Result<PayloadView> Read(int64_t step, const std::string& name) const;
+  // (gone, rewritten since the scan, checksum mismatch, truncated);
+  // kAsCopied: its blocks are left for the restore to verify.
+  Result<PayloadView> Read(int64_t step, const std::string& name,
+                           VerifyWhen when = VerifyWhen::kNow) const;
+  // Marks the copy that holds `name` of `step` as one no reader may take
+  // (its blocks did not verify as it was loaded), so that no restart,
+  // and no persisting, reads it again; waits for other readers of it.
+  void SetAside(int64_t step, const std::string& name);
 
   const std::vector<std::string>& unusable() const { return unusable_; }
   // "/dev/shm/<prefix>-*", for messages.

@@ -171,32 +171,43 @@ bool HasModelAndOptimizerState(
   return it != parts.end() && it->first.rfind(kModelPrefix, 0) == 0;
 }
 
-// The pieces are dealt to the threads in runs, so that each streams
-// through memory; a pair that cannot be copied as bytes goes to copy_.
-void CopyTensors(const std::vector<torch::Tensor>& dst,
-                 const std::vector<torch::Tensor>& src) {
-  constexpr size_t kPiece = 4 << 20;
-  struct Piece {
-    char* to;
-    const char* from;
-    size_t n;
-  };
-  std::vector<Piece> pieces;
+namespace {
+
+// The pairs that copy as bytes (CPU tensors of one dtype, both
+// contiguous), one copy each; the indices of the others in *others.
+std::vector<ByteCopy> ByteCopies(const std::vector<torch::Tensor>& dst,
+                                 const std::vector<torch::Tensor>& src,
+                                 std::vector<size_t>* others) {
+  std::vector<ByteCopy> out;
   for (size_t i = 0; i < dst.size(); ++i) {
     const torch::Tensor &d = dst[i], &s = src[i];
     if (!d.device().is_cpu() || !s.device().is_cpu() ||
         d.scalar_type() != s.scalar_type() || !d.is_contiguous() ||
         !s.is_contiguous() || d.numel() != s.numel()) {
-      dst[i].copy_(s);
+      others->push_back(i);
       continue;
     }
-    const size_t n = static_cast<size_t>(d.numel()) * d.element_size();
-    for (size_t at = 0; at < n; at += kPiece) {
-      pieces.push_back({static_cast<char*>(d.data_ptr()) + at,
-                        static_cast<const char*>(s.data_ptr()) + at,
-                        std::min(kPiece, n - at)});
-    }
+    out.push_back({static_cast<char*>(d.data_ptr()),
+                   static_cast<const char*>(s.data_ptr()),
+                   static_cast<size_t>(d.numel()) * d.element_size()});
   }
+  return out;
+}
+
+}  // namespace
+
+// The copies are cut in 4 MiB pieces, dealt to the threads in runs so
+// that each streams through memory.
+void CopyTensors(const std::vector<torch::Tensor>& dst,
+                 const std::vector<torch::Tensor>& src) {
+  constexpr size_t kPiece = 4 << 20;
+  std::vector<size_t> others;
+  std::vector<ByteCopy> pieces;
+  for (const ByteCopy& c : ByteCopies(dst, src, &others)) {
+    for (size_t at = 0; at < c.n; at += kPiece)
+      pieces.push_back({c.to + at, c.from + at, std::min(kPiece, c.n - at)});
+  }
+  for (size_t i : others) dst[i].copy_(src[i]);
   const size_t threads =
       std::min<size_t>({4, std::max(1u, std::thread::hardware_concurrency()),
                         (pieces.size() + 3) / 4});
@@ -211,9 +222,21 @@ void CopyTensors(const std::vector<torch::Tensor>& dst,
   for (auto& th : pool) th.join();
 }
 
-void RestoreModelAndOptimizerState(
+// The pairs that are not bytes (another device) read the source only once
+// it is verified.
+Status CopyTensors(const std::vector<torch::Tensor>& dst,
+                   const std::vector<torch::Tensor>& src,
+                   const PayloadView& from) {
+  std::vector<size_t> others;
+  Status s = CopyVerifying(from, ByteCopies(dst, src, &others));
+  if (!s.ok()) return s;
+  for (size_t i : others) dst[i].copy_(src[i]);
+  return Status::Ok();
+}
+
+Status RestoreModelAndOptimizerState(
     const std::map<std::string, torch::Tensor>& parts, torch::nn::Module& model,
-    torch::optim::Optimizer& opt) {
+    torch::optim::Optimizer& opt, const PayloadView* pending) {
   torch::NoGradGuard no_grad;
   std::vector<torch::Tensor> dst, src;
   for (const auto& p : model.named_parameters()) {
@@ -249,9 +272,15 @@ void RestoreModelAndOptimizerState(
     dst.push_back(fresh[k]);
     src.push_back(*fill[k].second);
   }
-  CopyTensors(dst, src);
+  if (pending) {
+    Status s = CopyTensors(dst, src, *pending);
+    if (!s.ok()) return s;
+  } else {
+    CopyTensors(dst, src);
+  }
   for (size_t i = 0; i < params.size(); ++i)
     SetParamOptimizerState(opt, params[i], std::move(states[i]));
+  return Status::Ok();
 }
 
 }  // namespace dtrun::train

@@ -12,6 +12,7 @@
 #include <map>
 #include <string>
 
+#include "lib/checkpoint.h"
 #include "lib/host_staging.h"
 
 namespace dtrun::train {
@@ -44,12 +45,22 @@ bool HasModelAndOptimizerState(
 // loop waits for it); any other pair with copy_.
 void CopyTensors(const std::vector<torch::Tensor>& dst,
                  const std::vector<torch::Tensor>& src);
+// The same where the sources point into `from`, a payload whose blocks are
+// still to verify: verified as copied (CopyVerifying, checkpoint.h). When
+// a block does not match, Invalid, and dst holds a mix.
+Status CopyTensors(const std::vector<torch::Tensor>& dst,
+                   const std::vector<torch::Tensor>& src,
+                   const PayloadView& from);
 
 // Restores it into `model` (copied into its tensors, on their device) and
 // `opt`, whose parameters are model.parameters(). Throws Error naming the
 // first key missing or of another shape (a checkpoint of another model).
-void RestoreModelAndOptimizerState(
+// `pending`: the payload `parts` point into, when its blocks are still to
+// verify (they are, as they are copied); then Invalid when one does not
+// match, leaving the model a mix of the two states (the optimizer as it
+// was).
+Status RestoreModelAndOptimizerState(
     const std::map<std::string, torch::Tensor>& parts, torch::nn::Module& model,
-    torch::optim::Optimizer& opt);
+    torch::optim::Optimizer& opt, const PayloadView* pending = nullptr);
 
 }  // namespace dtrun::train

@@ -83,10 +83,13 @@ class DdpStrategy : public Strategy {
   // Named tensors, or, from checkpoints written before them, the model's
   // and the optimizer's torch archives (loadable by the libtorch that
   // wrote them).
-  void Restore(const TensorMap& parts, torch::optim::Optimizer& opt) override {
-    if (!parts.count(kModel)) {
-      RestoreModelAndOptimizerState(parts, *model_, opt);
-      return;
+  Status Restore(const TensorMap& parts, torch::optim::Optimizer& opt,
+                 const PayloadView* pending) override {
+    if (!parts.count(kModel))
+      return RestoreModelAndOptimizerState(parts, *model_, opt, pending);
+    if (pending) {  // the archives are read whole: verified first
+      Status s = CopyVerifying(*pending, {});
+      if (!s.ok()) return s;
     }
     torch::Device device = model_->parameters().front().device();
     torch::serialize::InputArchive m, o;
@@ -96,6 +99,7 @@ class DdpStrategy : public Strategy {
     o.load_from(os, device);
     model_->load(m);
     opt.load(o);
+    return Status::Ok();
   }
 
  private:
@@ -199,11 +203,20 @@ class FsdpStrategy : public Strategy {
     return Status::Ok();
   }
   void Discard() override { verified_.clear(); }
-  void Restore(const TensorMap&, torch::optim::Optimizer& opt) override {
+  Status Restore(const TensorMap&, torch::optim::Optimizer& opt,
+                 const PayloadView* pending) override {
     DTRUN_CHECK(!verified_.empty())
         << "FSDP Restore() without a Complete() that accepted";
+    if (pending) {  // the step's file: verified before anything is loaded
+      Status s = CopyVerifying(*pending, {});
+      if (!s.ok()) {
+        verified_.clear();
+        return s;
+      }
+    }
     fsdp_.LoadStateDicts(verified_, opt);
     verified_.clear();
+    return Status::Ok();
   }
 
  private:

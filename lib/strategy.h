@@ -76,8 +76,13 @@ class Strategy {
   // accepted, for the same step.
   virtual Status Complete(const TensorMap& parts, const ShardSource& shards,
                           int64_t step) = 0;
-  virtual void Restore(const TensorMap& parts,
-                       torch::optim::Optimizer& opt) = 0;
+  // `pending`: the payload `parts` point into when its blocks are still to
+  // verify (a memory copy read with VerifyWhen::kAsCopied), else null; it
+  // is verified as the state is copied out of it, and when a block does
+  // not match Restore() returns Invalid: this rank's model is then a mix
+  // that only another Restore() mends.
+  virtual Status Restore(const TensorMap& parts, torch::optim::Optimizer& opt,
+                         const PayloadView* pending = nullptr) = 0;
   // Training starts from no checkpoint: every rank's state is made the
   // same (DDP: rank 0's broadcast, which a resume does not need: every
   // rank restored the same checkpoint). Collective; after the resume.

@@ -130,6 +130,10 @@ struct TrainConfig {
   // long (a slow disk), so that a fault lands while a write is in flight.
   // 0: off.
   int save_delay_ms = 0;
+  // memory mode: the node's copy of this step's file gets one payload byte
+  // flipped after its checksum is taken (first attempt only), so that the
+  // restart finds it damaged. -1: off.
+  int64_t damage_copy_at_step = -1;
   std::string metrics_path;  // JSON lines; empty: none
 };
 

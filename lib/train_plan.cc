@@ -112,6 +112,11 @@ std::string ValidateCheckpointing(const TrainConfig& c) {
     return "fault.save_delay_ms delays background writes only: set "
            "checkpoint.mode = \"async\" or \"memory\", or drop it";
   }
+  if (c.damage_copy_at_step >= 0 &&
+      c.checkpoint_mode != CheckpointMode::kMemory) {
+    return "fault.damage_copy_at_step damages a memory copy: set "
+           "checkpoint.mode = \"memory\", or drop it";
+  }
   if (c.checkpoint_every < 1 || c.keep_checkpoints < 1 || c.persist_every < 1) {
     return "checkpoint.every, checkpoint.keep and checkpoint.persist_every "
            "must be >= 1";

@@ -1,6 +1,7 @@
 // The shared-memory copies' segments: a fixed header (magic, state, step,
 // world, rank, folder, file table) then the files' bytes; flock(2) guards
-// each segment, and a header left "being written" marks a torn copy.
+// each segment; a header left "being written" marks a torn copy, one
+// "set aside" a copy a restart found damaged.
 #include "rendezvous/util/memory_checkpoint.h"
 
 #include <dirent.h>
@@ -26,7 +27,7 @@ namespace dtrun::memory_checkpoint {
 namespace {
 
 constexpr char kMagic[8] = {'D', 'T', 'S', 'H', 'M', 'C', 'K', '1'};
-constexpr uint32_t kBeingWritten = 0, kComplete = 1;
+constexpr uint32_t kBeingWritten = 0, kComplete = 1, kSetAside = 2;
 constexpr size_t kNameMax = 64, kDirMax = 4096;
 constexpr size_t kChunk = 4 << 20;  // bytes per read or write call
 
@@ -127,6 +128,8 @@ Result<MemoryCopy> Parse(const Header& h, const std::string& path,
                          uint64_t size) {
   if (std::memcmp(h.magic, kMagic, sizeof(kMagic)) != 0)
     return Status::Invalid("not a checkpoint copy");
+  if (h.state == kSetAside)
+    return Status::Invalid("set aside (a restart found it damaged)");
   if (h.state != kComplete)
     return Status::Invalid("incomplete (its writer stopped in the middle)");
   if (h.file_count > static_cast<uint32_t>(kMaxFiles))
@@ -451,6 +454,18 @@ std::vector<MemoryCopy> ScanMemoryCopies(const std::string& prefix,
       copies.begin(), copies.end(),
       [](const MemoryCopy& a, const MemoryCopy& b) { return a.step > b.step; });
   return copies;
+}
+
+void SetAside(const MemoryCopy& copy) {
+  Locked seg(copy.path, O_RDWR, LOCK_EX);
+  Header h{};
+  uint64_t size = 0;
+  if (seg.fd() < 0 || !ReadHeader(seg.fd(), &h, &size) ||
+      h.state != kComplete || h.step != copy.step)
+    return;
+  h.state = kSetAside;
+  (void)WriteAll(seg.fd(), reinterpret_cast<const char*>(&h), sizeof(h), 0,
+                 copy.path);
 }
 
 // The mapping starts on the page the file starts on (every file does,

@@ -110,6 +110,12 @@ struct MappedFile {
 Result<MappedFile> MapMemoryFile(const MemoryCopy& copy,
                                  const MemoryFile& file);
 
+// Marks `copy`'s segment "set aside" (a reader found its bytes damaged):
+// no scan lists it again, and the rank's next copy is written into it.
+// Waits for the segment's other readers; nothing when it no longer holds
+// that copy.
+void SetAside(const MemoryCopy& copy);
+
 // What PersistMemoryCopies did, in lines for dtrun's log.
 struct PersistReport {
   std::vector<std::string> written;  // paths made durable

@@ -18,7 +18,9 @@
 // Usage: payload_bench [--dir D] [--rounds N] [--formats raw,torch]
 //                      [--scale F]
 // PAYLOAD_BENCH_STAGES=1 also prints, on stderr, how long the memory
-// copy's mapping, its verification and the copies into the tensors took.
+// copy's mapping, its header's check and the copies into the tensors
+// (verifying its blocks) took; PAYLOAD_BENCH_VERIFY=first verifies every
+// block before the copy instead (the load before it verified as it copied).
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -71,15 +73,23 @@ uint64_t Bytes(const TensorMap& m) {
   return n;
 }
 
-// Copies every decoded tensor into its destination (the restore).
-void CopyInto(const TensorMap& from, TensorMap* into) {
+// Copies every decoded tensor into its destination (the restore); with
+// `pending`, verifying its blocks as they are copied, as a restart's
+// restore of a memory copy does.
+void CopyInto(const TensorMap& from, TensorMap* into,
+              const dtrun::train::PayloadView* pending = nullptr) {
   const double t0 = Now();
   std::vector<torch::Tensor> dst, src;
   for (auto& [k, t] : *into) {
     dst.push_back(t);
     src.push_back(from.at(k));
   }
-  dtrun::train::CopyTensors(dst, src);
+  if (pending) {
+    if (!dtrun::train::CopyTensors(dst, src, *pending).ok())
+      throw std::runtime_error("the copy did not verify");
+  } else {
+    dtrun::train::CopyTensors(dst, src);
+  }
   if (std::getenv("PAYLOAD_BENCH_STAGES"))
     std::fprintf(stderr, "copy %.4f\n", Now() - t0);
 }
@@ -114,19 +124,27 @@ double LoadShm(const std::string& prefix, TensorMap* into, bool fresh) {
   const mc::MemoryFile* f = copies.at(0).Find("ckpt_000000000001.dtck");
   auto mapped = mc::MapMemoryFile(copies[0], *f);
   const double t1 = Now();
+  // PAYLOAD_BENCH_VERIFY=first: every block verified before the copy
+  // (two passes over the copy, as before the restore verified as it
+  // copied).
+  const char* first = std::getenv("PAYLOAD_BENCH_VERIFY");
+  const auto when = first && std::string(first) == "first"
+                        ? dtrun::train::VerifyWhen::kNow
+                        : dtrun::train::VerifyWhen::kAsCopied;
   auto view = dtrun::train::VerifyCheckpointBytes(mapped->data, mapped->size,
-                                                  mapped->hold);
+                                                  mapped->hold, when);
   if (!view.ok()) throw std::runtime_error(view.status().message());
   const double t2 = Now();
   auto tensors = dtrun::train::DecodeTensors(*view);
   if (std::getenv("PAYLOAD_BENCH_STAGES"))
     std::fprintf(stderr, "map %.4f verify %.4f\n", t1 - t0, t2 - t1);
   std::shared_ptr<void> region;
+  const dtrun::train::PayloadView* pending = view->pending ? &*view : nullptr;
   if (fresh) {
     TensorMap dest = Fresh(*into, &region);
-    CopyInto(*tensors, &dest);
+    CopyInto(*tensors, &dest, pending);
   } else {
-    CopyInto(*tensors, into);
+    CopyInto(*tensors, into, pending);
   }
   return Now() - t0;
 }

@@ -44,7 +44,8 @@ TEST(CheckpointPayloadTest, RawKeepsEveryDtypeAndShape) {
                   {"large", torch::randn({256, 256})}};
   const std::string bytes = EncodeTensors(in).Join();
   auto held = std::make_shared<const std::string>(bytes);
-  auto out = DecodeTensors(PayloadView{held->data(), held->size(), held});
+  auto out =
+      DecodeTensors(PayloadView{held->data(), held->size(), held, nullptr});
   ASSERT_TRUE(out.ok()) << out.status().message();
   ASSERT_EQ(out->size(), in.size());
   for (const auto& [key, t] : in) {

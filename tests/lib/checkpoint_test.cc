@@ -7,6 +7,8 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <memory>
+#include <string>
 
 namespace dtrun::train {
 namespace {
@@ -251,6 +253,59 @@ TEST_F(FrameTest, DamageIsFoundAndPlaced) {
             std::string::npos);
   EXPECT_NE(why("DTCKPT9\n", joined).find("not a dtrun checkpoint"),
             std::string::npos);
+}
+
+// Verified as copied: the header is checked at once, the blocks as the
+// copies are made (copies that cross blocks, and one from outside the
+// payload, made last); a damaged block is named, and the copy from
+// outside is then not made.
+TEST_F(FrameTest, APayloadIsVerifiedAsItIsCopied) {
+  std::string joined;
+  const std::string header = CheckpointHeader(ThreePieces(&joined));
+  auto verify = [&header](const std::string& payload) {
+    auto framed = std::make_shared<std::string>(header + payload);
+    return VerifyCheckpointBytes(framed->data(), framed->size(), framed,
+                                 VerifyWhen::kAsCopied);
+  };
+  const std::string outside = "from elsewhere";
+  auto copy_out = [&outside](const PayloadView& view, std::string* a,
+                             std::string* b, std::string* c) {
+    *a = std::string(6 << 20, '\0');  // blocks 0 and 1
+    *b = std::string(100, '\0');      // the last, short block's end
+    *c = std::string(outside.size(), '\0');
+    return CopyVerifying(view, {{a->data(), view.data + (1 << 20), a->size()},
+                                {b->data(), view.data + view.size - 100, 100},
+                                {c->data(), outside.data(), c->size()}});
+  };
+  auto good = verify(joined);
+  ASSERT_TRUE(good.ok()) << good.status().message();
+  ASSERT_NE(good->pending, nullptr);
+  std::string a, b, c;
+  ASSERT_TRUE(copy_out(*good, &a, &b, &c).ok());
+  EXPECT_TRUE(a == joined.substr(1 << 20, 6 << 20));
+  EXPECT_TRUE(b == joined.substr(joined.size() - 100));
+  EXPECT_EQ(c, outside);
+
+  std::string flipped = joined;
+  flipped[(9 << 20) + 7] ^= 1;  // the last block
+  auto bad = verify(flipped);
+  ASSERT_TRUE(bad.ok()) << "the blocks are not read before the copy";
+  Status s = copy_out(*bad, &a, &b, &c);
+  EXPECT_EQ(s.message(), "checksum mismatch in payload bytes 8388608-10485760");
+  EXPECT_EQ(c, std::string(outside.size(), '\0'));
+  EXPECT_FALSE(CopyVerifying(*bad, {}).ok());  // verifies all, copies none
+
+  std::string table = header;
+  table[8 + 16 + 8] ^= 1;  // the header's own hash still checked at once
+  auto framed = std::make_shared<std::string>(table + joined);
+  EXPECT_EQ(VerifyCheckpointBytes(framed->data(), framed->size(), framed,
+                                  VerifyWhen::kAsCopied)
+                .status()
+                .message(),
+            "checksum mismatch in the header");
+  EXPECT_NE(
+      verify(joined.substr(0, 9 << 20)).status().message().find("truncated"),
+      std::string::npos);
 }
 
 }  // namespace

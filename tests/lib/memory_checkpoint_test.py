@@ -1,10 +1,10 @@
 """[checkpoint] mode = "memory" under the real dtrun: a restarted group
 resumes from the copies in shared memory, a copy cut short or never made is
-not used, dtrun persists the newest copies when a worker dies and on
-SIGTERM, no segment outlives the job, and a node killed whole loses only
-what was not yet on disk. Each run ends with the params_sha256 of an
-undisturbed one. DDP and FSDP; labelled torch2, so it runs against both
-Torch versions."""
+not used, a damaged one is found as it loads and set aside, dtrun persists
+the newest copies when a worker dies and on SIGTERM, no segment outlives the
+job, and a node killed whole loses only what was not yet on disk. Each run
+ends with the params_sha256 of an undisturbed one. DDP and FSDP; labelled
+torch2, so it runs against both Torch versions."""
 import argparse
 import glob
 import os
@@ -127,6 +127,42 @@ class MemoryCheckpoints(unittest.TestCase):
                 if where == "write":
                     self.assertRegex(err, r"checkpoint copy not used: /dev/shm/\S+: incomplete")
                 self.assertEqual(self.sha(out), self.undisturbed(config))
+
+    def test_a_damaged_copy_is_found_as_it_loads_and_set_aside(self):
+        # Step 120's copy of the step's file has one byte flipped after its
+        # checksum was taken; rank 1 dies at 130. The restart verifies the
+        # copy as it copies it into the model, finds the damage, sets the
+        # copy aside and resumes from the folder's step 80 (120 persisted
+        # from the damaged copy does not load either), ending bitwise where
+        # an undisturbed run does.
+        for config in (DDP, FSDP):
+            with self.subTest(config=os.path.basename(config)):
+                rc, out, err, _ = self.run_job(
+                    config, [*MEMORY, "fault.damage_copy_at_step=120", "fault.kill_rank=1",
+                             "fault.kill_at_step=130"])
+                self.assertEqual(rc, 0, err)
+                self.assertRegex(err, r"rank 0: memory copy of step 120: checksum mismatch in "
+                                      r"payload bytes \d+-\d+")
+                self.assertIn("the memory copy of step 120 did not verify as it was loaded (a "
+                              "rank's; set aside): resuming from disk", out)
+                self.assertRegex(out, r"resumed from \S+ckpt_000000000080\.dtck at step 80 ")
+                self.assertNotIn("resumed from memory", out)
+                self.assertEqual(self.sha(out), self.undisturbed(config))
+
+    def test_a_damaged_copy_with_nothing_on_disk_starts_over(self):
+        # Step 20's copy is damaged and the folder holds nothing good (its
+        # first persisted step would be 80): the restart that found the
+        # damage has a model it cannot trust, so it fails saying so, and
+        # the next one, with the copy set aside, starts from step 0.
+        rc, out, err, _ = self.run_job(
+            DDP, [*MEMORY, "fault.damage_copy_at_step=20", "fault.kill_rank=1",
+                  "fault.kill_at_step=30"], restarts=2)
+        self.assertEqual(rc, 0, err)
+        self.assertIn("the memory copy of step 20 did not verify as it was loaded, after part "
+                      "of it was in the model, and ", err)
+        self.assertIn("holds no checkpoint to load instead: the copy is set aside, and the "
+                      "next restart starts from step 0", err)
+        self.assertEqual(self.sha(out), self.undisturbed(DDP))
 
     def test_two_nodes_each_resume_from_their_own_memory(self):
         # Two loopback nodes of one rank each, two dtrun processes: each

@@ -105,6 +105,37 @@ TEST_F(NodeCopiesTest, ACorruptCopyIsRefused) {
   EXPECT_TRUE(copies->Read(10, CheckpointDir::StepName(10)).ok());
 }
 
+// A copy a restart found damaged as it loaded it is set aside: no scan
+// takes it (nor dtrun's persisting), the other slot's copy is the newest,
+// and the rank's next copy is written into the slot set aside.
+TEST_F(NodeCopiesTest, ACopySetAsideIsNotReadAgain) {
+  auto copies = NodeCopies::FromEnv(0, dir_);
+  ASSERT_TRUE(WriteCopy(*copies, 10, "ten").ok());
+  ASSERT_TRUE(WriteCopy(*copies, 20, "twenty").ok());
+  copies->Scan();
+  auto pending =
+      copies->Read(20, CheckpointDir::StepName(20), VerifyWhen::kAsCopied);
+  ASSERT_TRUE(pending.ok()) << pending.status().message();
+  EXPECT_NE(pending->pending, nullptr);
+  pending = Status::Invalid("let go");  // the reader's lock goes with it
+  copies->SetAside(20, CheckpointDir::StepName(20));
+  copies->Scan();
+  ASSERT_EQ(copies->unusable().size(), 1u);
+  EXPECT_NE(copies->unusable()[0].find("set aside"), std::string::npos)
+      << copies->unusable()[0];
+  auto names = [this](int64_t s) { return Names(s); };
+  EXPECT_EQ(copies->Newest(names, 1, 2), 10);
+  const auto persisted = mc::PersistMemoryCopies(prefix_).written;
+  ASSERT_FALSE(persisted.empty());
+  for (const auto& path : persisted)  // step 10's, none of step 20
+    EXPECT_NE(path.find("000000000010"), std::string::npos) << path;
+  ASSERT_TRUE(WriteCopy(*copies, 30, "thirty").ok());
+  copies->Scan();
+  EXPECT_TRUE(copies->unusable().empty());
+  EXPECT_EQ(copies->Newest(names, 1, 2), 30);
+  EXPECT_TRUE(copies->Read(10, CheckpointDir::StepName(10)).ok());
+}
+
 // A writer SIGKILLed halfway through leaves its slot marked incomplete:
 // the scan names it and the other slot's copy is the newest.
 TEST_F(NodeCopiesTest, AWriterKilledHalfwayLeavesThePreviousCopy) {

@@ -75,7 +75,7 @@ class StrategyTest : public ::testing::Test {
     auto b = MakeStrategy(Model(2), &dist_->pg(), c);
     auto opt_b = Sgd(b->OptimizerParams());
     ASSERT_TRUE(b->Complete(parts, Strategy::FolderShards(dir), 1).ok());
-    b->Restore(parts, *opt_b);
+    ASSERT_TRUE(b->Restore(parts, *opt_b).ok());
     auto pa = a->FullParams(), pb = b->FullParams();
     ASSERT_EQ(pa.size(), pb.size());
     for (size_t i = 0; i < pa.size(); ++i)
