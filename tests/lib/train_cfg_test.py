@@ -377,6 +377,8 @@ class TrainCfg(unittest.TestCase):
                            "checkpoint.mode 'flash': use \"sync\" or \"async\" or \"memory\""),
                           ("fault.save_delay_ms=500",
                            "fault.save_delay_ms delays background writes"),
+                          ("fault.damage_copy_at_step=20",
+                           "fault.damage_copy_at_step damages a memory copy"),
                           ("checkpoint.persist_every=0", "checkpoint.persist_every must be >= 1"),
                           ("checkpoint.persist_every=2",
                            "checkpoint.persist_every applies to checkpoint.mode = \"memory\""),
