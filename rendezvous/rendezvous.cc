@@ -279,7 +279,9 @@ Status Rendezvous::TryClose(int round) {
 }
 
 // Ranks: the closer reads every joiner's records and writes every rank
-// (OrderRanks decides) and the heartbeat counters in one MULTI_SET.
+// (OrderRanks decides), 64 to a key, in one MULTI_SET. The heartbeat
+// counters are not written: a node's first beat makes its own, and a
+// counter not there yet reads as empty, as one that does not move.
 Status Rendezvous::WriteRanks(int round, int count) {
   std::vector<std::string> node_keys, pref_keys;
   for (int slot = 1; slot <= count; ++slot) {
@@ -301,26 +303,22 @@ Status Rendezvous::WriteRanks(int round, int count) {
             "ranks follow the join order",
             round);
   }
-  std::vector<std::string> keys, values;
-  for (int slot = 1; slot <= count; ++slot) {
-    const RankEntry& entry = table.by_slot[slot - 1];
-    keys.push_back(keys_.Round(round, "rank", slot));
-    values.push_back(RankRecord(entry));
-    keys.push_back(keys_.Round(round, "hb", entry.rank));
-    values.push_back("0");
-  }
+  std::vector<std::string> keys, values = PackRankRecords(table);
+  for (size_t k = 0; k < values.size(); ++k)
+    keys.push_back(keys_.Round(round, "ranks", static_cast<int64_t>(k)));
   return store_->MultiSet(keys, values);
 }
 
 Result<std::optional<Assignment>> Rendezvous::Outcome(const StateDoc& doc) {
   const int r = doc.round;
-  // One request for both: the closer writes rank/ before final, so a set
+  // One request for both: the closer writes ranks/ before final, so a set
   // final means this node's rank is there too.
+  const int64_t slot = last_call_.slot;
   auto got = store_->MultiGet(
-      {keys_.Round(r, "final"), keys_.Round(r, "rank", last_call_.slot)});
+      {keys_.Round(r, "final"), keys_.Round(r, "ranks", RankPackOf(slot))});
   if (!got.ok()) return got.status();
   Assignment a;
-  switch (PlaceInRound(doc, last_call_.slot, (*got)[0], (*got)[1],
+  switch (PlaceInRound(doc, slot, (*got)[0], RecordInPack((*got)[1], slot),
                        opts_.nproc_per_node, &a)) {
     case Placement::kOpen:
       return std::optional<Assignment>();

@@ -187,6 +187,28 @@ std::string RankRecord(const RankEntry& entry) {
   return std::to_string(entry.rank) + " " + entry.next_node;
 }
 
+int64_t RankPackOf(int64_t slot) { return (slot - 1) / kRanksPerKey; }
+
+std::vector<std::string> PackRankRecords(const RankTable& table) {
+  std::vector<std::string> packs;
+  for (size_t i = 0; i < table.by_slot.size(); ++i) {
+    if (i % kRanksPerKey == 0) packs.emplace_back();
+    packs.back() += RankRecord(table.by_slot[i]) + "\n";
+  }
+  return packs;
+}
+
+std::string RecordInPack(const std::string& pack, int64_t slot) {
+  size_t at = 0;
+  for (int64_t line = (slot - 1) % kRanksPerKey; line > 0; --line) {
+    at = pack.find('\n', at);
+    if (at == std::string::npos) return "";
+    ++at;
+  }
+  const size_t end = pack.find('\n', at);
+  return end == std::string::npos ? "" : pack.substr(at, end - at);
+}
+
 // A joiner's view once `final` is read: the closer's count says whether its
 // slot made it in (slots past the count queue for the next round), and its
 // rank record where. World size and base rank follow from the node count,

@@ -115,8 +115,18 @@ struct RankTable {
 // Ties and newcomers go by slot, so the order depends on the replies alone.
 RankTable OrderRanks(const std::vector<std::string>& node_records,
                      const std::vector<std::string>& preferences);
-// The value of round/<r>/rank/<slot>: "<group rank> <next node id>".
+// A slot's rank record: "<group rank> <next node id>".
 std::string RankRecord(const RankEntry& entry);
+// The records travel in packs: round/<r>/ranks/<k> holds those of slots
+// k * kRanksPerKey + 1 ... (k + 1) * kRanksPerKey, one a line, so that
+// the closer writes N / 64 keys for N nodes (etcd: one transaction holds
+// at most 128 puts) and each joiner reads one value of ~2 KB at most.
+constexpr int64_t kRanksPerKey = 64;
+int64_t RankPackOf(int64_t slot);
+// The packs of `table`, in order.
+std::vector<std::string> PackRankRecords(const RankTable& table);
+// The record of `slot` in its pack's value; "" when it holds none.
+std::string RecordInPack(const std::string& pack, int64_t slot);
 
 // What a node's slot means once it reads round/<r>/final and its rank.
 enum class Placement {

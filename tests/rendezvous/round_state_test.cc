@@ -144,6 +144,27 @@ TEST(OrderRanksTest, OneNodeWatchesNobody) {
   EXPECT_EQ(RankRecord(t.by_slot[0]), "0 ");
 }
 
+// 130 nodes: three packs (64, 64, 2), each slot's record found in its own.
+TEST(OrderRanksTest, RecordsTravelSixtyFourToAKey) {
+  std::vector<std::string> nodes, prefs;
+  for (int i = 0; i < 130; ++i) {
+    nodes.push_back("-1 n" + std::to_string(i));
+    prefs.push_back("-1");
+  }
+  const RankTable t = OrderRanks(nodes, prefs);
+  const std::vector<std::string> packs = PackRankRecords(t);
+  ASSERT_EQ(packs.size(), 3u);
+  for (int64_t slot : {1, 2, 64, 65, 128, 129, 130}) {
+    EXPECT_EQ(RecordInPack(packs[RankPackOf(slot)], slot),
+              RankRecord(t.by_slot[slot - 1]))
+        << "slot " << slot;
+  }
+  EXPECT_EQ(RankPackOf(64), 0);
+  EXPECT_EQ(RankPackOf(65), 1);
+  EXPECT_EQ(RecordInPack(packs[2], 131), "");  // not in the round
+  EXPECT_EQ(RecordInPack("", 1), "");          // not written yet
+}
+
 TEST(PlaceInRoundTest, OpenAbandonedLeftOutAndAssigned) {
   StateDoc doc;
   doc.round = 4;
