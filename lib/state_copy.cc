@@ -62,6 +62,8 @@ const torch::Tensor& Saved(const std::map<std::string, torch::Tensor>& parts,
   return it->second;
 }
 
+}  // namespace
+
 // Empty tensors like each of `like`, on the CPU carved from one mapping
 // whose pages are made in one call (MAP_POPULATE): a restarted worker's
 // optimizer state is all fresh memory, and touching it page by page cost a
@@ -97,8 +99,6 @@ std::vector<torch::Tensor> PopulatedLike(
   }
   return out;
 }
-
-}  // namespace
 
 // The optimizer keeps no state for a parameter before its first step: an
 // empty map then, which restores to no state.

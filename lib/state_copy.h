@@ -29,6 +29,12 @@ void SetParamOptimizerState(torch::optim::Optimizer& opt,
                             const torch::Tensor& param,
                             std::map<std::string, torch::Tensor> state);
 
+// Empty tensors like each of `like`, on the CPU carved from one mapping
+// whose pages are made in one call (MAP_POPULATE), so that writing them
+// pays no fault per page; elsewhere (a GPU), empty_like.
+std::vector<torch::Tensor> PopulatedLike(
+    const std::vector<torch::Tensor>& like);
+
 // DDP's checkpoint: "ddp.model.<name>" for each parameter and buffer of
 // `model` (Module::named_parameters/named_buffers names) and
 // "ddp.optim.<i>.<field>" for the optimizer state of model->parameters()[i],

@@ -23,6 +23,7 @@
 #include "lib/data.h"
 #include "lib/process_group.h"
 #include "lib/sha256.h"
+#include "lib/state_copy.h"
 #include "lib/strategy.h"
 #include "lib/train_plan.h"
 #include "rendezvous/heartbeat.h"
@@ -73,6 +74,46 @@ std::shared_ptr<torch::nn::SequentialImpl> MakeModel(const TrainConfig& c,
     in = h;
   }
   seq->push_back(torch::nn::Linear(in, classes));
+  return seq;
+}
+
+// A Linear layer whose parameters are given, not drawn: torch::nn::Linear's
+// constructor draws its weights (0.34 s for 96 M parameters), which a
+// restarted worker's resume overwrites at once. Same names and forward.
+class BlankLinearImpl : public torch::nn::Module {
+ public:
+  BlankLinearImpl(torch::Tensor w, torch::Tensor b)
+      : weight(register_parameter("weight", std::move(w))),
+        bias(register_parameter("bias", std::move(b))) {}
+  torch::Tensor forward(const torch::Tensor& x) {
+    return torch::nn::functional::linear(x, weight, bias);
+  }
+  torch::Tensor weight, bias;
+};
+
+// MakeModel's MLP with its parameters left undrawn, carved from one
+// mapping populated in one call (the restore then writes them without a
+// fault per page); DrawInitialWeights fills them when nothing is resumed.
+std::shared_ptr<torch::nn::SequentialImpl> MakeBlankMlp(const TrainConfig& c,
+                                                        int features,
+                                                        int classes) {
+  std::vector<int64_t> widths{features};
+  for (int h : c.hidden) widths.push_back(h);
+  widths.push_back(classes);
+  std::vector<torch::Tensor> like;  // not touched: only their shapes count
+  for (size_t i = 1; i < widths.size(); ++i) {
+    like.push_back(torch::empty({widths[i], widths[i - 1]}));
+    like.push_back(torch::empty({widths[i]}));
+  }
+  const std::vector<torch::Tensor> params = PopulatedLike(like);
+  auto seq = std::make_shared<torch::nn::SequentialImpl>();
+  for (size_t i = 1; i < widths.size(); ++i) {
+    seq->push_back(std::make_shared<BlankLinearImpl>(params[2 * i - 2],
+                                                     params[2 * i - 1]));
+    if (i + 1 == widths.size()) break;
+    seq->push_back(torch::nn::ReLU());
+    if (c.dropout > 0) seq->push_back(torch::nn::Dropout(c.dropout));
+  }
   return seq;
 }
 
@@ -189,12 +230,17 @@ class Trainer {
   int Finish();
   double Evaluate();
   bool Evaluates() const { return rank_ == 0 || strategy_->CollectiveEval(); }
+  void DrawInitialWeights();
 
   const TrainConfig& c_;
   std::unique_ptr<Distributed> dist_;
   const int rank_, world_;
   const torch::Device device_;
   Dataset train_, test_;
+  int features_ = 0, classes_ = 0;
+  // The model was made without its initial draws (a restart, which
+  // resumes; see MakeBlankMlp).
+  bool blank_ = false;
   std::shared_ptr<torch::nn::SequentialImpl> model_;
   std::unique_ptr<Strategy> strategy_;
   std::unique_ptr<torch::optim::Optimizer> opt_;
@@ -218,7 +264,15 @@ Trainer::Trainer(const TrainConfig& c, std::unique_ptr<Distributed> dist)
   SplitTrainTest(all, c_.test_fraction, &train_, &test_);
   // MakeModel seeds the shared generator with c.seed, so every rank starts
   // from the same weights before the strategy broadcasts or shards them.
-  model_ = MakeModel(c_, all.features, all.classes);
+  // A restarted DDP worker on the CPU nearly always resumes: its MLP's
+  // initial draws wait until the resume finds nothing.
+  features_ = all.features;
+  classes_ = all.classes;
+  blank_ = dist_->env().restart_count > 0 && !c_.checkpoint_dir.empty() &&
+           c_.strategy == StrategyKind::kDdp && c_.model == ModelKind::kMlp &&
+           device_.is_cpu();
+  model_ = blank_ ? MakeBlankMlp(c_, features_, classes_)
+                  : MakeModel(c_, features_, classes_);
   model_->to(device_);
   strategy_ = MakeStrategy(model_, &dist_->pg(), c_);
   opt_ = MakeOptimizer(c_, strategy_->OptimizerParams());
@@ -237,7 +291,10 @@ int Trainer::Run() {
   // group and model) and when its state was in place.
   const double init_unix = UnixSeconds();
   const int64_t start = ckpt_ ? ckpt_->Resume() : 0;
-  if (start == 0) strategy_->StartFresh();
+  if (start == 0) {
+    if (blank_) DrawInitialWeights();
+    strategy_->StartFresh();
+  }
   rendezvous::Heartbeat::Resumed(start,
                                  ckpt_ ? ckpt_->source().c_str() : "none",
                                  init_unix, UnixSeconds());
@@ -267,6 +324,16 @@ int Trainer::Run() {
   }
   heartbeat.Done();
   return Finish();
+}
+
+// What a first attempt's model starts from (MakeModel's draws from c.seed)
+// into the blank one, and the generator left where the constructor leaves
+// it: the run goes on bitwise as one that drew them at the start.
+void Trainer::DrawInitialWeights() {
+  torch::NoGradGuard no_grad;
+  auto drawn = MakeModel(c_, features_, classes_);
+  CopyTensors(model_->parameters(), drawn->parameters());
+  torch::manual_seed(RankSeed(c_, rank_, 0));
 }
 
 // One optimizer step over `accumulate` micro-batches; the loss averaged

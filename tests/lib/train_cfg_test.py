@@ -183,6 +183,21 @@ class TrainCfg(unittest.TestCase):
         self.assertIn("resumed from", out)
         self.assertEqual(self.done(out), clean)
 
+    def test_a_restart_with_nothing_to_resume_draws_the_first_weights(self):
+        # The kill lands before the first checkpoint: the restarted workers,
+        # made without their initial draws (a restart nearly always
+        # resumes), draw them once the folder holds nothing, and the run
+        # ends bitwise where an unbroken one does.
+        rc, out, err = train(2, self.ckpt("clean"))
+        self.assertEqual(rc, 0, err)
+        clean = self.done(out)
+        rc, out, err = train(2, self.ckpt("early"), "fault.kill_rank=1", "fault.kill_at_step=5",
+                             restarts=1)
+        self.assertEqual(rc, 0, err)
+        self.assertIn("SIGKILL", err)
+        self.assertNotIn("resumed from", out)
+        self.assertEqual(self.done(out), clean)
+
     def test_a_recovery_is_measured_and_reported(self):
         # The failure to the next step of every new worker, phase by phase:
         # the log line, the run's table, the dtrun.recovery event.
