@@ -724,6 +724,11 @@ Result<RoundEvent> Rendezvous::WatchNext(const Assignment& current,
     std::string read;
     auto moved = ReadRound(current, &read);
     if (!moved.ok() || *moved != RoundEvent::kNone) return moved;
+    // The read may be the first to see its lease (a store outage before
+    // any read of the round came through) or its end: they tell, not
+    // heartbeats a leased node never writes.
+    if (next_gone_) return DeclareGone(current);
+    if (next_leased_) return RoundEvent::kNone;
     silent = next_.Observe(current.round, read, clock_.Now(), limit);
     if (!silent) return RoundEvent::kNone;
   }

@@ -304,6 +304,56 @@ TEST(RendezvousTest, ALeasedNodesEndedLeaseIsItsDeath) {
   EXPECT_EQ(*by_rank[1]->Check(as[1]), RoundEvent::kRestart);
 }
 
+// A stream that stands and never pushes: a quiet round, in push mode.
+class QuietWatch : public KeyWatch {
+ public:
+  Status WatchKey(const std::string&) override { return Status::Ok(); }
+  Status TakeChanges(std::vector<KeyChange>*) override { return Status::Ok(); }
+};
+
+// A leasing store that can stop answering reads (an etcd without quorum).
+class OutageStore : public LeasingStore {
+ public:
+  Result<std::vector<std::string>> MultiGet(
+      const std::vector<std::string>& keys) override {
+    if (down) return Status::Unavailable("no quorum");
+    return LeasingStore::MultiGet(keys);
+  }
+  std::atomic<bool> down{false};
+};
+
+// The store went away before the watching node's first read of the round
+// came through, so the first read that sees the watched node's lease comes
+// when its silence is over the limit: the lease tells from then on, not the
+// heartbeats a leased node never writes (they were taken for a death).
+TEST(RendezvousTest, ALeaseFirstSeenAfterAnOutageIsNoDeath) {
+  OutageStore store;
+  FakeClock clock;
+  auto o = Options("a", 2, 2);
+  o.open_watch = []() -> Result<std::unique_ptr<KeyWatch>> {
+    return std::unique_ptr<KeyWatch>(new QuietWatch);
+  };
+  Rendezvous a(&store, o, clock), b(&store, Options("b", 2, 2), clock);
+  auto fb = JoinAsync(&b);
+  auto ra = a.Join(nullptr);
+  auto rb = fb.get();
+  ASSERT_TRUE(ra.ok() && rb.ok());
+  store.down = true;
+  EXPECT_FALSE(a.Check(*ra).ok());  // the round's first read fails
+  store.down = false;
+  for (int i = 0; i < 20; ++i) {  // a second over the 60 ms silent limit
+    clock.Advance(milliseconds(5));
+    ASSERT_EQ(*a.Check(*ra), RoundEvent::kNone) << "check " << i;
+  }
+  EXPECT_EQ(store.beats, 0);
+  // and the lease's end is still a death at once
+  ASSERT_TRUE(*store.DeleteKey("rdzv/job/round/0/alive/" +
+                               std::to_string(rb->group_rank)));
+  ASSERT_TRUE(store.Set("rdzv/job/round/0/over", "1").ok());
+  clock.Advance(milliseconds(100));
+  EXPECT_EQ(*a.Check(*ra), RoundEvent::kRestart);
+}
+
 // A round started because a node was declared dead expects the others
 // (StateDoc::expect): once they are back it closes at once, where it would
 // wait out the last call for nodes up to the maximum. The clock stands
