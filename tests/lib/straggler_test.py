@@ -1,6 +1,8 @@
 """Stragglers under the real dtrun: train_cfg's [fault] slow_rank makes one
-rank compute 1.5 times as long; dtrun names it within 50 steps, from the
-beats alone, and names nobody in undisturbed runs. Timing-sensitive: the
+rank compute 1.5 times as long; dtrun names it within 120 steps, from the
+beats alone (the rule's window is 20 steps, and a burst of the host's noise
+starts it again: on a loaded 2-core machine 50 steps were once not
+enough), and names nobody in undisturbed runs. Timing-sensitive: the
 test runs alone (RUN_SERIAL). The rule takes the host's noise out (each
 rank's wait for a core) and asks for persistence over 20 steps; its false
 alarms with a whole suite beside it are measured in
@@ -43,10 +45,10 @@ class Stragglers(unittest.TestCase):
         self.assertEqual(p.returncode, 0, p.stderr)
         return re.findall(r"straggler: rank (\d+) computes", p.stderr), p.stderr
 
-    def test_a_slow_rank_is_named_within_50_steps(self):
+    def test_a_slow_rank_is_named_within_120_steps(self):
         logs = os.path.join(self.tmp.name, "logs")
         named, err = self.train("slow", "fault.slow_rank=1", "fault.slow_factor=1.5",
-                                flags=["--log-dir", logs])
+                                "train.steps=120", flags=["--log-dir", logs])
         self.assertEqual(named[:1], ["1"], err)
         # The run's picture names it too.
         (run,) = os.listdir(logs)
