@@ -8,7 +8,9 @@
 
 #include <gtest/gtest.h>
 
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <string>
 
@@ -16,6 +18,7 @@ namespace dtrun::console {
 namespace {
 
 constexpr const char* kErase = "\r\033[K";
+constexpr const char* kEnd = "<end of the child's output>";
 
 // Runs `body` in a child whose stdout and stderr are a new terminal of
 // `columns` columns (raw: bytes arrive as written) with $TERM = `term`;
@@ -45,13 +48,27 @@ std::string OnTerminal(const std::function<int()>& body,
     close(slave);
     close(master);
     setenv("TERM", term, 1);
-    _exit(body());
+    const int code = body();
+    // Past the console, so that the parent knows it has every byte: a
+    // master's read can fail with EIO once the child is gone while the
+    // kernel still holds the last of what it wrote.
+    ssize_t ignored = write(1, kEnd, strlen(kEnd));
+    (void)ignored;
+    _exit(code);
   }
   std::string out;
   char buf[4096];
-  // EIO once the child, the last holder of the terminal, is gone.
-  for (ssize_t n; (n = read(master, buf, sizeof(buf))) > 0;)
+  const size_t end_size = strlen(kEnd);
+  while (out.size() < end_size ||
+         out.compare(out.size() - end_size, end_size, kEnd) != 0) {
+    ssize_t n = read(master, buf, sizeof(buf));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;  // the end mark never came: the test sees why
     out.append(buf, static_cast<size_t>(n));
+  }
+  if (out.size() >= end_size &&
+      out.compare(out.size() - end_size, end_size, kEnd) == 0)
+    out.resize(out.size() - end_size);
   int status = 0;
   waitpid(pid, &status, 0);
   close(master);
