@@ -13,6 +13,7 @@
 
 #include "examples/train_cfg_config.h"
 #include "lib/process_group.h"
+#include "lib/standby_worker.h"
 #include "lib/trainer.h"
 
 namespace {
@@ -30,6 +31,9 @@ int Usage(const std::string& why) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Under dtrun --standby this process may be the node's standby: then the
+  // workers it forks go on from here, libtorch already loaded.
+  dtrun::train::ServeStandbyIfAsked(&argc, &argv);
   // Line by line, even into a pipe: a rank stopped with its group (the
   // launcher's SIGTERM) would lose the lines stdio still held.
   std::setvbuf(stdout, nullptr, _IOLBF, 0);

@@ -246,6 +246,25 @@ if want detect; then
   echo "== a whole node SIGKILLed or SIGSTOPped mid-training: the survivor's next step"
   /usr/bin/python3 tests/bench/node_loss_bench.py --dtrun $b/apps/dtrun \
     --train-cfg $b/examples/train_cfg
+  echo
+  echo "== the same, and one worker of two SIGKILLed: cold vs --standby (the program's own),"
+  echo "   under each BLAS installed (one thread), taking turns"
+  restart_blas=(/usr/lib/x86_64-linux-gnu/blas)
+  [[ -e /usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3 ]] &&
+    restart_blas+=(/usr/lib/x86_64-linux-gnu/openblas-pthread)
+  for round in 1 2 3; do
+    for dir in "${restart_blas[@]}"; do
+      for flags in "" --standby; do
+        echo "-- round $round, BLAS $dir, flags '${flags}'"
+        LD_LIBRARY_PATH=$dir OPENBLAS_NUM_THREADS=1 /usr/bin/python3 \
+          tests/bench/node_loss_bench.py --dtrun $b/apps/dtrun --train-cfg $b/examples/train_cfg \
+          --repeat 1 --faults kill --dtrun-flags="$flags"
+        LD_LIBRARY_PATH=$dir OPENBLAS_NUM_THREADS=1 DTRUN_BENCH_TMP=/var/tmp /usr/bin/python3 \
+          tests/bench/restart_bench.py --dtrun $b/apps/dtrun --train-cfg $b/examples/train_cfg \
+          --strategies ddp --sides memory --payloads raw --repeat 1 --dtrun-flags="$flags"
+      done
+    done
+  done
 fi
 
 if want py-restart; then

@@ -380,6 +380,7 @@ bool IsDtrunOnly(const std::string& name) {
                                "--metrics_port",
                                "--standby-import",
                                "--standby_import",
+                               "--standby",
                                "--store-proxy",
                                "--store_proxy"};
   for (const char* own : kOwn) {

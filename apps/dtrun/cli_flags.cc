@@ -64,6 +64,22 @@ CLI::Option* Switch(CLI::App& app, const std::string& dashed, bool& target,
       ->group(group);
 }
 
+// --standby-import and --standby (apps/dtrun/standby.h).
+void AddStandbyFlags(CLI::App& app, LaunchConfig& c,
+                     const std::string& workers) {
+  Flag(app, "--standby-import", c.standby_import,
+       "Python workers: keep a standby process that has imported these "
+       "modules (comma-separated, e.g. torch,numpy) and fork restarted "
+       "workers from it, skipping their imports",
+       workers);
+  Switch(app, "--standby", c.standby,
+         "keep a standby of the worker program and fork restarted workers from "
+         "it: a native program built on dtrun's lib skips its start (libtorch "
+         "loaded once); Python workers: as "
+         "--standby-import=torch,torch.distributed",
+         workers);
+}
+
 void AddWorkerFlags(CLI::App& app, LaunchConfig& c, RawFlags& raw) {
   const std::string workers = "Workers";
   Flag(app, "--nproc-per-node", raw.nproc,
@@ -91,11 +107,7 @@ void AddWorkerFlags(CLI::App& app, LaunchConfig& c, RawFlags& raw) {
        "python interpreter for .py/-m entrypoints (default: $PYTHON_EXEC or "
        "python3)",
        workers);
-  Flag(app, "--standby-import", c.standby_import,
-       "Python workers: keep a standby process that has imported these "
-       "modules (comma-separated, e.g. torch,numpy) and fork restarted "
-       "workers from it, skipping their imports",
-       workers);
+  AddStandbyFlags(app, c, workers);
   Flag(app, "--role", c.role, "worker role name (ROLE_NAME)", workers)
       ->capture_default_str();
   // torchrun's fork/spawn/forkserver choose how Python makes workers; dtrun

@@ -473,14 +473,19 @@ Status ResolveWorkerArgv(LaunchConfig* c) {
   return Status::Ok();
 }
 
-// --standby-import: dotted module names, for a Python entrypoint only.
+// --standby-import: dotted module names, for a Python entrypoint only;
+// --standby alone: torch and torch.distributed for Python, the program
+// itself otherwise.
 Status CheckStandby(LaunchConfig* c) {
+  if (c->standby && c->python_worker && c->standby_import.empty())
+    c->standby_import = "torch,torch.distributed";
   if (c->standby_import.empty()) return Status::Ok();
   if (!c->python_worker) {
     return Status::Invalid(
         "--standby-import: the workers do not run Python ('" +
         c->worker_argv[0] +
-        "' runs directly); drop the flag or run a .py script or -m module");
+        "' runs directly); drop the flag, or use --standby for a program "
+        "built on dtrun's lib, or run a .py script or -m module");
   }
   std::string item;
   std::istringstream in(c->standby_import);

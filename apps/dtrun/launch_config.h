@@ -52,6 +52,9 @@ struct LaunchConfig {
   // (standby.h); Validate() splits it into standby_modules.
   std::string standby_import;
   std::vector<std::string> standby_modules;
+  // --standby: a standby of the worker program itself (a native program on
+  // dtrun's lib, lib/standby_worker.h); Python: torch,torch.distributed.
+  bool standby = false;
   std::string role = "default";  // --role -> ROLE_NAME
   bool interactive = false;      // --interactive: Python workers + a console
   bool no_console = false;  // --no-console: host the session, print its address

@@ -99,11 +99,11 @@ Status LocalGroup::Prepare(const std::string& run_id) {
   }
   if (Status served = StartServers(); !served.ok()) return served;
   watch_.Prepare(run_dir_);
-  // Python workers get the torch compatibility shim (worker_env.h), once per
-  // run.
-  if (!config_.python_worker) return Status::Ok();
-  Status s = InstallTorchShim(layout::ShimDir(run_dir_), &base_env_);
-  if (s.ok() && !config_.standby_modules.empty())
+  // Python workers get the torch shim (worker_env.h); then any standby.
+  Status s = config_.python_worker
+                 ? InstallTorchShim(layout::ShimDir(run_dir_), &base_env_)
+                 : Status::Ok();
+  if (s.ok() && (config_.standby || !config_.standby_modules.empty()))
     workers_->UseStandby(StartStandby(config_, base_env_, run_dir_));
   return s;
 }

@@ -37,6 +37,10 @@ namespace {
 using std::chrono::milliseconds;
 using std::chrono::steady_clock;
 
+// How long a restarted worker waits for a standby still starting (its
+// imports, or a native program's start) before it starts cold.
+constexpr milliseconds kStandbyWait(20000);
+
 StreamRoute ToStreamRoute(const OutputRoute& route, int pid) {
   StreamRoute out;
   out.console_fd = route.console_fd;
@@ -245,12 +249,15 @@ std::optional<Result<int>> PosixWorkerGroup::FromStandby(const WorkerSpec& spec,
                                                          int out_fd,
                                                          int err_fd) {
   warm_ = false;
+  const bool restart = !spawned_ranks_.insert(spec.local_rank).second;
   if (!standby_) return std::nullopt;
-  auto ready = standby_->Ready();
+  // A restarted worker waits for a standby still starting: what it has
+  // left is less than a cold start.
+  auto ready = standby_->Ready(restart ? kStandbyWait : milliseconds(0));
   if (ready.ok() && !*ready) {
     Logger("dtrun.agent")
-        ->info("local_rank {}: the standby is still importing; started cold",
-               spec.local_rank);
+        ->info("local_rank {}: the standby is still {}; started cold",
+               spec.local_rank, standby_->native() ? "starting" : "importing");
     return std::nullopt;
   }
   Result<int> pid = ready.ok() ? standby_->Fork(spec, out_fd, err_fd)
@@ -266,7 +273,7 @@ std::optional<Result<int>> PosixWorkerGroup::FromStandby(const WorkerSpec& spec,
 
 void PosixWorkerGroup::DropStandby(const std::string& why) {
   Logger("dtrun.agent")
-      ->warn("--standby-import: {}; workers start cold from now on", why);
+      ->warn("{}: {}; workers start cold from now on", standby_->flag(), why);
   standby_.reset();
 }
 
@@ -302,8 +309,9 @@ void PosixWorkerGroup::WatchStandby() {
     standby_said_ = true;
     Logger("dtrun.agent")
         ->info(
-            "--standby-import: the standby is ready (its imports took "
-            "{:.2f} s); restarted workers are forked from it",
+            "{}: the standby is ready (its {} took {:.2f} s); restarted "
+            "workers are forked from it",
+            standby_->flag(), standby_->native() ? "start" : "imports",
             standby_->import_seconds());
   }
 }

@@ -2,6 +2,7 @@
 
 #include <map>
 #include <optional>
+#include <set>
 
 #include "apps/dtrun/log_mux.h"
 #include "apps/dtrun/standby.h"
@@ -37,8 +38,9 @@ class PosixWorkerGroup : public WorkerGroup {
   void WatchStandby();
 
   std::unique_ptr<Standby> standby_;
-  bool warm_ = false;          // the last Spawn's worker came from the standby
-  bool standby_said_ = false;  // its readiness was logged
+  bool warm_ = false;  // the last Spawn's worker came from the standby
+  std::set<int> spawned_ranks_;  // local ranks started before: a restart
+  bool standby_said_ = false;    // its readiness was logged
 
   std::map<int, int> local_rank_of_;  // live pid -> local rank
   LogMux mux_;

@@ -37,19 +37,24 @@ constexpr size_t kMaxPacket = 1 << 20;
 // a process of a few hundred MB take milliseconds.
 constexpr milliseconds kForkLimit(10000);
 
-// The socket's Python end, at kStandbyFd, and the log as stdout and stderr.
-Status SpawnStandby(const StandbyPlan& plan, int fd, pid_t* pid) {
+// The standby's command: a native program's own, or Python's boot line.
+std::vector<std::string> StandbyArgv(const StandbyPlan& plan) {
+  if (!plan.argv.empty()) return plan.argv;
   // The standby imports this file as a module, not as __main__, so the
   // worker it becomes can make __main__ the user's script.
   const std::string boot =
       "import sys; sys.path.insert(0, sys.argv[1]); "
       "import dtrun_standby; dtrun_standby.main()";
-  std::vector<std::string> args = {
-      plan.interpreter, "-u", "-c", boot, plan.dir, std::to_string(kStandbyFd)};
   std::string modules;
   for (const auto& m : plan.modules)
     modules += (modules.empty() ? "" : ",") + m;
-  args.push_back(modules);
+  return {plan.interpreter,           "-u",   "-c", boot, plan.dir,
+          std::to_string(kStandbyFd), modules};
+}
+
+// The socket's end at kStandbyFd, and the log as stdout and stderr.
+Status SpawnStandby(const StandbyPlan& plan, int fd, pid_t* pid) {
+  std::vector<std::string> args = StandbyArgv(plan);
   std::vector<char*> argv, envp;
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
@@ -122,9 +127,11 @@ void WorkerGroup::UseStandby(std::unique_ptr<Standby> standby) {
 
 Result<std::unique_ptr<Standby>> Standby::Start(const StandbyPlan& plan) {
   if (Status s = os::MakeDirs(plan.dir); !s.ok()) return s;
-  const std::string script = plan.dir + "/dtrun_standby.py";
-  if (Status s = os::WriteFile(script, kStandbyFiles[0].text); !s.ok())
-    return s;
+  if (plan.argv.empty()) {  // Python's: its file first
+    const std::string script = plan.dir + "/dtrun_standby.py";
+    if (Status s = os::WriteFile(script, kStandbyFiles[0].text); !s.ok())
+      return s;
+  }
   int pair[2];
   if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, pair) != 0) {
     return Status::Io(std::string("socketpair: ") + std::strerror(errno));
@@ -139,7 +146,8 @@ Result<std::unique_ptr<Standby>> Standby::Start(const StandbyPlan& plan) {
     close(pair[0]);
     return s;
   }
-  return std::unique_ptr<Standby>(new Standby(pid, pair[0], plan.log_file));
+  return std::unique_ptr<Standby>(
+      new Standby(pid, pair[0], plan.log_file, !plan.argv.empty()));
 }
 
 Standby::~Standby() {
@@ -165,9 +173,9 @@ Result<std::string> Standby::Receive(milliseconds limit) {
   return buf;
 }
 
-Result<bool> Standby::Ready() {
+Result<bool> Standby::Ready(milliseconds wait) {
   if (ready_) return true;
-  auto packet = Receive(milliseconds(0));
+  auto packet = Receive(wait);
   if (!packet.ok()) return packet.status();
   if (packet->empty()) return false;
   auto j = nlohmann::json::parse(*packet, nullptr, false);
@@ -212,19 +220,30 @@ std::unique_ptr<Standby> StartStandby(const LaunchConfig& config,
   EnvMap env = StandbyEnv(base_env, config.nproc_per_node);
   // The script's folder (or, for -m, the current one) comes first on its
   // path, as on the workers', so the user's own modules can be named.
-  env["DTRUN_STANDBY_SCRIPT"] = config.worker_argv[config.module ? 3 : 2];
-  env["DTRUN_STANDBY_MODULE"] = config.module ? "1" : "0";
+  if (config.python_worker) {
+    env["DTRUN_STANDBY_SCRIPT"] = config.worker_argv[config.module ? 3 : 2];
+    env["DTRUN_STANDBY_MODULE"] = config.module ? "1" : "0";
+  } else {
+    plan.argv = config.worker_argv;
+    env["DTRUN_STANDBY_FD"] = std::to_string(kStandbyFd);
+  }
   plan.env = ToEnvStrings(env);
   plan.log_file = plan.dir + "/standby.log";
   auto standby = Standby::Start(plan);
   auto log = Logger("dtrun.agent");
   if (!standby.ok()) {
-    log->warn("--standby-import: {}; workers start cold",
+    log->warn("{}: {}; workers start cold",
+              config.python_worker ? "--standby-import" : "--standby",
               standby.status().message());
     return nullptr;
   }
-  log->info("--standby-import: the standby (pid {}) imports {}",
-            (*standby)->pid(), config.standby_import);
+  if (config.python_worker) {
+    log->info("--standby-import: the standby (pid {}) imports {}",
+              (*standby)->pid(), config.standby_import);
+  } else {
+    log->info("--standby: the standby (pid {}) starts {}", (*standby)->pid(),
+              config.worker_argv[0]);
+  }
   return std::move(*standby);
 }
 

@@ -5,6 +5,9 @@
 // worker when dtrun asks, so a restarted worker skips seconds of imports.
 // The Python side is apps/dtrun/python/dtrun_standby/dtrun_standby.py,
 // which says how the worker is made; this is dtrun's end of their socket.
+// A native program on dtrun's lib is its own standby (--standby): started
+// as the workers are, with DTRUN_STANDBY_FD, it serves the same requests
+// from main() (lib/standby_worker.h), libtorch loaded.
 //
 // Workers it forks become dtrun's children (dtrun is a child subreaper once
 // a standby starts), so PosixWorkerGroup reaps and signals them as its own.
@@ -25,7 +28,9 @@
 namespace dtrun::agent {
 
 struct StandbyPlan {
-  std::string interpreter;           // the workers' --python interpreter
+  std::string interpreter;  // the workers' --python interpreter
+  // A native standby: the worker's own command; empty for Python's.
+  std::vector<std::string> argv;
   std::string dir;                   // where dtrun_standby.py is written
   std::vector<std::string> modules;  // --standby-import
   std::vector<std::string> env;      // "K=V": what every worker has
@@ -43,7 +48,8 @@ class Standby {
 
   // Whether its imports are done; never blocks. An error: it refused (an
   // import failed, threads or CUDA after them) or died, and why.
-  Result<bool> Ready();
+  // Waits up to `wait` for the news.
+  Result<bool> Ready(std::chrono::milliseconds wait = {});
   // Forks the worker `spec` describes, with `out_fd` and `err_fd` as its
   // stdout and stderr; its pid (a child of this process), or why not.
   Result<int> Fork(const WorkerSpec& spec, int out_fd, int err_fd);
@@ -53,23 +59,33 @@ class Standby {
   int fd() const { return sock_; }
   // The group reaped the standby's own exit (its pid is no longer ours).
   void OnExited() { exited_ = true; }
-  // Seconds its imports took, once ready.
+  // Seconds its imports (a native one: its start) took, once ready.
   double import_seconds() const { return import_seconds_; }
+  // The flag that asked for it, for what the log says of it.
+  const char* flag() const {
+    return native_ ? "--standby" : "--standby-import";
+  }
+  bool native() const { return native_; }
 
  private:
-  Standby(int pid, int sock, std::string log_file)
-      : pid_(pid), sock_(sock), log_file_(std::move(log_file)) {}
+  Standby(int pid, int sock, std::string log_file, bool native)
+      : pid_(pid),
+        sock_(sock),
+        log_file_(std::move(log_file)),
+        native_(native) {}
   Result<std::string> Receive(std::chrono::milliseconds limit);
 
   int pid_;
   int sock_;
   std::string log_file_;
+  bool native_;
   bool ready_ = false;
   bool exited_ = false;
   double import_seconds_ = 0;
 };
 
-// The job's standby (--standby-import), its files in `run_dir`, its
+// The job's standby (--standby-import, or --standby for a program on
+// dtrun's lib), its files in `run_dir`, its
 // environment `base_env` and what every worker adds; nullptr, said in the
 // log, when it cannot start (the workers then start cold, as without it).
 std::unique_ptr<Standby> StartStandby(const LaunchConfig& config,

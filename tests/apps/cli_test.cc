@@ -45,6 +45,27 @@ TEST(CliTest, PythonScriptsRunUnbufferedThroughPython) {
   EXPECT_EQ(m.config.worker_argv[3], "pkg.train");
 }
 
+TEST(CliTest, StandbyIsTheProgramItselfOrTorchForPython) {
+  auto native = Parse({"--standby", "true"});
+  ASSERT_EQ(native.exit_code, -1);
+  EXPECT_TRUE(native.config.standby);
+  EXPECT_TRUE(native.config.standby_modules.empty());
+  auto py = Parse({"--standby", "--python", "sh", "-m", "pkg.train"});
+  ASSERT_EQ(py.exit_code, -1);
+  EXPECT_EQ(py.config.standby_modules,
+            (std::vector<std::string>{"torch", "torch.distributed"}));
+  auto named = Parse(
+      {"--standby", "--standby-import=numpy", "--python", "sh", "-m", "p"});
+  ASSERT_EQ(named.exit_code, -1);
+  EXPECT_EQ(named.config.standby_modules, std::vector<std::string>{"numpy"});
+  ::testing::internal::CaptureStderr();
+  auto wrong = Parse({"--standby-import=torch", "true"});
+  std::string err = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(wrong.exit_code, 2);
+  EXPECT_NE(err.find("use --standby for a program built on"), std::string::npos)
+      << err;
+}
+
 TEST(CliTest, BadValuesExitTwo) {
   EXPECT_EQ(Parse({"--nproc-per-node=zero", "true"}).exit_code, 2);
   EXPECT_EQ(Parse({"--nnodes=3:2", "true"}).exit_code, 2);

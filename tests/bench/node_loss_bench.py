@@ -18,7 +18,7 @@ own recovery line beside it. The faults take turns, repeated; medians and
 spread.
 
 Usage: node_loss_bench.py --dtrun PATH --train-cfg PATH [--repeat N]
-         [--faults kill,stop] [--rdzv-conf K=V,...]"""
+         [--faults kill,stop] [--rdzv-conf K=V,...] [--dtrun-flags "--standby"]"""
 import argparse
 import os
 import re
@@ -39,6 +39,7 @@ RECOVERED = re.compile(r"recovered in ([\d.]+) s: (.*)")
 p = argparse.ArgumentParser()
 p.add_argument("--dtrun", required=True)
 p.add_argument("--train-cfg", required=True)
+p.add_argument("--dtrun-flags", default="", help="more dtrun flags, e.g. --standby")
 p.add_argument("--repeat", type=int, default=3)
 p.add_argument("--faults", default="kill,stop")
 p.add_argument("--rdzv-conf", default="")
@@ -55,7 +56,7 @@ def node(rank, port, folder, run_id):
     conf = "last_call_timeout=1,join_timeout=60" + (f",{ARGS.rdzv_conf}" if ARGS.rdzv_conf else "")
     cmd = [ARGS.dtrun, "--nnodes=1:2", "--nproc-per-node=1", f"--node-rank={rank}",
            "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", f"--rdzv-id={run_id}",
-           f"--rdzv-conf={conf}", f"--log-dir={folder}/logs{rank}",
+           f"--rdzv-conf={conf}", f"--log-dir={folder}/logs{rank}", *ARGS.dtrun_flags.split(),
            ARGS.train_cfg, CONFIG,
            "--set", f'checkpoint.dir="{folder}/ckpt"', "--set", 'checkpoint.mode="memory"',
            "--set", "checkpoint.persist_every=100", "--set", "checkpoint.every=4",

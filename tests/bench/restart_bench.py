@@ -24,7 +24,7 @@ before it), taking turns, so that the two compare in one run;
 
 Usage: restart_bench.py --dtrun PATH --train-cfg PATH [--repeat N]
          [--strategies ddp,fsdp] [--sides "disk, warm;disk, cold;memory"]
-         [--payloads raw[,torch]]"""
+         [--payloads raw[,torch]] [--dtrun-flags "--standby"]"""
 import argparse
 import os
 import re
@@ -43,6 +43,7 @@ READ = re.compile(r"resumed from (memory|\S+) at step (\d+) .*read in ([\d.]+) m
 p = argparse.ArgumentParser()
 p.add_argument("--dtrun", required=True)
 p.add_argument("--train-cfg", required=True)
+p.add_argument("--dtrun-flags", default="", help="more dtrun flags, e.g. --standby")
 p.add_argument("--repeat", type=int, default=3)
 p.add_argument("--strategies", default="ddp,fsdp")
 p.add_argument("--sides", default="disk, warm;disk, cold;memory")
@@ -59,7 +60,8 @@ def drop_page_cache():
 def run(strategy, side, payload, folder):
     mode = "memory" if side == "memory" else "async"
     checksum = "xxh3" if payload == "raw" else "sha256"
-    cmd = [ARGS.dtrun, "--nproc-per-node=2", "--max-restarts=1", ARGS.train_cfg,
+    cmd = [ARGS.dtrun, "--nproc-per-node=2", "--max-restarts=1", *ARGS.dtrun_flags.split(),
+           ARGS.train_cfg,
            os.path.join(CONFIGS, f"mlp100m_{strategy}.toml"),
            "--set", f'checkpoint.dir="{folder}"', "--set", f'checkpoint.mode="{mode}"',
            *(["--set", "checkpoint.persist_every=100"] if mode == "memory" else []),

@@ -198,6 +198,20 @@ class TrainCfg(unittest.TestCase):
         self.assertNotIn("resumed from", out)
         self.assertEqual(self.done(out), clean)
 
+    def test_restarted_workers_forked_from_the_standby_resume_bitwise(self):
+        # --standby: the program's own standby (libtorch loaded) forks the
+        # restarted workers; the run ends where an unbroken one does.
+        rc, out, err = train(2, self.ckpt("clean"))
+        self.assertEqual(rc, 0, err)
+        clean = self.done(out)
+        rc, out, err = train(2, self.ckpt("warm"), "fault.kill_rank=1", "fault.kill_at_step=170",
+                             restarts=1, flags=["--standby"])
+        self.assertEqual(rc, 0, err)
+        self.assertRegex(err, r"--standby: the standby is ready \(its start took [\d.]+ s\)")
+        self.assertRegex(err, r"attempt 1: started 2 worker\(s\), pids \d+,\d+ \(2 from the standby\)")
+        self.assertIn("resumed from", out)
+        self.assertEqual(self.done(out), clean)
+
     def test_a_recovery_is_measured_and_reported(self):
         # The failure to the next step of every new worker, phase by phase:
         # the log line, the run's table, the dtrun.recovery event.
