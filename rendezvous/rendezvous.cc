@@ -409,7 +409,9 @@ Result<Assignment> Rendezvous::Join(const std::function<bool()>& interrupted) {
   int r = -1;
   bool look = true, woken_in_round = false;
   SafetyNet net;
-  for (int step = 1;; ++step) {
+  int polls = 0;  // poll intervals waited, for the safety net
+  int quiet = 0;  // waits in the round in a row that nothing woke
+  for (;;) {
     if (interrupted && interrupted())
       return Status::Canceled("rendezvous interrupted");
     if (look) {
@@ -432,17 +434,36 @@ Result<Assignment> Rendezvous::Join(const std::function<bool()>& interrupted) {
     const TimePoint now = clock_.Now();
     if (now >= deadline) return Timeout(r, started);
     bool in_round = waiting_round_ != r;
-    auto wait = last_call_.WaitStep(
-        opts_.poll_interval, clock_.UnixMillis(), in_round,
-        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now));
-    Status s =
-        store_->Wait({keys_.Round(r, in_round ? "final" : "over")}, wait);
-    if (!s.ok() && s.code() != Status::Code::kTimeout) return s;
+    auto woken = WaitForChange(r, in_round, quiet, deadline - now, &polls);
+    if (!woken.ok()) return woken.status();
+    quiet = in_round && !*woken ? quiet + 1 : 0;
     // Woken, something changed; timed out, nothing did (the wakes cover every
     // change), so the state is read again only as a safety net.
-    look = s.ok() || net.Due(step);
-    woken_in_round = s.ok() && in_round;
+    look = *woken || net.Due(polls);
+    woken_in_round = *woken && in_round;
   }
+}
+
+// One wait for round `r`'s `final` (in it) or `over` (not let in): true
+// when the store woke it. In a round the store's wake says when it
+// completes: the waits grow (1, 2, then 4 poll intervals), and so does the
+// time a stop signal waits to be seen. A round of thousands of nodes would
+// otherwise have each of them ask the store twice a second while the
+// others join. Adds the poll intervals waited to *polls.
+Result<bool> Rendezvous::WaitForChange(int r, bool in_round, int quiet,
+                                       std::chrono::steady_clock::duration left,
+                                       int* polls) {
+  const auto poll = in_round ? opts_.poll_interval * (1 << std::min(quiet, 2))
+                             : opts_.poll_interval;
+  auto wait = last_call_.WaitStep(
+      poll, clock_.UnixMillis(), in_round,
+      std::chrono::duration_cast<std::chrono::milliseconds>(left));
+  Status s = store_->Wait({keys_.Round(r, in_round ? "final" : "over")}, wait);
+  if (!s.ok() && s.code() != Status::Code::kTimeout) return s;
+  *polls += std::max<int>(
+      1, static_cast<int>(wait.count() /
+                          std::max<int64_t>(1, opts_.poll_interval.count())));
+  return s.ok();
 }
 
 std::string Rendezvous::DescribeParticipants() const {

@@ -155,6 +155,9 @@ class Rendezvous {
   // TryClose when this node may close its round: it took the last slot, or
   // the last call is over.
   Status MaybeClose();
+  Result<bool> WaitForChange(int r, bool in_round, int quiet,
+                             std::chrono::steady_clock::duration left,
+                             int* polls);
   // Reads the state, takes a slot in a round new to this node, closes the
   // round when it may, and returns the assignment once the round is final.
   // `final_written`: woken by the round's `final` key (*round's).

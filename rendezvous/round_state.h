@@ -159,13 +159,14 @@ struct LastCall {
                                      std::chrono::milliseconds left) const;
 };
 
-// When a joiner that nothing woke reads the round anyway: after 10 waits,
-// then 20, 40, ... at most 120 apart (a wait is at most the poll interval,
-// 0.5 s: 5 s, then 10, 20 ... a minute). Thousands of joiners each reading
-// every 5 s were most of a slow store's load while one node closed.
+// When a joiner that nothing woke reads the round anyway: after 10 poll
+// intervals of waiting, then 20, 40, ... at most 120 apart (0.5 s each: 5
+// s, then 10, 20 ... a minute). Thousands of joiners each reading every 5 s
+// were most of a slow store's load while one node closed.
 class SafetyNet {
  public:
-  // Whether wait number `step` (counted from 1) is followed by a read.
+  // Whether the wait that brought the poll intervals waited to `step`
+  // (counted from 1) is followed by a read.
   bool Due(int step) {
     if (step < next_) return false;
     every_ = std::min(every_ * 2, kMaxEvery);

@@ -57,6 +57,23 @@ class MultiNode(NodesTestCase):
         self.assertEqual((rc0, rc1), (0, 0), err0 + err1)
         self.assertIn("all_reduce over 4 ranks: sum=10 expected=10 OK", out0)
 
+    def test_a_stop_signal_while_joining_is_seen_within_its_wait(self):
+        # One node of two, nobody else coming: its waits in the round have
+        # grown to 2 s by the time SIGTERM comes; it stops within one.
+        port = free_port()
+        n = self.node(["--nnodes=2", "--nproc-per-node=1", "--rdzv-backend=c10d",
+                       f"--rdzv-endpoint=127.0.0.2:{port}", "--local-addr=127.0.0.2",
+                       "--rdzv-id=alone", FAKE])
+        time.sleep(6)
+        self.assertIsNone(n.poll())
+        sent = time.monotonic()
+        n.send_signal(signal.SIGTERM)
+        rc, _, err = self.finish(n, timeout=30)
+        took = time.monotonic() - sent
+        self.assertEqual(rc, 128 + signal.SIGTERM, err)
+        self.assertIn("stopped by SIGTERM while waiting for the rendezvous", err)
+        self.assertLess(took, 4.0, err)  # a 2 s wait, and the machine's noise
+
     def test_dynamic_two_nodes_two_workers_all_reduce(self):
         port = free_port()
         common = PY + ["--nnodes=2", "--nproc-per-node=2", "--rdzv-backend=c10d",
