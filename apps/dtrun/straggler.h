@@ -44,7 +44,7 @@ class StragglerScorer {
   // its own steps.
   explicit StragglerScorer(size_t window = 20, size_t min_samples = 8,
                            double threshold = 0.75, int64_t warmup = 3,
-                           int64_t confirm = 20)
+                           int64_t confirm = 40)
       : window_(window),
         min_samples_(min_samples),
         threshold_(threshold),
