@@ -37,10 +37,6 @@ namespace {
 using std::chrono::milliseconds;
 using std::chrono::steady_clock;
 
-// How long a restarted worker waits for a standby still starting (its
-// imports, or a native program's start) before it starts cold.
-constexpr milliseconds kStandbyWait(20000);
-
 StreamRoute ToStreamRoute(const OutputRoute& route, int pid) {
   StreamRoute out;
   out.console_fd = route.console_fd;
@@ -251,9 +247,10 @@ std::optional<Result<int>> PosixWorkerGroup::FromStandby(const WorkerSpec& spec,
   warm_ = false;
   const bool restart = !spawned_ranks_.insert(spec.local_rank).second;
   if (!standby_) return std::nullopt;
-  // A restarted worker waits for a standby still starting: what it has
-  // left is less than a cold start.
-  auto ready = standby_->Ready(restart ? kStandbyWait : milliseconds(0));
+  // A restarted worker waits a while for a standby still starting (how
+  // long: StandbyWait).
+  auto ready =
+      standby_->Ready(restart ? standby_->restart_wait() : milliseconds(0));
   if (ready.ok() && !*ready) {
     Logger("dtrun.agent")
         ->info("local_rank {}: the standby is still {}; started cold",

@@ -210,6 +210,12 @@ Result<int> Standby::Fork(const WorkerSpec& spec, int out_fd, int err_fd) {
   return Status::Unavailable("the standby's answer is not understood");
 }
 
+std::chrono::milliseconds StandbyWait(const LaunchConfig& config) {
+  const milliseconds alone(20000);
+  if (!config.multi_node()) return alone;
+  return std::min(alone, config.rdzv_conf.keep_alive_interval / 2);
+}
+
 std::unique_ptr<Standby> StartStandby(const LaunchConfig& config,
                                       const EnvMap& base_env,
                                       const std::string& run_dir) {
@@ -237,6 +243,7 @@ std::unique_ptr<Standby> StartStandby(const LaunchConfig& config,
               standby.status().message());
     return nullptr;
   }
+  (*standby)->set_restart_wait(StandbyWait(config));
   if (config.python_worker) {
     log->info("--standby-import: the standby (pid {}) imports {}",
               (*standby)->pid(), config.standby_import);

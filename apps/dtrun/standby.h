@@ -66,6 +66,11 @@ class Standby {
     return native_ ? "--standby" : "--standby-import";
   }
   bool native() const { return native_; }
+  // How long a restarted worker may wait for it to be ready (StandbyWait).
+  std::chrono::milliseconds restart_wait() const { return restart_wait_; }
+  void set_restart_wait(std::chrono::milliseconds wait) {
+    restart_wait_ = wait;
+  }
 
  private:
   Standby(int pid, int sock, std::string log_file, bool native)
@@ -82,7 +87,14 @@ class Standby {
   bool ready_ = false;
   bool exited_ = false;
   double import_seconds_ = 0;
+  std::chrono::milliseconds restart_wait_{20000};
 };
+
+// How long a restarted worker waits for a standby still starting before it
+// starts cold: what the standby has left is less than a cold start, but
+// dtrun's loop waits with it, and a node with peers must go on beating:
+// there at most half its keep-alive interval, alone 20 s.
+std::chrono::milliseconds StandbyWait(const LaunchConfig& config);
 
 // The job's standby (--standby-import, or --standby for a program on
 // dtrun's lib), its files in `run_dir`, its
