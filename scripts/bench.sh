@@ -265,6 +265,24 @@ if want detect; then
       done
     done
   done
+  # PyTorch's own: torchrun from the roots, PyTorch's DDP, dcp (reference BLAS
+  # everywhere, as the roots have it).
+  torchruns=()
+  torch_in() { [[ -d $(scripts/$1 path)/usr/lib/python3/dist-packages/torch ]]; }
+  torch_in torch2.sh && torchruns+=(torchrun-2.6)
+  torch_in torch214.sh && torchruns+=(torchrun-2.14)
+  if ((${#torchruns[@]})); then
+    echo
+    echo "== the same failures under torchrun (${torchruns[*]}) beside dtrun --standby, taking turns"
+    sides=$(IFS=,; echo "dtrun,${torchruns[*]}")
+    /usr/bin/python3 tests/bench/node_loss_bench.py --dtrun $b/apps/dtrun \
+      --train-cfg $b/examples/train_cfg --repeat 2 --faults kill,stop --sides "$sides" \
+      --torchrun-cap 60 --dtrun-flags=--standby
+    sides=$(IFS=';'; echo "memory;${torchruns[*]}")
+    /usr/bin/python3 tests/bench/restart_bench.py --dtrun $b/apps/dtrun \
+      --train-cfg $b/examples/train_cfg --strategies ddp --sides "$sides" --payloads raw \
+      --repeat 3 --dtrun-flags=--standby
+  fi
 fi
 
 if want py-restart; then

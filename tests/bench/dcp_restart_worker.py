@@ -7,8 +7,12 @@ was written. On the first attempt rank 1 SIGKILLs itself after step KILL.
 Prints, as train_cfg does:
   resumed from <folder> at step N (... read in X ms)
   step N loss L
+KILL 0 kills none. Rank 0 prints, or, with DCP_PRINT set, the ranks it
+says (1: this one, 0: none), for node_loss_bench.py's survivor. Only the
+two newest checkpoints are kept.
 Usage: dcp_restart_worker.py FOLDER STEPS EVERY KILL"""
 import os
+import shutil
 import signal
 import sys
 import time
@@ -33,6 +37,7 @@ def main():
     folder, steps, every, kill = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
     dist.init_process_group("gloo")
     rank = dist.get_rank()
+    talk = os.environ.get("DCP_PRINT", "1" if rank == 0 else "0") == "1"
     model, opt = mlp100m_ddp()
     start = 0
     found = newest(folder)
@@ -48,7 +53,7 @@ def main():
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["optim"])
         start = found
-        if rank == 0:
+        if talk:
             print(f"resumed from {folder} at step {found} (dcp.load; read in "
                   f"{(time.perf_counter() - t) * 1000:.1f} ms)", flush=True)
     restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
@@ -59,11 +64,13 @@ def main():
         loss = nn.functional.cross_entropy(model(x), y)
         loss.backward()
         opt.step()
-        if rank == 0:
+        if talk:
             print(f"step {step} loss {loss.item():.6f}", flush=True)
         if step % every == 0:
             dcp.save({"model": model.state_dict(), "optim": opt.state_dict()},
                      checkpoint_id=os.path.join(folder, f"step{step}"))
+            if rank == 0:
+                shutil.rmtree(os.path.join(folder, f"step{step - 2 * every}"), ignore_errors=True)
         if rank == 1 and restart == 0 and step == kill:
             os.kill(os.getpid(), signal.SIGKILL)
     dist.destroy_process_group()

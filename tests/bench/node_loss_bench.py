@@ -17,8 +17,19 @@ step after the resume (each output line timed as it arrives), with dtrun's
 own recovery line beside it. The faults take turns, repeated; medians and
 spread.
 
+--sides adds PyTorch's own launcher on the same failure: torchrun 2.6 or
+2.14 (from the Debian roots, dtrun's torch shim on PYTHONPATH as their
+builds lack libuv) with the same model under PyTorch's DDP in Python
+(dcp_restart_worker.py), checkpointed with torch.distributed.checkpoint
+every 4 steps into a folder both nodes share, resumed with dcp.load;
+torchrun's c10d rendezvous with the same last call and --max-restarts=3.
+A torchrun run that has no next step within --torchrun-cap seconds of the
+signal counts as "none" (a SIGSTOPped peer leaves gloo's collective
+waiting for its 30 min timeout). Sides and faults take turns.
+
 Usage: node_loss_bench.py --dtrun PATH --train-cfg PATH [--repeat N]
-         [--faults kill,stop] [--rdzv-conf K=V,...] [--dtrun-flags "--standby"]"""
+         [--faults kill,stop] [--rdzv-conf K=V,...] [--dtrun-flags=--standby]
+         [--sides dtrun,torchrun-2.6,torchrun-2.14] [--torchrun-cap S]"""
 import argparse
 import os
 import re
@@ -31,8 +42,13 @@ import tempfile
 import threading
 import time
 
+from proc_tree import kill_holding, signal_all, tree  # beside this file
+
 HERE = os.path.dirname(os.path.abspath(__file__))
-CONFIG = os.path.join(HERE, "..", "..", "examples", "configs", "mlp100m_ddp.toml")
+CHECKOUT = os.path.normpath(os.path.join(HERE, "..", ".."))
+CONFIG = os.path.join(CHECKOUT, "examples", "configs", "mlp100m_ddp.toml")
+SHIM = os.path.join(CHECKOUT, "apps", "dtrun", "python", "dtrun_torch_shim")
+ROOTS = {"torchrun-2.6": "torch2.sh", "torchrun-2.14": "torch214.sh"}
 RESUMED = re.compile(r"resumed from (memory|\S+) at step (\d+)")
 RECOVERED = re.compile(r"recovered in ([\d.]+) s: (.*)")
 
@@ -43,6 +59,8 @@ p.add_argument("--dtrun-flags", default="", help="more dtrun flags, e.g. --stand
 p.add_argument("--repeat", type=int, default=3)
 p.add_argument("--faults", default="kill,stop")
 p.add_argument("--rdzv-conf", default="")
+p.add_argument("--sides", default="dtrun", help="dtrun,torchrun-2.6,torchrun-2.14")
+p.add_argument("--torchrun-cap", type=float, default=60)
 ARGS = p.parse_args()
 
 
@@ -52,7 +70,24 @@ def free_port():
         return s.getsockname()[1]
 
 
-def node(rank, port, folder, run_id):
+def torchrun_node(side, survivor, port, folder, run_id):
+    # Only the survivor's worker prints (its rank may be either), and no
+    # worker kills itself (kill at step 0).
+    cmd = [os.path.join(CHECKOUT, "scripts", ROOTS[side]), "run", "env", "PYTHONPATH=" + SHIM,
+           f"DCP_PRINT={int(survivor)}", "/usr/bin/torchrun", "--nnodes=1:2",
+           "--nproc-per-node=1", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}",
+           f"--rdzv-id={run_id}",
+           # the survivor hosts the rendezvous store, as dtrun's first node does
+           f"--rdzv-conf=last_call_timeout=1,join_timeout=60,is_host={str(survivor).lower()}",
+           "--max-restarts=3", os.path.join(HERE, "dcp_restart_worker.py"),
+           f"{folder}/ckpt", "18", "4", "0"]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True, cwd=CHECKOUT)
+
+
+def node(side, rank, port, folder, run_id):
+    if side != "dtrun":
+        return torchrun_node(side, rank == 0, port, folder, run_id)
     conf = "last_call_timeout=1,join_timeout=60" + (f",{ARGS.rdzv_conf}" if ARGS.rdzv_conf else "")
     cmd = [ARGS.dtrun, "--nnodes=1:2", "--nproc-per-node=1", f"--node-rank={rank}",
            "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", f"--rdzv-id={run_id}",
@@ -65,17 +100,21 @@ def node(rank, port, folder, run_id):
                             start_new_session=True)
 
 
-def once(fault, run_id):
-    with tempfile.TemporaryDirectory(dir=os.environ.get("DTRUN_BENCH_TMP", "/tmp")) as folder:
+def once(side, fault, run_id):
+    # The roots see the host's /tmp, not /var/tmp.
+    tmp = os.environ.get("DTRUN_BENCH_TMP", "/tmp") if side == "dtrun" else "/tmp"
+    with tempfile.TemporaryDirectory(dir=tmp) as folder:
         port = free_port()
-        survivor = node(0, port, folder, run_id)
-        time.sleep(0.3)
-        victim = node(1, port, folder, run_id)
+        survivor = node(side, 0, port, folder, run_id)
+        time.sleep(0.3)  # the survivor hosts the store
+        victim = node(side, 1, port, folder, run_id)
         marks, lines = {}, []
 
         def lose_the_other_node():
             marks["lost"] = time.monotonic()
-            os.killpg(victim.pid, signal.SIGKILL if fault == "kill" else signal.SIGSTOP)
+            # The launcher and every process under it: both launchers start
+            # each worker in a process group (torchrun: a session) of its own.
+            signal_all(tree(victim.pid), signal.SIGKILL if fault == "kill" else signal.SIGSTOP)
 
         def watch(stream):
             for line in stream:
@@ -83,7 +122,7 @@ def once(fault, run_id):
                 lines.append(line)
                 if line.startswith("step 14 loss") and "lost" not in marks:
                     lose_the_other_node()
-                elif "declared dead" in line:
+                elif ("declared dead" in line or "failed (exitcode" in line) and "lost" in marks:
                     marks.setdefault("declared", now)
                 elif RESUMED.search(line) and "lost" in marks:
                     m = RESUMED.search(line)
@@ -99,41 +138,72 @@ def once(fault, run_id):
         threading.Thread(target=lambda: [None for _ in victim.stdout], daemon=True).start()
         threading.Thread(target=lambda: [None for _ in victim.stderr], daemon=True).start()
         try:
-            survivor.wait(timeout=900)
+            if side == "dtrun":
+                survivor.wait(timeout=900)
+            else:
+                wait_capped(survivor, marks)
         finally:
             for proc in (survivor, victim):
-                try:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+                signal_all(tree(proc.pid), signal.SIGKILL)
                 proc.wait()
+            kill_holding(folder)  # a worker its launcher lost
         for t in threads:
             t.join()
-        if survivor.returncode != 0 or "first_step" not in marks:
-            sys.exit(f"{fault}: exit {survivor.returncode}\n" + "".join(lines))
-        return (marks["first_step"] - marks["lost"], marks.get("declared", 0) - marks["lost"],
+        if side != "dtrun" and "first_step" not in marks and "lost" in marks:
+            # no next step within the cap: counted, not fatal
+            print(f"{side} {fault}: no next step (exit {survivor.returncode}); its last lines:\n"
+                  + "".join(lines[-12:]), file=sys.stderr, flush=True)
+            return None
+        if survivor.returncode not in (0, -9) or "first_step" not in marks:
+            sys.exit(f"{side} {fault}: exit {survivor.returncode}\n" + "".join(lines))
+        return (marks["first_step"] - marks["lost"], marks.get("declared", marks["lost"]) - marks["lost"],
                 marks.get("report", "-"), marks["source"], marks["step"])
 
 
+def wait_capped(proc, marks):
+    """torchrun's survivor: until it exits, or --torchrun-cap seconds after
+    the signal, or 900 s in all."""
+    deadline = time.monotonic() + 900
+    while proc.poll() is None and time.monotonic() < deadline and "first_step" not in marks:
+        if "lost" in marks and time.monotonic() - marks["lost"] > ARGS.torchrun_cap:
+            break
+        time.sleep(0.1)
+
+
+def where(source):
+    return "memory" if source == "memory" else "the folder"
+
+
+def row(side, fault, all_runs):
+    runs = [r for r in all_runs if r is not None]
+    label = {"kill": "SIGKILL", "stop": "SIGSTOP"}[fault] + " of its launcher and worker"
+    none = len(all_runs) - len(runs)
+    if not runs:
+        return f"| {side} | {label} | none within {ARGS.torchrun_cap:.0f} s ({none} of {none}) | | | |"
+    total = [r[0] for r in runs]
+    declared = [r[1] for r in runs]
+    median_run = sorted(runs)[len(runs) // 2]
+    missing = f"; {none} of {len(all_runs)} none within {ARGS.torchrun_cap:.0f} s" if none else ""
+    return (f"| {side} | {label} | {statistics.median(total):.2f} s ({min(total):.2f}-{max(total):.2f}){missing} "
+            f"| {statistics.median(declared):.2f} s ({min(declared):.2f}-{max(declared):.2f}) "
+            f"| {', '.join(sorted(set(f'{where(r[3])} (step {r[4]})' for r in runs)))} "
+            f"| `{median_run[2]}` |")
+
+
 def main():
-    faults = ARGS.faults.split(",")
-    got = {f: [] for f in faults}
+    cases = [(side, fault) for side in ARGS.sides.split(",") for fault in ARGS.faults.split(",")]
+    got = {c: [] for c in cases}
     for i in range(ARGS.repeat):
-        for fault in faults:  # the faults take turns
-            got[fault].append(once(fault, f"nodeloss{os.getpid()}_{i}_{fault}"))
-    print(f"keep-alive: {ARGS.rdzv_conf or 'the default (1 s x 3)'}")
-    print("| fault of the other node | signal to the survivor's next step, median (min-max) "
-          "| of which declared dead after | resumed from | dtrun's recovery line (the median run) |")
-    print("|---|---|---|---|---|")
-    for fault, runs in got.items():
-        total = [r[0] for r in runs]
-        declared = [r[1] for r in runs]
-        median_run = sorted(runs)[len(runs) // 2]
-        label = "SIGKILL of its dtrun and worker" if fault == "kill" else "SIGSTOP of its dtrun and worker"
-        print(f"| {label} | {statistics.median(total):.2f} s ({min(total):.2f}-{max(total):.2f}) "
-              f"| {statistics.median(declared):.2f} s ({min(declared):.2f}-{max(declared):.2f}) "
-              f"| {', '.join(sorted(set(f'{r[3]} (step {r[4]})' for r in runs)))} "
-              f"| `{median_run[2]}` |")
+        for side, fault in cases:  # the sides and the faults take turns
+            run_id = f"nodeloss{os.getpid()}_{i}_{fault}_{side.replace('.', '')}"
+            got[(side, fault)].append(once(side, fault, run_id))
+    print(f"dtrun's keep-alive: {ARGS.rdzv_conf or 'the default (1 s x 3)'}")
+    print("| launcher | fault of the other node | signal to the survivor's next step, median "
+          "(min-max) | of which declared dead (dtrun) or the worker failed (torchrun) after "
+          "| resumed from | dtrun's recovery line (the median run) |")
+    print("|---|---|---|---|---|---|")
+    for (side, fault), runs in got.items():
+        print(row(side, fault, runs))
 
 
 main()

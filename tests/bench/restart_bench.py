@@ -22,6 +22,14 @@ one with XXH3, the default, and torch's archives with SHA-256, the format
 before it), taking turns, so that the two compare in one run;
 --strategies and --sides pick a subset.
 
+Sides "torchrun-2.6" and "torchrun-2.14" (DDP only) run PyTorch's own
+restart of the same failure: torchrun from the Debian roots (dtrun's
+torch shim on PYTHONPATH: their builds lack libuv), the same model under
+PyTorch's DDP (dcp_restart_worker.py), torch.distributed.checkpoint's
+dcp.save every 4 steps and dcp.load on the resume; timed from torchrun's
+"failed (exitcode: -9)" line. A torchrun run that fails is counted, not
+fatal (2.6's new group at times ends in gloo's connectFullMesh).
+
 Usage: restart_bench.py --dtrun PATH --train-cfg PATH [--repeat N]
          [--strategies ddp,fsdp] [--sides "disk, warm;disk, cold;memory"]
          [--payloads raw[,torch]] [--dtrun-flags "--standby"]"""
@@ -29,6 +37,7 @@ import argparse
 import os
 import re
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -36,8 +45,13 @@ import tempfile
 import threading
 import time
 
+from proc_tree import kill_holding  # beside this file
+
 HERE = os.path.dirname(os.path.abspath(__file__))
-CONFIGS = os.path.join(HERE, "..", "..", "examples", "configs")
+CHECKOUT = os.path.normpath(os.path.join(HERE, "..", ".."))
+CONFIGS = os.path.join(CHECKOUT, "examples", "configs")
+SHIM = os.path.join(CHECKOUT, "apps", "dtrun", "python", "dtrun_torch_shim")
+ROOTS = {"torchrun-2.6": "torch2.sh", "torchrun-2.14": "torch214.sh"}
 READ = re.compile(r"resumed from (memory|\S+) at step (\d+) .*read in ([\d.]+) ms")
 
 p = argparse.ArgumentParser()
@@ -57,7 +71,15 @@ def drop_page_cache():
         f.write("3\n")
 
 
+def torchrun_command(side, folder):
+    return [os.path.join(CHECKOUT, "scripts", ROOTS[side]), "run", "env", "PYTHONPATH=" + SHIM,
+            "/usr/bin/torchrun", "--standalone", "--nproc-per-node=2", "--max-restarts=1",
+            os.path.join(HERE, "dcp_restart_worker.py"), folder, "16", "4", "14"]
+
+
 def run(strategy, side, payload, folder):
+    if side in ROOTS:
+        return run_watched(side, torchrun_command(side, folder), "failed (exitcode: -9)")
     mode = "memory" if side == "memory" else "async"
     checksum = "xxh3" if payload == "raw" else "sha256"
     cmd = [ARGS.dtrun, "--nproc-per-node=2", "--max-restarts=1", *ARGS.dtrun_flags.split(),
@@ -69,7 +91,12 @@ def run(strategy, side, payload, folder):
            "--set", f'checkpoint.payload="{payload}"', "--set", f'checkpoint.checksum="{checksum}"',
            "--set", "train.steps=16", "--set", "train.log_every=1",
            "--set", "fault.kill_rank=1", "--set", "fault.kill_at_step=14"]
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return run_watched(side, cmd, "failed: SIGKILL")
+
+
+def run_watched(side, cmd, killed_line):
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         cwd=CHECKOUT, start_new_session=True)
     marks = {}
     lines = []
 
@@ -77,7 +104,7 @@ def run(strategy, side, payload, folder):
         for line in stream:
             now = time.monotonic()
             lines.append(line)
-            if "failed: SIGKILL" in line:
+            if killed_line in line:
                 marks.setdefault("killed", now)
             elif "written in the background" in line and "killed" not in marks:
                 if side == "disk, cold":
@@ -91,14 +118,23 @@ def run(strategy, side, payload, folder):
     threads = [threading.Thread(target=watch, args=(s,)) for s in (p.stdout, p.stderr)]
     for t in threads:
         t.start()
-    p.wait(timeout=900)
+    try:
+        p.wait(timeout=150 if side in ROOTS else 900)
+    except subprocess.TimeoutExpired:  # a torchrun whose new group hangs
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait()
+    if side in ROOTS:
+        kill_holding(cmd[-4])  # workers torchrun lost: they hold the pipes read here
     for t in threads:
         t.join()
     if p.returncode != 0 or "first_step" not in marks or marks["step"] < 4:
-        sys.exit(f"{strategy} {side}: exit {p.returncode}\n" + "".join(lines[-40:]))
+        if side in ROOTS:
+            print(f"{side}: failed (exit {p.returncode})", file=sys.stderr, flush=True)
+            return None
+        sys.exit(f"{side}: exit {p.returncode}\n" + "".join(lines[-40:]))
     want_memory = side == "memory"
     if (marks["source"] == "memory") != want_memory:
-        sys.exit(f"{strategy} {side}: resumed from {marks['source']}")
+        sys.exit(f"{side}: resumed from {marks['source']}")
     return marks["first_step"] - marks["killed"], marks["read_ms"] / 1000
 
 
@@ -106,7 +142,10 @@ def main():
     sides = [(s, side, pay) for s in ARGS.strategies.split(",")
              for side in ARGS.sides.split(";") for pay in ARGS.payloads.split(",")]
     got = {k: [] for k in sides}
-    with tempfile.TemporaryDirectory(dir=os.environ.get("DTRUN_BENCH_TMP", "/tmp")) as tmp:
+    # The roots see the host's /tmp, not /var/tmp.
+    tmp_dir = "/tmp" if any(side in ROOTS for _, side, _ in sides) else os.environ.get(
+        "DTRUN_BENCH_TMP", "/tmp")
+    with tempfile.TemporaryDirectory(dir=tmp_dir) as tmp:
         for _ in range(ARGS.repeat):
             for strategy, side, payload in sides:  # the sides take turns
                 folder = os.path.join(tmp, "ckpt")
@@ -116,13 +155,19 @@ def main():
     print("| strategy, resumed from, payload (2 ranks, 96.4 M parameters) | SIGKILL to the first "
           "step after it, median (min-max) | of which reading the checkpoint | vs the first row |")
     print("|---|---|---|---|")
-    for (strategy, side, payload), runs in got.items():
+    for (strategy, side, payload), all_runs in got.items():
+        runs = [r for r in all_runs if r is not None]
+        failed = f"; {len(all_runs) - len(runs)} of {len(all_runs)} failed" if len(runs) < len(all_runs) else ""
+        if not runs:
+            print(f"| {strategy.upper()}, {side} | failed ({len(all_runs)} of {len(all_runs)}) | | |")
+            continue
         total = [r[0] for r in runs]
         read = [r[1] for r in runs]
         first = next(k for k in got if k[0] == strategy)
-        base = statistics.median(r[0] for r in got[first])
-        print(f"| {strategy.upper()}, {side}, {payload} | {statistics.median(total):.2f} s "
-              f"({min(total):.2f}-{max(total):.2f}) | {statistics.median(read):.2f} s "
+        base = statistics.median(r[0] for r in got[first] if r is not None)
+        what = f"{side} (dcp)" if side in ROOTS else f"{side}, {payload}"
+        print(f"| {strategy.upper()}, {what} | {statistics.median(total):.2f} s "
+              f"({min(total):.2f}-{max(total):.2f}){failed} | {statistics.median(read):.2f} s "
               f"({min(read):.2f}-{max(read):.2f}) | {statistics.median(total) / base:.3f} |")
 
 
