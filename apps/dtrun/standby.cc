@@ -211,9 +211,8 @@ Result<int> Standby::Fork(const WorkerSpec& spec, int out_fd, int err_fd) {
 }
 
 std::chrono::milliseconds StandbyWait(const LaunchConfig& config) {
-  const milliseconds alone(20000);
-  if (!config.multi_node()) return alone;
-  return std::min(alone, config.rdzv_conf.keep_alive_interval / 2);
+  if (!config.multi_node()) return kStandbyWaitAlone;
+  return std::min(kStandbyWaitAlone, config.rdzv_conf.keep_alive_interval / 2);
 }
 
 std::unique_ptr<Standby> StartStandby(const LaunchConfig& config,

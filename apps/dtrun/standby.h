@@ -37,6 +37,10 @@ struct StandbyPlan {
   std::string log_file;              // the standby's stdout and stderr
 };
 
+// How long a restarted worker on a node alone waits for a standby still
+// starting (StandbyWait).
+constexpr std::chrono::milliseconds kStandbyWaitAlone{20000};
+
 class Standby {
  public:
   // Writes the standby's file and starts it; its imports then run while
@@ -87,7 +91,7 @@ class Standby {
   bool ready_ = false;
   bool exited_ = false;
   double import_seconds_ = 0;
-  std::chrono::milliseconds restart_wait_{20000};
+  std::chrono::milliseconds restart_wait_ = kStandbyWaitAlone;
 };
 
 // How long a restarted worker waits for a standby still starting before it
