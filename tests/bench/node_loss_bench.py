@@ -62,6 +62,9 @@ p.add_argument("--rdzv-conf", default="")
 p.add_argument("--sides", default="dtrun", help="dtrun,torchrun-2.6,torchrun-2.14")
 p.add_argument("--torchrun-cap", type=float, default=60)
 ARGS = p.parse_args()
+for _side in ARGS.sides.split(","):
+    if _side != "dtrun" and _side not in ROOTS:
+        p.error(f"--sides: unknown side '{_side}'; choose from dtrun, {', '.join(ROOTS)}")
 
 
 def free_port():
@@ -154,7 +157,9 @@ def once(side, fault, run_id):
             print(f"{side} {fault}: no next step (exit {survivor.returncode}); its last lines:\n"
                   + "".join(lines[-12:]), file=sys.stderr, flush=True)
             return None
-        if survivor.returncode not in (0, -9) or "first_step" not in marks:
+        # torchrun's survivor is killed once its next step is seen
+        ok_exits = (0,) if side == "dtrun" else (0, -signal.SIGKILL)
+        if survivor.returncode not in ok_exits or "first_step" not in marks:
             sys.exit(f"{side} {fault}: exit {survivor.returncode}\n" + "".join(lines))
         return (marks["first_step"] - marks["lost"], marks.get("declared", marks["lost"]) - marks["lost"],
                 marks.get("report", "-"), marks["source"], marks["step"])

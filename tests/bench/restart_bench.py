@@ -138,9 +138,22 @@ def run_watched(side, cmd, killed_line):
     return marks["first_step"] - marks["killed"], marks["read_ms"] / 1000
 
 
+def cases():
+    """(strategy, side, payload) for each run; torchrun's sides once per
+    strategy (their payload is DCP's), and only for DDP."""
+    known = {"disk, warm", "disk, cold", "memory", *ROOTS}
+    sides, payloads = ARGS.sides.split(";"), ARGS.payloads.split(",")
+    for side in sides:
+        if side not in known:
+            p.error(f"--sides: unknown side '{side}'; choose from {sorted(known)}")
+    if "fsdp" in ARGS.strategies.split(",") and any(side in ROOTS for side in sides):
+        p.error("--sides: torchrun's sides run DDP only; pass --strategies ddp")
+    return [(s, side, pay) for s in ARGS.strategies.split(",") for side in sides
+            for pay in (payloads[:1] if side in ROOTS else payloads)]
+
+
 def main():
-    sides = [(s, side, pay) for s in ARGS.strategies.split(",")
-             for side in ARGS.sides.split(";") for pay in ARGS.payloads.split(",")]
+    sides = cases()
     got = {k: [] for k in sides}
     # The roots see the host's /tmp, not /var/tmp.
     tmp_dir = "/tmp" if any(side in ROOTS for _, side, _ in sides) else os.environ.get(
