@@ -164,6 +164,11 @@ int LocalGroup::PollTimeout(int timeout_ms) const {
 // worker's output pipe, forward output, then handle signals (SIGCHLD reaps
 // exits) and the time-driven checks.
 void LocalGroup::PollOnce(int timeout_ms) {
+  if (!deferred_signals_.empty()) {
+    std::vector<int> deferred;
+    deferred.swap(deferred_signals_);
+    for (int signo : deferred) OnSignal(signo);
+  }
   std::vector<pollfd> fds;
   if (signals_) fds.push_back({signals_->fd(), POLLIN, 0});
   if (timer_.fd() >= 0) fds.push_back({timer_.fd(), POLLIN, 0});
@@ -307,7 +312,10 @@ void LocalGroup::CheckUninterruptible() {
 // no worker to go to then, which the log says.
 bool LocalGroup::Interrupted() {
   if (signals_) {
-    for (int signo : signals_->Read()) {
+    std::vector<int> read;
+    read.swap(deferred_signals_);
+    for (int signo : signals_->Read()) read.push_back(signo);
+    for (int signo : read) {
       SignalUse use = UseOf(signo, config_.handled_signals);
       if (use == SignalUse::kForward) {
         Logger("dtrun.agent")
@@ -441,6 +449,7 @@ void LocalGroup::StartWorkers(int restart_count) {
   timer_.Open(run_dir_);
   pids_.clear();
   spawn_error_.clear();
+  AwaitStandby();
   std::string pid_list;
   int warm = 0;
   for (int lr = 0; lr < config_.nproc_per_node; ++lr) {
@@ -462,6 +471,39 @@ void LocalGroup::StartWorkers(int restart_count) {
   log->info("attempt {}: started {} worker(s), pids {}{}", restart_count,
             config_.nproc_per_node, pid_list,
             warm ? " (" + std::to_string(warm) + " from the standby)" : "");
+}
+
+// Workers started again whose standby is still starting wait for it a
+// while (StandbyWait) and then start cold, but not deaf: their output goes
+// on being forwarded, and a signal other than SIGCHLD ends the wait at once
+// (the loop handles it once the workers are started, PollOnce).
+void LocalGroup::AwaitStandby() {
+  const milliseconds wait = workers_->standby_wait();
+  if (wait.count() <= 0) return;
+  const TimePoint until = clock_->Now() + wait;
+  bool signalled = false;
+  while (!signalled && workers_->standby_wait().count() > 0) {
+    auto left =
+        std::chrono::duration_cast<milliseconds>(until - clock_->Now()).count();
+    if (left <= 0) break;
+    std::vector<pollfd> fds;
+    if (signals_) fds.push_back({signals_->fd(), POLLIN, 0});
+    for (int fd : workers_->output_fds()) fds.push_back({fd, POLLIN, 0});
+    if (poll(fds.data(), fds.size(), static_cast<int>(left) + 1) < 0)
+      continue;  // EINTR
+    for (const pollfd& p : fds) {
+      if (!p.revents) continue;
+      if (signals_ && p.fd == signals_->fd()) {
+        for (int signo : signals_->Read()) {
+          deferred_signals_.push_back(signo);
+          signalled |=
+              UseOf(signo, config_.handled_signals) != SignalUse::kChildren;
+        }
+      } else {
+        workers_->OnReadable(p.fd);
+      }
+    }
+  }
 }
 
 // The Agent gave up waiting for workers that outlived SIGKILL: their later

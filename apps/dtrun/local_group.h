@@ -125,6 +125,7 @@ class LocalGroup {
   std::vector<WorkerFailure> Failures();
   void Apply(const std::vector<Action>& actions);
   void StartWorkers(int restart_count);
+  void AwaitStandby();
   WorkerSpec SpecFor(int local_rank, const std::string& attempt_dir);
   OutputRoute Route(int local_rank, int stream_bit) const;
   void OnFinished(const Action& finish);
@@ -166,6 +167,8 @@ class LocalGroup {
   std::string attempt_dir_;
   Outcome outcome_ = Outcome::kRunning;
   int stop_signal_ = 0;
+  // Signals read while a restart waited for the standby, handled next.
+  std::vector<int> deferred_signals_;
   std::map<int, int> pids_;          // local rank -> pid of this attempt
   std::map<int, double> exit_time_;  // pid -> unix seconds its exit was seen
   std::map<int, std::string> spawn_error_;  // local rank -> why exec failed

@@ -238,20 +238,18 @@ void PosixWorkerGroup::UseStandby(std::unique_ptr<Standby> standby) {
 }
 
 // The worker forked by the standby, or nullopt to start it cold: no
-// standby, one still importing (this worker does not wait for it), or one
-// that cannot (then it is dropped, saying why, and every later worker
-// starts cold too).
+// standby, one still importing (the caller waited for it already:
+// standby_wait), or one that cannot (then it is dropped, saying why, and
+// every later worker starts cold too).
 std::optional<Result<int>> PosixWorkerGroup::FromStandby(const WorkerSpec& spec,
                                                          int out_fd,
                                                          int err_fd) {
   warm_ = false;
   const bool restart = !spawned_ranks_.insert(spec.local_rank).second;
   if (!standby_) return std::nullopt;
-  // A restarted worker waits a while for a standby still starting (how
-  // long: StandbyWait).
-  auto ready =
-      standby_->Ready(restart ? standby_->restart_wait() : milliseconds(0));
+  auto ready = standby_->Ready();
   if (ready.ok() && !*ready) {
+    if (restart) standby_missed_ = true;
     Logger("dtrun.agent")
         ->info("local_rank {}: the standby is still {}; started cold",
                spec.local_rank, standby_->native() ? "starting" : "importing");
@@ -266,6 +264,13 @@ std::optional<Result<int>> PosixWorkerGroup::FromStandby(const WorkerSpec& spec,
   local_rank_of_[*pid] = spec.local_rank;
   warm_ = true;
   return pid;
+}
+
+milliseconds PosixWorkerGroup::standby_wait() const {
+  if (!standby_ || standby_->ready() || standby_missed_ ||
+      spawned_ranks_.empty())
+    return milliseconds(0);
+  return standby_->restart_wait();
 }
 
 void PosixWorkerGroup::DropStandby(const std::string& why) {

@@ -29,6 +29,7 @@ class PosixWorkerGroup : public WorkerGroup {
                 std::chrono::milliseconds limit) override;
   void UseStandby(std::unique_ptr<Standby> standby) override;
   bool spawned_warm() const override { return warm_; }
+  std::chrono::milliseconds standby_wait() const override;
 
  private:
   Result<int> ForkExec(const WorkerSpec& spec, int out_fd, int err_fd);
@@ -41,6 +42,8 @@ class PosixWorkerGroup : public WorkerGroup {
   bool warm_ = false;  // the last Spawn's worker came from the standby
   std::set<int> spawned_ranks_;  // local ranks started before: a restart
   bool standby_said_ = false;    // its readiness was logged
+  // A restart started cold after waiting for it: later ones do not wait.
+  bool standby_missed_ = false;
 
   std::map<int, int> local_rank_of_;  // live pid -> local rank
   LogMux mux_;

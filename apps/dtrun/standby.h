@@ -54,6 +54,8 @@ class Standby {
   // import failed, threads or CUDA after them) or died, and why.
   // Waits up to `wait` for the news.
   Result<bool> Ready(std::chrono::milliseconds wait = {});
+  // Whether Ready() said so already.
+  bool ready() const { return ready_; }
   // Forks the worker `spec` describes, with `out_fd` and `err_fd` as its
   // stdout and stderr; its pid (a child of this process), or why not.
   Result<int> Fork(const WorkerSpec& spec, int out_fd, int err_fd);
@@ -70,7 +72,7 @@ class Standby {
     return native_ ? "--standby" : "--standby-import";
   }
   bool native() const { return native_; }
-  // How long a restarted worker may wait for it to be ready (StandbyWait).
+  // How long a restart may wait for it to be ready (StandbyWait).
   std::chrono::milliseconds restart_wait() const { return restart_wait_; }
   void set_restart_wait(std::chrono::milliseconds wait) {
     restart_wait_ = wait;
@@ -94,10 +96,12 @@ class Standby {
   std::chrono::milliseconds restart_wait_ = kStandbyWaitAlone;
 };
 
-// How long a restarted worker waits for a standby still starting before it
-// starts cold: what the standby has left is less than a cold start, but
-// dtrun's loop waits with it, and a node with peers must go on beating:
-// there at most half its keep-alive interval, alone 20 s.
+// How long a restart waits for a standby still starting before its workers
+// start cold: what the standby has left is less than a cold start. Output
+// and signals are handled meanwhile (LocalGroup::AwaitStandby), but not the
+// beats to other nodes: with peers at most half the keep-alive interval,
+// alone 20 s. Once per standby: a restart that started cold does not wait
+// again.
 std::chrono::milliseconds StandbyWait(const LaunchConfig& config);
 
 // The job's standby (--standby-import, or --standby for a program on

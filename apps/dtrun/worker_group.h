@@ -52,6 +52,10 @@ class WorkerGroup {
   virtual void UseStandby(std::unique_ptr<Standby> standby);
   // Whether the last Spawn forked its worker from the standby.
   virtual bool spawned_warm() const { return false; }
+  // How long workers about to be started again may wait for a standby still
+  // starting (StandbyWait), its socket among output_fds(); zero with none,
+  // a ready one, a first start, or once a restart waited and started cold.
+  virtual std::chrono::milliseconds standby_wait() const { return {}; }
   // Starts one worker leading a process group of its own, its output
   // forwarded whole lines at a time. Returns its pid, or why it could not be
   // started (then nothing of it runs).

@@ -157,6 +157,39 @@ class StandbyWorkers(WorkerTestCase):
         self.assertNotIn("from the standby)", err)
         self.assertIn("sum=3 attempt=1 OK", out)
 
+    def test_a_restart_waiting_for_the_standby_hears_a_signal_at_once(self):
+        # The standby's import takes a minute, so the restart after rank 1's
+        # failure waits for it (20 s on a node alone); a SIGTERM then ends
+        # the wait and the job within seconds, and neither rank waits again.
+        with open(os.path.join(self.dir, "slow_import.py"), "w") as f:
+            f.write("import time\ntime.sleep(60)\n")
+        p = start(DTRUN, PY + ["--nproc-per-node=2", "--max-restarts=1",
+                               "--standby-import=slow_import", WORKER, "fail-once", self.dir],
+                  env={"PYTHONPATH": self.dir})
+        err = []
+
+        def restarting():
+            line = p.stderr.readline()
+            err.append(line)
+            return "restarting the worker group" in line or not line
+        try:
+            self.assertTrue(wait_for(restarting, 60, step=0), "".join(err))
+            time.sleep(1)  # into the wait
+            t0 = time.monotonic()
+            p.send_signal(signal.SIGTERM)
+            _, rest = p.communicate(timeout=60)
+            elapsed = time.monotonic() - t0
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        err = "".join(err) + rest
+        self.assertEqual(p.returncode, 128 + signal.SIGTERM, err)
+        self.assertLess(elapsed, 8, err)
+        # Each rank started cold twice: the first start and the restart.
+        self.assertEqual(err.count("the standby is still importing; started cold"), 4, err)
+        self.assertIn("received SIGTERM", err)
+
     def test_a_module_that_does_not_import_is_named(self):
         rc, out, err = run(DTRUN, PY + ["--nproc-per-node=1", "--standby-import=no_such_mod_x",
                                         WORKER, "allreduce"])
