@@ -15,7 +15,9 @@ checkpoint (the trainer's "read in" figure). Sides:
     network filesystem): the read comes from the device.
   - memory: checkpoint.mode = "memory", nothing persisted before the kill;
     the new group reads the copies in /dev/shm while dtrun persists them.
-The sides take turns, repeated; medians and spread.
+The sides take turns, repeated; medians and spread. Each dtrun run's
+recovery line ("recovered in ...: detect, regroup, start, init, load,
+first step") goes to stderr as it is seen.
 
 --payloads raw,torch runs each side with both payload formats (the raw
 one with XXH3, the default, and torch's archives with SHA-256, the format
@@ -115,6 +117,8 @@ def run_watched(side, cmd, killed_line):
                 marks["read_ms"] = float(m.group(3))
             elif ("step" in marks and line.startswith(f"step {marks['step'] + 1} loss")):
                 marks.setdefault("first_step", now)
+            elif "recovered in" in line:  # dtrun's breakdown, to stderr below
+                marks.setdefault("report", line[line.index("recovered in"):].strip())
     threads = [threading.Thread(target=watch, args=(s,)) for s in (p.stdout, p.stderr)]
     for t in threads:
         t.start()
@@ -132,6 +136,8 @@ def run_watched(side, cmd, killed_line):
             print(f"{side}: failed (exit {p.returncode})", file=sys.stderr, flush=True)
             return None
         sys.exit(f"{side}: exit {p.returncode}\n" + "".join(lines[-40:]))
+    if "report" in marks:
+        print(f"{side}: {marks['report']}", file=sys.stderr, flush=True)
     want_memory = side == "memory"
     if (marks["source"] == "memory") != want_memory:
         sys.exit(f"{side}: resumed from {marks['source']}")
