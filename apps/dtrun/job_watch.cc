@@ -165,7 +165,8 @@ void JobWatch::OnBeats(const GroupView& view,
 }
 
 void JobWatch::CheckStragglers() {
-  auto straggler = stragglers_.Check();
+  auto straggler = stragglers_.Check(
+      std::chrono::duration<double>(clock_->Now().time_since_epoch()).count());
   if (!straggler || straggler->rank == straggler_named_) return;
   straggler_named_ = straggler->rank;
   ++counts_.stragglers;

@@ -59,10 +59,12 @@ std::optional<RankScore> StragglerScorer::Straggler() const {
   return worst;
 }
 
-// Persistence counted in the straggler's own steps, not in calls: the
+// Persistence counted in the straggler's own steps, not in calls (the
 // launcher reads beats at its own pace, which has nothing to do with how
-// long a slow spell lasted.
-std::optional<RankScore> StragglerScorer::Check() {
+// long a slow spell lasted), and in time: a host's noise that the wait
+// for a core does not show (a hypervisor's steal) can last a second or two,
+// forty steps of a small model.
+std::optional<RankScore> StragglerScorer::Check(double now_s) {
   auto now = Straggler();
   if (!now) {
     streak_rank_ = -1;
@@ -72,8 +74,10 @@ std::optional<RankScore> StragglerScorer::Check() {
   if (now->rank != streak_rank_) {
     streak_rank_ = now->rank;
     streak_from_ = step;
+    streak_since_s_ = now_s;
   }
-  if (step - streak_from_ < confirm_) return std::nullopt;
+  if (step - streak_from_ < confirm_ || now_s - streak_since_s_ < confirm_s_)
+    return std::nullopt;
   return now;
 }
 

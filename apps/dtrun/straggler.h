@@ -41,15 +41,17 @@ class StragglerScorer {
   // `warmup`: the first steps, slower on every rank (allocations, caches),
   // are not scored; `confirm`: Check() names a straggler only once the
   // same rank has been the straggler, without a break, over this many of
-  // its own steps.
+  // its own steps and for `confirm_s` seconds at least (steps of some
+  // milliseconds make 40 steps a spell of the host's noise).
   explicit StragglerScorer(size_t window = 20, size_t min_samples = 8,
                            double threshold = 0.75, int64_t warmup = 3,
-                           int64_t confirm = 40)
+                           int64_t confirm = 40, double confirm_s = 5)
       : window_(window),
         min_samples_(min_samples),
         threshold_(threshold),
         warmup_(warmup),
-        confirm_(confirm) {}
+        confirm_(confirm),
+        confirm_s_(confirm_s) {}
 
   // Rank `rank` beat `step` having computed `compute_s` in it, its main
   // thread having waited `run_wait_s` seconds in all for a core since it
@@ -63,10 +65,11 @@ class StragglerScorer {
     streak_rank_ = -1;
     streak_from_ = 0;
   }
-  // Call after new beats: the straggler once Straggler() has named the
-  // same rank at every call over `confirm` of its steps (a noisy window
-  // names nobody).
-  std::optional<RankScore> Check();
+  // Call after new beats, `now_s` a monotonic clock's seconds: the
+  // straggler once Straggler() has named the same rank at every call over
+  // `confirm` of its steps and `confirm_s` seconds (a noisy spell names
+  // nobody).
+  std::optional<RankScore> Check(double now_s);
   // Every rank seen, in rank order; scores only once every rank has
   // min_samples.
   std::vector<RankScore> Scores() const;
@@ -84,9 +87,11 @@ class StragglerScorer {
   double threshold_;
   int64_t warmup_;
   int64_t confirm_;
+  double confirm_s_;
   std::map<int, Samples> samples_;
   int streak_rank_ = -1;
-  int64_t streak_from_ = 0;  // the straggler's step when its streak began
+  int64_t streak_from_ = 0;    // the straggler's step when its streak began
+  double streak_since_s_ = 0;  // and the time
 };
 
 // Scores from typical times already known (each node's status record

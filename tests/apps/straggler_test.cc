@@ -58,55 +58,77 @@ TEST(StragglerTest, WarmUpStepsAreNotScored) {
 }
 
 TEST(StragglerTest, CheckNamesOnlyARankFlaggedOverConfirmOfItsSteps) {
-  StragglerScorer s(20, 2, 0.75, 0, 3);
+  StragglerScorer s(20, 2, 0.75, 0, 3, 0);
   Feed(&s, {0.010, 0.020}, 2, 1);
-  EXPECT_FALSE(s.Check());  // flagged at step 2
-  EXPECT_FALSE(s.Check());  // read again with no new step: still step 2
-  EXPECT_FALSE(s.Check());
+  EXPECT_FALSE(s.Check(0));  // flagged at step 2
+  EXPECT_FALSE(s.Check(0));  // read again with no new step: still step 2
+  EXPECT_FALSE(s.Check(0));
   Feed(&s, {0.010, 0.020}, 2, 3);
-  EXPECT_FALSE(s.Check());  // step 4: two steps of the streak
+  EXPECT_FALSE(s.Check(0));  // step 4: two steps of the streak
   Feed(&s, {0.010, 0.020}, 1, 5);
-  auto named = s.Check();  // step 5: three
+  auto named = s.Check(0);  // step 5: three
   ASSERT_TRUE(named);
   EXPECT_EQ(named->rank, 1);
   Feed(&s, {0.020, 0.010}, 20, 6);  // now rank 0 is the slow one
-  EXPECT_FALSE(s.Check());          // a new streak starts
+  EXPECT_FALSE(s.Check(0));         // a new streak starts
+}
+
+// Forty steps of a small model last a second or two: a spell of noise
+// that long names nobody; the same streak past 5 s does.
+TEST(StragglerTest, AStreakMustLastItsStepsAndFiveSeconds) {
+  StragglerScorer s(20, 2, 0.75, 0, 40);
+  Feed(&s, {0.010, 0.020}, 2, 1);
+  EXPECT_FALSE(s.Check(100.0));  // flagged at step 2, at 100 s
+  Feed(&s, {0.010, 0.020}, 60, 3);
+  EXPECT_FALSE(s.Check(101.5));  // step 62: 60 steps, but 1.5 s
+  Feed(&s, {0.010, 0.020}, 1, 63);
+  EXPECT_FALSE(s.Check(104.9));
+  Feed(&s, {0.010, 0.020}, 1, 64);
+  auto named = s.Check(105.0);  // 5 s
+  ASSERT_TRUE(named);
+  EXPECT_EQ(named->rank, 1);
+  // Five seconds of a streak only 10 steps long: not yet.
+  StragglerScorer slow_steps(20, 2, 0.75, 0, 40);
+  Feed(&slow_steps, {1.0, 2.0}, 2, 1);
+  EXPECT_FALSE(slow_steps.Check(0.0));
+  Feed(&slow_steps, {1.0, 2.0}, 10, 3);
+  EXPECT_FALSE(slow_steps.Check(20.0));
 }
 
 TEST(StragglerTest, ABreakInTheStreakStartsItOver) {
-  StragglerScorer s(4, 2, 0.75, 0, 6);
+  StragglerScorer s(4, 2, 0.75, 0, 6, 0);
   Feed(&s, {0.010, 0.020}, 4, 1);
-  EXPECT_FALSE(s.Check());         // flagged at step 4
+  EXPECT_FALSE(s.Check(0));        // flagged at step 4
   Feed(&s, {0.010, 0.010}, 4, 5);  // evens out: nobody
-  EXPECT_FALSE(s.Check());
+  EXPECT_FALSE(s.Check(0));
   Feed(&s, {0.010, 0.020}, 4, 9);  // slow again from step 9
-  EXPECT_FALSE(s.Check());         // step 12: a new streak
+  EXPECT_FALSE(s.Check(0));        // step 12: a new streak
   Feed(&s, {0.010, 0.020}, 3, 13);
-  EXPECT_FALSE(s.Check());  // step 15: 3 steps into it
+  EXPECT_FALSE(s.Check(0));  // step 15: 3 steps into it
   Feed(&s, {0.010, 0.020}, 3, 16);
-  EXPECT_TRUE(s.Check());  // step 18: 6
+  EXPECT_TRUE(s.Check(0));  // step 18: 6
 }
 
 // The host's noise: rank 1 shares its core with another program and waits
 // for it a third of each step. Its wall-clock compute looks 1.5 times as
 // long; the wait taken off, it is as fast as rank 0.
 TEST(StragglerTest, TimeWaitingForACoreIsNotCompute) {
-  StragglerScorer s(20, 8, 0.75, 0, 0);
+  StragglerScorer s(20, 8, 0.75, 0, 0, 0);
   double wait1 = 0.5;
   for (int step = 1; step <= 30; ++step) {
     s.OnBeat(0, step, 0.010, 0.1);
     wait1 += 0.005;
     s.OnBeat(1, step, 0.015, wait1);
   }
-  EXPECT_FALSE(s.Check());
+  EXPECT_FALSE(s.Check(0));
   for (const RankScore& r : s.Scores()) EXPECT_NEAR(r.score, 1.0, 0.01);
   // A rank slow without waiting (a slower device) is still named.
-  StragglerScorer slow(20, 8, 0.75, 0, 0);
+  StragglerScorer slow(20, 8, 0.75, 0, 0, 0);
   for (int step = 1; step <= 30; ++step) {
     slow.OnBeat(0, step, 0.010, 0.1);
     slow.OnBeat(1, step, 0.015, 0.2);
   }
-  auto named = slow.Check();
+  auto named = slow.Check(0);
   ASSERT_TRUE(named);
   EXPECT_EQ(named->rank, 1);
 }

@@ -1,8 +1,8 @@
 """Straggler detection's false alarms and its reach, under the real dtrun
 with train_cfg (2 ranks, steps of ~20 ms compute, as
-tests/lib/straggler_test.py: 100 undisturbed, 160 with a slow rank, since
-the rule asks for 40 steps of persistence), while another suite runs
-beside it.
+tests/lib/straggler_test.py: 300 undisturbed, 240 with a slow rank, since
+the rule asks for persistence over 40 steps and 5 s), while another suite
+runs beside it.
 
 Alternates an undisturbed run and one whose rank 1 computes 1.5x as long
 ([fault] slow_rank), RUNS of each, with LOAD (a shell command, run again
@@ -59,8 +59,8 @@ def main():
     try:
         with tempfile.TemporaryDirectory() as tmp:
             for run in range(args.runs):
-                for kind, extra in (("undisturbed", ["train.steps=100"]),
-                                    ("rank 1 at 1.5x", ["train.steps=160",
+                for kind, extra in (("undisturbed", ["train.steps=300"]),
+                                    ("rank 1 at 1.5x", ["train.steps=240",
                                                         "fault.slow_rank=1",
                                                         "fault.slow_factor=1.5"])):
                     who, t = train(args, tmp, f"{run}{kind[0]}", extra)
