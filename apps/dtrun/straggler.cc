@@ -67,7 +67,13 @@ std::optional<RankScore> StragglerScorer::Straggler() const {
 std::optional<RankScore> StragglerScorer::Check(double now_s) {
   auto now = Straggler();
   if (!now) {
-    streak_rank_ = -1;
+    // Between the threshold and kRelease the streak goes on, unnamed.
+    bool still_slow = false;
+    for (const RankScore& r : Scores()) {
+      still_slow |=
+          r.rank == streak_rank_ && r.score >= 0 && r.score < kRelease;
+    }
+    if (!still_slow) streak_rank_ = -1;
     return std::nullopt;
   }
   const int64_t step = samples_[now->rank].last_step;

@@ -66,10 +66,14 @@ class StragglerScorer {
     streak_from_ = 0;
   }
   // Call after new beats, `now_s` a monotonic clock's seconds: the
-  // straggler once Straggler() has named the same rank at every call over
-  // `confirm` of its steps and `confirm_s` seconds (a noisy spell names
-  // nobody).
+  // straggler once the same rank has stayed slow over `confirm` of its
+  // steps and `confirm_s` seconds, and Straggler() names it now (a noisy
+  // spell names nobody). Slow: under the threshold when the streak began,
+  // and since then never back to kRelease (a score flickering over the
+  // threshold does not start the streak again; a rank as fast as the
+  // others, or another straggler, does).
   std::optional<RankScore> Check(double now_s);
+  static constexpr double kRelease = 0.85;
   // Every rank seen, in rank order; scores only once every rank has
   // min_samples.
   std::vector<RankScore> Scores() const;

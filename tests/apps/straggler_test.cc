@@ -95,6 +95,27 @@ TEST(StragglerTest, AStreakMustLastItsStepsAndFiveSeconds) {
   EXPECT_FALSE(slow_steps.Check(20.0));
 }
 
+// A score that flickers over the threshold, but not back to kRelease,
+// does not start the streak again; back to even does.
+TEST(StragglerTest, AFlickerOverTheThresholdKeepsTheStreak) {
+  StragglerScorer s(4, 2, 0.75, 0, 6, 0);
+  Feed(&s, {0.010, 0.020}, 4, 1);
+  EXPECT_FALSE(s.Check(0));         // flagged at step 4 (score 0.5)
+  Feed(&s, {0.010, 0.0125}, 4, 5);  // 0.8: over 0.75, under 0.85
+  EXPECT_FALSE(s.Check(0));         // step 8: not named while not under
+  Feed(&s, {0.010, 0.020}, 2, 9);
+  auto named = s.Check(0);  // step 10: 6 steps since step 4
+  ASSERT_TRUE(named);
+  EXPECT_EQ(named->rank, 1);
+  StragglerScorer even(4, 2, 0.75, 0, 6, 0);
+  Feed(&even, {0.010, 0.020}, 4, 1);
+  EXPECT_FALSE(even.Check(0));
+  Feed(&even, {0.010, 0.0105}, 4, 5);  // 0.95: as fast as rank 0
+  EXPECT_FALSE(even.Check(0));
+  Feed(&even, {0.010, 0.020}, 2, 9);
+  EXPECT_FALSE(even.Check(0));  // step 10: the streak started over
+}
+
 TEST(StragglerTest, ABreakInTheStreakStartsItOver) {
   StragglerScorer s(4, 2, 0.75, 0, 6, 0);
   Feed(&s, {0.010, 0.020}, 4, 1);

@@ -1,6 +1,6 @@
 """Straggler detection's false alarms and its reach, under the real dtrun
 with train_cfg (2 ranks, steps of ~20 ms compute, as
-tests/lib/straggler_test.py: 300 undisturbed, 240 with a slow rank, since
+tests/lib/straggler_test.py: 300 undisturbed, 400 with a slow rank, since
 the rule asks for persistence over 40 steps and 5 s), while another suite
 runs beside it.
 
@@ -60,7 +60,7 @@ def main():
         with tempfile.TemporaryDirectory() as tmp:
             for run in range(args.runs):
                 for kind, extra in (("undisturbed", ["train.steps=300"]),
-                                    ("rank 1 at 1.5x", ["train.steps=240",
+                                    ("rank 1 at 1.5x", ["train.steps=400",
                                                         "fault.slow_rank=1",
                                                         "fault.slow_factor=1.5"])):
                     who, t = train(args, tmp, f"{run}{kind[0]}", extra)
