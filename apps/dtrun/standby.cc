@@ -173,9 +173,9 @@ Result<std::string> Standby::Receive(milliseconds limit) {
   return buf;
 }
 
-Result<bool> Standby::Ready(milliseconds wait) {
+Result<bool> Standby::Ready() {
   if (ready_) return true;
-  auto packet = Receive(wait);
+  auto packet = Receive(milliseconds(0));
   if (!packet.ok()) return packet.status();
   if (packet->empty()) return false;
   auto j = nlohmann::json::parse(*packet, nullptr, false);

@@ -50,10 +50,10 @@ class Standby {
   Standby(const Standby&) = delete;
   Standby& operator=(const Standby&) = delete;
 
-  // Whether its imports are done; never blocks. An error: it refused (an
-  // import failed, threads or CUDA after them) or died, and why.
-  // Waits up to `wait` for the news.
-  Result<bool> Ready(std::chrono::milliseconds wait = {});
+  // Whether its imports are done; never blocks (a wait for it polls fd()).
+  // An error: it refused (an import failed, threads or CUDA after them) or
+  // died, and why.
+  Result<bool> Ready();
   // Whether Ready() said so already.
   bool ready() const { return ready_; }
   // Forks the worker `spec` describes, with `out_fd` and `err_fd` as its

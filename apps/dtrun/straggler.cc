@@ -47,16 +47,25 @@ std::vector<RankScore> StragglerScorer::Scores() const {
   return ScoreTypical(typical);
 }
 
-// The worst of the ranks under the threshold: with several slow ranks, the
+namespace {
+
+// The worst of the ranks under `threshold`: with several slow ranks, the
 // one the others wait for most.
-std::optional<RankScore> StragglerScorer::Straggler() const {
+std::optional<RankScore> Worst(const std::vector<RankScore>& scores,
+                               double threshold) {
   std::optional<RankScore> worst;
-  for (const RankScore& r : Scores()) {
-    if (r.score >= 0 && r.score < threshold_ &&
+  for (const RankScore& r : scores) {
+    if (r.score >= 0 && r.score < threshold &&
         (!worst || r.score < worst->score))
       worst = r;
   }
   return worst;
+}
+
+}  // namespace
+
+std::optional<RankScore> StragglerScorer::Straggler() const {
+  return Worst(Scores(), threshold_);
 }
 
 // Persistence counted in the straggler's own steps, not in calls (the
@@ -65,11 +74,12 @@ std::optional<RankScore> StragglerScorer::Straggler() const {
 // for a core does not show (a hypervisor's steal) can last a second or two,
 // forty steps of a small model.
 std::optional<RankScore> StragglerScorer::Check(double now_s) {
-  auto now = Straggler();
+  const std::vector<RankScore> scores = Scores();
+  auto now = Worst(scores, threshold_);
   if (!now) {
     // Between the threshold and kRelease the streak goes on, unnamed.
     bool still_slow = false;
-    for (const RankScore& r : Scores()) {
+    for (const RankScore& r : scores) {
       still_slow |=
           r.rank == streak_rank_ && r.score >= 0 && r.score < kRelease;
     }
