@@ -4,6 +4,8 @@
 #include <condition_variable>
 #include <thread>
 
+#include "rendezvous/util/name_lookup.h"
+
 namespace dtrun::rendezvous {
 namespace framing = etcd_framing;
 using std::chrono::milliseconds;
@@ -17,6 +19,8 @@ std::string DescribeEtcdError(const asio::error_code& ec) {
   if (ec == asio::error::message_size)
     return "reply malformed or too large (a head over 64 KiB, a length or "
            "chunk over 256 MiB)";
+  if (ec.category() == asio::error::get_netdb_category())
+    return ec.message() + os::NameLookupHint();
   return ec.message();
 }
 

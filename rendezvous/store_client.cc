@@ -36,6 +36,7 @@
 
 #include "rendezvous/store_state.h"
 #include "rendezvous/util/describe.h"
+#include "rendezvous/util/name_lookup.h"
 
 namespace dtrun::rendezvous {
 namespace {
@@ -152,7 +153,8 @@ bool TcpStoreClient::ConnectOnce(Deadline deadline, std::string* last_error) {
   int gai = ::getaddrinfo(opts_.host.c_str(),
                           std::to_string(opts_.port).c_str(), &hints, &res);
   if (gai != 0)
-    *last_error = std::string("cannot resolve host: ") + ::gai_strerror(gai);
+    *last_error = std::string("cannot resolve host: ") + ::gai_strerror(gai) +
+                  os::NameLookupHint();
   for (addrinfo* ai = res; ai && fd_ < 0; ai = ai->ai_next)
     fd_ = TryConnect(ai, deadline, last_error);
   if (res) ::freeaddrinfo(res);

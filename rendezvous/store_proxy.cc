@@ -33,6 +33,7 @@
 #include "rendezvous/store_mux.h"
 #include "rendezvous/util/describe.h"
 #include "rendezvous/util/log.h"
+#include "rendezvous/util/name_lookup.h"
 
 namespace dtrun::rendezvous {
 namespace {
@@ -174,8 +175,9 @@ Status StoreProxy::Impl::Connect() {
   int gai =
       ::getaddrinfo(opts_.upstream_host.c_str(),
                     std::to_string(opts_.upstream_port).c_str(), &hints, &res);
-  std::string error =
-      gai != 0 ? std::string("cannot resolve it: ") + ::gai_strerror(gai) : "";
+  std::string error = gai != 0 ? std::string("cannot resolve it: ") +
+                                     ::gai_strerror(gai) + os::NameLookupHint()
+                               : "";
   const auto deadline = Clock::now() + opts_.connect_timeout;
   int fd = -1;
   const addrinfo* used = nullptr;

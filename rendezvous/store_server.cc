@@ -44,6 +44,7 @@
 
 #include "rendezvous/util/check.h"
 #include "rendezvous/util/log.h"
+#include "rendezvous/util/name_lookup.h"
 #include "rendezvous/store_state.h"
 
 namespace dtrun::rendezvous {
@@ -82,7 +83,8 @@ Status StoreServer::Impl::Listen() {
     auto results = resolver.resolve(host, std::to_string(opts_.port),
                                     tcp::resolver::passive, ec);
     if (ec) {
-      last_error = "cannot resolve '" + host + "': " + ec.message();
+      last_error = "cannot resolve '" + host + "': " + ec.message() +
+                   os::NameLookupHint();
       continue;
     }
     for (const auto& r : results) {

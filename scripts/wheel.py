@@ -1,8 +1,12 @@
 """Builds dtrun's wheel: the static dtrun and dtstore (stripped) as the
 wheel's scripts, so pip puts them on PATH as they are, and the Python
 package apps/dtrun/python/dtrun (the session client, the Jupyter extension,
-`python -m dtrun`). One platform tag: the binaries are static, so any
-x86_64 Linux with glibc as new as the one they were built on runs them.
+`python -m dtrun`). The binaries are static: they load no shared library,
+the system's glibc included (the program headers are checked: no
+interpreter, no dynamic section), so the wheel carries the oldest platform
+tag pip knows for x86_64, manylinux2014 (glibc 2.17), and installs on every
+distribution GPU clusters run. Host names are resolved from /etc/hosts and
+DNS by the static glibc itself (rendezvous/util/name_lookup.h).
 
 Usage: wheel.py --dtrun BIN --dtstore BIN --version V --out DIR
 Prints the wheel's path."""
@@ -10,10 +14,11 @@ import argparse
 import base64
 import hashlib
 import os
-import platform
 import shutil
 import stat
+import struct
 import subprocess
+import sys
 import tempfile
 import zipfile
 
@@ -21,9 +26,39 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 PACKAGE = os.path.join(HERE, "..", "apps", "dtrun", "python", "dtrun")
 
 
-def glibc_tag():
-    major, minor = (int(v) for v in platform.libc_ver()[1].split(".")[:2])
-    return f"manylinux_{major}_{minor}_{platform.machine()}"
+# PEP 600's name and its PEP 599 alias, as a compressed tag set.
+PLATFORM_TAGS = ("manylinux_2_17_x86_64", "manylinux2014_x86_64")
+PT_DYNAMIC, PT_INTERP = 2, 3
+
+
+def program_header_types(path):
+    """The p_type of each program header of a 64-bit little-endian ELF."""
+    with open(path, "rb") as f:
+        head = f.read(64)
+        if head[:4] != b"\x7fELF" or head[4] != 2 or head[5] != 1:
+            raise ValueError("not a 64-bit little-endian ELF file")
+        machine, = struct.unpack_from("<H", head, 18)
+        if machine != 62:
+            raise ValueError(f"built for ELF machine {machine}, not x86_64 (62)")
+        phoff, = struct.unpack_from("<Q", head, 32)
+        phentsize, phnum = struct.unpack_from("<HH", head, 54)
+        types = []
+        for i in range(phnum):
+            f.seek(phoff + i * phentsize)
+            types.append(struct.unpack("<I", f.read(4))[0])
+        return types
+
+
+def check_static(path):
+    """Exits naming the binary when it would load anything at run time."""
+    try:
+        types = program_header_types(path)
+    except (OSError, ValueError) as e:
+        sys.exit(f"wheel.py: {path}: {e}")
+    if PT_INTERP in types or PT_DYNAMIC in types:
+        sys.exit(f"wheel.py: {path} is linked dynamically (it has a program "
+                 "interpreter or a dynamic section), so it would need the glibc "
+                 "it was built with; build it with -DDTRUN_STATIC_RUNTIME=ON")
 
 
 def record_line(name, data):
@@ -44,7 +79,9 @@ def main():
     for flag in ("--dtrun", "--dtstore", "--version", "--out"):
         ap.add_argument(flag, required=True)
     a = ap.parse_args()
-    tag = f"py3-none-{glibc_tag()}"
+    for b in (a.dtrun, a.dtstore):
+        check_static(b)
+    tag = "py3-none-" + ".".join(PLATFORM_TAGS)
     dist = f"dtrun-{a.version}"
     files = {}
     for name in sorted(os.listdir(PACKAGE)):
@@ -60,7 +97,8 @@ def main():
         "sessions\nRequires-Python: >=3.9\n").encode()
     files[f"{dist}.dist-info/WHEEL"] = (
         "Wheel-Version: 1.0\nGenerator: dtrun scripts/wheel.py\n"
-        f"Root-Is-Purelib: false\nTag: {tag}\n").encode()
+        "Root-Is-Purelib: false\n" +
+        "".join(f"Tag: py3-none-{t}\n" for t in PLATFORM_TAGS)).encode()
     files[f"{dist}.dist-info/top_level.txt"] = b"dtrun\n"
     record = [record_line(n, d) for n, d in files.items()]
     record.append(f"{dist}.dist-info/RECORD,,")

@@ -10,6 +10,7 @@
 #include "apps/dtrun/cpu_quota.h"
 #include "apps/dtrun/slurm_env.h"
 #include "rendezvous/util/environment.h"
+#include "rendezvous/util/os_util.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -449,6 +450,7 @@ std::string Complete(CLI::App& app, RawFlags raw, LaunchConfig* c) {
   std::optional<SlurmJob> job = ReadSlurmJob(c->environment, &error);
   if (job) ApplySlurm(app, *job, &raw, c);
   c->node_rank_given = Given(app, "--node-rank") || (job && job->node_id >= 0);
+  if (Given(app, "--python")) c->python_origin = PythonOrigin::kFlag;
   if (error.empty()) error = ApplyRaw(raw, job, c);
   if (error.empty()) {
     Status s = Validate(c);
@@ -509,11 +511,14 @@ CliResult ParseCommandLine(int argc, const char* const* argv) {
   CliResult result;
   LaunchConfig& c = result.config;
   // The environment is read here once; everything below takes it from the
-  // config. torchrun's PYTHON_EXEC sets the default interpreter; set before
-  // parsing so an explicit --python still wins.
+  // config. The default interpreter is set before parsing so an explicit
+  // --python still wins (python_choice.h says the order).
   c.environment = ProcessEnvironment();
-  if (c.environment.count("PYTHON_EXEC"))
-    c.python = c.environment["PYTHON_EXEC"];
+  PythonChoice python = DefaultPython(c.environment, os::SelfExecutable());
+  c.python = python.python;
+  c.python_origin = python.origin;
+  // The package's hand-over is for this dtrun, not for the workers' own.
+  c.environment.erase(kCallerPython);
   CLI::App app{
       "dtrun: launch one worker per slot with torchrun's environment, "
       "host the store, restart failed groups."};

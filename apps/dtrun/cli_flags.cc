@@ -104,8 +104,9 @@ void AddWorkerFlags(CLI::App& app, LaunchConfig& c, RawFlags& raw) {
        "CUDA_VISIBLE_DEVICES when set)",
        workers);
   Flag(app, "--python", c.python,
-       "python interpreter for .py/-m entrypoints (default: $PYTHON_EXEC or "
-       "python3)",
+       "python interpreter for .py/-m entrypoints (default: $PYTHON_EXEC, "
+       "the Python that ran `python -m dtrun`, the python3 of the venv or "
+       "conda environment dtrun is installed in, else python3 from PATH)",
        workers);
   AddStandbyFlags(app, c, workers);
   Flag(app, "--role", c.role, "worker role name (ROLE_NAME)", workers)

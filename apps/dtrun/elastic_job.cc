@@ -205,9 +205,10 @@ int ElasticJob::Run() {
   ro.open_watch = [this] { return backend_->OpenWatch(); };
   rdzv_ =
       std::make_unique<rendezvous::Rendezvous>(backend_->store(), ro, *clock_);
-  log->info("node {} joining rendezvous '{}' at {} ({}..{} nodes); logs in {}",
-            ro.node_id, ro.run_id, backend_->address(), ro.min_nodes,
-            ro.max_nodes, group_.run_dir());
+  log->info(
+      "node {} joining rendezvous '{}' at {} ({}..{} nodes); logs in {}{}",
+      ro.node_id, ro.run_id, backend_->address(), ro.min_nodes, ro.max_nodes,
+      group_.run_dir(), config_.python_note);
   int rc = JoinRounds();
   group_.Finish(rc == kExitSuccess);
   return rc;

@@ -299,8 +299,10 @@ Status ApplyInteractive(LaunchConfig* c) {
         "--interactive runs on the static or c10d backend, not etcd-v2: use "
         "--rdzv-backend=c10d");
   }
-  // Debian's interpreter (the one with torch) unless told otherwise.
-  if (c->python == "python3" && access("/usr/bin/python3", X_OK) == 0) {
+  // Debian's interpreter (the one with torch) unless told otherwise, or
+  // dtrun was started from an environment's Python.
+  if (c->python_origin == PythonOrigin::kPath &&
+      access("/usr/bin/python3", X_OK) == 0) {
     c->python = "/usr/bin/python3";
   }
   c->module = true;
@@ -424,6 +426,8 @@ Status PythonArgv(const std::string& path, LaunchConfig* c) {
   // line, and a worker that crashes does not take its last lines with it.
   c->worker_argv = {interpreter, "-u"};
   c->python_worker = true;
+  c->python_note =
+      PythonNote(interpreter, c->python_origin, os::FindInPath("python3"));
   if (c->module) c->worker_argv.push_back("-m");
   c->worker_argv.push_back(c->module ? program : path);
   c->worker_argv.insert(c->worker_argv.end(), c->entrypoint.begin() + 1,

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "apps/dtrun/endpoint.h"
+#include "apps/dtrun/python_choice.h"
 #include "apps/dtrun/rdzv_config.h"
 #include "rendezvous/util/status.h"
 
@@ -47,7 +48,9 @@ struct LaunchConfig {
   bool module = false;                  // -m: run `python -m entrypoint[0]`
   bool no_python = false;               // --no-python: exec entrypoint directly
   bool run_path = false;                // --run-path: run the file with python
-  std::string python = "python3";       // --python, else $PYTHON_EXEC
+  // --python, else DefaultPython's choice (python_choice.h), and why.
+  std::string python = "python3";
+  PythonOrigin python_origin = PythonOrigin::kPath;
   // --standby-import: modules a standby imports before it forks workers
   // (standby.h); Validate() splits it into standby_modules.
   std::string standby_import;
@@ -151,6 +154,9 @@ struct LaunchConfig {
   std::vector<std::string> worker_argv;
   // Set by Validate(): worker_argv runs the --python interpreter.
   bool python_worker = false;
+  // Set by Validate() for Python workers: PythonNote's text for the start
+  // line, empty when they run python3 from PATH.
+  std::string python_note;
 
   bool multi_node() const { return max_nodes > 1; }
   // Whether the job goes through rendezvous rounds (several nodes, or the

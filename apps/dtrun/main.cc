@@ -13,6 +13,7 @@
 #include "apps/dtrun/posix_worker_group.h"
 #include "apps/dtrun/single_node_job.h"
 #include "rendezvous/util/log.h"
+#include "rendezvous/util/name_lookup.h"
 
 namespace {
 
@@ -41,6 +42,8 @@ int RunJob(const LaunchConfig& config, Job::StoreReady ready) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Before any lookup and any thread (name_lookup.h).
+  dtrun::os::UseBuiltinNameLookup();
   CliResult cli = ParseCommandLine(argc, argv);
   if (cli.exit_code >= 0) return cli.exit_code;
   const Query& q = cli.query;

@@ -65,9 +65,9 @@ int SingleNodeJob::Run() {
     return kExitUsage;
   }
   const AttemptEnv& a = group_.attempt();
-  log->info("store at {}:{}; run id {}; {} worker(s) of {}; logs in {}",
+  log->info("store at {}:{}; run id {}; {} worker(s) of {}{}; logs in {}",
             a.master_addr, a.master_port, a.run_id, config_.nproc_per_node,
-            config_.entrypoint[0], group_.run_dir());
+            config_.entrypoint[0], config_.python_note, group_.run_dir());
   if (on_store_ready)
     on_store_ready(a.master_addr, a.master_port, group_.run_dir());
   // `dtrun --status` finds the job here while it runs.

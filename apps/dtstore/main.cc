@@ -14,6 +14,7 @@
 
 #include "dtrun_version.h"
 #include "rendezvous/util/log.h"
+#include "rendezvous/util/name_lookup.h"
 #include "rendezvous/util/os_util.h"
 #include "rendezvous/store_server.h"
 
@@ -79,6 +80,8 @@ sigset_t BlockStopSignals() {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Before any lookup and any thread (name_lookup.h).
+  dtrun::os::UseBuiltinNameLookup();
   dtrun::rendezvous::StoreServerOptions opts;
   int rc = ParseFlags(argc, argv, &opts);
   if (rc >= 0) return rc;

@@ -3,6 +3,7 @@
 #include "rendezvous/util/os_util.h"
 
 #include <fcntl.h>
+#include <limits.h>
 #include <ftw.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -107,6 +108,12 @@ std::string HostName() {
   char buf[256] = {};
   if (gethostname(buf, sizeof(buf) - 1) != 0) return "";
   return buf;
+}
+
+std::string SelfExecutable() {
+  char buf[PATH_MAX];
+  ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
+  return n > 0 ? std::string(buf, static_cast<size_t>(n)) : "";
 }
 
 std::string FindInPath(const std::string& name) {

@@ -33,6 +33,8 @@ Status WriteFile(const std::string& path, std::string_view text);
 
 // This machine's host name (gethostname), "" if it has none.
 std::string HostName();
+// This process's own binary (/proc/self/exe, links resolved); "" if unknown.
+std::string SelfExecutable();
 // The first executable `name` in $PATH (or /usr/bin:/bin), "" if none.
 std::string FindInPath(const std::string& name);
 // The state letter of /proc/<pid>/stat (R, S, D, Z, T, ...); 0 when gone.

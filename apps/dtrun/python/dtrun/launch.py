@@ -7,10 +7,9 @@ each worker's script gets `--local-rank=N` before its own arguments
 that torch's launcher wrote it); with it, LOCAL_RANK alone, as under
 torchrun. Workers run this Python unless --python or $PYTHON_EXEC says
 otherwise."""
-import os
 import sys
 
-from dtrun._binary import find
+from dtrun._binary import exec_dtrun, find
 
 # torchrun's and dtrun's flags that take no value: anything else that
 # starts with "-" and has no "=" takes the next word.
@@ -49,8 +48,6 @@ def command(argv):
     flags, entry = split(argv)
     use_env = any(f in USE_ENV for f in flags)
     flags = [f for f in flags if f not in USE_ENV]
-    if not any(f.startswith("--python") for f in flags) and "PYTHON_EXEC" not in os.environ:
-        flags.append(f"--python={sys.executable}")
     if use_env or not entry:
         return flags + entry
     kind = "path"
@@ -67,7 +64,7 @@ def main():
     if not exe:
         sys.exit("python -m dtrun.launch: cannot find the dtrun binary (install the "
                  "dtrun wheel, put dtrun on PATH or set $DTRUN)")
-    os.execv(exe, ["dtrun"] + command(sys.argv[1:]))
+    exec_dtrun(exe, command(sys.argv[1:]))
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 from IPython.display import publish_display_data
 
 from dtrun import protocol
-from dtrun._binary import find as find_binary
+from dtrun._binary import environ, find as find_binary
 from dtrun.session import (LabelledLines, Session, SessionError, format_results,
                            format_timeline, parse_ranks, runner_line, spans)
 
@@ -48,7 +48,8 @@ def _start(num_processes, python=None, dtrun=None, gpu_ids=None, timeout=300.0, 
             cmd.append(f"--{name.replace('_', '-')}={value}")
     # dtrun's log to a file (a pipe nobody reads would fill and stop it).
     log = tempfile.TemporaryFile("w+")
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True,
+    # The ranks run the kernel's Python unless --python says otherwise.
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True, env=environ(),
                             start_new_session=True, preexec_fn=_die_with_parent)
     line = proc.stdout.readline()
     try:
