@@ -49,6 +49,7 @@
 
 #include <algorithm>
 
+#include "rendezvous/store_keys.h"
 #include "rendezvous/util/check.h"
 #include "rendezvous/util/describe.h"
 #include "rendezvous/util/log.h"
@@ -217,6 +218,10 @@ Status Rendezvous::Register(const StateDoc& doc) {
   auto slot = store_->Add(keys_.Round(r, "n"), 1);
   if (!slot.ok()) return slot.status();
   joined_round_ = r;
+  // One node of each elastic job says the store hosts it (a round that
+  // closes short then names the other jobs there); best effort. A job of a
+  // fixed size cannot close short: it costs that nothing.
+  if (r == 0 && *slot == 1 && opts_.min_nodes < opts_.max_nodes) NoteRunId();
   last_call_ = LastCall{*slot, opts_.max_nodes};
   // The nodes the round expects are all in: no last call to wait out.
   if (doc.expect >= opts_.min_nodes) last_call_.expect = doc.expect;
@@ -275,7 +280,43 @@ Status Rendezvous::TryClose(int round) {
   Logger("dtrun.rdzv")
       ->info("round {}: closed with {} node(s), ranks written in {}", round,
              count, DescribeSeconds(clock_.Now() - started));
+  if (count < opts_.max_nodes) SayShortRound(round, count);
   return Status::Ok();
+}
+
+// Bounded: a few jobs registering at once on one store retry a few times.
+void Rendezvous::NoteRunId() {
+  std::string seen;
+  for (int i = 0; i < 5; ++i) {
+    std::string next = RunIdsWith(seen, opts_.run_id, clock_.UnixMillis());
+    auto now = store_->CompareSet(keys::kRunIds, seen, next);
+    if (!now.ok() || *now == next) return;
+    seen = *now;
+  }
+}
+
+// An elastic round that closed below its maximum after its last call: how
+// many came and were waited for, and the other jobs that rendezvoused on
+// this store lately (a per-node --rdzv-id, a typo: each node then makes a
+// world of its own without a word).
+void Rendezvous::SayShortRound(int round, int count) {
+  auto log = Logger("dtrun.rdzv");
+  log->warn(
+      "round {}: {} of up to {} node(s) (--nnodes={}:{}) came within the "
+      "last call's {}; the job runs with {}",
+      round, count, opts_.max_nodes, opts_.min_nodes, opts_.max_nodes,
+      DescribeSeconds(opts_.last_call_timeout), count);
+  auto list = store_->Get(keys::kRunIds);
+  if (!list.ok()) return;
+  const int64_t now = clock_.UnixMillis();
+  for (const auto& [id, ms] :
+       OtherRunIds(*list, opts_.run_id, now - opts_.join_timeout.count())) {
+    log->warn(
+        "another job, rdzv id '{}', rendezvoused on this store {} ago while "
+        "this one ('{}') waited for nodes: if they are one job, give every "
+        "node the same --rdzv-id",
+        id, DescribeSeconds(std::chrono::milliseconds(now - ms)), opts_.run_id);
+  }
 }
 
 // Ranks: the closer reads every joiner's records and writes every rank

@@ -152,6 +152,11 @@ class Rendezvous {
   Status Enter(int round, int64_t hint);
   // Closes round `round` when it may close and no other node is closing it.
   Status TryClose(int round);
+  // This job's run id into the store's list (keys::kRunIds).
+  void NoteRunId();
+  // A round closed with `count` < max_nodes: said, with the other jobs the
+  // store saw lately.
+  void SayShortRound(int round, int count);
   // TryClose when this node may close its round: it took the last slot, or
   // the last call is over.
   Status MaybeClose();

@@ -6,7 +6,9 @@
 
 #include <algorithm>
 #include <climits>
+#include <cstdlib>
 #include <set>
+#include <sstream>
 #include <tuple>
 
 #include "rendezvous/store_keys.h"
@@ -135,6 +137,48 @@ std::string RoundKeys::Round(int round, const std::string& suffix) const {
 std::string RoundKeys::Round(int round, const std::string& name,
                              int64_t index) const {
   return Round(round, name + "/" + std::to_string(index));
+}
+
+namespace {
+
+// "<id>@<ms> <id>@<ms> ..." -> (id, ms), oldest first.
+std::vector<std::pair<std::string, int64_t>> ParseRunIds(
+    const std::string& list) {
+  std::vector<std::pair<std::string, int64_t>> out;
+  std::istringstream in(list);
+  std::string word;
+  while (in >> word) {
+    size_t at = word.rfind('@');
+    if (at == std::string::npos || at == 0) continue;
+    out.emplace_back(word.substr(0, at),
+                     std::strtoll(word.c_str() + at + 1, nullptr, 10));
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string RunIdsWith(const std::string& list, const std::string& run_id,
+                       int64_t now_ms, size_t keep) {
+  auto ids = ParseRunIds(list);
+  ids.erase(std::remove_if(ids.begin(), ids.end(),
+                           [&](const auto& e) { return e.first == run_id; }),
+            ids.end());
+  ids.emplace_back(run_id, now_ms);
+  if (ids.size() > keep) ids.erase(ids.begin(), ids.end() - keep);
+  std::string out;
+  for (const auto& [id, ms] : ids)
+    out += (out.empty() ? "" : " ") + id + "@" + std::to_string(ms);
+  return out;
+}
+
+std::vector<std::pair<std::string, int64_t>> OtherRunIds(
+    const std::string& list, const std::string& run_id, int64_t since_ms) {
+  std::vector<std::pair<std::string, int64_t>> out;
+  for (const auto& e : ParseRunIds(list)) {
+    if (e.first != run_id && e.second >= since_ms) out.push_back(e);
+  }
+  return out;
 }
 
 std::string NodeRecord(int64_t hint, const std::string& node_id) {

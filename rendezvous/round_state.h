@@ -92,6 +92,15 @@ class RoundKeys {
   std::string run_id_;
 };
 
+// keys::kRunIds's value with `run_id` registered at `now_ms` (its older
+// entry dropped), the newest `keep` kept. Pure.
+std::string RunIdsWith(const std::string& list, const std::string& run_id,
+                       int64_t now_ms, size_t keep = 32);
+// The run ids of `list` other than `run_id` registered at `since_ms` or
+// later, with when. Pure.
+std::vector<std::pair<std::string, int64_t>> OtherRunIds(
+    const std::string& list, const std::string& run_id, int64_t since_ms);
+
 // A joiner's node record, "<rank hint> <node id>" (hint -1: none).
 std::string NodeRecord(int64_t hint, const std::string& node_id);
 // "<number> <rest>" -> number (-1 when not a number), rest.

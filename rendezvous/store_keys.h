@@ -11,6 +11,8 @@
 //   dtrun/status/<run>/node/<g>    node g's status record, every second
 //   dtrun/status/<run>/nodes       the round's node count (group rank 0)
 //   dtrun/status/last_run          the run `dtrun --status` shows by default
+//   dtrun/rdzv_ids                 the run ids that rendezvoused here lately,
+//                                  "<id>@<unix ms>" (RunIdsWith)
 //   dtrun/stacks/<run>/request     `dtrun --stacks`: the request counter
 //   dtrun/stacks/<run>/<r>/node/<g>  node g's answer to request r
 //
@@ -43,6 +45,7 @@ inline std::string StatusNodes(const std::string& run) {
   return StatusPrefix(run) + "nodes";
 }
 inline constexpr char kLastRun[] = "dtrun/status/last_run";
+inline constexpr char kRunIds[] = "dtrun/rdzv_ids";
 
 inline std::string StacksPrefix(const std::string& run) {
   return "dtrun/stacks/" + run + "/";

@@ -166,8 +166,8 @@ std::optional<TimePoint> Agent::deadline() const {
 
 std::vector<Action> Agent::Stop(Phase phase, int signo, TimePoint now) {
   // Every stop starts a fresh grace period (torchrun: 30 s) before SIGKILL;
-  // the signal goes to each worker's process group, reaching its children
-  // (data loaders) as torch 2.x's killpg does.
+  // the signal goes to each worker, then to the rest of its process group
+  // (data loaders) once it exited, so its handler can still use them.
   phase_ = phase;
   kill_at_ = now + opts_.term_timeout;
   killed_ = false;

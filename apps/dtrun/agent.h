@@ -28,15 +28,20 @@ struct AgentOptions {
 struct WorkerExit {
   int local_rank = 0;
   int pid = 0;
-  int exit_code = 0;  // when it exited
-  int signal = 0;     // when a signal killed it (then exit_code is 0)
+  int exit_code = 0;         // when it exited
+  int signal = 0;            // when a signal killed it (then exit_code is 0)
+  bool core_dumped = false;  // ...and the kernel dumped its core
+  // What the kernel says beyond the exit (KernelWitness::WhyDied): an OOM
+  // kill, a fatal signal's meaning and core; "" when nothing.
+  std::string cause{};
+  bool oom = false;  // the kernel's OOM killer killed it
   bool failed() const { return exit_code != 0 || signal != 0; }
 };
 
 struct Action {
   enum class Kind {
     kStartGroup,   // spawn every local worker for attempt `restart_count`
-    kSignalGroup,  // send `signo` to every live worker's process group
+    kSignalGroup,  // stop every live worker with `signo` (WorkerGroup::Stop)
     kFinish,  // exit: `failed` after the last attempt, or `signo` if stopped
     kGroupStopped,  // the group stopped for a new rendezvous round
                     // (StopForNewRound)

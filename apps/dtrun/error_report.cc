@@ -60,6 +60,8 @@ std::string Block(const WorkerFailure& f, size_t index,
   } else {
     o << "  exitcode  : " << f.exit_code << " (pid: " << f.pid << ")\n";
   }
+  // dtrun's own line: what the kernel said, where it said more than -9.
+  if (!f.cause.empty()) o << "  cause     : " << f.cause << "\n";
   o << "  error_file: " << (f.error_file.empty() ? "<N/A>" : f.error_file)
     << "\n";
   std::string trace;
@@ -179,7 +181,8 @@ std::string FormatFailureSummary(const std::string& entrypoint,
                                  const std::string& host,
                                  const std::vector<WorkerFailure>& failures,
                                  int attempts, const std::string& log_dir,
-                                 int max_restarts) {
+                                 int max_restarts,
+                                 const std::vector<std::string>& gpu_errors) {
   const std::string rule(60, '='), thin(60, '-');
   size_t root = RootCause(failures);
   std::ostringstream o;
@@ -193,6 +196,7 @@ std::string FormatFailureSummary(const std::string& entrypoint,
   if (failures.size() == 1) o << "  <NO_OTHER_FAILURES>\n";
   o << thin << "\nRoot Cause (first observed failure):\n"
     << Block(failures[root], 0, host);
+  for (const std::string& x : gpu_errors) o << "gpu error : " << x << "\n";
   o << thin << "\nattempts  : " << attempts
     << " (--max-restarts=" << (max_restarts < 0 ? attempts - 1 : max_restarts)
     << ")\n";

@@ -17,6 +17,9 @@ struct WorkerFailure {
   std::string error_file;  // path, or empty when none was written
   std::string message;     // "<ExceptionType>: <text>" from the file
   std::string traceback;   // py_callstack from the file
+  // What the kernel said of its death (KernelWitness): an OOM kill, a fatal
+  // signal's meaning and core; "" when nothing.
+  std::string cause{};
 };
 
 // Reads `path` (torchrun's error-file JSON) into `f` when it exists and
@@ -39,12 +42,14 @@ std::string SignalName(int signo);
 // The summary printed when the last attempt failed (torchrun's layout, with
 // the signal named and the log folder given). `attempts` counts the first
 // run; `host` is printed as given; `max_restarts` is the flag's value
-// (-1: attempts - 1, all used). REQUIRES: `failures` is not empty.
-std::string FormatFailureSummary(const std::string& entrypoint,
-                                 const std::string& host,
-                                 const std::vector<WorkerFailure>& failures,
-                                 int attempts, const std::string& log_dir,
-                                 int max_restarts = -1);
+// (-1: attempts - 1, all used); `gpu_errors`, the kernel's Xid lines of
+// the attempt, are quoted after the root cause. REQUIRES: `failures` is not
+// empty.
+std::string FormatFailureSummary(
+    const std::string& entrypoint, const std::string& host,
+    const std::vector<WorkerFailure>& failures, int attempts,
+    const std::string& log_dir, int max_restarts = -1,
+    const std::vector<std::string>& gpu_errors = {});
 
 // torchrun's own @record behaviour: the root cause's error JSON, with
 // "errorCode" added, for the scheduler's $TORCHELASTIC_ERROR_FILE.

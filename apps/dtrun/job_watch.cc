@@ -117,6 +117,8 @@ void JobWatch::OnHang(int restart_count) {
        "attempt " + std::to_string(restart_count) + " hung", -1});
 }
 
+void JobWatch::OnOomKill() { ++counts_.oom_kills; }
+
 void JobWatch::OnFinished() {
   if (health_) health_->SetPhase(HealthPhase::kStarting, kLoopSilentLimit);
 }
@@ -381,9 +383,10 @@ void JobWatch::RecordEvents(const GroupView& view,
   // group TERMINATED, all SUCCEEDED otherwise.
   std::map<int, std::string> failed;  // local rank -> how
   for (const WorkerExit& x : failures) {
-    failed[x.local_rank] = x.signal
-                               ? SignalName(x.signal)
-                               : "exit code " + std::to_string(x.exit_code);
+    failed[x.local_rank] =
+        (x.signal ? SignalName(x.signal)
+                  : "exit code " + std::to_string(x.exit_code)) +
+        (x.cause.empty() ? "" : ": " + x.cause);
   }
   for (const auto& [local_rank, pid] : view.pids) {
     ElasticEvent w = e;

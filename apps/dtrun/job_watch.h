@@ -78,6 +78,7 @@ class JobWatch {
   void OnSpawning(int restart_count);
   void OnSpawned(double attempt_started);  // unix seconds
   void OnHang(int restart_count);
+  void OnOomKill();   // the kernel's OOM killer killed a worker
   void OnFinished();  // the attempt is over; what comes next is starting
   // --event-log-handler and the report: the attempt of `view` ended.
   void OnAttemptEnded(const GroupView& view, const std::string& cause);

@@ -67,6 +67,10 @@ Status LocalGroup::Prepare(const std::string& run_id) {
   attempt_.signals_to_handle = config_.signals_to_handle;
   attempt_.virtual_local_rank = config_.virtual_local_rank;
   base_env_ = config_.environment;
+  // A Python worker that dies of SIGSEGV, SIGBUS, SIGILL, SIGFPE or SIGABRT
+  // prints its Python stack first, as a user's PYTHONFAULTHANDLER would.
+  if (config_.python_worker && !base_env_.count("PYTHONFAULTHANDLER"))
+    base_env_["PYTHONFAULTHANDLER"] = "1";
   copies_.PersistOrphans();
   copies_.AddEnv(&base_env_);
   if (config_.nproc_per_node > 1 && !base_env_.count("OMP_NUM_THREADS")) {
@@ -234,13 +238,18 @@ void LocalGroup::OnChildExits() {
     exit_time_[e.pid] = os::UnixNow();
     hang_.OnExit(e.local_rank);
     const bool first_failure = e.failed() && agent_.phase() == Phase::kRunning;
+    // What the kernel said counts only for deaths dtrun did not cause.
+    if (e.failed() && agent_.phase() == Phase::kRunning && !e.cause.empty())
+      cause_[e.pid] = e.cause;
+    if (e.oom && agent_.phase() == Phase::kRunning) watch_.OnOomKill();
     if (first_failure) {
       watch_.OnWorkerFailed(exit_time_[e.pid]);
       std::string how = e.signal ? SignalName(e.signal)
                                  : "exit code " + std::to_string(e.exit_code);
       Logger("dtrun.agent")
-          ->warn("worker local_rank {} (pid {}) failed: {}", e.local_rank,
-                 e.pid, how);
+          ->warn("worker local_rank {} (pid {}) failed: {}{}", e.local_rank,
+                 e.pid, how, e.cause.empty() ? "" : ": " + e.cause);
+      NoteGpuErrors();
       PublishCrash(e, how);
       CheckProgress();
     }
@@ -342,7 +351,7 @@ void LocalGroup::Apply(const std::vector<Action>& actions) {
         break;
       case Action::Kind::kSignalGroup:
         for (const auto& [local_rank, pid] : pids_)
-          workers_->Signal(pid, a.signo);
+          workers_->Stop(pid, a.signo);
         break;
       case Action::Kind::kFinish:
         OnFinished(a);
@@ -447,6 +456,9 @@ void LocalGroup::StartWorkers(int restart_count) {
   timer_.Open(run_dir_);
   pids_.clear();
   spawn_error_.clear();
+  cause_.clear();
+  gpu_errors_.clear();
+  (void)workers_->KernelErrors();  // an earlier attempt's
   AwaitStandby();
   std::string pid_list;
   int warm = 0;
@@ -594,6 +606,9 @@ void LocalGroup::Finish(bool succeeded) {
   // Workers are gone, but a grandchild holding a pipe open must not keep
   // dtrun alive: forward what is there for up to a second, then close.
   workers_->Drain(milliseconds(1000));
+  // Said when it happened, and again here, where a person reads last.
+  for (const std::string& e : workers_->LogErrors())
+    WriteAll(2, "dtrun: a worker log file was cut short: " + e + "\n");
   watch_.RecordEnd(View(), agent_.failures(), succeeded);
   // A temporary folder goes, unless it holds the filtered copies asked for.
   bool keep = !config_.duplicate_stdout_filters.empty() ||

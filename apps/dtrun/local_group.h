@@ -137,6 +137,9 @@ class LocalGroup {
   // --max-restarts-without-progress, when an attempt fails.
   void CheckProgress();
   std::string AttemptCause() const;
+  // The kernel's GPU errors since the last look, logged and kept for the
+  // attempt's summary.
+  void NoteGpuErrors();
   // Every 10 ms while the group runs: new beats to the hang watch and the
   // watchers.
   void ReadBeats();
@@ -173,6 +176,8 @@ class LocalGroup {
   std::map<int, double> exit_time_;  // pid -> unix seconds its exit was seen
   std::map<int, std::string> spawn_error_;  // local rank -> why exec failed
   std::map<int, bool> abandoned_;           // pids that outlived SIGKILL
+  std::map<int, std::string> cause_;        // pid -> what the kernel said of it
+  std::vector<std::string> gpu_errors_;     // this attempt's Xid lines
   // [checkpoint] mode = "memory": the workers' copies in shared memory
   CheckpointCopies copies_;
 };

@@ -4,10 +4,12 @@
 #include <string>
 #include <vector>
 
+#include "apps/dtrun/death_cause.h"
 #include "apps/dtrun/exit_code.h"
 #include "apps/dtrun/local_group.h"
 #include "rendezvous/util/check.h"
 #include "rendezvous/util/console.h"
+#include "rendezvous/util/log.h"
 #include "rendezvous/util/os_util.h"
 
 namespace dtrun::agent {
@@ -56,6 +58,7 @@ std::vector<WorkerFailure> LocalGroup::Failures() {
     f.signal = e.signal;
     f.timestamp = exit_time_.count(e.pid) ? exit_time_[e.pid] : os::UnixNow();
     ReadErrorFile(ErrorFilePath(attempt_, e.local_rank), &f);
+    if (cause_.count(e.pid)) f.cause = cause_[e.pid];
     timer_.Describe(attempt_dir_, &f);
     if (f.message.empty() && spawn_error_.count(e.local_rank))
       f.message = spawn_error_[e.local_rank];
@@ -68,16 +71,25 @@ std::vector<WorkerFailure> LocalGroup::Failures() {
 int LocalGroup::ReportFailure() {
   std::vector<WorkerFailure> failures = Failures();
   DTRUN_CHECK(!failures.empty()) << "a failed attempt with no failed worker";
+  NoteGpuErrors();
   const std::string& program = config_.entrypoint[0];
   WriteAll(2, FormatFailureSummary(program.substr(program.rfind('/') + 1),
                                    os::HostName(), failures,
                                    agent_.restart_count() + 1, run_dir_,
-                                   config_.max_restarts));
+                                   config_.max_restarts, gpu_errors_));
   const WorkerFailure& root = failures[RootCause(failures)];
   if (!config_.error_file.empty())
     (void)os::WriteFile(config_.error_file, RootCauseJson(root));
   if (agent_.gave_up()) {
-    WriteAll(2, "dtrun: " + agent_.why_gave_up() + "\n");
+    // Restarts cannot cure a worker that outgrows its memory: say it is that.
+    bool oom = root.cause.rfind(kOomKilledBy, 0) == 0;
+    WriteAll(2, "dtrun: " + agent_.why_gave_up() +
+                    (oom ? "; the last root cause was " + root.cause +
+                               ": give the workers more memory or make them "
+                               "use less (a smaller batch), restarting will "
+                               "not help"
+                         : "") +
+                    "\n");
     return kExitNoProgress;
   }
   return ExitCodeFor(root);
@@ -91,10 +103,19 @@ std::string LocalGroup::AttemptCause() const {
   if (agent_.hung()) return "hung (no heartbeat within --hang-timeout)";
   if (agent_.failures().empty()) return "succeeded";
   const WorkerExit& e = agent_.failures().front();
+  auto cause = cause_.find(e.pid);
   return "failed: rank " +
          std::to_string(assignment_.base_rank + e.local_rank) + " " +
          (e.signal ? SignalName(e.signal)
-                   : "exit code " + std::to_string(e.exit_code));
+                   : "exit code " + std::to_string(e.exit_code)) +
+         (cause == cause_.end() ? "" : ": " + cause->second);
+}
+
+void LocalGroup::NoteGpuErrors() {
+  for (std::string& x : workers_->KernelErrors()) {
+    Logger("dtrun.agent")->error("the kernel logged a GPU error: {}", x);
+    gpu_errors_.push_back(std::move(x));
+  }
 }
 
 }  // namespace dtrun::agent

@@ -7,9 +7,11 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstring>
 #include <vector>
 
 #include "rendezvous/util/console.h"
+#include "rendezvous/util/log.h"
 
 namespace dtrun::agent {
 
@@ -43,6 +45,20 @@ LogMux::~LogMux() { CloseAll(); }
 
 void LogMux::Add(int fd, const StreamRoute& route) {
   streams_[fd].route = route;
+  if (!route.file_error.empty())
+    FileFailed(streams_[fd].route, route.file_error);
+}
+
+void LogMux::FileFailed(StreamRoute& route, const std::string& why) {
+  std::string what = route.file_path + ": " + why;
+  file_errors_.push_back(what);
+  Logger("dtrun.agent")
+      ->error(
+          "cannot write the log file {}; that stream's lines from here on "
+          "are not in it (the console still shows them when it is told to)",
+          what);
+  if (route.file_fd >= 0) close(route.file_fd);
+  route.file_fd = -1;
 }
 
 std::vector<int> LogMux::fds() const {
@@ -51,7 +67,7 @@ std::vector<int> LogMux::fds() const {
   return out;
 }
 
-void LogMux::Write(const StreamRoute& route, std::string_view line) {
+void LogMux::Write(StreamRoute& route, std::string_view line) {
   // One write per line and destination: lines never interleave mid-line.
   // The file is per worker and per stream, so it gets no prefix; the console
   // mixes every worker and needs one.
@@ -59,7 +75,18 @@ void LogMux::Write(const StreamRoute& route, std::string_view line) {
   buf.reserve(route.prefix.size() + line.size() + 1);
   if (route.file_fd >= 0) {
     buf.append(line).push_back('\n');
-    WriteAll(route.file_fd, buf);
+    // A full disk (ENOSPC) or a dying one (EIO) must not go unsaid: the job
+    // goes on, and the file ends where the writes stopped.
+    std::string_view rest = buf;
+    while (!rest.empty()) {
+      ssize_t n = ::write(route.file_fd, rest.data(), rest.size());
+      if (n > 0) {
+        rest.remove_prefix(static_cast<size_t>(n));
+      } else if (n < 0 && errno != EINTR) {
+        FileFailed(route, std::strerror(errno));
+        break;
+      }
+    }
     buf.clear();
   }
   if (route.console_fd >= 0 || route.filtered_fd >= 0) {

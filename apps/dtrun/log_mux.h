@@ -30,6 +30,8 @@ struct StreamRoute {
   // Lines holding any of `filters` are also written to `filtered_fd`.
   std::vector<std::string> filters;
   int filtered_fd = -1;
+  std::string file_path{};   // the log file's path, for a message if it fails
+  std::string file_error{};  // why it could not be opened; "" when it was
 };
 
 // Reads worker pipes and forwards whole lines, so lines of different
@@ -47,16 +49,22 @@ class LogMux {
   // every stream. Does not wait for writers still running.
   void CloseAll();
   std::vector<int> fds() const;
+  // Each log file that could not be opened or written ("PATH: why"), once;
+  // its lines went on to the console only (when shown there).
+  const std::vector<std::string>& file_errors() const { return file_errors_; }
 
  private:
   struct Stream {
     StreamRoute route;
     LineSplitter splitter;
   };
-  void Write(const StreamRoute& route, std::string_view line);
+  void Write(StreamRoute& route, std::string_view line);
   void Close(int fd);
+  // A log file gone bad: said once, and no more written to it.
+  void FileFailed(StreamRoute& route, const std::string& why);
 
   std::map<int, Stream> streams_;
+  std::vector<std::string> file_errors_;
 };
 
 // Writes all of `data` to `fd`, retrying on EINTR/partial writes and polling

@@ -234,6 +234,9 @@ std::string MetricsText(const nlohmann::json& node, const JobCounts& counts) {
                  counts.hangs) +
          Counter("dtrun_stragglers_total", "Stragglers named.", run,
                  counts.stragglers) +
+         Counter("dtrun_oom_kills_total",
+                 "Workers the kernel's OOM killer killed.", run,
+                 counts.oom_kills) +
          Histogram("dtrun_recovery_seconds",
                    "Seconds from a worker's failure to the next step every "
                    "new worker completed.",

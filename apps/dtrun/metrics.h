@@ -27,9 +27,10 @@ namespace dtrun::agent {
 
 // What the status record does not carry: counts over the whole job.
 struct JobCounts {
-  int64_t restarts = 0;                  // attempts after the first
-  int64_t hangs = 0;                     // attempts stopped as hung
-  int64_t stragglers = 0;                // stragglers named
+  int64_t restarts = 0;    // attempts after the first
+  int64_t hangs = 0;       // attempts stopped as hung
+  int64_t stragglers = 0;  // stragglers named
+  int64_t oom_kills = 0;   // workers the kernel's OOM killer killed
   std::vector<double> recovery_seconds;  // failure -> next step, each time
 };
 

@@ -20,6 +20,7 @@
 #include <signal.h>
 #include <sched.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <linux/close_range.h>
 #include <unistd.h>
@@ -47,8 +48,10 @@ StreamRoute ToStreamRoute(const OutputRoute& route, int pid) {
     out.prefix.replace(at, key.size(), value);
   }
   if (!route.file.empty()) {
+    out.file_path = route.file;
     out.file_fd = open(route.file.c_str(),
                        O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (out.file_fd < 0) out.file_error = std::strerror(errno);
   }
   if (!route.filtered_file.empty()) {
     out.filters = route.filters;
@@ -110,6 +113,7 @@ int SpawnTool(const ToolRun& tool) {
 }  // namespace
 
 Result<int> PosixWorkerGroup::Spawn(const WorkerSpec& spec) {
+  KillLingering();
   int out[2], err[2];
   if (pipe2(out, O_CLOEXEC | O_NONBLOCK) != 0) {
     return Status::Io(std::string("pipe: ") + std::strerror(errno));
@@ -125,6 +129,7 @@ Result<int> PosixWorkerGroup::Spawn(const WorkerSpec& spec) {
   close(err[1]);
   // The pipes are read even when exec failed: the mux closes them at EOF.
   int shown_pid = pid.ok() ? *pid : 0;
+  if (pid.ok()) witness_.Watch(*pid);
   mux_.Add(out[0], ToStreamRoute(spec.out, shown_pid));
   mux_.Add(err[0], ToStreamRoute(spec.err, shown_pid));
   return pid;
@@ -287,6 +292,17 @@ void PosixWorkerGroup::Signal(int pid, int signo) {
   if (kill(-pid, signo) != 0) kill(pid, signo);
 }
 
+void PosixWorkerGroup::Stop(int pid, int signo) {
+  if (signo == SIGKILL || local_rank_of_.count(pid) == 0)
+    return Signal(pid, signo);
+  // The worker alone first: its handler may still need its own children (a
+  // DataLoader's workers, a data server) for an emergency save, which
+  // torch 2.x's killpg takes from it. The rest of its group gets the signal
+  // when it exits (Reap), and SIGKILL at the grace's end reaches them all.
+  kill(pid, signo);
+  group_signal_[pid] = signo;
+}
+
 std::vector<int> PosixWorkerGroup::output_fds() const {
   std::vector<int> fds = mux_.fds();
   if (standby_ && !standby_said_) fds.push_back(standby_->fd());
@@ -323,7 +339,10 @@ std::vector<WorkerExit> PosixWorkerGroup::Reap() {
   std::vector<WorkerExit> out;
   for (;;) {
     int status = 0;
-    pid_t pid = waitpid(-1, &status, WNOHANG);
+    rusage usage{};
+    // wait4 for the child's peak RSS (the kernel's high-water mark), which
+    // an OOM kill's account quotes.
+    pid_t pid = wait4(-1, &status, WNOHANG, &usage);
     if (pid <= 0) break;
     if (standby_ && pid == standby_->pid()) {
       standby_->OnExited();
@@ -346,10 +365,27 @@ std::vector<WorkerExit> PosixWorkerGroup::Reap() {
     e.pid = pid;
     if (WIFEXITED(status)) e.exit_code = WEXITSTATUS(status);
     if (WIFSIGNALED(status)) e.signal = WTERMSIG(status);
+    if (WIFSIGNALED(status)) e.core_dumped = WCOREDUMP(status);
+    e.cause = witness_.WhyDied(e, static_cast<double>(usage.ru_maxrss) / 1024,
+                               &e.oom);
+    auto pending = group_signal_.find(pid);
+    if (pending != group_signal_.end()) {
+      kill(-pid, pending->second);  // the children it left, now it is done
+      group_signal_.erase(pending);
+      lingering_.insert(pid);
+    }
     local_rank_of_.erase(it);
     out.push_back(e);
   }
   return out;
+}
+
+std::vector<std::string> PosixWorkerGroup::LogErrors() const {
+  return mux_.file_errors();
+}
+
+std::vector<std::string> PosixWorkerGroup::KernelErrors() {
+  return witness_.GpuErrors();
 }
 
 void PosixWorkerGroup::ReadPending(milliseconds limit) {
@@ -365,6 +401,14 @@ void PosixWorkerGroup::Drain(milliseconds limit) {
     PollOutput(mux_.fds(), 50, [this](int fd) { mux_.OnReadable(fd); });
   }
   mux_.CloseAll();
+  KillLingering();
+}
+
+// Children of stopped workers that outlived the signal their group got at
+// the worker's exit: the attempt is over, nothing of it may run on.
+void PosixWorkerGroup::KillLingering() {
+  for (int group : lingering_) kill(-group, SIGKILL);
+  lingering_.clear();
 }
 
 void PosixWorkerGroup::RunTools(const std::vector<ToolRun>& tools,

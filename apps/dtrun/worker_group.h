@@ -56,12 +56,23 @@ class WorkerGroup {
   // starting (StandbyWait), its socket among output_fds(); zero with none,
   // a ready one, a first start, or once a restart waited and started cold.
   virtual std::chrono::milliseconds standby_wait() const { return {}; }
+  // What the kernel logged of GPU failures (NVIDIA's Xid lines) since the
+  // last call, described (death_cause.h); none where nothing reads it.
+  virtual std::vector<std::string> KernelErrors() { return {}; }
+  // Each worker log file that could not be opened or written ("PATH:
+  // why"), in the order it happened; said once in the log when it did.
+  virtual std::vector<std::string> LogErrors() const { return {}; }
   // Starts one worker leading a process group of its own, its output
   // forwarded whole lines at a time. Returns its pid, or why it could not be
   // started (then nothing of it runs).
   virtual Result<int> Spawn(const WorkerSpec& spec) = 0;
   // Sends `signo` to the process group led by `pid`; a no-op once reaped.
   virtual void Signal(int pid, int signo) = 0;
+  // Stops the worker `pid` with `signo`: the worker first, the rest of the
+  // process group it leads once it exited (its handler may still need its
+  // children to save); SIGKILL to the whole group at once. A no-op once
+  // reaped.
+  virtual void Stop(int pid, int signo) { Signal(pid, signo); }
   // Every worker that exited since the last call; never blocks.
   virtual std::vector<WorkerExit> Reap() = 0;
 

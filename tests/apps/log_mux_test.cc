@@ -94,5 +94,34 @@ TEST(LogMuxTest, FilteredLinesAlsoGoToTheirFile) {
   close(filtered[0]);
 }
 
+// A log file on a full disk (/dev/full: every write is ENOSPC): said once,
+// the console keeps every line.
+TEST(LogMuxTest, AFileThatCannotBeWrittenIsSaidOnceAndTheConsoleGoesOn) {
+  int console[2], a[2];
+  ASSERT_EQ(pipe(console), 0);
+  ASSERT_EQ(pipe2(a, O_NONBLOCK), 0);
+  int full = open("/dev/full", O_WRONLY | O_CLOEXEC);
+  ASSERT_GE(full, 0);
+  std::vector<std::string> errors;
+  {
+    LogMux mux;
+    StreamRoute route{console[1], "", full, {}, -1};
+    route.file_path = "/logs/0/stdout.log";
+    mux.Add(a[0], route);
+    ASSERT_EQ(write(a[1], "one\ntwo\n", 8), 8);
+    mux.OnReadable(a[0]);
+    ASSERT_EQ(write(a[1], "three\n", 6), 6);
+    close(a[1]);
+    mux.OnReadable(a[0]);
+    mux.CloseAll();
+    errors = mux.file_errors();
+  }
+  close(console[1]);
+  EXPECT_EQ(ReadAll(console[0]), "one\ntwo\nthree\n");
+  close(console[0]);
+  EXPECT_EQ(errors, std::vector<std::string>{
+                        "/logs/0/stdout.log: No space left on device"});
+}
+
 }  // namespace
 }  // namespace dtrun::agent

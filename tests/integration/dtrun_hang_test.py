@@ -68,12 +68,12 @@ class HangTest(unittest.TestCase):
         self.assertIn("no heartbeat yet, after", err)
         self.assertIn("exit code : 124", err)
 
-    def test_without_the_flag_beats_are_given_but_no_stack_handler(self):
+    def test_without_the_flag_beats_and_faulthandler_are_given_but_no_timer(self):
         rc, out, _, _ = self.dtrun(WORKER, "env")
         self.assertEqual(rc, 0)
         # The beat file feeds --status and the straggler scores in any job.
         self.assertRegex(out, r"DTRUN_HEARTBEAT_FILE=\S+/attempt_0/0/heartbeat")
-        self.assertIn("PYTHONFAULTHANDLER=<unset>", out)
+        self.assertIn("PYTHONFAULTHANDLER=1", out)  # Python workers: on by default
         self.assertIn("TORCHELASTIC_TIMER_FILE=<unset>", out)
         rc, out, _, _ = self.dtrun("--hang-timeout=5", WORKER, "env")
         self.assertRegex(out, r"DTRUN_HEARTBEAT_FILE=\S+/attempt_0/0/heartbeat")

@@ -253,5 +253,20 @@ TEST(SafetyNetTest, ReadsLessOftenAsTheWaitGoesOn) {
   EXPECT_EQ(reads, (std::vector<int>{10, 30, 70, 150, 270, 390, 510}));
 }
 
+// The store's list of recent run ids: one entry per id, the newest last,
+// bounded; the others' since a time.
+TEST(RunIdsTest, RegistersOnceKeepsTheNewestAndNamesTheOthers) {
+  std::string list = RunIdsWith("", "a", 1000);
+  EXPECT_EQ(list, "a@1000");
+  list = RunIdsWith(list, "b", 2000);
+  list = RunIdsWith(list, "a", 3000);  // again: moved, not repeated
+  EXPECT_EQ(list, "b@2000 a@3000");
+  EXPECT_EQ(OtherRunIds(list, "a", 0),
+            (std::vector<std::pair<std::string, int64_t>>{{"b", 2000}}));
+  EXPECT_TRUE(OtherRunIds(list, "a", 2001).empty());  // too old to matter
+  EXPECT_EQ(RunIdsWith("x@1 y@2 z@3", "w", 4, 2), "z@3 w@4");
+  EXPECT_EQ(RunIdsWith("garbage @5 q@7", "w", 9), "q@7 w@9");
+}
+
 }  // namespace
 }  // namespace dtrun::rendezvous
