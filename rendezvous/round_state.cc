@@ -172,6 +172,15 @@ std::string RunIdsWith(const std::string& list, const std::string& run_id,
   return out;
 }
 
+std::string RunIdsWithout(const std::string& list, const std::string& run_id) {
+  std::string out;
+  for (const auto& [id, ms] : ParseRunIds(list)) {
+    if (id != run_id)
+      out += (out.empty() ? "" : " ") + id + "@" + std::to_string(ms);
+  }
+  return out;
+}
+
 std::vector<std::pair<std::string, int64_t>> OtherRunIds(
     const std::string& list, const std::string& run_id, int64_t since_ms) {
   std::vector<std::pair<std::string, int64_t>> out;

@@ -96,6 +96,8 @@ class RoundKeys {
 // entry dropped), the newest `keep` kept. Pure.
 std::string RunIdsWith(const std::string& list, const std::string& run_id,
                        int64_t now_ms, size_t keep = 32);
+// `list` without `run_id`'s entry. Pure.
+std::string RunIdsWithout(const std::string& list, const std::string& run_id);
 // The run ids of `list` other than `run_id` registered at `since_ms` or
 // later, with when. Pure.
 std::vector<std::pair<std::string, int64_t>> OtherRunIds(

@@ -7,6 +7,7 @@
 
 #include "apps/dtrun/endpoint.h"
 #include "rendezvous/etcd_store.h"
+#include "rendezvous/round_state.h"
 #include "rendezvous/store_client.h"
 #include "rendezvous/store_keys.h"
 #include "rendezvous/util/log.h"
@@ -233,6 +234,7 @@ class EtcdBackend : public RendezvousBackend {
   void RemoveJobKeys(const std::string& run) override;
 
  private:
+  void RemoveRunId(const std::string& run);
   rendezvous::EtcdClient* etcd_;  // inside store_
   rendezvous::EtcdStore store_;
   std::map<std::string, std::string> settings_;  // StoreLocation's
@@ -251,6 +253,26 @@ void EtcdBackend::RemoveJobKeys(const std::string& run) {
           ->warn("cannot remove the job's keys {}* from etcd: {}", prefix,
                  n.status().message());
     }
+  }
+  RemoveRunId(run);
+}
+
+// The job's entry in the store's list of run ids (Rendezvous::NoteRunId),
+// and the list itself once empty; a few tries against jobs doing the same.
+void EtcdBackend::RemoveRunId(const std::string& run) {
+  auto list = store_.MultiGet({rendezvous::keys::kRunIds});
+  if (!list.ok()) return;
+  std::string seen = (*list)[0];
+  for (int i = 0; i < 5 && !seen.empty(); ++i) {
+    std::string next = rendezvous::RunIdsWithout(seen, run);
+    if (next.empty()) {
+      (void)store_.DeleteKey(rendezvous::keys::kRunIds);
+      return;
+    }
+    if (next == seen) return;
+    auto now = store_.CompareSet(rendezvous::keys::kRunIds, seen, next);
+    if (!now.ok() || *now == next) return;
+    seen = *now;
   }
 }
 

@@ -266,6 +266,8 @@ TEST(RunIdsTest, RegistersOnceKeepsTheNewestAndNamesTheOthers) {
   EXPECT_TRUE(OtherRunIds(list, "a", 2001).empty());  // too old to matter
   EXPECT_EQ(RunIdsWith("x@1 y@2 z@3", "w", 4, 2), "z@3 w@4");
   EXPECT_EQ(RunIdsWith("garbage @5 q@7", "w", 9), "q@7 w@9");
+  EXPECT_EQ(RunIdsWithout("b@2000 a@3000", "b"), "a@3000");
+  EXPECT_EQ(RunIdsWithout("a@3000", "a"), "");
 }
 
 }  // namespace
