@@ -13,6 +13,7 @@
 
 #include <condition_variable>
 #include <deque>
+#include <map>
 #include <future>
 #include <mutex>
 #include <random>
@@ -98,6 +99,10 @@ struct DistributedDataParallel::Impl {
     c10::intrusive_ptr<c10d::Work> work;
     int64_t shm_offset = 0;  // where `flat` sits in this rank's shared region
     std::future<Status> shm_work;
+    // A bfloat16 or float16 bucket on the CPU is summed in float32 (gloo
+    // has no bfloat16 sum on every libtorch the project supports): this is
+    // its float32 copy while its all-reduce runs.
+    at::Tensor staged;
   };
 
   // before `buckets`: their flats may live in it
@@ -125,11 +130,17 @@ struct DistributedDataParallel::Impl {
   // The bucket's memory for parameter k, shaped as the parameter. Not an
   // autograd view (from_blob aliases the memory): libtorch's zero_grad()
   // detaches .grad in place, which a view refuses.
+  // A bucket holds one dtype (its parameters'), so the address is counted
+  // in that dtype's elements.
+  void* SliceOf(size_t k) {
+    Bucket& b = buckets[bucket_of[k]];
+    return static_cast<char*>(b.flat.data_ptr()) +
+           offset_of[k] * static_cast<int64_t>(b.flat.element_size());
+  }
   at::Tensor GradAlias(size_t k) {
     const at::Tensor& p = params[k];
     Bucket& b = buckets[bucket_of[k]];
-    return at::from_blob(static_cast<float*>(b.flat.data_ptr()) + offset_of[k],
-                         p.sizes(), b.flat.options());
+    return at::from_blob(SliceOf(k), p.sizes(), b.flat.options());
   }
   // Makes parameter k's .grad the bucket's memory again, its values kept
   // (zeros when it has none).
@@ -166,23 +177,26 @@ struct DistributedDataParallel::Impl {
   }
   bool Aliased(size_t k) {
     const at::Tensor& g = params[k].grad();
-    Bucket& b = buckets[bucket_of[k]];
-    return g.defined() &&
-           g.data_ptr() ==
-               static_cast<void*>(static_cast<float*>(b.flat.data_ptr()) +
-                                  offset_of[k]);
+    return g.defined() && g.data_ptr() == SliceOf(k);
   }
 
+  // Broadcast moves bytes: a bfloat16 tensor on the CPU goes as float16,
+  // bit for bit (gloo on libtorch 1.13 refuses bfloat16 and int16).
   void Broadcast(const at::Tensor& t) {
-    std::vector<at::Tensor> v{t};
+    std::vector<at::Tensor> v{t.device().is_cpu() &&
+                                      t.scalar_type() == at::kBFloat16
+                                  ? t.view(at::kHalf)
+                                  : t};
     c10d::BroadcastOptions o;
     o.rootRank = 0;
     pg->broadcast(v, o)->wait();
   }
 
-  // Buckets depend only on the parameters' sizes and the cap, so every rank
-  // builds the same ones: collectives pair up across ranks by the order they
-  // are issued in, so every rank must issue the same ones.
+  // Buckets depend only on the parameters' sizes, dtypes, devices and the
+  // cap, so every rank builds the same ones: collectives pair up across
+  // ranks by the order they are issued in, so every rank must issue the
+  // same ones. One bucket holds one dtype on one device (as PyTorch's DDP):
+  // a parameter goes into the open bucket of its kind.
   void BuildBuckets() {
     const int64_t cap = static_cast<int64_t>(opts.bucket_cap_mb * 1024 * 1024);
     // The first bucket (the last layers, whose gradients come first) is small,
@@ -190,25 +204,33 @@ struct DistributedDataParallel::Impl {
     const int64_t first_cap = std::min<int64_t>(cap, 1 << 20);
     bucket_of.assign(params.size(), 0);
     offset_of.assign(params.size(), 0);
-    int64_t bytes = 0;
+    struct Open {
+      size_t bucket;
+      int64_t bytes;
+    };
+    std::map<std::pair<int, std::string>, Open> open;  // by dtype, device
     // Reverse registration order: backward produces the last layers'
     // gradients first, so buckets fill (and start) one after another.
     for (size_t k = params.size(); k-- > 0;) {
       const at::Tensor& p = params[k];
       int64_t size = p.numel() * static_cast<int64_t>(p.element_size());
       int64_t limit = buckets.size() <= 1 ? first_cap : cap;
-      if (buckets.empty() || (bytes + size > limit && bytes > 0)) {
+      const std::pair<int, std::string> kind{
+          static_cast<int>(p.scalar_type()), p.device().str()};
+      auto it = open.find(kind);
+      if (it == open.end() ||
+          (it->second.bytes + size > limit && it->second.bytes > 0)) {
         buckets.emplace_back();
-        bytes = 0;
+        it = open.insert_or_assign(kind, Open{buckets.size() - 1, 0}).first;
       }
-      Bucket& b = buckets.back();
-      bucket_of[k] = buckets.size() - 1;
+      it->second.bytes += size;
+      Bucket& b = buckets[it->second.bucket];
+      bucket_of[k] = it->second.bucket;
       offset_of[k] = b.offsets.empty()
                          ? 0
                          : b.offsets.back() + params[b.params.back()].numel();
       b.params.push_back(k);
       b.offsets.push_back(offset_of[k]);
-      bytes += size;
     }
   }
 
@@ -286,12 +308,21 @@ struct DistributedDataParallel::Impl {
             shm->Launch([offset, n, timeout = opts.timeout](ShmAllreduce& seg) {
               return seg.Allreduce(offset, n, timeout);
             });
+      } else if (Staged(b)) {
+        b.staged = b.flat.to(at::kFloat);
+        std::vector<at::Tensor> v{b.staged};
+        b.work = pg->allreduce(v);
       } else {
         std::vector<at::Tensor> v{b.flat};
         b.work = pg->allreduce(v);
       }
       ++next_launch;
     }
+  }
+
+  static bool Staged(const Bucket& b) {
+    return b.flat.device().is_cpu() && (b.flat.scalar_type() == at::kBFloat16 ||
+                                        b.flat.scalar_type() == at::kHalf);
   }
 
   // A failed shared-memory all-reduce (a local rank died or hangs) throws,
@@ -393,7 +424,12 @@ void DistributedDataParallel::SyncGradients() {
   // other rank reads this rank's region between all-reduces.
   for (auto& b : d.buckets) {
     d.Wait(b);
-    b.flat.div_(world);
+    if (b.staged.defined()) {  // the mean in float32, rounded once
+      b.flat.copy_(b.staged.div_(world));
+      b.staged = at::Tensor();
+    } else {
+      b.flat.div_(world);
+    }
     b.pending = b.params.size();
   }
   d.ready.assign(d.params.size(), false);

@@ -47,7 +47,8 @@ struct DdpOptions {
 // Data parallelism for any torch::nn::Module. At construction, parameters
 // (and buffers) are broadcast from rank 0 and gradients are packed into
 // buckets of at most bucket_cap_mb, in reverse registration order (the order
-// backward produces them). Each parameter's .grad is its slice of its
+// backward produces them), one dtype and device per bucket (bfloat16 and
+// float16 buckets on the CPU are summed in float32). Each parameter's .grad is its slice of its
 // bucket, so autograd accumulates into the buckets and nothing is copied.
 // During backward, each bucket's all-reduce starts asynchronously the
 // moment its last gradient is accumulated (hooks on the gradient
