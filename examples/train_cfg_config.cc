@@ -52,7 +52,7 @@ const std::map<std::string, std::set<std::string>> kKeys = {
      {"type", "backend", "device", "bucket_cap_mb", "min_unit_params",
       "reshard_after_forward", "prefetch", "param_dtype", "reduce_dtype",
       "cpu_offload", "shared_memory"}},
-    {"optimizer", {"type", "lr", "momentum", "weight_decay"}},
+    {"optimizer", {"type", "lr", "momentum", "weight_decay", "max_grad_norm"}},
     {"schedule", {"type", "warmup_steps"}},
     {"train",
      {"batch_size", "steps", "accumulate", "eval_every", "log_every", "seed",
@@ -182,6 +182,7 @@ void ReadLoop(const toml::table& t, TrainConfig* cfg) {
   Read(t, "optimizer", "lr", &c.lr);
   Read(t, "optimizer", "momentum", &c.momentum);
   Read(t, "optimizer", "weight_decay", &c.weight_decay);
+  Read(t, "optimizer", "max_grad_norm", &c.max_grad_norm);
   ReadChoice(t, "schedule", "type", &c.schedule);
   Read(t, "schedule", "warmup_steps", &c.warmup_steps);
   Read(t, "train", "batch_size", &c.batch_size);

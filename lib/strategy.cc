@@ -3,6 +3,7 @@
 // shard per rank, or the whole state gathered on rank 0).
 #include "lib/strategy.h"
 
+#include <cmath>
 #include <sstream>
 
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
@@ -15,6 +16,20 @@
 
 namespace dtrun::train {
 namespace {
+
+// The sum of the gradients' squared L2 norms (each norm in the gradient's
+// dtype, as clip_grad_norm_; the sum in float64). A parameter without a
+// gradient adds nothing.
+double SquaredNorm(const std::vector<torch::Tensor>& params) {
+  torch::NoGradGuard no_grad;
+  double sum = 0;
+  for (const auto& p : params) {
+    if (!p.grad().defined()) continue;
+    const double n = p.grad().norm().item<double>();
+    sum += n * n;
+  }
+  return sum;
+}
 
 // Step-file keys of each strategy (lib/README.md, "Checkpoint format").
 constexpr char kModel[] = "model";
@@ -51,6 +66,7 @@ class DdpStrategy : public Strategy {
   }
   bool CollectiveEval() const override { return false; }
   void StartFresh() override { ddp_.BroadcastState(); }
+  double GradNorm() override { return std::sqrt(SquaredNorm(OptimizerParams())); }
 
   // Every parameter, buffer and optimizer state tensor by name
   // (state_copy.h), so that any libtorch loads it: torch's own optimizer
@@ -143,6 +159,14 @@ class FsdpStrategy : public Strategy {
     return fsdp_.FullParameters();
   }
   bool CollectiveEval() const override { return true; }
+  double GradNorm() override {
+    const auto shards = OptimizerParams();
+    std::vector<torch::Tensor> sum{
+        torch::tensor({SquaredNorm(shards)}, torch::kDouble)
+            .to(shards.front().device())};
+    TimedSync([&] { pg_->allreduce(sum)->wait(); });
+    return std::sqrt(sum[0].item<double>());
+  }
 
   TensorMap Save(torch::optim::Optimizer& opt, const CheckpointDir& dir,
                  int64_t step) override {
@@ -265,6 +289,16 @@ Strategy::ShardSource Strategy::FolderShards(const CheckpointDir& dir) {
 
 // The one place that picks a concrete strategy: the trainer sees only the
 // interface.
+bool Strategy::ClipGrads(double norm, double max_norm) {
+  const double coef = max_norm / (norm + 1e-6);
+  if (!(coef < 1)) return false;
+  torch::NoGradGuard no_grad;
+  for (auto& p : OptimizerParams()) {
+    if (p.grad().defined()) p.mutable_grad().mul_(coef);
+  }
+  return true;
+}
+
 std::unique_ptr<Strategy> MakeStrategy(
     std::shared_ptr<torch::nn::SequentialImpl> model, ProcessGroup* pg,
     const TrainConfig& c) {

@@ -30,6 +30,15 @@ class Strategy {
   virtual std::vector<torch::Tensor> OptimizerParams() = 0;
   // Full parameters in model->parameters() order (collective for FSDP).
   virtual std::vector<torch::Tensor> FullParams() = 0;
+  // The L2 norm of the gradients the optimizer steps on, over every rank's:
+  // DDP's every rank holds the whole averaged gradient; FSDP's shards'
+  // squared norms are summed by one all-reduce (collective). Each tensor's
+  // norm in its own dtype, their sum in float64.
+  virtual double GradNorm() = 0;
+  // clip_grad_norm_'s rule: every gradient the optimizer steps on times
+  // max_norm / (norm + 1e-6) when that is under 1. Returns whether it
+  // scaled them.
+  bool ClipGrads(double norm, double max_norm);
   // Whether evaluation is collective (every rank runs it).
   virtual bool CollectiveEval() const = 0;
   // Checkpoint (collective): writes any per-rank files of `step` in `dir`,

@@ -82,6 +82,11 @@ struct TrainConfig {
   // optimizer and schedule
   OptimizerKind optimizer = OptimizerKind::kSgd;  // sgd [sgd] | adam | adamw
   double lr = 0.05, momentum = 0.9, weight_decay = 0.0;
+  // Clip the gradients' global L2 norm (over every rank's, as
+  // torch.nn.utils.clip_grad_norm_ on the whole model) to this; 0: off [0].
+  // On, each step's norm is in the progress line and a step whose norm is
+  // not finite is skipped (not applied) and counted.
+  double max_grad_norm = 0;
   Schedule schedule = Schedule::kConstant;  // constant [constant] | cosine
   int warmup_steps = 0;
   // loop

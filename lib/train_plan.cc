@@ -162,6 +162,8 @@ std::string ValidateConfig(const TrainConfig& c) {
     return "train.batch_size, train.steps and train.accumulate must be >= 1";
   }
   if (c.dropout < 0 || c.dropout >= 1) return "model.dropout must be in [0, 1)";
+  if (!(c.max_grad_norm >= 0))
+    return "optimizer.max_grad_norm must be >= 0 (0: no clipping)";
   if (c.slow_factor < 1) return "fault.slow_factor must be >= 1";
   if (c.save_delay_ms < 0) return "fault.save_delay_ms must be >= 0";
   if (std::string err = ValidateCheckpointing(c); !err.empty()) return err;

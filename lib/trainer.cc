@@ -11,6 +11,7 @@
 #include <torch/torch.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -246,6 +247,8 @@ class Trainer {
   std::unique_ptr<torch::optim::Optimizer> opt_;
   std::ofstream metrics_;  // rank 0, with metrics_path
   double loss_ = 0;        // the last step's, averaged over ranks
+  double grad_norm_ = -1;  // the last step's, before clipping; -1: not taken
+  int64_t skipped_ = 0;    // steps not applied: their gradients not finite
   double compute_s_ = 0;   // the last step's time outside collectives
   // Throughput since the last progress line.
   std::chrono::steady_clock::time_point window_start_;
@@ -350,8 +353,22 @@ double Trainer::Step(int64_t step) {
   for (int m = 0; m < c_.accumulate; ++m) {
     step_loss += MicroBatch(step * c_.accumulate + m, m + 1 == c_.accumulate);
   }
+  bool apply = true;
+  if (c_.max_grad_norm > 0) {  // the same verdict on every rank
+    grad_norm_ = strategy_->GradNorm();
+    if (std::isfinite(grad_norm_)) {
+      strategy_->ClipGrads(grad_norm_, c_.max_grad_norm);
+    } else {
+      apply = false;
+      if (++skipped_ == 1 && rank_ == 0) {
+        std::printf("step %lld: gradient norm %g: step skipped, not applied "
+                    "(each skip is counted in the progress line)\n",
+                    (long long)step + 1, grad_norm_);
+      }
+    }
+  }
   if (ckpt_) ckpt_->Fence();  // the last checkpoint's copies read it first
-  opt_->step();
+  if (apply) opt_->step();
   compute_s_ =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
           .count() -
@@ -383,12 +400,30 @@ void Trainer::Log(int64_t done, double lr) {
                           std::chrono::steady_clock::now() - window_start_)
                           .count();
   const double rate = window_samples_ / std::max(secs, 1e-9);
-  std::printf("step %lld loss %.6f lr %.5f samples/s %.0f\n", (long long)done,
-              loss_, lr, rate);
+  std::string clip;
+  if (c_.max_grad_norm > 0) {
+    char s[80];
+    std::snprintf(s, sizeof s, " grad_norm %.4g", grad_norm_);
+    clip = s;
+    if (skipped_ > 0) clip += " skipped " + std::to_string(skipped_);
+  }
+  std::printf("step %lld loss %.6f lr %.5f samples/s %.0f%s\n",
+              (long long)done, loss_, lr, rate, clip.c_str());
   std::fflush(stdout);
   if (metrics_) {
     metrics_ << "{\"step\": " << done << ", \"loss\": " << loss_
-             << ", \"samples_per_s\": " << rate << "}\n";
+             << ", \"samples_per_s\": " << rate;
+    if (c_.max_grad_norm > 0) {
+      // JSON has no nan: a norm that is not finite is null
+      metrics_ << ", \"grad_norm\": ";
+      if (std::isfinite(grad_norm_)) {
+        metrics_ << grad_norm_;
+      } else {
+        metrics_ << "null";
+      }
+      metrics_ << ", \"skipped_steps\": " << skipped_;
+    }
+    metrics_ << "}\n";
     metrics_.flush();
   }
   window_start_ = std::chrono::steady_clock::now();
@@ -423,8 +458,11 @@ int Trainer::Finish() {
   auto params = strategy_->FullParams();
   if (rank_ == 0) {
     std::printf(
-        "done: steps=%lld loss=%.9g eval_accuracy=%.4f params_sha256=%s\n",
-        (long long)c_.steps, loss_, acc, Sha256Of(params).c_str());
+        "done: steps=%lld loss=%.9g eval_accuracy=%.4f params_sha256=%s%s\n",
+        (long long)c_.steps, loss_, acc, Sha256Of(params).c_str(),
+        c_.max_grad_norm > 0
+            ? (" skipped_steps=" + std::to_string(skipped_)).c_str()
+            : "");
     std::fflush(stdout);
   }
   return 0;

@@ -396,11 +396,42 @@ class TrainCfg(unittest.TestCase):
         self.assertNotEqual(rc, 0)
         self.assertIn("holds checkpoints of a DDP run", err)
 
+    def test_clipping_takes_the_global_norm_under_ddp_and_fsdp(self):
+        # The norm of every rank's gradients, before clipping: DDP's (each
+        # rank holds it all) and FSDP's (one all-reduce of the shards'
+        # squares) agree; clipped to 0.3, both runs end on the same loss.
+        norm = re.compile(r"step (\d+) loss (\S+) .* grad_norm (\S+)")
+        runs = []
+        for config in (CONFIG, FSDP):
+            rc, out, err = train(2, "optimizer.max_grad_norm=0.3", "train.steps=30",
+                                 "train.log_every=5", 'checkpoint.dir=""', "train.eval_every=0",
+                                 config=config)
+            self.assertEqual(rc, 0, err)
+            runs.append(norm.findall(out))
+            self.assertIn("skipped_steps=0", out)
+        ddp, fsdp = runs
+        self.assertEqual(len(ddp), 6, ddp)
+        self.assertEqual([s for s, _, _ in ddp], [s for s, _, _ in fsdp])
+        for (_, dl, dn), (_, fl, fn) in zip(ddp, fsdp):
+            self.assertAlmostEqual(float(dn), float(fn), delta=1e-3 * float(dn))
+            self.assertAlmostEqual(float(dl), float(fl), delta=1e-5)
+        self.assertTrue(any(float(n) > 0.3 for _, _, n in ddp), ddp)  # it did clip
+        # A learning rate that blows the weights up: the first step is
+        # clipped, every later gradient is nan: skipped and counted, and
+        # the run ends.
+        rc, out, err = train(2, "optimizer.max_grad_norm=1", "optimizer.lr=1e30",
+                             "train.steps=6", 'checkpoint.dir=""', "train.eval_every=0")
+        self.assertEqual(rc, 0, err)
+        self.assertIn("step 2: gradient norm", out)
+        self.assertIn("step skipped, not applied", out)
+        self.assertIn("skipped_steps=5", out)
+
     def test_bad_values_exit_2_naming_them(self):
         for bad, says in [("strategy.type=zero", "strategy.type 'zero': use \"ddp\" or \"fsdp\""),
                           ('strategy.param_dtype="fp8"', "strategy.param_dtype 'fp8'"),
                           ('train.steps="ten"', "train.steps must be an integer"),
                           ("model.dropout=1.5", "model.dropout must be in [0, 1)"),
+                          ("optimizer.max_grad_norm=-1", "optimizer.max_grad_norm must be >= 0"),
                           ("strategy.prefetch=3", "strategy.prefetch must be true or false"),
                           ('checkpoint.mode="flash"',
                            "checkpoint.mode 'flash': use \"sync\" or \"async\" or \"memory\""),
