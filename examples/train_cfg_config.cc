@@ -56,7 +56,7 @@ const std::map<std::string, std::set<std::string>> kKeys = {
     {"schedule", {"type", "warmup_steps"}},
     {"train",
      {"batch_size", "steps", "accumulate", "eval_every", "log_every", "seed",
-      "stop_after_step", "drop_last"}},
+      "stop_after_step", "drop_last", "precision"}},
     {"checkpoint",
      {"dir", "every", "keep", "format", "mode", "persist_every", "checksum",
       "payload"}},
@@ -183,6 +183,7 @@ void ReadLoop(const toml::table& t, TrainConfig* cfg) {
   Read(t, "optimizer", "momentum", &c.momentum);
   Read(t, "optimizer", "weight_decay", &c.weight_decay);
   Read(t, "optimizer", "max_grad_norm", &c.max_grad_norm);
+  Read(t, "train", "precision", &c.precision);
   ReadChoice(t, "schedule", "type", &c.schedule);
   Read(t, "schedule", "warmup_steps", &c.warmup_steps);
   Read(t, "train", "batch_size", &c.batch_size);

@@ -90,6 +90,10 @@ struct TrainConfig {
   Schedule schedule = Schedule::kConstant;  // constant [constant] | cosine
   int warmup_steps = 0;
   // loop
+  // fp32 [fp32] | bf16: the forward and the loss under autocast in
+  // bfloat16 (CPU and CUDA); parameters, gradients and the optimizer stay
+  // float32
+  std::string precision = "fp32";
   int batch_size = 32;  // per rank
   int64_t steps = 200;
   int accumulate = 1;     // micro-batches per step (no_sync between)

@@ -151,6 +151,7 @@ std::string ValidateConfig(const TrainConfig& c) {
                  {"float32", "bfloat16"}),
            OneOf("strategy.reduce_dtype", c.reduce_dtype,
                  {"float32", "bfloat16"}),
+           OneOf("train.precision", c.precision, {"fp32", "bf16"}),
        }) {
     if (!err.empty()) return err;
   }

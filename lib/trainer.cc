@@ -22,6 +22,7 @@
 
 #include "lib/checkpointer.h"
 #include "lib/data.h"
+#include "lib/precision.h"
 #include "lib/process_group.h"
 #include "lib/sha256.h"
 #include "lib/state_copy.h"
@@ -231,6 +232,10 @@ class Trainer {
   int Finish();
   double Evaluate();
   bool Evaluates() const { return rank_ == 0 || strategy_->CollectiveEval(); }
+  // train.precision's dtype for autocast (float32: none).
+  torch::ScalarType ComputeDtype() const {
+    return c_.precision == "bf16" ? torch::kBFloat16 : torch::kFloat32;
+  }
   void DrawInitialWeights();
 
   const TrainConfig& c_;
@@ -388,8 +393,11 @@ double Trainer::MicroBatch(int64_t micro, bool last) {
   auto idx = StepIndices(train_.rows(), c_.batch_size, world_, rank_, micro,
                          c_.seed, c_.drop_last);
   auto x = Rows(train_, idx, &y, device_);
-  auto loss =
-      torch::cross_entropy_loss(strategy_->Forward(x), y) / c_.accumulate;
+  torch::Tensor loss;
+  {
+    AutocastScope autocast(device_.type(), ComputeDtype());
+    loss = torch::cross_entropy_loss(strategy_->Forward(x), y) / c_.accumulate;
+  }
   const double value = loss.item<double>();
   strategy_->Backward(loss, last);
   return value;
@@ -470,6 +478,7 @@ int Trainer::Finish() {
 
 double Trainer::Evaluate() {
   return Accuracy(*model_, test_, device_, [&](const torch::Tensor& x) {
+    AutocastScope autocast(device_.type(), ComputeDtype());
     return strategy_->Forward(x);
   });
 }

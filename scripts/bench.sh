@@ -25,7 +25,7 @@ ninja -C "$b" dtrun dtstore fake_worker store_bench store_load_bench fanin_bench
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 # DTRUN_BENCH_ONLY=store,launcher,... runs only those parts: store, store-load,
-# launcher, multinode, rdzv-sim, rdzv-scale, etcd, ddp, fsdp, interactive,
+# launcher, multinode, rdzv-sim, rdzv-scale, etcd, ddp, fsdp, precision, interactive,
 # hang, status, straggler, checkpoint, auto, torch-versions, wheel, fuzz,
 # partition, soak, detect.
 want() { [[ -z ${DTRUN_BENCH_ONLY:-} || ",$DTRUN_BENCH_ONLY," == *",$1,"* ]]; }
@@ -199,6 +199,14 @@ if want fsdp; then
       done
     done
   done
+fi
+
+if want precision; then
+  echo
+  echo "== bf16 vs float32 on the CPU: train_cfg's DDP and FSDP (train.precision) and PyTorch's"
+  echo "   DDP under torch.autocast; MLP 784-1024x3-10, batch 64/rank, 2 ranks, gloo, 1 thread"
+  echo "   each, reference BLAS for float32 (bfloat16 matmuls do not go through it)"
+  /usr/bin/python3 tests/bench/precision_bench.py --build "$b" --rounds 3
 fi
 
 if want interactive; then

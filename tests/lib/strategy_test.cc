@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include "lib/precision.h"
 #include "lib/process_group.h"
 #include "rendezvous/store_server.h"
 #include "rendezvous/util/os_util.h"
@@ -95,6 +96,47 @@ class StrategyTest : public ::testing::Test {
 
 rendezvous::StoreServer* StrategyTest::server_ = nullptr;
 Distributed* StrategyTest::dist_ = nullptr;
+
+// Autocast on the CPU in bfloat16 inside the scope (nested too), float32
+// outside; clipping scales to the norm asked for.
+TEST(AutocastScopeTest, MatmulsRunInBfloat16InsideOnly) {
+  auto a = torch::randn({4, 4}), b = torch::randn({4, 4});
+  {
+    AutocastScope outer(torch::kCPU, torch::kBFloat16);
+    EXPECT_EQ(torch::mm(a, b).scalar_type(), torch::kBFloat16);
+    {
+      AutocastScope inner(torch::kCPU, torch::kBFloat16);
+      EXPECT_EQ(torch::mm(a, b).scalar_type(), torch::kBFloat16);
+    }
+    EXPECT_EQ(torch::mm(a, b).scalar_type(), torch::kBFloat16);
+    AutocastScope none(torch::kCPU, torch::kFloat32);
+    EXPECT_EQ(torch::mm(a, b).scalar_type(), torch::kBFloat16);
+  }
+  EXPECT_EQ(torch::mm(a, b).scalar_type(), torch::kFloat32);
+}
+
+TEST_F(StrategyTest, ClippingScalesToTheNormAsClipGradNormDoes) {
+  auto model = std::make_shared<torch::nn::SequentialImpl>(torch::nn::Linear(3, 2));
+  TrainConfig c;
+  auto ddp = MakeStrategy(model, &dist_->pg(), c);
+  std::vector<torch::Tensor> reference;
+  for (auto& p : model->parameters()) {
+    p.mutable_grad() = torch::full_like(p, 2.0);
+    reference.push_back(p.grad().clone().requires_grad_(false));
+  }
+  const double norm = ddp->GradNorm();
+  EXPECT_NEAR(norm, 2.0 * std::sqrt(8.0), 1e-6);  // 8 elements of 2
+  EXPECT_TRUE(ddp->ClipGrads(norm, 1.0));
+  std::vector<torch::Tensor> expected;
+  for (auto& r : reference) expected.push_back(torch::zeros_like(r).requires_grad_(true));
+  for (size_t i = 0; i < expected.size(); ++i) expected[i].mutable_grad() = reference[i];
+  torch::nn::utils::clip_grad_norm_(expected, 1.0);
+  auto params = model->parameters();
+  for (size_t i = 0; i < params.size(); ++i)
+    EXPECT_TRUE(torch::allclose(params[i].grad(), expected[i].grad()));
+  EXPECT_NEAR(ddp->GradNorm(), 1.0, 1e-5);
+  EXPECT_FALSE(ddp->ClipGrads(ddp->GradNorm(), 2.0));  // under the bound: kept
+}
 
 TEST_F(StrategyTest, DdpSavesWhatItRestores) {
   TrainConfig c;

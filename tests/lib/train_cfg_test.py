@@ -273,6 +273,24 @@ class TrainCfg(unittest.TestCase):
         self.assertEqual(steps, "400")
         self.assertGreaterEqual(float(acc), 0.95)
 
+    def test_bf16_trains_alike_under_ddp_and_fsdp_and_resumes_bitwise(self):
+        # Autocast in bfloat16 (the weights stay float32): both strategies
+        # end on the same bits, not fp32's, as accurate; an FSDP run killed
+        # midway resumes onto them.
+        bf16 = 'train.precision="bf16"'
+        rc, out, err = train(2, self.ckpt("ddp"), bf16)
+        self.assertEqual(rc, 0, err)
+        ddp = self.done(out)
+        self.assertGreaterEqual(float(ddp[2]), 0.95)
+        rc, out, err = train(2, self.ckpt("fp32"), 'checkpoint.dir=""', "train.eval_every=0")
+        self.assertEqual(rc, 0, err)
+        self.assertNotEqual(self.done(out)[3], ddp[3])
+        rc, out, err = train(2, self.ckpt("fsdp"), bf16, "fault.kill_rank=1",
+                             "fault.kill_at_step=170", restarts=1, config=FSDP)
+        self.assertEqual(rc, 0, err)
+        self.assertIn("resumed from", out)
+        self.assertEqual(self.done(out)[3], ddp[3])
+
     def test_fsdp_worker_killed_midway_recovers_bitwise(self):
         sets = ["train.steps=120", "model.dropout=0.1"]
         rc, out, err = train(2, self.ckpt("clean"), *sets, config=FSDP)
@@ -432,6 +450,8 @@ class TrainCfg(unittest.TestCase):
                           ('train.steps="ten"', "train.steps must be an integer"),
                           ("model.dropout=1.5", "model.dropout must be in [0, 1)"),
                           ("optimizer.max_grad_norm=-1", "optimizer.max_grad_norm must be >= 0"),
+                          ('train.precision="fp8"',
+                           "train.precision 'fp8': use \"fp32\" or \"bf16\""),
                           ("strategy.prefetch=3", "strategy.prefetch must be true or false"),
                           ('checkpoint.mode="flash"',
                            "checkpoint.mode 'flash': use \"sync\" or \"async\" or \"memory\""),
