@@ -45,7 +45,7 @@ std::string NonAscii(const std::string& text) {
 
 // Known keys: section -> keys. Anything else is a typo worth an error.
 const std::map<std::string, std::set<std::string>> kKeys = {
-    {"model", {"type", "hidden", "dropout"}},
+    {"model", {"type", "hidden", "dropout", "init_from"}},
     {"data",
      {"source", "path", "samples", "features", "classes", "test_fraction"}},
     {"strategy",
@@ -184,6 +184,7 @@ void ReadLoop(const toml::table& t, TrainConfig* cfg) {
   Read(t, "optimizer", "weight_decay", &c.weight_decay);
   Read(t, "optimizer", "max_grad_norm", &c.max_grad_norm);
   Read(t, "train", "precision", &c.precision);
+  Read(t, "model", "init_from", &c.init_from);
   ReadChoice(t, "schedule", "type", &c.schedule);
   Read(t, "schedule", "warmup_steps", &c.warmup_steps);
   Read(t, "train", "batch_size", &c.batch_size);

@@ -62,6 +62,7 @@ struct FullyShardedDataParallel::Impl {
   struct Unit {
     size_t first_child = 0, end_child = 0;
     std::vector<at::Tensor> params;  // the module's parameters: views of `full`
+    std::vector<std::string> names;  // theirs in the model's named_parameters()
     std::vector<int64_t> offsets;
     int64_t numel = 0, padded = 0, shard_size = 0;
     at::Tensor shard;  // float32 master, a leaf the optimizer steps
@@ -272,14 +273,19 @@ struct FullyShardedDataParallel::Impl {
     };
     for (size_t c = 0; c < n; ++c) {
       std::vector<at::Tensor> own;
-      for (const auto& p : model->ptr(c)->parameters()) {
-        if (seen.insert(p.unsafeGetTensorImpl()).second) own.push_back(p);
+      std::vector<std::string> names;
+      for (const auto& p : model->ptr(c)->named_parameters()) {
+        if (seen.insert(p.value().unsafeGetTensorImpl()).second) {
+          own.push_back(p.value());
+          names.push_back(std::to_string(c) + "." + p.key());
+        }
       }
       int64_t count = 0;
       for (const auto& p : own) count += p.numel();
       if (opts.min_unit_params <= 0 && !own.empty() && !current.params.empty())
         close(c);
       for (auto& p : own) current.params.push_back(p);
+      for (auto& name : names) current.names.push_back(std::move(name));
       current_params += count;
       if (opts.min_unit_params > 0 && current_params >= opts.min_unit_params)
         close(c + 1);
@@ -589,6 +595,50 @@ void FullyShardedDataParallel::LoadStateDicts(
     state.erase("param");
     SetParamOptimizerState(opt, u.shard, std::move(state));
   }
+}
+
+namespace {
+
+// A JSON string's body: the quote, the backslash and control characters
+// escaped.
+std::string JsonEscaped(const std::string& s) {
+  std::string out;
+  for (char ch : s) {
+    if (ch == '"' || ch == '\\') {
+      out += '\\';
+      out += ch;
+    } else if (static_cast<unsigned char>(ch) < 0x20) {
+      char u[8];
+      std::snprintf(u, sizeof u, "\\u%04x", ch);
+      out += u;
+    } else {
+      out += ch;
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string FullyShardedDataParallel::Layout() const {
+  const Impl& d = *impl_;
+  std::string out = "{\"format\": 1, \"units\": [";
+  for (size_t k = 0; k < d.units.size(); ++k) {
+    const Impl::Unit& u = d.units[k];
+    out += std::string(k ? ", " : "") + "{\"numel\": " + std::to_string(u.numel) +
+           ", \"params\": [";
+    for (size_t i = 0; i < u.params.size(); ++i) {
+      out += std::string(i ? ", " : "") + "{\"name\": \"" +
+             JsonEscaped(u.names[i]) + "\", \"offset\": " +
+             std::to_string(u.offsets[i]) + ", \"shape\": [";
+      const auto sizes = u.params[i].sizes();
+      for (size_t j = 0; j < sizes.size(); ++j)
+        out += std::string(j ? ", " : "") + std::to_string(sizes[j]);
+      out += "]}";
+    }
+    out += "]}";
+  }
+  return out + "]}";
 }
 
 std::string FullyShardedDataParallel::transport() const {

@@ -111,6 +111,13 @@ class FullyShardedDataParallel {
       const std::vector<std::map<std::string, at::Tensor>>& dicts,
       torch::optim::Optimizer& opt);
 
+  // Where each model parameter lies in its unit's flat tensor, as JSON:
+  // {"format": 1, "units": [{"numel": N, "params": [{"name": "0.weight",
+  // "offset": 0, "shape": [64, 64]}, ...]}, ...]}, names as the model's
+  // named_parameters() has them. Checkpoints carry it ("fsdp_layout"), so
+  // a reader (dtrun.checkpoint in Python) rebuilds the model's state dict.
+  std::string Layout() const;
+
   size_t num_units() const;
   // Bytes of every tensor FSDP holds now: shards, their gradients, the
   // optimizer's state, and any gathered unit or gradient buffer.

@@ -35,6 +35,14 @@ double SquaredNorm(const std::vector<torch::Tensor>& params) {
 constexpr char kModel[] = "model";
 constexpr char kOptimizer[] = "optimizer";
 constexpr char kFsdpShards[] = "fsdp_shards";
+constexpr char kFsdpLayout[] = "fsdp_layout";
+
+// Text as a uint8 tensor of its bytes.
+torch::Tensor TextTensor(const std::string& text) {
+  return torch::from_blob(const_cast<char*>(text.data()),
+                          {static_cast<int64_t>(text.size())}, torch::kUInt8)
+      .clone();
+}
 
 // DDP's checkpoint is the model's and the optimizer's tensors by name in
 // the step's file: every rank holds the full state.
@@ -173,6 +181,7 @@ class FsdpStrategy : public Strategy {
     if (full_format_) {
       TensorMap state = fsdp_.StateDict(opt, /*full=*/true);
       state[kFsdpShards] = torch::tensor(int64_t{0});
+      state[kFsdpLayout] = TextTensor(fsdp_.Layout());
       return state;
     }
     const std::string path = dir.ShardPath(step, pg_->getRank());
@@ -185,7 +194,8 @@ class FsdpStrategy : public Strategy {
                   s.message());
     // every shard is durable before the step's file names them
     pg_->barrier()->wait();
-    return {{kFsdpShards, torch::tensor(int64_t{pg_->getSize()})}};
+    return {{kFsdpShards, torch::tensor(int64_t{pg_->getSize()})},
+            {kFsdpLayout, TextTensor(fsdp_.Layout())}};
   }
   // The state dict is already a copy (FullyShardedDataParallel::StateDict
   // copies every tensor): cloning it again doubled FSDP's async stall.
@@ -194,9 +204,11 @@ class FsdpStrategy : public Strategy {
     TensorMap state = fsdp_.StateDict(opt, /*full=*/full_format_, copy);
     if (full_format_) {
       state[kFsdpShards] = torch::tensor(int64_t{0});
+      state[kFsdpLayout] = TextTensor(fsdp_.Layout());
       return {std::move(state), std::nullopt, {}};
     }
-    return {{{kFsdpShards, torch::tensor(int64_t{pg_->getSize()})}},
+    return {{{kFsdpShards, torch::tensor(int64_t{pg_->getSize()})},
+             {kFsdpLayout, TextTensor(fsdp_.Layout())}},
             std::move(state),
             {}};
   }

@@ -54,6 +54,10 @@ struct TrainConfig {
   ModelKind model = ModelKind::kMlp;   // mlp [mlp] | cnn (for 8x8 images)
   std::vector<int> hidden = {64, 64};  // MLP hidden layer widths
   double dropout = 0.0;  // MLP: dropout after each hidden layer [0]
+  // a torch.save'd state dict (Python's model.state_dict()) the model
+  // starts from, its names and shapes the model's; a resume's checkpoint
+  // wins over it. Empty: drawn from the seed.
+  std::string init_from;
   // data
   // digits (sklearn's 8x8 digits) [digits] | synthetic
   DataSource data = DataSource::kDigits;

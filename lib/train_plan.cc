@@ -3,7 +3,11 @@
 // step. No libtorch, so all of it is unit-tested and fuzzed on its own.
 #include "lib/train_plan.h"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <cmath>
 #include <initializer_list>
 #include <string>
@@ -163,6 +167,10 @@ std::string ValidateConfig(const TrainConfig& c) {
     return "train.batch_size, train.steps and train.accumulate must be >= 1";
   }
   if (c.dropout < 0 || c.dropout >= 1) return "model.dropout must be in [0, 1)";
+  if (!c.init_from.empty() && access(c.init_from.c_str(), R_OK) != 0) {
+    return "model.init_from '" + c.init_from + "': cannot be read (" +
+           std::strerror(errno) + "); give the path of a torch.save'd state dict";
+  }
   if (!(c.max_grad_norm >= 0))
     return "optimizer.max_grad_norm must be >= 0 (0: no clipping)";
   if (c.slow_factor < 1) return "fault.slow_factor must be >= 1";

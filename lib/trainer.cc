@@ -10,16 +10,20 @@
 #include <c10/core/impl/VirtualGuardImpl.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cerrno>
 #include <cstring>
+#include <iterator>
 #include <fstream>
 #include <limits>
 #include <map>
 #include <sstream>
 #include <thread>
 
+#include "lib/checkpoint_payload.h"
 #include "lib/checkpointer.h"
 #include "lib/data.h"
 #include "lib/precision.h"
@@ -117,6 +121,100 @@ std::shared_ptr<torch::nn::SequentialImpl> MakeBlankMlp(const TrainConfig& c,
     if (c.dropout > 0) seq->push_back(torch::nn::Dropout(c.dropout));
   }
   return seq;
+}
+
+// The named tensors of model.init_from: a .dtck file (a DDP step's file, or
+// one `python -m dtrun.checkpoint import` wrote from any torch.save file),
+// or a torch.save'd plain dict of tensors (libtorch's reader takes no
+// OrderedDict, which model.state_dict() is).
+std::map<std::string, torch::Tensor> ReadStateDictFile(const std::string& path) {
+  const std::string what = "model.init_from '" + path + "'";
+  const std::string fix =
+      "; convert it with python -m dtrun.checkpoint import " + path +
+      " OUT.dtck (or save dict(model.state_dict()))";
+  std::ifstream f(path, std::ios::binary);
+  if (!f) throw Error(what + ": cannot be read: " + std::strerror(errno));
+  std::vector<char> bytes((std::istreambuf_iterator<char>(f)),
+                          std::istreambuf_iterator<char>());
+  std::map<std::string, torch::Tensor> given;
+  if (bytes.size() >= 6 && std::memcmp(bytes.data(), "DTCKPT", 6) == 0) {
+    auto view = VerifyCheckpointBytes(std::string(bytes.begin(), bytes.end()));
+    if (!view.ok()) throw Error(what + ": " + view.status().message());
+    auto tensors = DecodeTensors(*view);
+    if (!tensors.ok()) throw Error(what + ": " + tensors.status().message());
+    if (tensors->count("fsdp_shards"))
+      throw Error(what + " is an FSDP step's file, whose shards hold the "
+                         "weights; convert the folder with python -m "
+                         "dtrun.checkpoint convert DIR OUT.pt, then import it");
+    const std::string ddp = "ddp.model.";
+    bool step_file = tensors->count("step") > 0;
+    for (auto& [name, t] : *tensors) {
+      if (!step_file) {
+        given[name] = t.clone();
+      } else if (name.compare(0, ddp.size(), ddp) == 0) {
+        given[name.substr(ddp.size())] = t.clone();
+      }
+    }
+    return given;
+  }
+  c10::IValue v;
+  try {
+    v = torch::pickle_load(bytes);
+  } catch (const std::exception& e) {
+    // The reader turns collections.OrderedDict into None, then fails to
+    // fill it: the pickle names the class.
+    static const std::string kOrdered = "collections\nOrderedDict";
+    if (std::search(bytes.begin(), bytes.end(), kOrdered.begin(),
+                    kOrdered.end()) != bytes.end())
+      v = c10::IValue();
+    else {
+      std::string why = e.what();
+      throw Error(what + ": neither a .dtck file nor one of torch.save (" +
+                  why.substr(0, why.find('\n')) + ")" + fix);
+    }
+  }
+  if (v.isNone())
+    throw Error(what + " holds an OrderedDict (as torch.save(model.state_dict()) "
+                       "writes), which libtorch's reader cannot take" + fix);
+  if (!v.isGenericDict())
+    throw Error(what + " holds a " + std::string(v.tagKind()) +
+                ", not a state dict (a dict of tensors by name)" + fix);
+  for (const auto& e : v.toGenericDict()) {
+    if (!e.key().isString() || !e.value().isTensor())
+      throw Error(what + ": an entry that is not a name and a tensor" + fix);
+    given[e.key().toStringRef()] = e.value().toTensor();
+  }
+  return given;
+}
+
+// model.init_from into the model's parameters and buffers by name. Every
+// name must match, with its shape: a partial load would train a model that
+// is half drawn.
+void LoadStateDictFile(torch::nn::Module& model, const std::string& path) {
+  const std::string what = "model.init_from '" + path + "'";
+  std::map<std::string, torch::Tensor> given = ReadStateDictFile(path);
+  torch::NoGradGuard no_grad;
+  std::string names;
+  auto take = [&](const std::string& name, torch::Tensor& into) {
+    names += (names.empty() ? "" : ", ") + name;
+    auto it = given.find(name);
+    if (it == given.end())
+      throw Error(what + " has no '" + name + "' (the model's " + name +
+                  " would stay drawn)");
+    if (it->second.sizes() != into.sizes()) {
+      std::ostringstream s;
+      s << what << ": '" << name << "' is " << it->second.sizes()
+        << ", the model's is " << into.sizes();
+      throw Error(s.str());
+    }
+    into.copy_(it->second);
+    given.erase(it);
+  };
+  for (auto& p : model.named_parameters()) take(p.key(), p.value());
+  for (auto& b : model.named_buffers()) take(b.key(), b.value());
+  if (!given.empty())
+    throw Error(what + ": '" + given.begin()->first +
+                "' is not in this model (its names: " + names + ")");
 }
 
 std::unique_ptr<torch::optim::Optimizer> MakeOptimizer(
@@ -277,10 +375,13 @@ Trainer::Trainer(const TrainConfig& c, std::unique_ptr<Distributed> dist)
   features_ = all.features;
   classes_ = all.classes;
   blank_ = dist_->env().restart_count > 0 && !c_.checkpoint_dir.empty() &&
+           c_.init_from.empty() &&
            c_.strategy == StrategyKind::kDdp && c_.model == ModelKind::kMlp &&
            device_.is_cpu();
   model_ = blank_ ? MakeBlankMlp(c_, features_, classes_)
                   : MakeModel(c_, features_, classes_);
+  // Before the strategy: DDP broadcasts it, FSDP shards it.
+  if (!c_.init_from.empty()) LoadStateDictFile(*model_, c_.init_from);
   model_->to(device_);
   strategy_ = MakeStrategy(model_, &dist_->pg(), c_);
   opt_ = MakeOptimizer(c_, strategy_->OptimizerParams());

@@ -18,7 +18,7 @@ main_packages=(
 # services the integration tests start (SLURM, Prometheus, etcd, Jupyter),
 # and the tools of the Debian roots and the docs checks.
 test_packages=(
-  python3-torch python3-yaml python3-venv python3-pip
+  python3-torch python3-yaml python3-venv python3-pip python3-xxhash
   libgtest-dev libgmock-dev libbenchmark-dev
   clang libclang-rt-14-dev clang-format
   tmux jupyter-core jupyter-nbconvert python3-nbclient python3-ipykernel python3-ipython
