@@ -597,48 +597,15 @@ void FullyShardedDataParallel::LoadStateDicts(
   }
 }
 
-namespace {
-
-// A JSON string's body: the quote, the backslash and control characters
-// escaped.
-std::string JsonEscaped(const std::string& s) {
-  std::string out;
-  for (char ch : s) {
-    if (ch == '"' || ch == '\\') {
-      out += '\\';
-      out += ch;
-    } else if (static_cast<unsigned char>(ch) < 0x20) {
-      char u[8];
-      std::snprintf(u, sizeof u, "\\u%04x", ch);
-      out += u;
-    } else {
-      out += ch;
-    }
+std::vector<FullyShardedDataParallel::UnitLayout>
+FullyShardedDataParallel::Layout() const {
+  std::vector<UnitLayout> out;
+  for (const Impl::Unit& u : impl_->units) {
+    UnitLayout l{u.numel, u.names, u.offsets, {}};
+    for (const auto& p : u.params) l.shapes.push_back(p.sizes().vec());
+    out.push_back(std::move(l));
   }
   return out;
-}
-
-}  // namespace
-
-std::string FullyShardedDataParallel::Layout() const {
-  const Impl& d = *impl_;
-  std::string out = "{\"format\": 1, \"units\": [";
-  for (size_t k = 0; k < d.units.size(); ++k) {
-    const Impl::Unit& u = d.units[k];
-    out += std::string(k ? ", " : "") + "{\"numel\": " + std::to_string(u.numel) +
-           ", \"params\": [";
-    for (size_t i = 0; i < u.params.size(); ++i) {
-      out += std::string(i ? ", " : "") + "{\"name\": \"" +
-             JsonEscaped(u.names[i]) + "\", \"offset\": " +
-             std::to_string(u.offsets[i]) + ", \"shape\": [";
-      const auto sizes = u.params[i].sizes();
-      for (size_t j = 0; j < sizes.size(); ++j)
-        out += std::string(j ? ", " : "") + std::to_string(sizes[j]);
-      out += "]}";
-    }
-    out += "]}";
-  }
-  return out + "]}";
 }
 
 std::string FullyShardedDataParallel::transport() const {

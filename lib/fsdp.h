@@ -111,12 +111,17 @@ class FullyShardedDataParallel {
       const std::vector<std::map<std::string, at::Tensor>>& dicts,
       torch::optim::Optimizer& opt);
 
-  // Where each model parameter lies in its unit's flat tensor, as JSON:
-  // {"format": 1, "units": [{"numel": N, "params": [{"name": "0.weight",
-  // "offset": 0, "shape": [64, 64]}, ...]}, ...]}, names as the model's
-  // named_parameters() has them. Checkpoints carry it ("fsdp_layout"), so
-  // a reader (dtrun.checkpoint in Python) rebuilds the model's state dict.
-  std::string Layout() const;
+  // Where each model parameter lies in its unit's flat tensor, names as
+  // the model's named_parameters() has them. Checkpoints carry it
+  // ("fsdp_layout"), so a reader (dtrun.checkpoint in Python) rebuilds the
+  // model's state dict.
+  struct UnitLayout {
+    int64_t numel = 0;
+    std::vector<std::string> names;
+    std::vector<int64_t> offsets;
+    std::vector<std::vector<int64_t>> shapes;
+  };
+  std::vector<UnitLayout> Layout() const;
 
   size_t num_units() const;
   // Bytes of every tensor FSDP holds now: shards, their gradients, the

@@ -47,6 +47,9 @@ void SetDtype(c10::DeviceType d, c10::ScalarType t) {
 
 }  // namespace
 
+// As torch.autocast's __enter__: the switch and the dtype set, the nesting
+// counted so that only the outermost scope's exit drops the cast cache
+// (the float32 weights' bfloat16 copies, made once per forward).
 AutocastScope::AutocastScope(c10::DeviceType device, c10::ScalarType dtype)
     : on_(dtype != c10::kFloat), device_(device) {
   if (!on_) return;

@@ -4,6 +4,7 @@
 #include "lib/strategy.h"
 
 #include <cmath>
+#include <cstdio>
 #include <sstream>
 
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
@@ -37,6 +38,47 @@ constexpr char kOptimizer[] = "optimizer";
 constexpr char kFsdpShards[] = "fsdp_shards";
 constexpr char kFsdpLayout[] = "fsdp_layout";
 
+// A JSON string's body: the quote, the backslash and control characters
+// escaped.
+std::string JsonEscaped(const std::string& s) {
+  std::string out;
+  for (char ch : s) {
+    if (ch == '"' || ch == '\\') {
+      out += '\\';
+      out += ch;
+    } else if (static_cast<unsigned char>(ch) < 0x20) {
+      char u[8];
+      std::snprintf(u, sizeof u, "\\u%04x", ch);
+      out += u;
+    } else {
+      out += ch;
+    }
+  }
+  return out;
+}
+
+// FSDP's layout as the step's file carries it ("fsdp_layout"):
+// {"format": 1, "units": [{"numel": N, "params": [{"name": "0.weight",
+// "offset": 0, "shape": [64, 64]}, ...]}, ...]}.
+std::string LayoutJson(const std::vector<FullyShardedDataParallel::UnitLayout>& units) {
+  std::string out = "{\"format\": 1, \"units\": [";
+  for (size_t k = 0; k < units.size(); ++k) {
+    const auto& u = units[k];
+    out += std::string(k ? ", " : "") + "{\"numel\": " +
+           std::to_string(u.numel) + ", \"params\": [";
+    for (size_t i = 0; i < u.names.size(); ++i) {
+      out += std::string(i ? ", " : "") + "{\"name\": \"" +
+             JsonEscaped(u.names[i]) + "\", \"offset\": " +
+             std::to_string(u.offsets[i]) + ", \"shape\": [";
+      for (size_t j = 0; j < u.shapes[i].size(); ++j)
+        out += std::string(j ? ", " : "") + std::to_string(u.shapes[i][j]);
+      out += "]}";
+    }
+    out += "]}";
+  }
+  return out + "]}";
+}
+
 // Text as a uint8 tensor of its bytes.
 torch::Tensor TextTensor(const std::string& text) {
   return torch::from_blob(const_cast<char*>(text.data()),
@@ -48,12 +90,13 @@ torch::Tensor TextTensor(const std::string& text) {
 // the step's file: every rank holds the full state.
 class DdpStrategy : public Strategy {
  public:
-  DdpStrategy(std::shared_ptr<torch::nn::SequentialImpl> model,
-              ProcessGroup* pg, const TrainConfig& c)
-      : model_(model), ddp_(model, pg, Options(c)) {}
+  DdpStrategy(Model model, ProcessGroup* pg, const TrainConfig& c)
+      : model_(model.module),
+        forward_(std::move(model.forward)),
+        ddp_(model_, pg, Options(c)) {}
 
   torch::Tensor Forward(const torch::Tensor& x) override {
-    return model_->forward(x);
+    return forward_(x);
   }
   // Only the step's last micro-batch all-reduces; the others accumulate in
   // .grad under NoSync, and the last one's hooks add them into the buckets.
@@ -135,7 +178,8 @@ class DdpStrategy : public Strategy {
     return o;
   }
 
-  std::shared_ptr<torch::nn::SequentialImpl> model_;
+  std::shared_ptr<torch::nn::Module> model_;
+  std::function<torch::Tensor(const torch::Tensor&)> forward_;
   DistributedDataParallel ddp_;
 };
 
@@ -181,7 +225,7 @@ class FsdpStrategy : public Strategy {
     if (full_format_) {
       TensorMap state = fsdp_.StateDict(opt, /*full=*/true);
       state[kFsdpShards] = torch::tensor(int64_t{0});
-      state[kFsdpLayout] = TextTensor(fsdp_.Layout());
+      state[kFsdpLayout] = TextTensor(LayoutJson(fsdp_.Layout()));
       return state;
     }
     const std::string path = dir.ShardPath(step, pg_->getRank());
@@ -195,7 +239,7 @@ class FsdpStrategy : public Strategy {
     // every shard is durable before the step's file names them
     pg_->barrier()->wait();
     return {{kFsdpShards, torch::tensor(int64_t{pg_->getSize()})},
-            {kFsdpLayout, TextTensor(fsdp_.Layout())}};
+            {kFsdpLayout, TextTensor(LayoutJson(fsdp_.Layout()))}};
   }
   // The state dict is already a copy (FullyShardedDataParallel::StateDict
   // copies every tensor): cloning it again doubled FSDP's async stall.
@@ -204,11 +248,11 @@ class FsdpStrategy : public Strategy {
     TensorMap state = fsdp_.StateDict(opt, /*full=*/full_format_, copy);
     if (full_format_) {
       state[kFsdpShards] = torch::tensor(int64_t{0});
-      state[kFsdpLayout] = TextTensor(fsdp_.Layout());
+      state[kFsdpLayout] = TextTensor(LayoutJson(fsdp_.Layout()));
       return {std::move(state), std::nullopt, {}};
     }
     return {{{kFsdpShards, torch::tensor(int64_t{pg_->getSize()})},
-             {kFsdpLayout, TextTensor(fsdp_.Layout())}},
+             {kFsdpLayout, TextTensor(LayoutJson(fsdp_.Layout()))}},
             std::move(state),
             {}};
   }
@@ -299,8 +343,6 @@ Strategy::ShardSource Strategy::FolderShards(const CheckpointDir& dir) {
   return source;
 }
 
-// The one place that picks a concrete strategy: the trainer sees only the
-// interface.
 bool Strategy::ClipGrads(double norm, double max_norm) {
   const double coef = max_norm / (norm + 1e-6);
   if (!(coef < 1)) return false;
@@ -311,12 +353,28 @@ bool Strategy::ClipGrads(double norm, double max_norm) {
   return true;
 }
 
+// The one place that picks a concrete strategy: the trainer sees only the
+// interface.
+std::unique_ptr<Strategy> MakeStrategy(Model model, ProcessGroup* pg,
+                                       const TrainConfig& c) {
+  if (c.strategy == StrategyKind::kFsdp) {
+    auto seq = std::dynamic_pointer_cast<torch::nn::SequentialImpl>(model.module);
+    if (!seq) {
+      throw Error(
+          "strategy.type = \"fsdp\" shards a torch::nn::Sequential (it runs "
+          "the children one unit at a time); this model is a " +
+          model.module->name() + ": use strategy.type = \"ddp\", or build "
+          "the model as a Sequential");
+    }
+    return std::make_unique<FsdpStrategy>(seq, pg, c);
+  }
+  return std::make_unique<DdpStrategy>(std::move(model), pg, c);
+}
+
 std::unique_ptr<Strategy> MakeStrategy(
     std::shared_ptr<torch::nn::SequentialImpl> model, ProcessGroup* pg,
     const TrainConfig& c) {
-  if (c.strategy == StrategyKind::kFsdp)
-    return std::make_unique<FsdpStrategy>(model, pg, c);
-  return std::make_unique<DdpStrategy>(model, pg, c);
+  return MakeStrategy(Model::Of(model), pg, c);
 }
 
 }  // namespace dtrun::train

@@ -15,6 +15,7 @@
 #include "lib/checkpoint.h"
 #include "lib/checkpoint_payload.h"
 #include "lib/host_staging.h"
+#include "lib/model.h"
 #include "lib/torch_compat.h"
 #include "lib/train_config.h"
 #include "rendezvous/util/status.h"
@@ -125,8 +126,12 @@ class Strategy {
 };
 
 // The strategy the config names, around `model` (already on its device),
-// over `pg`, which must outlive it. DDP broadcasts rank 0's parameters;
-// FSDP shards them (`model` keeps no full copy).
+// over `pg`, which must outlive it. DDP takes any module and broadcasts
+// rank 0's parameters; FSDP shards them (`model` keeps no full copy) and
+// takes a torch::nn::Sequential (it runs the children itself), else throws
+// Error saying so.
+std::unique_ptr<Strategy> MakeStrategy(Model model, ProcessGroup* pg,
+                                       const TrainConfig& config);
 std::unique_ptr<Strategy> MakeStrategy(
     std::shared_ptr<torch::nn::SequentialImpl> model, ProcessGroup* pg,
     const TrainConfig& config);

@@ -50,124 +50,46 @@ double UnixSeconds() {
   for (;;) pause();
 }
 
-// A Sequential, because FSDP wraps consecutive children into units.
-std::shared_ptr<torch::nn::SequentialImpl> MakeModel(const TrainConfig& c,
-                                                     int features,
-                                                     int classes) {
-  torch::manual_seed(c.seed);
-  auto seq = std::make_shared<torch::nn::SequentialImpl>();
-  if (c.model == ModelKind::kCnn) {
-    if (features != 64)
-      throw Error("model 'cnn' needs 8x8 inputs (data = \"digits\")");
-    seq->push_back(
-        torch::nn::Unflatten(torch::nn::UnflattenOptions(1, {1, 8, 8})));
-    seq->push_back(
-        torch::nn::Conv2d(torch::nn::Conv2dOptions(1, 16, 3).padding(1)));
-    seq->push_back(torch::nn::ReLU());
-    seq->push_back(torch::nn::MaxPool2d(2));
-    seq->push_back(
-        torch::nn::Conv2d(torch::nn::Conv2dOptions(16, 32, 3).padding(1)));
-    seq->push_back(torch::nn::ReLU());
-    seq->push_back(torch::nn::Flatten());
-    seq->push_back(torch::nn::Linear(32 * 4 * 4, classes));
-    return seq;
-  }
-  int in = features;  // kMlp
-  for (int h : c.hidden) {
-    seq->push_back(torch::nn::Linear(in, h));
-    seq->push_back(torch::nn::ReLU());
-    if (c.dropout > 0) seq->push_back(torch::nn::Dropout(c.dropout));
-    in = h;
-  }
-  seq->push_back(torch::nn::Linear(in, classes));
-  return seq;
-}
-
-// A Linear layer whose parameters are given, not drawn: torch::nn::Linear's
-// constructor draws its weights (0.34 s for 96 M parameters), which a
-// restarted worker's resume overwrites at once. Same names and forward.
-class BlankLinearImpl : public torch::nn::Module {
- public:
-  BlankLinearImpl(torch::Tensor w, torch::Tensor b)
-      : weight(register_parameter("weight", std::move(w))),
-        bias(register_parameter("bias", std::move(b))) {}
-  torch::Tensor forward(const torch::Tensor& x) {
-    return torch::nn::functional::linear(x, weight, bias);
-  }
-  torch::Tensor weight, bias;
-};
-
-// MakeModel's MLP with its parameters left undrawn, carved from one
-// mapping populated in one call (the restore then writes them without a
-// fault per page); DrawInitialWeights fills them when nothing is resumed.
-std::shared_ptr<torch::nn::SequentialImpl> MakeBlankMlp(const TrainConfig& c,
-                                                        int features,
-                                                        int classes) {
-  std::vector<int64_t> widths{features};
-  for (int h : c.hidden) widths.push_back(h);
-  widths.push_back(classes);
-  std::vector<torch::Tensor> like;  // not touched: only their shapes count
-  for (size_t i = 1; i < widths.size(); ++i) {
-    like.push_back(torch::empty({widths[i], widths[i - 1]}));
-    like.push_back(torch::empty({widths[i]}));
-  }
-  const std::vector<torch::Tensor> params = PopulatedLike(like);
-  auto seq = std::make_shared<torch::nn::SequentialImpl>();
-  for (size_t i = 1; i < widths.size(); ++i) {
-    seq->push_back(std::make_shared<BlankLinearImpl>(params[2 * i - 2],
-                                                     params[2 * i - 1]));
-    if (i + 1 == widths.size()) break;
-    seq->push_back(torch::nn::ReLU());
-    if (c.dropout > 0) seq->push_back(torch::nn::Dropout(c.dropout));
-  }
-  return seq;
-}
-
-// The named tensors of model.init_from: a .dtck file (a DDP step's file, or
-// one `python -m dtrun.checkpoint import` wrote from any torch.save file),
-// or a torch.save'd plain dict of tensors (libtorch's reader takes no
-// OrderedDict, which model.state_dict() is).
-std::map<std::string, torch::Tensor> ReadStateDictFile(const std::string& path) {
-  const std::string what = "model.init_from '" + path + "'";
-  const std::string fix =
-      "; convert it with python -m dtrun.checkpoint import " + path +
-      " OUT.dtck (or save dict(model.state_dict()))";
-  std::ifstream f(path, std::ios::binary);
-  if (!f) throw Error(what + ": cannot be read: " + std::strerror(errno));
-  std::vector<char> bytes((std::istreambuf_iterator<char>(f)),
-                          std::istreambuf_iterator<char>());
+// A .dtck file's named tensors as a state dict: a DDP step's file (its
+// "ddp.model." tensors, the prefix dropped) or a file of named tensors
+// (python -m dtrun.checkpoint import). An FSDP step's file holds no
+// weights (its shards do), so it is refused with the way around.
+std::map<std::string, torch::Tensor> ReadDtckStateDict(
+    const std::string& what, std::string bytes) {
+  auto view = VerifyCheckpointBytes(std::move(bytes));
+  if (!view.ok()) throw Error(what + ": " + view.status().message());
+  auto tensors = DecodeTensors(*view);
+  if (!tensors.ok()) throw Error(what + ": " + tensors.status().message());
+  if (tensors->count("fsdp_shards"))
+    throw Error(what + " is an FSDP step's file, whose shards hold the "
+                       "weights; convert the folder with python -m "
+                       "dtrun.checkpoint convert DIR OUT.pt, then import it");
+  const std::string ddp = "ddp.model.";
+  const bool step_file = tensors->count("step") > 0;
   std::map<std::string, torch::Tensor> given;
-  if (bytes.size() >= 6 && std::memcmp(bytes.data(), "DTCKPT", 6) == 0) {
-    auto view = VerifyCheckpointBytes(std::string(bytes.begin(), bytes.end()));
-    if (!view.ok()) throw Error(what + ": " + view.status().message());
-    auto tensors = DecodeTensors(*view);
-    if (!tensors.ok()) throw Error(what + ": " + tensors.status().message());
-    if (tensors->count("fsdp_shards"))
-      throw Error(what + " is an FSDP step's file, whose shards hold the "
-                         "weights; convert the folder with python -m "
-                         "dtrun.checkpoint convert DIR OUT.pt, then import it");
-    const std::string ddp = "ddp.model.";
-    bool step_file = tensors->count("step") > 0;
-    for (auto& [name, t] : *tensors) {
-      if (!step_file) {
-        given[name] = t.clone();
-      } else if (name.compare(0, ddp.size(), ddp) == 0) {
-        given[name.substr(ddp.size())] = t.clone();
-      }
+  for (auto& [name, t] : *tensors) {
+    if (!step_file) {
+      given[name] = t.clone();  // the payload's memory goes with `view`
+    } else if (name.compare(0, ddp.size(), ddp) == 0) {
+      given[name.substr(ddp.size())] = t.clone();
     }
-    return given;
   }
+  return given;
+}
+
+// A torch.save file's plain dict of tensors. libtorch's reader turns
+// collections.OrderedDict (what model.state_dict() is) into None and then
+// fails to fill it: such a file is named as what it is, with the fix.
+std::map<std::string, torch::Tensor> ReadPickledStateDict(
+    const std::string& what, const std::vector<char>& bytes,
+    const std::string& fix) {
   c10::IValue v;
   try {
     v = torch::pickle_load(bytes);
   } catch (const std::exception& e) {
-    // The reader turns collections.OrderedDict into None, then fails to
-    // fill it: the pickle names the class.
     static const std::string kOrdered = "collections\nOrderedDict";
     if (std::search(bytes.begin(), bytes.end(), kOrdered.begin(),
-                    kOrdered.end()) != bytes.end())
-      v = c10::IValue();
-    else {
+                    kOrdered.end()) == bytes.end()) {
       std::string why = e.what();
       throw Error(what + ": neither a .dtck file nor one of torch.save (" +
                   why.substr(0, why.find('\n')) + ")" + fix);
@@ -179,12 +101,29 @@ std::map<std::string, torch::Tensor> ReadStateDictFile(const std::string& path) 
   if (!v.isGenericDict())
     throw Error(what + " holds a " + std::string(v.tagKind()) +
                 ", not a state dict (a dict of tensors by name)" + fix);
+  std::map<std::string, torch::Tensor> given;
   for (const auto& e : v.toGenericDict()) {
     if (!e.key().isString() || !e.value().isTensor())
       throw Error(what + ": an entry that is not a name and a tensor" + fix);
     given[e.key().toStringRef()] = e.value().toTensor();
   }
   return given;
+}
+
+// The named tensors of model.init_from: a .dtck file or a torch.save'd
+// plain dict.
+std::map<std::string, torch::Tensor> ReadStateDictFile(const std::string& path) {
+  const std::string what = "model.init_from '" + path + "'";
+  std::ifstream f(path, std::ios::binary);
+  if (!f) throw Error(what + ": cannot be read: " + std::strerror(errno));
+  std::vector<char> bytes((std::istreambuf_iterator<char>(f)),
+                          std::istreambuf_iterator<char>());
+  if (bytes.size() >= 6 && std::memcmp(bytes.data(), "DTCKPT", 6) == 0)
+    return ReadDtckStateDict(what, std::string(bytes.begin(), bytes.end()));
+  return ReadPickledStateDict(
+      what, bytes,
+      "; convert it with python -m dtrun.checkpoint import " + path +
+          " OUT.dtck (or save dict(model.state_dict()))");
 }
 
 // model.init_from into the model's parameters and buffers by name. Every
@@ -237,39 +176,6 @@ void SetLearningRate(torch::optim::Optimizer& opt, double lr) {
   for (auto& group : opt.param_groups()) group.options().set_lr(lr);
 }
 
-// The batch's rows copied into one CPU tensor, then moved to the device in
-// one transfer.
-torch::Tensor Rows(const Dataset& d, const std::vector<int64_t>& idx,
-                   torch::Tensor* labels, torch::Device device) {
-  auto x = torch::empty({static_cast<int64_t>(idx.size()), d.features});
-  auto y = torch::empty({static_cast<int64_t>(idx.size())}, torch::kLong);
-  float* xp = x.data_ptr<float>();
-  int64_t* yp = y.data_ptr<int64_t>();
-  for (size_t i = 0; i < idx.size(); ++i) {
-    std::copy_n(d.x.begin() + idx[i] * d.features, d.features,
-                xp + i * d.features);
-    yp[i] = d.y[static_cast<size_t>(idx[i])];
-  }
-  *labels = y.to(device);
-  return x.to(device);
-}
-
-// Accuracy on the whole test set in one batch. Through the strategy's
-// Forward(), since FSDP must gather its units; eval mode switches dropout off.
-template <typename Forward>
-double Accuracy(torch::nn::SequentialImpl& model, const Dataset& test,
-                torch::Device device, Forward forward) {
-  torch::NoGradGuard no_grad;
-  model.eval();
-  std::vector<int64_t> all(test.rows());
-  for (size_t i = 0; i < all.size(); ++i) all[i] = static_cast<int64_t>(i);
-  torch::Tensor y;
-  torch::Tensor x = Rows(test, all, &y, device);
-  torch::Tensor pred = forward(x).argmax(1);
-  model.train();
-  return pred.eq(y).sum().item<double>() / static_cast<double>(test.rows());
-}
-
 // The hash of the parameters' bytes: runs that should be bitwise equal
 // (resumed, restarted) print the same one.
 std::string Sha256Of(const std::vector<torch::Tensor>& params) {
@@ -301,23 +207,86 @@ torch::Device DeviceOf(const Distributed& dist, const TrainConfig& c) {
   return device;
 }
 
-Dataset LoadDataset(const TrainConfig& c) {
-  if (c.data == DataSource::kSynthetic) {
-    return MakeSynthetic(c.synthetic_samples, c.synthetic_features,
-                         c.synthetic_classes, c.seed);
-  }
-  auto loaded = LoadDigits(c.digits_path);  // kDigits
-  if (!loaded.ok()) throw Error(loaded.status().message());
-  return std::move(*loaded);
-}
+// The user's state (TrainParts::save_state, load_state) in each
+// checkpoint's step file, as "user.<name>", around the strategy's own
+// parts: every checkpoint mode saves and restores through the strategy, so
+// every mode carries it. Rank 0's values are the ones saved.
+class WithUserState : public Strategy {
+ public:
+  WithUserState(std::unique_ptr<Strategy> inner, const TrainParts& parts)
+      : inner_(std::move(inner)), save_(parts.save_state), load_(parts.load_state) {}
+  static constexpr char kPrefix[] = "user.";
 
-// One rank's training run: set up from the config and the launcher's
-// environment, then Run() steps through resume, step, checkpoint, log, eval
-// and fault injection; what differs between DDP and FSDP is the Strategy.
-// Owns the process group and everything built on it. Single-threaded.
+  torch::Tensor Forward(const torch::Tensor& x) override { return inner_->Forward(x); }
+  void Backward(const torch::Tensor& loss, bool last) override {
+    inner_->Backward(loss, last);
+  }
+  std::vector<torch::Tensor> OptimizerParams() override { return inner_->OptimizerParams(); }
+  std::vector<torch::Tensor> FullParams() override { return inner_->FullParams(); }
+  double GradNorm() override { return inner_->GradNorm(); }
+  bool CollectiveEval() const override { return inner_->CollectiveEval(); }
+  void StartFresh() override { inner_->StartFresh(); }
+  void Discard() override { inner_->Discard(); }
+  TensorMap Save(torch::optim::Optimizer& opt, const CheckpointDir& dir,
+                 int64_t step) override {
+    TensorMap parts = inner_->Save(opt, dir, step);
+    for (auto& [name, t] : save_()) parts[kPrefix + name] = t.detach().to(torch::kCPU);
+    return parts;
+  }
+  Snapshot Copy(torch::optim::Optimizer& opt, bool whole,
+                const TensorCopier& copy) override {
+    Snapshot snap = inner_->Copy(opt, whole, copy);
+    if (!whole) return snap;  // this rank writes no step's file
+    for (auto& [name, t] : save_()) snap.parts[kPrefix + name] = copy(t.detach());
+    return snap;
+  }
+  // The strategy sees its own parts only: DDP's restore reads every
+  // tensor it finds as model or optimizer state, and FSDP's checks that a
+  // full file's keys are its units'.
+  Status Complete(const TensorMap& parts, const ShardSource& shards,
+                  int64_t step) override {
+    return inner_->Complete(Without(parts), shards, step);
+  }
+  Status Restore(const TensorMap& parts, torch::optim::Optimizer& opt,
+                 const PayloadView* pending) override {
+    Status s = inner_->Restore(Without(parts), opt, pending);
+    if (!s.ok()) return s;  // the user's state stays as it was
+    // Clones: the parts may point into a mapped file or a memory copy
+    // that goes once the resume is done.
+    UserState user;
+    const std::string prefix = kPrefix;
+    for (const auto& [name, t] : parts) {
+      if (name.compare(0, prefix.size(), prefix) == 0)
+        user[name.substr(prefix.size())] = t.clone();
+    }
+    load_(user);
+    return s;
+  }
+  Strategy& inner() { return *inner_; }
+
+ private:
+  static TensorMap Without(const TensorMap& parts) {
+    TensorMap out;
+    const std::string prefix = kPrefix;
+    for (const auto& [name, t] : parts) {
+      if (name.compare(0, prefix.size(), prefix) != 0) out[name] = t;
+    }
+    return out;
+  }
+  std::unique_ptr<Strategy> inner_;
+  std::function<UserState()> save_;
+  std::function<void(const UserState&)> load_;
+};
+
+// One rank's training run: set up from the config, the parts and the
+// launcher's environment, then Run() steps through resume, step,
+// checkpoint, log, eval and fault injection; what differs between DDP and
+// FSDP is the Strategy. Owns the process group and everything built on it.
+// Single-threaded.
 class Trainer {
  public:
-  Trainer(const TrainConfig& c, std::unique_ptr<Distributed> dist);
+  Trainer(const TrainConfig& c, TrainParts parts,
+          std::unique_ptr<Distributed> dist);
   // The process exit code.
   int Run();
 
@@ -328,30 +297,33 @@ class Trainer {
   void Eval(int64_t done);
   void InjectFaults(const StepActions& actions, int64_t done);
   int Finish();
-  double Evaluate();
-  bool Evaluates() const { return rank_ == 0 || strategy_->CollectiveEval(); }
+  std::map<std::string, double> Evaluate();
+  bool Evaluates() const {
+    return parts_.evaluate && (rank_ == 0 || strategy_->CollectiveEval());
+  }
+  void DrawInitialWeights();
   // train.precision's dtype for autocast (float32: none).
   torch::ScalarType ComputeDtype() const {
     return c_.precision == "bf16" ? torch::kBFloat16 : torch::kFloat32;
   }
-  void DrawInitialWeights();
 
   const TrainConfig& c_;
+  TrainParts parts_;
   std::unique_ptr<Distributed> dist_;
   const int rank_, world_;
   const torch::Device device_;
-  Dataset train_, test_;
-  int features_ = 0, classes_ = 0;
   // The model was made without its initial draws (a restart, which
-  // resumes; see MakeBlankMlp).
+  // resumes; TrainParts::model_for_resume).
   bool blank_ = false;
-  std::shared_ptr<torch::nn::SequentialImpl> model_;
+  Model model_;
   std::unique_ptr<Strategy> strategy_;
   std::unique_ptr<torch::optim::Optimizer> opt_;
   std::ofstream metrics_;  // rank 0, with metrics_path
   double loss_ = 0;        // the last step's, averaged over ranks
   double grad_norm_ = -1;  // the last step's, before clipping; -1: not taken
   int64_t skipped_ = 0;    // steps not applied: their gradients not finite
+  bool applied_ = true;    // the last step's
+  std::map<std::string, double> metrics_last_;  // the last evaluation's
   double compute_s_ = 0;   // the last step's time outside collectives
   // Throughput since the last progress line.
   std::chrono::steady_clock::time_point window_start_;
@@ -360,30 +332,35 @@ class Trainer {
   std::unique_ptr<Checkpointer> ckpt_;
 };
 
-Trainer::Trainer(const TrainConfig& c, std::unique_ptr<Distributed> dist)
+Trainer::Trainer(const TrainConfig& c, TrainParts parts,
+                 std::unique_ptr<Distributed> dist)
     : c_(c),
+      parts_(std::move(parts)),
       dist_(std::move(dist)),
       rank_(dist_->rank()),
       world_(dist_->world_size()),
       device_(DeviceOf(*dist_, c_)) {
-  Dataset all = LoadDataset(c_);
-  SplitTrainTest(all, c_.test_fraction, &train_, &test_);
-  // MakeModel seeds the shared generator with c.seed, so every rank starts
-  // from the same weights before the strategy broadcasts or shards them.
-  // A restarted DDP worker on the CPU nearly always resumes: its MLP's
-  // initial draws wait until the resume finds nothing.
-  features_ = all.features;
-  classes_ = all.classes;
+  if (!parts_.model || !parts_.batch)
+    throw Error("TrainParts needs a model and a batch source");
+  // Every rank starts from the same weights (seeded with train.seed)
+  // before the strategy broadcasts or shards them. A restarted DDP worker
+  // on the CPU nearly always resumes: a model's initial draws wait until
+  // the resume finds nothing, when the parts can make it without them.
   blank_ = dist_->env().restart_count > 0 && !c_.checkpoint_dir.empty() &&
-           c_.init_from.empty() &&
-           c_.strategy == StrategyKind::kDdp && c_.model == ModelKind::kMlp &&
-           device_.is_cpu();
-  model_ = blank_ ? MakeBlankMlp(c_, features_, classes_)
-                  : MakeModel(c_, features_, classes_);
+           c_.init_from.empty() && parts_.model_for_resume &&
+           c_.strategy == StrategyKind::kDdp && device_.is_cpu();
+  torch::manual_seed(c_.seed);
+  model_ = blank_ ? parts_.model_for_resume() : parts_.model();
+  if (!model_.module || !model_.forward)
+    throw Error("TrainParts::model made no model (a module and its forward)");
   // Before the strategy: DDP broadcasts it, FSDP shards it.
-  if (!c_.init_from.empty()) LoadStateDictFile(*model_, c_.init_from);
-  model_->to(device_);
+  if (!c_.init_from.empty()) LoadStateDictFile(*model_.module, c_.init_from);
+  model_.module->to(device_);
   strategy_ = MakeStrategy(model_, &dist_->pg(), c_);
+  if (parts_.save_state && parts_.load_state)
+    strategy_ = std::make_unique<WithUserState>(std::move(strategy_), parts_);
+  else if (parts_.save_state || parts_.load_state)
+    throw Error("TrainParts: save_state and load_state go together");
   opt_ = MakeOptimizer(c_, strategy_->OptimizerParams());
   torch::manual_seed(RankSeed(c_, rank_, 0));
   ckpt_ = Checkpointer::Make(CheckpointContext{
@@ -420,7 +397,15 @@ int Trainer::Run() {
     const int64_t done = step + 1;
     const StepActions actions =
         ActionsAfterStep(c_, done, rank_, first_attempt);
-    if (actions.checkpoint) ckpt_->Save(done, actions);
+    // The user's state is the step's before its checkpoint takes it.
+    if (parts_.on_step_end) {
+      parts_.on_step_end(
+          StepEnd{done, loss_, LearningRate(c_, step), grad_norm_, applied_});
+    }
+    if (actions.checkpoint) {
+      ckpt_->Save(done, actions);
+      if (parts_.on_checkpoint) parts_.on_checkpoint(done);
+    }
     if (actions.log) Log(done, LearningRate(c_, step));
     if (actions.eval && Evaluates()) Eval(done);
     InjectFaults(actions, done);
@@ -435,13 +420,14 @@ int Trainer::Run() {
   return Finish();
 }
 
-// What a first attempt's model starts from (MakeModel's draws from c.seed)
+// What a first attempt's model starts from (model()'s draws from the seed)
 // into the blank one, and the generator left where the constructor leaves
 // it: the run goes on bitwise as one that drew them at the start.
 void Trainer::DrawInitialWeights() {
   torch::NoGradGuard no_grad;
-  auto drawn = MakeModel(c_, features_, classes_);
-  CopyTensors(model_->parameters(), drawn->parameters());
+  torch::manual_seed(c_.seed);
+  Model drawn = parts_.model();
+  CopyTensors(model_.module->parameters(), drawn.module->parameters());
   torch::manual_seed(RankSeed(c_, rank_, 0));
 }
 
@@ -459,13 +445,13 @@ double Trainer::Step(int64_t step) {
   for (int m = 0; m < c_.accumulate; ++m) {
     step_loss += MicroBatch(step * c_.accumulate + m, m + 1 == c_.accumulate);
   }
-  bool apply = true;
+  applied_ = true;
   if (c_.max_grad_norm > 0) {  // the same verdict on every rank
     grad_norm_ = strategy_->GradNorm();
     if (std::isfinite(grad_norm_)) {
       strategy_->ClipGrads(grad_norm_, c_.max_grad_norm);
     } else {
-      apply = false;
+      applied_ = false;
       if (++skipped_ == 1 && rank_ == 0) {
         std::printf("step %lld: gradient norm %g: step skipped, not applied "
                     "(each skip is counted in the progress line)\n",
@@ -474,7 +460,7 @@ double Trainer::Step(int64_t step) {
     }
   }
   if (ckpt_) ckpt_->Fence();  // the last checkpoint's copies read it first
-  if (apply) opt_->step();
+  if (applied_) opt_->step();
   compute_s_ =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
           .count() -
@@ -487,17 +473,28 @@ double Trainer::Step(int64_t step) {
   return AllMean(dist_->pg(), step_loss, device_);
 }
 
-// The sampler is indexed by micro-batch, not by step, so a run with
-// accumulate = k sees the same samples as one with k times the batch.
+// One micro-batch: the parts' batch (moved to the device when it is not
+// there), the forward and the loss under the run's precision, the backward
+// outside it (as torch.autocast has it), the last micro-batch's backward
+// starting the gradient collectives.
 double Trainer::MicroBatch(int64_t micro, bool last) {
-  torch::Tensor y;
-  auto idx = StepIndices(train_.rows(), c_.batch_size, world_, rank_, micro,
-                         c_.seed, c_.drop_last);
-  auto x = Rows(train_, idx, &y, device_);
+  BatchRequest request;
+  request.seed = c_.seed;
+  request.micro = micro;
+  request.rank = rank_;
+  request.world = world_;
+  request.batch_size = c_.batch_size;
+  request.drop_last = c_.drop_last;
+  request.device = device_;
+  Batch b = parts_.batch(request);
   torch::Tensor loss;
   {
     AutocastScope autocast(device_.type(), ComputeDtype());
-    loss = torch::cross_entropy_loss(strategy_->Forward(x), y) / c_.accumulate;
+    torch::Tensor out = strategy_->Forward(b.input.to(device_));
+    torch::Tensor target = b.target.to(device_);
+    loss = (parts_.loss ? parts_.loss(out, target)
+                        : torch::cross_entropy_loss(out, target)) /
+           c_.accumulate;
   }
   const double value = loss.item<double>();
   strategy_->Backward(loss, last);
@@ -540,13 +537,15 @@ void Trainer::Log(int64_t done, double lr) {
 }
 
 void Trainer::Eval(int64_t done) {
-  const double acc = Evaluate();
+  metrics_last_ = Evaluate();
   if (rank_ != 0) return;
-  std::printf("step %lld eval_accuracy %.4f\n", (long long)done, acc);
+  for (const auto& [name, value] : metrics_last_) {
+    std::printf("step %lld %s %.4f\n", (long long)done, name.c_str(), value);
+    if (metrics_)
+      metrics_ << "{\"step\": " << done << ", \"" << name << "\": " << value
+               << "}\n";
+  }
   std::fflush(stdout);
-  if (metrics_)
-    metrics_ << "{\"step\": " << done << ", \"eval_accuracy\": " << acc
-             << "}\n";
 }
 
 void Trainer::InjectFaults(const StepActions& actions, int64_t done) {
@@ -563,30 +562,44 @@ void Trainer::InjectFaults(const StepActions& actions, int64_t done) {
 // FSDP), which tests compare across runs.
 int Trainer::Finish() {
   if (ckpt_) ckpt_->Wait(-1);  // the last checkpoint is durable before "done"
-  const double acc = Evaluates() ? Evaluate() : 0;
+  if (Evaluates()) metrics_last_ = Evaluate();
   auto params = strategy_->FullParams();
   if (rank_ == 0) {
-    std::printf(
-        "done: steps=%lld loss=%.9g eval_accuracy=%.4f params_sha256=%s%s\n",
-        (long long)c_.steps, loss_, acc, Sha256Of(params).c_str(),
-        c_.max_grad_norm > 0
-            ? (" skipped_steps=" + std::to_string(skipped_)).c_str()
-            : "");
+    std::string metrics;
+    for (const auto& [name, value] : metrics_last_) {
+      char v[64];
+      std::snprintf(v, sizeof v, "%.4f", value);
+      metrics += " " + name + "=" + v;
+    }
+    std::printf("done: steps=%lld loss=%.9g%s params_sha256=%s%s\n",
+                (long long)c_.steps, loss_, metrics.c_str(),
+                Sha256Of(params).c_str(),
+                c_.max_grad_norm > 0
+                    ? (" skipped_steps=" + std::to_string(skipped_)).c_str()
+                    : "");
     std::fflush(stdout);
   }
   return 0;
 }
 
-double Trainer::Evaluate() {
-  return Accuracy(*model_, test_, device_, [&](const torch::Tensor& x) {
-    AutocastScope autocast(device_.type(), ComputeDtype());
-    return strategy_->Forward(x);
-  });
+// Through the strategy's Forward(), since FSDP must gather its units; eval
+// mode switches dropout off.
+std::map<std::string, double> Trainer::Evaluate() {
+  torch::NoGradGuard no_grad;
+  model_.module->eval();
+  auto metrics = parts_.evaluate(
+      [&](const torch::Tensor& x) {
+        AutocastScope autocast(device_.type(), ComputeDtype());
+        return strategy_->Forward(x.to(device_));
+      },
+      device_);
+  model_.module->train();
+  return metrics;
 }
 
 }  // namespace
 
-int Train(const TrainConfig& c) {
+int Train(const TrainConfig& c, TrainParts parts) {
   if (std::string err = ValidateConfig(c); !err.empty()) throw Error(err);
   torch::set_num_threads(1);  // ranks share the host's cores; one thread each
   ProcessGroupOptions popts;
@@ -594,7 +607,7 @@ int Train(const TrainConfig& c) {
   // "auto" picks NCCL when a GPU is visible; asked to train on the CPU, it
   // means gloo (NCCL moves GPU tensors only).
   if (c.backend == "auto" && c.device == "cpu") popts.backend = "gloo";
-  Trainer trainer(c, Distributed::FromEnv(popts));
+  Trainer trainer(c, std::move(parts), Distributed::FromEnv(popts));
   try {
     return trainer.Run();
   } catch (const std::exception& e) {

@@ -58,8 +58,8 @@ install(FILES
 install(FILES ${PROJECT_SOURCE_DIR}/rendezvous/util/status.h
   DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/dtrun/rendezvous/util COMPONENT dev)
 if(TARGET dtrun_train)
-  set(dtrun_lib_headers checkpoint.h ddp.h dist_env.h fsdp.h precision.h
-    process_group.h standby_worker.h
+  set(dtrun_lib_headers checkpoint.h ddp.h dist_env.h fsdp.h model.h
+    precision.h process_group.h standby_worker.h
     train_config.h trainer.h)
   if(EXISTS ${PROJECT_SOURCE_DIR}/lib/torch_compat.h)
     list(APPEND dtrun_lib_headers torch_compat.h)

@@ -70,6 +70,16 @@ in_root cmake -S examples/consumer -B "$work/consumer" >"$work/consumer.log" 2>&
 echo "deb_test: consumer configured and built in the root in $(secs "$t") s"
 in_root dtrun --nproc-per-node=2 "$work/consumer/consumer_train" | tee "$work/consumer.out"
 [[ $(grep -c 'consumer: rank [01] of 2' "$work/consumer.out") == 2 ]] || fail "consumer run"
+# Its own model through the installed trainer: rank 1 killed at step 60,
+# resumed from the async checkpoint onto an unbroken run's bits and state.
+in_root dtrun --nproc-per-node=2 --log-level=error "$work/consumer/consumer_trainer" \
+  "$work/ct-clean" | grep -A1 '^done:' >"$work/ct-clean.out"
+in_root dtrun --nproc-per-node=2 --log-level=error --max-restarts=1 \
+  "$work/consumer/consumer_trainer" "$work/ct-killed" 60 2>/dev/null | tee "$work/ct-killed.all" |
+  grep -A1 '^done:' >"$work/ct-killed.out"
+grep -q 'resumed from' "$work/ct-killed.all" && [[ -s $work/ct-clean.out ]] &&
+  cmp -s "$work/ct-clean.out" "$work/ct-killed.out" ||
+  fail "consumer_trainer: killed run $(cat "$work/ct-killed.out") vs clean $(cat "$work/ct-clean.out")"
 
 # Removal leaves none of the packages' files (folders shared with others may stay).
 t=$(now)

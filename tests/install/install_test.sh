@@ -91,4 +91,16 @@ sums = {s for _, s in lines}
 if ranks != ["0", "1"] or len(sums) != 1:
     sys.exit(f"consumer: expected ranks 0 and 1 with equal weights, got {lines}")
 PY
+# Its own model through the installed trainer (lib/trainer.h): rank 1
+# killed at step 60 resumes onto the bits and state of an unbroken run.
+"$prefix/bin/dtrun" --nproc-per-node=2 --log-level=error "$work/consumer/consumer_trainer" \
+  "$work/ct-clean" | grep -A1 '^done:' >"$work/ct-clean.out"
+"$prefix/bin/dtrun" --nproc-per-node=2 --log-level=error --max-restarts=1 \
+  "$work/consumer/consumer_trainer" "$work/ct-killed" 60 2>/dev/null | tee "$work/ct-killed.all" |
+  grep -A1 '^done:' >"$work/ct-killed.out"
+grep -q 'resumed from' "$work/ct-killed.all" && [[ -s $work/ct-clean.out ]] &&
+  cmp -s "$work/ct-clean.out" "$work/ct-killed.out" ||
+  fail "consumer_trainer: killed run $(cat "$work/ct-killed.out") vs clean $(cat "$work/ct-clean.out")"
+rm -rf "$work/ct-clean" "$work/ct-killed"
+cat "$work/ct-clean.out"
 echo "install_test: OK"
