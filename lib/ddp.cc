@@ -180,13 +180,14 @@ struct DistributedDataParallel::Impl {
     return g.defined() && g.data_ptr() == SliceOf(k);
   }
 
-  // Broadcast moves bytes: a bfloat16 tensor on the CPU goes as float16,
-  // bit for bit (gloo on libtorch 1.13 refuses bfloat16 and int16).
+  // Broadcast moves bytes: a bfloat16 tensor on the CPU goes as its bytes
+  // (gloo refuses bfloat16 on libtorch 1.13, int16 there too, and float16
+  // on 2.14; uint8 everywhere). Parameters and buffers are contiguous, so
+  // the byte view aliases them.
   void Broadcast(const at::Tensor& t) {
-    std::vector<at::Tensor> v{t.device().is_cpu() &&
-                                      t.scalar_type() == at::kBFloat16
-                                  ? t.view(at::kHalf)
-                                  : t};
+    const bool bytes = t.device().is_cpu() && t.scalar_type() == at::kBFloat16 &&
+                       t.is_contiguous();
+    std::vector<at::Tensor> v{bytes ? t.reshape({-1}).view(at::kByte) : t};
     c10d::BroadcastOptions o;
     o.rootRank = 0;
     pg->broadcast(v, o)->wait();
