@@ -185,8 +185,8 @@ struct DistributedDataParallel::Impl {
   // on 2.14; uint8 everywhere). Parameters and buffers are contiguous, so
   // the byte view aliases them.
   void Broadcast(const at::Tensor& t) {
-    const bool bytes = t.device().is_cpu() && t.scalar_type() == at::kBFloat16 &&
-                       t.is_contiguous();
+    const bool bytes = t.device().is_cpu() &&
+                       t.scalar_type() == at::kBFloat16 && t.is_contiguous();
     std::vector<at::Tensor> v{bytes ? t.reshape({-1}).view(at::kByte) : t};
     c10d::BroadcastOptions o;
     o.rootRank = 0;
@@ -216,8 +216,8 @@ struct DistributedDataParallel::Impl {
       const at::Tensor& p = params[k];
       int64_t size = p.numel() * static_cast<int64_t>(p.element_size());
       int64_t limit = buckets.size() <= 1 ? first_cap : cap;
-      const std::pair<int, std::string> kind{
-          static_cast<int>(p.scalar_type()), p.device().str()};
+      const std::pair<int, std::string> kind{static_cast<int>(p.scalar_type()),
+                                             p.device().str()};
       auto it = open.find(kind);
       if (it == open.end() ||
           (it->second.bytes + size > limit && it->second.bytes > 0)) {

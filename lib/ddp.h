@@ -48,10 +48,10 @@ struct DdpOptions {
 // (and buffers) are broadcast from rank 0 and gradients are packed into
 // buckets of at most bucket_cap_mb, in reverse registration order (the order
 // backward produces them), one dtype and device per bucket (bfloat16 and
-// float16 buckets on the CPU are summed in float32). Each parameter's .grad is its slice of its
-// bucket, so autograd accumulates into the buckets and nothing is copied.
-// During backward, each bucket's all-reduce starts asynchronously the
-// moment its last gradient is accumulated (hooks on the gradient
+// float16 buckets on the CPU are summed in float32). Each parameter's .grad is
+// its slice of its bucket, so autograd accumulates into the buckets and nothing
+// is copied. During backward, each bucket's all-reduce starts asynchronously
+// the moment its last gradient is accumulated (hooks on the gradient
 // accumulators), in bucket order on every rank, overlapping the rest of
 // backward. SyncGradients() waits for them and averages in place. When DDP
 // goes, .grad becomes a copy of its own.

@@ -17,10 +17,12 @@ struct Model {
   std::function<torch::Tensor(const torch::Tensor&)> forward;
 
   // Any module whose forward takes the batch's input tensor:
-  // Model::Of(std::make_shared<MyNet>()), Model::Of(torch::nn::Sequential(...)).
+  // Model::Of(std::make_shared<MyNet>()),
+  // Model::Of(torch::nn::Sequential(...)).
   template <typename M>
   static Model Of(std::shared_ptr<M> m) {
-    return {m, [raw = m.get()](const torch::Tensor& x) { return raw->forward(x); }};
+    return {
+        m, [raw = m.get()](const torch::Tensor& x) { return raw->forward(x); }};
   }
   template <typename M>
   static Model Of(torch::nn::ModuleHolder<M> holder) {

@@ -60,16 +60,18 @@ std::string JsonEscaped(const std::string& s) {
 // FSDP's layout as the step's file carries it ("fsdp_layout"):
 // {"format": 1, "units": [{"numel": N, "params": [{"name": "0.weight",
 // "offset": 0, "shape": [64, 64]}, ...]}, ...]}.
-std::string LayoutJson(const std::vector<FullyShardedDataParallel::UnitLayout>& units) {
+std::string LayoutJson(
+    const std::vector<FullyShardedDataParallel::UnitLayout>& units) {
   std::string out = "{\"format\": 1, \"units\": [";
   for (size_t k = 0; k < units.size(); ++k) {
     const auto& u = units[k];
-    out += std::string(k ? ", " : "") + "{\"numel\": " +
-           std::to_string(u.numel) + ", \"params\": [";
+    out += std::string(k ? ", " : "") +
+           "{\"numel\": " + std::to_string(u.numel) + ", \"params\": [";
     for (size_t i = 0; i < u.names.size(); ++i) {
       out += std::string(i ? ", " : "") + "{\"name\": \"" +
-             JsonEscaped(u.names[i]) + "\", \"offset\": " +
-             std::to_string(u.offsets[i]) + ", \"shape\": [";
+             JsonEscaped(u.names[i]) +
+             "\", \"offset\": " + std::to_string(u.offsets[i]) +
+             ", \"shape\": [";
       for (size_t j = 0; j < u.shapes[i].size(); ++j)
         out += std::string(j ? ", " : "") + std::to_string(u.shapes[i][j]);
       out += "]}";
@@ -95,9 +97,7 @@ class DdpStrategy : public Strategy {
         forward_(std::move(model.forward)),
         ddp_(model_, pg, Options(c)) {}
 
-  torch::Tensor Forward(const torch::Tensor& x) override {
-    return forward_(x);
-  }
+  torch::Tensor Forward(const torch::Tensor& x) override { return forward_(x); }
   // Only the step's last micro-batch all-reduces; the others accumulate in
   // .grad under NoSync, and the last one's hooks add them into the buckets.
   void Backward(const torch::Tensor& loss, bool last) override {
@@ -117,7 +117,9 @@ class DdpStrategy : public Strategy {
   }
   bool CollectiveEval() const override { return false; }
   void StartFresh() override { ddp_.BroadcastState(); }
-  double GradNorm() override { return std::sqrt(SquaredNorm(OptimizerParams())); }
+  double GradNorm() override {
+    return std::sqrt(SquaredNorm(OptimizerParams()));
+  }
 
   // Every parameter, buffer and optimizer state tensor by name
   // (state_copy.h), so that any libtorch loads it: torch's own optimizer
@@ -358,12 +360,14 @@ bool Strategy::ClipGrads(double norm, double max_norm) {
 std::unique_ptr<Strategy> MakeStrategy(Model model, ProcessGroup* pg,
                                        const TrainConfig& c) {
   if (c.strategy == StrategyKind::kFsdp) {
-    auto seq = std::dynamic_pointer_cast<torch::nn::SequentialImpl>(model.module);
+    auto seq =
+        std::dynamic_pointer_cast<torch::nn::SequentialImpl>(model.module);
     if (!seq) {
       throw Error(
           "strategy.type = \"fsdp\" shards a torch::nn::Sequential (it runs "
           "the children one unit at a time); this model is a " +
-          model.module->name() + ": use strategy.type = \"ddp\", or build "
+          model.module->name() +
+          ": use strategy.type = \"ddp\", or build "
           "the model as a Sequential");
     }
     return std::make_unique<FsdpStrategy>(seq, pg, c);

@@ -169,7 +169,8 @@ std::string ValidateConfig(const TrainConfig& c) {
   if (c.dropout < 0 || c.dropout >= 1) return "model.dropout must be in [0, 1)";
   if (!c.init_from.empty() && access(c.init_from.c_str(), R_OK) != 0) {
     return "model.init_from '" + c.init_from + "': cannot be read (" +
-           std::strerror(errno) + "); give the path of a torch.save'd state dict";
+           std::strerror(errno) +
+           "); give the path of a torch.save'd state dict";
   }
   if (!(c.max_grad_norm >= 0))
     return "optimizer.max_grad_norm must be >= 0 (0: no clipping)";

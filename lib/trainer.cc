@@ -54,16 +54,17 @@ double UnixSeconds() {
 // "ddp.model." tensors, the prefix dropped) or a file of named tensors
 // (python -m dtrun.checkpoint import). An FSDP step's file holds no
 // weights (its shards do), so it is refused with the way around.
-std::map<std::string, torch::Tensor> ReadDtckStateDict(
-    const std::string& what, std::string bytes) {
+std::map<std::string, torch::Tensor> ReadDtckStateDict(const std::string& what,
+                                                       std::string bytes) {
   auto view = VerifyCheckpointBytes(std::move(bytes));
   if (!view.ok()) throw Error(what + ": " + view.status().message());
   auto tensors = DecodeTensors(*view);
   if (!tensors.ok()) throw Error(what + ": " + tensors.status().message());
   if (tensors->count("fsdp_shards"))
-    throw Error(what + " is an FSDP step's file, whose shards hold the "
-                       "weights; convert the folder with python -m "
-                       "dtrun.checkpoint convert DIR OUT.pt, then import it");
+    throw Error(what +
+                " is an FSDP step's file, whose shards hold the "
+                "weights; convert the folder with python -m "
+                "dtrun.checkpoint convert DIR OUT.pt, then import it");
   const std::string ddp = "ddp.model.";
   const bool step_file = tensors->count("step") > 0;
   std::map<std::string, torch::Tensor> given;
@@ -96,8 +97,10 @@ std::map<std::string, torch::Tensor> ReadPickledStateDict(
     }
   }
   if (v.isNone())
-    throw Error(what + " holds an OrderedDict (as torch.save(model.state_dict()) "
-                       "writes), which libtorch's reader cannot take" + fix);
+    throw Error(what +
+                " holds an OrderedDict (as torch.save(model.state_dict()) "
+                "writes), which libtorch's reader cannot take" +
+                fix);
   if (!v.isGenericDict())
     throw Error(what + " holds a " + std::string(v.tagKind()) +
                 ", not a state dict (a dict of tensors by name)" + fix);
@@ -112,7 +115,8 @@ std::map<std::string, torch::Tensor> ReadPickledStateDict(
 
 // The named tensors of model.init_from: a .dtck file or a torch.save'd
 // plain dict.
-std::map<std::string, torch::Tensor> ReadStateDictFile(const std::string& path) {
+std::map<std::string, torch::Tensor> ReadStateDictFile(
+    const std::string& path) {
   const std::string what = "model.init_from '" + path + "'";
   std::ifstream f(path, std::ios::binary);
   if (!f) throw Error(what + ": cannot be read: " + std::strerror(errno));
@@ -214,15 +218,23 @@ torch::Device DeviceOf(const Distributed& dist, const TrainConfig& c) {
 class WithUserState : public Strategy {
  public:
   WithUserState(std::unique_ptr<Strategy> inner, const TrainParts& parts)
-      : inner_(std::move(inner)), save_(parts.save_state), load_(parts.load_state) {}
+      : inner_(std::move(inner)),
+        save_(parts.save_state),
+        load_(parts.load_state) {}
   static constexpr char kPrefix[] = "user.";
 
-  torch::Tensor Forward(const torch::Tensor& x) override { return inner_->Forward(x); }
+  torch::Tensor Forward(const torch::Tensor& x) override {
+    return inner_->Forward(x);
+  }
   void Backward(const torch::Tensor& loss, bool last) override {
     inner_->Backward(loss, last);
   }
-  std::vector<torch::Tensor> OptimizerParams() override { return inner_->OptimizerParams(); }
-  std::vector<torch::Tensor> FullParams() override { return inner_->FullParams(); }
+  std::vector<torch::Tensor> OptimizerParams() override {
+    return inner_->OptimizerParams();
+  }
+  std::vector<torch::Tensor> FullParams() override {
+    return inner_->FullParams();
+  }
   double GradNorm() override { return inner_->GradNorm(); }
   bool CollectiveEval() const override { return inner_->CollectiveEval(); }
   void StartFresh() override { inner_->StartFresh(); }
@@ -230,14 +242,16 @@ class WithUserState : public Strategy {
   TensorMap Save(torch::optim::Optimizer& opt, const CheckpointDir& dir,
                  int64_t step) override {
     TensorMap parts = inner_->Save(opt, dir, step);
-    for (auto& [name, t] : save_()) parts[kPrefix + name] = t.detach().to(torch::kCPU);
+    for (auto& [name, t] : save_())
+      parts[kPrefix + name] = t.detach().to(torch::kCPU);
     return parts;
   }
   Snapshot Copy(torch::optim::Optimizer& opt, bool whole,
                 const TensorCopier& copy) override {
     Snapshot snap = inner_->Copy(opt, whole, copy);
     if (!whole) return snap;  // this rank writes no step's file
-    for (auto& [name, t] : save_()) snap.parts[kPrefix + name] = copy(t.detach());
+    for (auto& [name, t] : save_())
+      snap.parts[kPrefix + name] = copy(t.detach());
     return snap;
   }
   // The strategy sees its own parts only: DDP's restore reads every
@@ -324,7 +338,7 @@ class Trainer {
   int64_t skipped_ = 0;    // steps not applied: their gradients not finite
   bool applied_ = true;    // the last step's
   std::map<std::string, double> metrics_last_;  // the last evaluation's
-  double compute_s_ = 0;   // the last step's time outside collectives
+  double compute_s_ = 0;  // the last step's time outside collectives
   // Throughput since the last progress line.
   std::chrono::steady_clock::time_point window_start_;
   int64_t window_samples_ = 0;
@@ -453,9 +467,10 @@ double Trainer::Step(int64_t step) {
     } else {
       applied_ = false;
       if (++skipped_ == 1 && rank_ == 0) {
-        std::printf("step %lld: gradient norm %g: step skipped, not applied "
-                    "(each skip is counted in the progress line)\n",
-                    (long long)step + 1, grad_norm_);
+        std::printf(
+            "step %lld: gradient norm %g: step skipped, not applied "
+            "(each skip is counted in the progress line)\n",
+            (long long)step + 1, grad_norm_);
       }
     }
   }
@@ -513,8 +528,8 @@ void Trainer::Log(int64_t done, double lr) {
     clip = s;
     if (skipped_ > 0) clip += " skipped " + std::to_string(skipped_);
   }
-  std::printf("step %lld loss %.6f lr %.5f samples/s %.0f%s\n",
-              (long long)done, loss_, lr, rate, clip.c_str());
+  std::printf("step %lld loss %.6f lr %.5f samples/s %.0f%s\n", (long long)done,
+              loss_, lr, rate, clip.c_str());
   std::fflush(stdout);
   if (metrics_) {
     metrics_ << "{\"step\": " << done << ", \"loss\": " << loss_

@@ -7,9 +7,9 @@
 // straggler checks read, and the standby.
 //
 //   dtrun::train::TrainParts parts;
-//   parts.model = [] { return dtrun::train::Model::Of(std::make_shared<Net>()); };
-//   parts.batch = [&](const dtrun::train::BatchRequest& r) { return MyBatch(r); };
-//   return dtrun::train::Train(config, std::move(parts));
+//   parts.model = [] { return dtrun::train::Model::Of(std::make_shared<Net>());
+//   }; parts.batch = [&](const dtrun::train::BatchRequest& r) { return
+//   MyBatch(r); }; return dtrun::train::Train(config, std::move(parts));
 
 #include <cstdint>
 #include <functional>
@@ -41,11 +41,11 @@ struct Batch {
 // After each step, on every rank, before the step's checkpoint (which then
 // holds what the callback changed).
 struct StepEnd {
-  int64_t step = 0;      // steps done
-  double loss = 0;       // the step's loss, averaged over the ranks
-  double lr = 0;         // the learning rate it stepped with
-  double grad_norm = -1; // before clipping (optimizer.max_grad_norm); -1: off
-  bool applied = true;   // false: its gradients were not finite, skipped
+  int64_t step = 0;       // steps done
+  double loss = 0;        // the step's loss, averaged over the ranks
+  double lr = 0;          // the learning rate it stepped with
+  double grad_norm = -1;  // before clipping (optimizer.max_grad_norm); -1: off
+  bool applied = true;    // false: its gradients were not finite, skipped
 };
 
 // Named tensors (a schedule's state, a data position, an EMA): the user's

@@ -4,7 +4,8 @@
 // own, and its own state in every checkpoint (an exponential average of
 // the loss). DDP, async checkpoints, the resume every rank agrees on, the
 // heartbeat dtrun's --hang-timeout reads: the library's. Run as
-//   dtrun --nproc-per-node=2 [--max-restarts=1] consumer_trainer CKPT_DIR [KILL_AT_STEP [MODE]]
+//   dtrun --nproc-per-node=2 [--max-restarts=1] consumer_trainer CKPT_DIR
+//   [KILL_AT_STEP [MODE]]
 // With KILL_AT_STEP, rank 1 SIGKILLs itself after that step on the first
 // attempt: the restart resumes, and the run ends on the same bits as an
 // unbroken one. MODE: the checkpoint mode, async (the default), sync or
@@ -69,9 +70,11 @@ dtrun::train::TrainParts Parts(double* loss_ema, long kill_at, bool kill) {
   dtrun::train::TrainParts parts;
   parts.model = [] { return dtrun::train::Model::Of(Net()); };
   parts.batch = [](const dtrun::train::BatchRequest& r) {
-    auto [x, y] = Rows(r.seed * 1000003 + r.micro, int64_t{r.world} * r.batch_size);
-    return dtrun::train::Batch{x.narrow(0, int64_t{r.rank} * r.batch_size, r.batch_size),
-                               y.narrow(0, int64_t{r.rank} * r.batch_size, r.batch_size)};
+    auto [x, y] =
+        Rows(r.seed * 1000003 + r.micro, int64_t{r.world} * r.batch_size);
+    return dtrun::train::Batch{
+        x.narrow(0, int64_t{r.rank} * r.batch_size, r.batch_size),
+        y.narrow(0, int64_t{r.rank} * r.batch_size, r.batch_size)};
   };
   parts.loss = [](const torch::Tensor& out, const torch::Tensor& y) {
     return torch::mse_loss(out, y);
@@ -81,7 +84,8 @@ dtrun::train::TrainParts Parts(double* loss_ema, long kill_at, bool kill) {
     return std::map<std::string, double>{
         {"val_mse", torch::mse_loss(forward(x), y).item<double>()}};
   };
-  parts.on_step_end = [loss_ema, kill_at, kill](const dtrun::train::StepEnd& s) {
+  parts.on_step_end = [loss_ema, kill_at,
+                       kill](const dtrun::train::StepEnd& s) {
     *loss_ema = s.step == 1 ? s.loss : 0.9 * *loss_ema + 0.1 * s.loss;
     if (kill && s.step == kill_at) raise(SIGKILL);
   };
@@ -115,7 +119,8 @@ int main(int argc, char** argv) {
   const char* restarts = std::getenv("TORCHELASTIC_RESTART_COUNT");
   const char* rank_env = std::getenv("RANK");
   const int rank = rank_env ? std::atoi(rank_env) : 0;
-  const bool kill = argc > 2 && rank == 1 && (!restarts || std::string(restarts) == "0");
+  const bool kill =
+      argc > 2 && rank == 1 && (!restarts || std::string(restarts) == "0");
   double loss_ema = 0;
   try {
     const int rc = dtrun::train::Train(

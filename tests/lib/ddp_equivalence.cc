@@ -156,8 +156,9 @@ std::string MixedDtypes(dtrun::train::Distributed& dist) {
         scale;
     const auto t = ref[i].scalar_type();
     double bound = t == torch::kFloat64 ? 1e-12
-                   : t == torch::kFloat32 ? 1e-6
-                                          : 1.0 / 128;  // 2 bf16 ulps of the max
+                   : t == torch::kFloat32
+                       ? 1e-6
+                       : 1.0 / 128;  // 2 bf16 ulps of the max
     if (err > bound) {
       char line[96];
       std::snprintf(line, sizeof line, " parameter %zu (%s): error %.3g;", i,
@@ -188,10 +189,11 @@ int main() {
         accumulated, good ? "OK" : "MISMATCH");
   }
   const std::string mixed = MixedDtypes(*dist);
-  std::printf("ddp_equivalence: rank %d of %d: float64, bfloat16 and float32 "
-              "layers: %s\n",
-              dist->rank(), dist->world_size(),
-              mixed.empty() ? "each gradient the mean of the ranks' OK"
-                            : ("MISMATCH:" + mixed).c_str());
+  std::printf(
+      "ddp_equivalence: rank %d of %d: float64, bfloat16 and float32 "
+      "layers: %s\n",
+      dist->rank(), dist->world_size(),
+      mixed.empty() ? "each gradient the mean of the ranks' OK"
+                    : ("MISMATCH:" + mixed).c_str());
   return ok && mixed.empty() ? 0 : 1;
 }

@@ -116,7 +116,8 @@ TEST(AutocastScopeTest, MatmulsRunInBfloat16InsideOnly) {
 }
 
 TEST_F(StrategyTest, ClippingScalesToTheNormAsClipGradNormDoes) {
-  auto model = std::make_shared<torch::nn::SequentialImpl>(torch::nn::Linear(3, 2));
+  auto model =
+      std::make_shared<torch::nn::SequentialImpl>(torch::nn::Linear(3, 2));
   TrainConfig c;
   auto ddp = MakeStrategy(model, &dist_->pg(), c);
   std::vector<torch::Tensor> reference;
@@ -128,8 +129,10 @@ TEST_F(StrategyTest, ClippingScalesToTheNormAsClipGradNormDoes) {
   EXPECT_NEAR(norm, 2.0 * std::sqrt(8.0), 1e-6);  // 8 elements of 2
   EXPECT_TRUE(ddp->ClipGrads(norm, 1.0));
   std::vector<torch::Tensor> expected;
-  for (auto& r : reference) expected.push_back(torch::zeros_like(r).requires_grad_(true));
-  for (size_t i = 0; i < expected.size(); ++i) expected[i].mutable_grad() = reference[i];
+  for (auto& r : reference)
+    expected.push_back(torch::zeros_like(r).requires_grad_(true));
+  for (size_t i = 0; i < expected.size(); ++i)
+    expected[i].mutable_grad() = reference[i];
   torch::nn::utils::clip_grad_norm_(expected, 1.0);
   auto params = model->parameters();
   for (size_t i = 0; i < params.size(); ++i)
