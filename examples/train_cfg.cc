@@ -1,10 +1,11 @@
-// train_cfg CONFIG.toml [--set section.key=value ...]
+// train_cfg CONFIG.toml [--set section.key=value ...] [--sample N]
 // A config-driven DDP/FSDP trainer on dtrun's library. Run it under
 // dtrun (or torchrun): dtrun --nproc-per-node=2 train_cfg
 // examples/configs/digits_ddp.toml Exit codes: 0 done, 2 bad config or flag, 1
 // training error.
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <iterator>
@@ -23,7 +24,7 @@ namespace {
 int Usage(const std::string& why) {
   std::fprintf(stderr,
                "train_cfg: %s\nusage: train_cfg CONFIG.toml [--set "
-               "section.key=value ...]\n",
+               "section.key=value ...] [--sample N]\n",
                why.c_str());
   return 2;
 }
@@ -47,8 +48,16 @@ int main(int argc, char** argv) {
                          std::istreambuf_iterator<char>()};
   // --set section.key=value overrides, applied over the file in order.
   std::vector<std::string> sets;
+  long long sample = -1;  // --sample N: characters to generate, not train
   for (int i = 2; i < argc; ++i) {
     std::string arg = argv[i];
+    if (arg == "--sample" && i + 1 < argc) {
+      char* end = nullptr;
+      sample = std::strtoll(argv[++i], &end, 10);
+      if (*end != '\0' || sample < 1)
+        return Usage("--sample takes a number of characters >= 1");
+      continue;
+    }
     if (arg != "--set" || i + 1 >= argc)
       return Usage("unexpected argument '" + arg + "'");
     sets.push_back(argv[++i]);
@@ -57,7 +66,10 @@ int main(int argc, char** argv) {
   std::string err =
       dtrun::examples::ReadTrainConfig(text, argv[1], sets, &config);
   if (!err.empty()) return Usage(err);
+  if (sample > 0 && config.model != dtrun::train::ModelKind::kGpt)
+    return Usage("--sample generates text: it needs model.type = \"gpt\"");
   try {
+    if (sample > 0) return dtrun::train::SampleGpt(config, sample);
     return dtrun::train::Train(config);
   } catch (const std::exception& e) {
     // Train() wrote the launcher's error file (TORCHELASTIC_ERROR_FILE)

@@ -45,18 +45,22 @@ std::string NonAscii(const std::string& text) {
 
 // Known keys: section -> keys. Anything else is a typo worth an error.
 const std::map<std::string, std::set<std::string>> kKeys = {
-    {"model", {"type", "hidden", "dropout", "init_from"}},
+    {"model",
+     {"type", "hidden", "dropout", "init_from", "n_layer", "n_head", "n_embd",
+      "block_size", "bias"}},
     {"data",
      {"source", "path", "samples", "features", "classes", "test_fraction"}},
     {"strategy",
      {"type", "backend", "device", "bucket_cap_mb", "min_unit_params",
       "reshard_after_forward", "prefetch", "param_dtype", "reduce_dtype",
-      "cpu_offload", "shared_memory"}},
-    {"optimizer", {"type", "lr", "momentum", "weight_decay", "max_grad_norm"}},
-    {"schedule", {"type", "warmup_steps"}},
+      "cpu_offload", "shared_memory", "unit_types"}},
+    {"optimizer",
+     {"type", "lr", "momentum", "weight_decay", "max_grad_norm", "beta1",
+      "beta2", "decay"}},
+    {"schedule", {"type", "warmup_steps", "min_lr", "decay_steps"}},
     {"train",
      {"batch_size", "steps", "accumulate", "eval_every", "log_every", "seed",
-      "stop_after_step", "drop_last", "precision"}},
+      "stop_after_step", "drop_last", "precision", "eval_iters"}},
     {"checkpoint",
      {"dir", "every", "keep", "format", "mode", "persist_every", "checksum",
       "payload"}},
@@ -64,6 +68,7 @@ const std::map<std::string, std::set<std::string>> kKeys = {
      {"kill_rank", "kill_at_step", "kill_in", "hang_rank", "hang_at_step",
       "slow_rank", "slow_factor", "save_delay_ms", "damage_copy_at_step"}},
     {"metrics", {"path"}},
+    {"sample", {"prompt", "temperature", "top_k", "from"}},
 };
 
 std::string Check(const toml::table& t) {
@@ -132,6 +137,23 @@ void Read(const toml::table& t, const char* section, const char* key, T* out) {
                               want);
 }
 
+// An array of strings (strategy.unit_types = ["Block"]).
+void ReadStrings(const toml::table& t, const char* section, const char* key,
+                 std::vector<std::string>* out) {
+  auto node = t[section][key];
+  if (!node) return;
+  const std::string where = std::string(section) + "." + key;
+  const toml::array* arr = node.as_array();
+  if (!arr) throw std::invalid_argument(where + " must be an array of strings");
+  out->clear();
+  for (const auto& v : *arr) {
+    auto str = v.value_exact<std::string>();
+    if (!str || str->empty())
+      throw std::invalid_argument(where + " must hold non-empty strings");
+    out->push_back(*str);
+  }
+}
+
 // A choice (strategy.type = "fsdp") into its enum; a name that is not one
 // throws, naming the key and the choices.
 template <typename E>
@@ -156,8 +178,15 @@ void ReadModelAndStrategy(const toml::table& t, TrainConfig* cfg) {
       c.hidden.push_back(static_cast<int>(n.value_or<int64_t>(0)));
   }
   Read(t, "model", "dropout", &c.dropout);
+  Read(t, "model", "n_layer", &c.n_layer);
+  Read(t, "model", "n_head", &c.n_head);
+  Read(t, "model", "n_embd", &c.n_embd);
+  Read(t, "model", "block_size", &c.block_size);
+  Read(t, "model", "bias", &c.bias);
   ReadChoice(t, "data", "source", &c.data);
-  Read(t, "data", "path", &c.digits_path);
+  Read(t, "data", "path",
+       c.data == dtrun::train::DataSource::kText ? &c.text_path
+                                                 : &c.digits_path);
   Read(t, "data", "samples", &c.synthetic_samples);
   Read(t, "data", "features", &c.synthetic_features);
   Read(t, "data", "classes", &c.synthetic_classes);
@@ -173,6 +202,7 @@ void ReadModelAndStrategy(const toml::table& t, TrainConfig* cfg) {
   Read(t, "strategy", "reduce_dtype", &c.reduce_dtype);
   Read(t, "strategy", "cpu_offload", &c.cpu_offload);
   Read(t, "strategy", "shared_memory", &c.shared_memory);
+  ReadStrings(t, "strategy", "unit_types", &c.unit_types);
 }
 
 // [optimizer], [schedule] and [train]: the loop.
@@ -183,16 +213,26 @@ void ReadLoop(const toml::table& t, TrainConfig* cfg) {
   Read(t, "optimizer", "momentum", &c.momentum);
   Read(t, "optimizer", "weight_decay", &c.weight_decay);
   Read(t, "optimizer", "max_grad_norm", &c.max_grad_norm);
+  Read(t, "optimizer", "beta1", &c.beta1);
+  Read(t, "optimizer", "beta2", &c.beta2);
+  Read(t, "optimizer", "decay", &c.decay);
   Read(t, "train", "precision", &c.precision);
   Read(t, "model", "init_from", &c.init_from);
   ReadChoice(t, "schedule", "type", &c.schedule);
   Read(t, "schedule", "warmup_steps", &c.warmup_steps);
+  Read(t, "schedule", "min_lr", &c.min_lr);
+  Read(t, "schedule", "decay_steps", &c.decay_steps);
   Read(t, "train", "batch_size", &c.batch_size);
   Read(t, "train", "steps", &c.steps);
   Read(t, "train", "accumulate", &c.accumulate);
   Read(t, "train", "drop_last", &c.drop_last);
   Read(t, "train", "eval_every", &c.eval_every);
   Read(t, "train", "log_every", &c.log_every);
+  Read(t, "train", "eval_iters", &c.eval_iters);
+  Read(t, "sample", "prompt", &c.sample_prompt);
+  Read(t, "sample", "temperature", &c.sample_temperature);
+  Read(t, "sample", "top_k", &c.sample_top_k);
+  Read(t, "sample", "from", &c.sample_from);
   // TOML integers are signed: a seed is read as one and kept as its bits.
   int64_t seed = static_cast<int64_t>(c.seed);
   Read(t, "train", "seed", &seed);

@@ -165,7 +165,7 @@ void BackgroundCheckpointer::Save(int64_t done, const StepActions& actions) {
   SaveJob job;
   // Gathered before the copy, whose device-to-host transfer the gather's
   // own small one would queue behind.
-  job.file.rng = GatherRngStates();
+  GatherRngStates(&job.file);
   job.whole = Whole();
   staging_.Begin();
   Strategy::Snapshot copy = strategy_.Copy(opt_, job.whole, staging_.copier());

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "lib/data.h"
+#include "lib/models/gpt.h"
 #include "lib/state_copy.h"
 #include "lib/trainer.h"
 #include "lib/process_group.h"
@@ -123,6 +124,7 @@ Dataset LoadDataset(const TrainConfig& c) {
 // the trainer may copy; the config is copied into them (the trainer keeps
 // its own reference to the caller's).
 TrainParts BuiltinParts(const TrainConfig& c) {
+  if (c.model == ModelKind::kGpt) return GptParts(c);
   struct Data {
     Dataset train, test;
     int features = 0, classes = 0;

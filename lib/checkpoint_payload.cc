@@ -19,6 +19,9 @@ constexpr char kWorldSize[] = "world_size";
 constexpr char kEpoch[] = "epoch";
 
 std::string RngKey(int64_t rank) { return "rng_" + std::to_string(rank); }
+std::string CudaRngKey(int64_t rank) {
+  return "cuda_rng_" + std::to_string(rank);
+}
 
 // The scalar at `key`, moved out of `tensors`.
 Status TakeScalar(TensorMap* tensors, const char* key, int64_t* out) {
@@ -238,6 +241,7 @@ TensorMap StepFile::ToTensors() const {
   out[kWorldSize] = torch::tensor(world_size);
   out[kEpoch] = torch::tensor(epoch);
   for (size_t r = 0; r < rng.size(); ++r) out[RngKey(r)] = rng[r];
+  for (size_t r = 0; r < cuda_rng.size(); ++r) out[CudaRngKey(r)] = cuda_rng[r];
   return out;
 }
 
@@ -254,6 +258,12 @@ Result<StepFile> StepFile::FromTensors(TensorMap tensors) {
     auto it = tensors.find(RngKey(r));
     if (it == tensors.end()) break;  // saved without generators: reseed
     f.rng.push_back(it->second);
+    tensors.erase(it);
+  }
+  for (int64_t r = 0; r < f.world_size; ++r) {
+    auto it = tensors.find(CudaRngKey(r));
+    if (it == tensors.end()) break;
+    f.cuda_rng.push_back(it->second);
     tensors.erase(it);
   }
   f.parts = std::move(tensors);

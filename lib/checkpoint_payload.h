@@ -62,6 +62,8 @@ struct StepFile {
   int64_t epoch = 0;       // the folder's epoch that wrote it (checkpoint.h); 0
                            // in files written before epochs were kept
   std::vector<torch::Tensor> rng;  // each rank's CPU generator state
+  // each rank's GPU generator state (runs on CUDA: GPU dropout), else none
+  std::vector<torch::Tensor> cuda_rng;
   TensorMap parts;
   // Where the tensors point into a payload whose blocks are still to
   // verify (a memory copy): that payload, which the restore verifies as it
@@ -71,7 +73,7 @@ struct StepFile {
   TensorMap ToTensors() const;
   // Invalid when "step" or "world_size" is missing or not a scalar, naming
   // the key; "epoch" may be missing (0). rng holds the "rng_<r>" there are, for
-  // r < world_size.
+  // r < world_size, cuda_rng the "cuda_rng_<r>".
   static Result<StepFile> FromTensors(TensorMap tensors);
 };
 

@@ -24,7 +24,7 @@ class SyncCheckpointer : public Checkpointer {
   void Save(int64_t done, const StepActions&) override {
     const auto start = std::chrono::steady_clock::now();
     StepFile file;
-    file.rng = GatherRngStates();
+    GatherRngStates(&file);
     file.parts = strategy_.Save(opt_, dir_, done);
     Stamp(done, &file);
     if (rank_ == 0) {
@@ -178,6 +178,11 @@ void Checkpointer::RestoreRng(const StepFile& file) {
       static_cast<size_t>(rank_) < file.rng.size()) {
     at::Generator gen = at::detail::getDefaultCPUGenerator();
     gen.set_state(file.rng[static_cast<size_t>(rank_)]);
+    if (device_.is_cuda() &&
+        static_cast<size_t>(rank_) < file.cuda_rng.size()) {
+      at::Generator cuda = at::globalContext().defaultGenerator(device_);
+      cuda.set_state(file.cuda_rng[static_cast<size_t>(rank_)]);
+    }
   } else {
     torch::manual_seed(RankSeed(c_, rank_, file.step));
   }
@@ -218,18 +223,22 @@ std::string Checkpointer::NotSaved(int64_t step, const std::string& why) const {
 }
 
 // The generators as the next step finds them: restored, a resumed run's
-// dropout masks are those of an unbroken one.
-std::vector<torch::Tensor> Checkpointer::GatherRngStates() {
+// dropout masks are those of an unbroken one, on the CPU and on a GPU.
+void Checkpointer::GatherRngStates(StepFile* file) {
   ProcessGroup& pg = dist_.pg();
-  torch::Tensor mine =
-      at::detail::getDefaultCPUGenerator().get_state().to(device_);
-  std::vector<std::vector<torch::Tensor>> out(1);
-  for (int r = 0; r < pg.getSize(); ++r)
-    out[0].push_back(torch::empty_like(mine));
-  std::vector<torch::Tensor> in{mine};
-  pg.allgather(out, in)->wait();
-  for (auto& t : out[0]) t = t.to(torch::kCPU);
-  return out[0];
+  auto gather = [&](const at::Generator& gen) {
+    torch::Tensor mine = gen.get_state().to(device_);
+    std::vector<std::vector<torch::Tensor>> out(1);
+    for (int r = 0; r < pg.getSize(); ++r)
+      out[0].push_back(torch::empty_like(mine));
+    std::vector<torch::Tensor> in{mine};
+    pg.allgather(out, in)->wait();
+    for (auto& t : out[0]) t = t.to(torch::kCPU);
+    return out[0];
+  };
+  file->rng = gather(at::detail::getDefaultCPUGenerator());
+  if (device_.is_cuda())
+    file->cuda_rng = gather(at::globalContext().defaultGenerator(device_));
 }
 
 int64_t Checkpointer::AllMin(int64_t v) {

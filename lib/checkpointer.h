@@ -88,7 +88,8 @@ class Checkpointer {
   // named with what still loads.
   std::string NotSaved(int64_t step, const std::string& why) const;
   // Every rank's CPU generator state, gathered (collective).
-  std::vector<torch::Tensor> GatherRngStates();
+  // Every rank's generators into `file` (collective).
+  void GatherRngStates(StepFile* file);
   // The smallest of every rank's `v` (collective).
   int64_t AllMin(int64_t v);
   // The step's file: `parts` and what every checkpoint records beside.

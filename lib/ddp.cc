@@ -14,6 +14,7 @@
 #include <condition_variable>
 #include <deque>
 #include <map>
+#include <set>
 #include <future>
 #include <mutex>
 #include <random>
@@ -387,8 +388,12 @@ DistributedDataParallel::DistributedDataParallel(
   d.pg = pg;
   d.opts = options;
   if (options.broadcast_at_start) BroadcastState();
+  // A parameter registered twice (a tied embedding and head) is one
+  // gradient: reduced once.
+  std::set<c10::TensorImpl*> seen;
   for (auto& p : d.module->parameters()) {
-    if (p.requires_grad()) d.params.push_back(p);
+    if (p.requires_grad() && seen.insert(p.unsafeGetTensorImpl()).second)
+      d.params.push_back(p);
   }
   d.ready.assign(d.params.size(), false);
   d.BuildBuckets();

@@ -14,8 +14,9 @@ namespace at {
 class Tensor;
 }
 namespace torch::nn {
+class Module;
 class SequentialImpl;
-}
+}  // namespace torch::nn
 namespace torch::optim {
 class Optimizer;
 }
@@ -28,6 +29,12 @@ struct FsdpOptions {
   // consecutive children are grouped until a unit holds at least this many
   // parameters.
   int64_t min_unit_params = 0;
+  // Wrap policy for a model of any other shape: every module whose type is
+  // named here ("Block" matches a BlockImpl in any namespace) is a unit of
+  // its own, nested ones too; what no unit holds (embeddings, a head, a
+  // parameter two units share) is the root unit, gathered for the whole
+  // step. Empty: the root unit holds everything.
+  std::vector<std::string> unit_types;
   // Free each unit's gathered parameters after its forward (and gather them
   // again for backward); false keeps them until the unit's backward is done.
   bool reshard_after_forward = true;
@@ -51,9 +58,12 @@ struct FsdpOptions {
   std::chrono::milliseconds timeout{30 * 60 * 1000};
 };
 
-// Fully sharded data parallelism for a torch::nn::Sequential (libtorch has
-// no module forward hooks, so FSDP runs the Sequential's children itself:
-// call Forward(), not the model's forward()).
+// Fully sharded data parallelism for a torch::nn::Sequential (FSDP runs
+// its children: call Forward(), not the model's forward()) or for any
+// module tree, whose units the policy picks (FsdpOptions::unit_types) and
+// whose own forward runs each unit through ShardedCall (libtorch has no
+// module hooks: that call is where a unit is gathered and its backward
+// hooked; the rest of the forward is the user's, unchanged).
 //
 // Each unit's parameters are flattened into one buffer padded to a multiple
 // of the world size; rank r keeps only elements [r*S, (r+1)*S), its shard
@@ -62,8 +72,14 @@ struct FsdpOptions {
 // frees them after; backward gathers again where freed, and as soon as every
 // gradient of a unit is ready reduce-scatters them, so each rank keeps only
 // the averaged gradient of its shard. Gradients of successive backward
-// passes accumulate into the shard gradients (gradient accumulation needs
-// no no_sync scope).
+// passes accumulate into the shard gradients; with SetGradientSync(false)
+// they accumulate unsharded instead and the next synced backward
+// reduce-scatters their sum once (as DDP's no_sync).
+//
+// A parameter two units share (a tied embedding and head) belongs to the
+// root unit; parameters with requires_grad false stay whole on every rank
+// (rank 0's values), without gradients and outside the optimizer; buffers
+// are rank 0's at the start and are saved with the state.
 //
 // On gloo (no reduce-scatter in Torch 1.13) the reduce-scatter is an
 // all-to-all plus a local sum; on NCCL it is NCCL's reduce-scatter; on one
@@ -74,11 +90,23 @@ class FullyShardedDataParallel {
  public:
   FullyShardedDataParallel(std::shared_ptr<torch::nn::SequentialImpl> model,
                            ProcessGroup* pg, FsdpOptions options = {});
+  // Any module; `forward` runs it on an input (its own forward, which calls
+  // ShardedCall for each unit). The first Forward() keeps every unit
+  // gathered and checks that each ran through ShardedCall (Error naming the
+  // first that did not); later ones gather and free unit by unit.
+  FullyShardedDataParallel(std::shared_ptr<torch::nn::Module> model,
+                           std::function<at::Tensor(const at::Tensor&)> forward,
+                           ProcessGroup* pg, FsdpOptions options = {});
   ~FullyShardedDataParallel();
 
   // The model's forward, unit by unit. Under torch::NoGradGuard (evaluation)
   // every unit is gathered and freed again. Collective: every rank calls it.
   at::Tensor Forward(const at::Tensor& input);
+
+  // false: the following backward passes keep each unit's gradient whole
+  // and unreduced (no collective); the first with true again
+  // reduce-scatters the sum. Costs a full gradient's memory meanwhile.
+  void SetGradientSync(bool sync);
 
   // After backward, before the optimizer step: waits for the reduce-scatters
   // and sets each shard's gradient to its part of the average over ranks.
@@ -144,5 +172,28 @@ class FullyShardedDataParallel {
  private:
   std::unique_ptr<Impl> impl_;
 };
+
+namespace fsdp_detail {
+// The FSDP forward running on this thread gathers `module`'s unit and
+// returns its place in the forward, or -1: no FSDP forward runs here or
+// the module is no unit (so the same model code runs under DDP).
+int EnterUnit(const torch::nn::Module* module);
+// Frees the unit (unless its backward comes next) and hooks `output` so
+// that backward gathers it again first. -1: returns `output`.
+at::Tensor ExitUnit(int token, const at::Tensor& output);
+}  // namespace fsdp_detail
+
+// `module->forward(args...)`, as an FSDP unit when the model is sharded with
+// the module's type in FsdpOptions::unit_types, a plain call otherwise:
+//   for (auto& block : blocks_) x = dtrun::train::ShardedCall(block, x);
+// `module`: a ModuleHolder (Block) or a std::shared_ptr<BlockImpl>; its
+// forward returns one tensor.
+template <typename M, typename... Args>
+auto ShardedCall(M& module, Args&&... args)
+    -> decltype(module->forward(std::forward<Args>(args)...)) {
+  const int token = fsdp_detail::EnterUnit(&*module);
+  return fsdp_detail::ExitUnit(token,
+                               module->forward(std::forward<Args>(args)...));
+}
 
 }  // namespace dtrun::train

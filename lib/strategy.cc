@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <set>
 #include <sstream>
 
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
@@ -26,8 +27,10 @@ double SquaredNorm(const std::vector<torch::Tensor>& params) {
   double sum = 0;
   for (const auto& p : params) {
     if (!p.grad().defined()) continue;
-    const double n = p.grad().norm().item<double>();
-    sum += n * n;
+    // every square summed in float64: DDP's whole tensors and FSDP's
+    // shards then agree to float64 rounding, and so clip by the same
+    // float32 coefficient (the same bits)
+    sum += p.grad().to(torch::kDouble).pow(2).sum().item<double>();
   }
   return sum;
 }
@@ -109,8 +112,16 @@ class DdpStrategy : public Strategy {
       loss.backward();
     }
   }
+  // Each parameter once (a tied one is registered twice) and only those
+  // that train.
   std::vector<torch::Tensor> OptimizerParams() override {
-    return model_->parameters();
+    std::vector<torch::Tensor> out;
+    std::set<c10::TensorImpl*> seen;
+    for (auto& p : model_->parameters()) {
+      if (p.requires_grad() && seen.insert(p.unsafeGetTensorImpl()).second)
+        out.push_back(p);
+    }
+    return out;
   }
   std::vector<torch::Tensor> FullParams() override {
     return model_->parameters();
@@ -196,14 +207,24 @@ class FsdpStrategy : public Strategy {
         full_format_(c.checkpoint_format == CheckpointFormat::kFull),
         checksum_(c.checksum),
         payload_format_(c.payload_format),
-        fsdp_(model, pg, Options(c)) {}
+        fsdp_(std::move(model), pg, Options(c, {})) {}
+  FsdpStrategy(Model model, ProcessGroup* pg, const TrainConfig& c)
+      : pg_(pg),
+        full_format_(c.checkpoint_format == CheckpointFormat::kFull),
+        checksum_(c.checksum),
+        payload_format_(c.payload_format),
+        fsdp_(model.module, model.forward, pg,
+              Options(c, c.unit_types.empty() ? model.shard_units
+                                              : c.unit_types)) {}
 
   torch::Tensor Forward(const torch::Tensor& x) override {
     return fsdp_.Forward(x);
   }
-  void Backward(const torch::Tensor& loss, bool) override {
+  // Micro-batches before the step's last keep their gradients whole; the
+  // last one's backward reduce-scatters the sum once (as DDP's no_sync).
+  void Backward(const torch::Tensor& loss, bool last) override {
+    fsdp_.SetGradientSync(last);
     loss.backward();
-    // every micro-batch's gradients accumulate in the shards
     TimedSync([this] { fsdp_.SyncGradients(); });
   }
   std::vector<torch::Tensor> OptimizerParams() override {
@@ -213,6 +234,27 @@ class FsdpStrategy : public Strategy {
     return fsdp_.FullParameters();
   }
   bool CollectiveEval() const override { return true; }
+  // From the layout: the elements of this rank's shard of each unit that
+  // lie in a parameter of 2 or more dimensions.
+  std::vector<torch::Tensor> MatrixMasks() override {
+    const auto shards = fsdp_.ShardParameters();
+    const auto layout = fsdp_.Layout();
+    std::vector<torch::Tensor> out;
+    for (size_t k = 0; k < shards.size(); ++k) {
+      const int64_t size = shards[k].numel(), lo = pg_->getRank() * size;
+      auto mask = torch::zeros({size}, torch::kBool);
+      for (size_t i = 0; i < layout[k].names.size(); ++i) {
+        if (layout[k].shapes[i].size() < 2) continue;
+        int64_t n = 1;
+        for (int64_t d : layout[k].shapes[i]) n *= d;
+        const int64_t from = std::max(lo, layout[k].offsets[i]);
+        const int64_t to = std::min(lo + size, layout[k].offsets[i] + n);
+        if (from < to) mask.narrow(0, from - lo, to - from).fill_(true);
+      }
+      out.push_back(mask.to(shards[k].device()));
+    }
+    return out;
+  }
   double GradNorm() override {
     const auto shards = OptimizerParams();
     std::vector<torch::Tensor> sum{
@@ -302,9 +344,11 @@ class FsdpStrategy : public Strategy {
   }
 
  private:
-  static FsdpOptions Options(const TrainConfig& c) {
+  static FsdpOptions Options(const TrainConfig& c,
+                             std::vector<std::string> unit_types) {
     FsdpOptions o;
     o.min_unit_params = c.min_unit_params;
+    o.unit_types = std::move(unit_types);
     o.reshard_after_forward = c.reshard_after_forward;
     o.prefetch = c.prefetch;
     o.param_dtype = c.param_dtype;
@@ -345,6 +389,14 @@ Strategy::ShardSource Strategy::FolderShards(const CheckpointDir& dir) {
   return source;
 }
 
+std::vector<torch::Tensor> Strategy::MatrixMasks() {
+  std::vector<torch::Tensor> out;
+  for (const auto& p : OptimizerParams())
+    out.push_back(
+        torch::scalar_tensor(p.dim() >= 2, torch::kBool).to(p.device()));
+  return out;
+}
+
 bool Strategy::ClipGrads(double norm, double max_norm) {
   const double coef = max_norm / (norm + 1e-6);
   if (!(coef < 1)) return false;
@@ -360,17 +412,13 @@ bool Strategy::ClipGrads(double norm, double max_norm) {
 std::unique_ptr<Strategy> MakeStrategy(Model model, ProcessGroup* pg,
                                        const TrainConfig& c) {
   if (c.strategy == StrategyKind::kFsdp) {
+    // A Sequential's units are its children; any other model's, the
+    // modules of the types the policy names.
     auto seq =
         std::dynamic_pointer_cast<torch::nn::SequentialImpl>(model.module);
-    if (!seq) {
-      throw Error(
-          "strategy.type = \"fsdp\" shards a torch::nn::Sequential (it runs "
-          "the children one unit at a time); this model is a " +
-          model.module->name() +
-          ": use strategy.type = \"ddp\", or build "
-          "the model as a Sequential");
-    }
-    return std::make_unique<FsdpStrategy>(seq, pg, c);
+    if (seq && c.unit_types.empty())
+      return std::make_unique<FsdpStrategy>(seq, pg, c);
+    return std::make_unique<FsdpStrategy>(std::move(model), pg, c);
   }
   return std::make_unique<DdpStrategy>(std::move(model), pg, c);
 }

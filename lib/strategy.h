@@ -33,13 +33,18 @@ class Strategy {
   virtual std::vector<torch::Tensor> FullParams() = 0;
   // The L2 norm of the gradients the optimizer steps on, over every rank's:
   // DDP's every rank holds the whole averaged gradient; FSDP's shards'
-  // squared norms are summed by one all-reduce (collective). Each tensor's
-  // norm in its own dtype, their sum in float64.
+  // squared norms are summed by one all-reduce (collective). Every square
+  // is summed in float64, so both give the same clip coefficient.
   virtual double GradNorm() = 0;
   // clip_grad_norm_'s rule: every gradient the optimizer steps on times
   // max_norm / (norm + 1e-6) when that is under 1. Returns whether it
   // scaled them.
   bool ClipGrads(double norm, double max_norm);
+  // For each OptimizerParams() tensor, which of its elements belong to a
+  // parameter of 2 or more dimensions (a matrix, an embedding): a bool
+  // tensor that broadcasts to it (optimizer.decay = "matrices"). This
+  // default: one flag per tensor, by its own dimensions.
+  virtual std::vector<torch::Tensor> MatrixMasks();
   // Whether evaluation is collective (every rank runs it).
   virtual bool CollectiveEval() const = 0;
   // Checkpoint (collective): writes any per-rank files of `step` in `dir`,
@@ -127,9 +132,9 @@ class Strategy {
 
 // The strategy the config names, around `model` (already on its device),
 // over `pg`, which must outlive it. DDP takes any module and broadcasts
-// rank 0's parameters; FSDP shards them (`model` keeps no full copy) and
-// takes a torch::nn::Sequential (it runs the children itself), else throws
-// Error saying so.
+// rank 0's parameters; FSDP shards them (`model` keeps no full copy): a
+// Sequential's children as units, any other model's the modules its
+// shard_units (or strategy.unit_types) name.
 std::unique_ptr<Strategy> MakeStrategy(Model model, ProcessGroup* pg,
                                        const TrainConfig& config);
 std::unique_ptr<Strategy> MakeStrategy(

@@ -12,8 +12,8 @@
 namespace dtrun::train {
 
 // The config's choices, each read from its TOML string by ParseChoice.
-enum class ModelKind { kMlp, kCnn };                   // model.type
-enum class DataSource { kDigits, kSynthetic };         // data.source
+enum class ModelKind { kMlp, kCnn, kGpt };             // model.type
+enum class DataSource { kDigits, kSynthetic, kText };  // data.source
 enum class StrategyKind { kDdp, kFsdp };               // strategy.type
 enum class OptimizerKind { kSgd, kAdam, kAdamW };      // optimizer.type
 enum class Schedule { kConstant, kCosine };            // schedule.type
@@ -51,9 +51,14 @@ std::string ParseChoice(const std::string& key, const std::string& value,
 // brackets.
 struct TrainConfig {
   // model
-  ModelKind model = ModelKind::kMlp;   // mlp [mlp] | cnn (for 8x8 images)
+  // mlp [mlp] | cnn (for 8x8 images) | gpt (nanoGPT's, data.source text)
+  ModelKind model = ModelKind::kMlp;
   std::vector<int> hidden = {64, 64};  // MLP hidden layer widths
-  double dropout = 0.0;  // MLP: dropout after each hidden layer [0]
+  // MLP: dropout after each hidden layer; GPT: nanoGPT's dropout [0]
+  double dropout = 0.0;
+  // GPT: nanoGPT's GPTConfig names and defaults (vocab_size from the data)
+  int64_t n_layer = 12, n_head = 12, n_embd = 768, block_size = 1024;
+  bool bias = true;
   // a torch.save'd state dict (Python's model.state_dict()) the model
   // starts from, its names and shapes the model's; a resume's checkpoint
   // wins over it. Empty: drawn from the seed.
@@ -64,6 +69,9 @@ struct TrainConfig {
   std::string digits_path =
       "/usr/lib/python3/dist-packages/sklearn/datasets/data/digits.csv.gz";
   int synthetic_samples = 2048, synthetic_features = 32, synthetic_classes = 4;
+  // text: a text file (characters, 90/10 split) or nanoGPT's prepared
+  // folder (train.bin, val.bin, meta.pkl); data.path
+  std::string text_path;
   double test_fraction = 0.2;  // held out for evaluation [0.2]
   // strategy
   StrategyKind strategy = StrategyKind::kDdp;  // ddp [ddp] | fsdp
@@ -73,8 +81,11 @@ struct TrainConfig {
   // nccl, the CPU with gloo) | cpu | cuda (with gloo too: GPU LOCAL_RANK
   // modulo the GPUs visible, so several ranks can share one GPU)
   std::string device = "auto";
-  double bucket_cap_mb = 25;          // ddp
-  int64_t min_unit_params = 0;        // fsdp wrap policy (see FsdpOptions)
+  double bucket_cap_mb = 25;    // ddp
+  int64_t min_unit_params = 0;  // fsdp wrap policy (see FsdpOptions)
+  // fsdp: the module types that are units (a model other than a
+  // Sequential); empty: the model's own choice (Model::shard_units)
+  std::vector<std::string> unit_types;
   bool reshard_after_forward = true;  // fsdp
   bool prefetch = true;               // fsdp
   std::string param_dtype = "float32",
@@ -86,6 +97,10 @@ struct TrainConfig {
   // optimizer and schedule
   OptimizerKind optimizer = OptimizerKind::kSgd;  // sgd [sgd] | adam | adamw
   double lr = 0.05, momentum = 0.9, weight_decay = 0.0;
+  double beta1 = 0.9, beta2 = 0.999;  // adam, adamw
+  // which parameters weight_decay shrinks: all [all] | matrices (those of 2
+  // or more dimensions, as nanoGPT's configure_optimizers; adamw only)
+  std::string decay = "all";
   // Clip the gradients' global L2 norm (over every rank's, as
   // torch.nn.utils.clip_grad_norm_ on the whole model) to this; 0: off [0].
   // On, each step's norm is in the progress line and a step whose norm is
@@ -93,6 +108,10 @@ struct TrainConfig {
   double max_grad_norm = 0;
   Schedule schedule = Schedule::kConstant;  // constant [constant] | cosine
   int warmup_steps = 0;
+  // cosine: from lr down to min_lr [0] at step decay_steps (0: train.steps),
+  // min_lr after (nanoGPT's lr_decay_iters and min_lr)
+  double min_lr = 0;
+  int64_t decay_steps = 0;
   // loop
   // fp32 [fp32] | bf16: the forward and the loss under autocast in
   // bfloat16 (CPU and CUDA); parameters, gradients and the optimizer stay
@@ -103,6 +122,7 @@ struct TrainConfig {
   int accumulate = 1;     // micro-batches per step (no_sync between)
   bool drop_last = true;  // drop each epoch's remainder [true], or pad it
   int eval_every = 50, log_every = 20;
+  int eval_iters = 20;  // gpt: batches of each split an evaluation averages
   uint64_t seed = 1;
   // checkpoints
   std::string checkpoint_dir;  // empty: no checkpoints
@@ -148,6 +168,11 @@ struct TrainConfig {
   // restart finds it damaged. -1: off.
   int64_t damage_copy_at_step = -1;
   std::string metrics_path;  // JSON lines; empty: none
+  // train_cfg --sample N: text from the GPT of the newest checkpoint in
+  // checkpoint.dir, or of sample.from (a state dict file)
+  std::string sample_prompt = "\n", sample_from;
+  double sample_temperature = 0.8;  // nanoGPT's sample.py defaults
+  int64_t sample_top_k = 200;       // 0: every token
 };
 
 // The first thing wrong with a config's values (a backend or dtype that is

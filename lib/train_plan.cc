@@ -49,13 +49,13 @@ bool Every(int64_t done, int64_t every) {
 
 std::string ParseChoice(const std::string& key, const std::string& value,
                         ModelKind* out) {
-  static const char* const kNames[] = {"mlp", "cnn"};
+  static const char* const kNames[] = {"mlp", "cnn", "gpt"};
   return ParseNamed(key, value, kNames, out);
 }
 
 std::string ParseChoice(const std::string& key, const std::string& value,
                         DataSource* out) {
-  static const char* const kNames[] = {"digits", "synthetic"};
+  static const char* const kNames[] = {"digits", "synthetic", "text"};
   return ParseNamed(key, value, kNames, out);
 }
 
@@ -147,6 +147,38 @@ std::string ValidateCheckpointing(const TrainConfig& c) {
 
 // Declared in train_config.h; defined here so that it builds and is tested
 // without libtorch.
+// The GPT's and the text data's keys, and what they need of each other.
+static std::string ValidateGpt(const TrainConfig& c) {
+  if ((c.model == ModelKind::kGpt) != (c.data == DataSource::kText)) {
+    return "model.type = \"gpt\" trains on data.source = \"text\" (and "
+           "text data needs the gpt model): set both";
+  }
+  if (c.n_layer < 1 || c.n_head < 1 || c.n_embd < 1 || c.block_size < 1)
+    return "model.n_layer, n_head, n_embd and block_size must be >= 1";
+  if (c.n_embd % c.n_head != 0) {
+    return "model.n_embd (" + std::to_string(c.n_embd) +
+           ") must be a multiple of model.n_head (" + std::to_string(c.n_head) +
+           ")";
+  }
+  if (c.data == DataSource::kText && c.text_path.empty())
+    return "data.source = \"text\" needs data.path (a text file or nanoGPT's "
+           "prepared folder)";
+  if (c.eval_iters < 1) return "train.eval_iters must be >= 1";
+  if (!(c.beta1 >= 0 && c.beta1 < 1 && c.beta2 >= 0 && c.beta2 < 1))
+    return "optimizer.beta1 and beta2 must be in [0, 1)";
+  if (c.decay != "all" && c.decay != "matrices")
+    return "optimizer.decay '" + c.decay + "': use \"all\" or \"matrices\"";
+  if (c.decay == "matrices" && c.optimizer != OptimizerKind::kAdamW) {
+    return "optimizer.decay = \"matrices\" is AdamW's decoupled weight "
+           "decay: use optimizer.type = \"adamw\"";
+  }
+  if (c.min_lr < 0 || c.decay_steps < 0)
+    return "schedule.min_lr and schedule.decay_steps must be >= 0";
+  if (!(c.sample_temperature > 0) || c.sample_top_k < 0)
+    return "sample.temperature must be > 0 and sample.top_k >= 0";
+  return "";
+}
+
 std::string ValidateConfig(const TrainConfig& c) {
   for (const std::string& err : {
            OneOf("strategy.backend", c.backend, {"auto", "gloo", "nccl"}),
@@ -167,6 +199,7 @@ std::string ValidateConfig(const TrainConfig& c) {
     return "train.batch_size, train.steps and train.accumulate must be >= 1";
   }
   if (c.dropout < 0 || c.dropout >= 1) return "model.dropout must be in [0, 1)";
+  if (std::string err = ValidateGpt(c); !err.empty()) return err;
   if (!c.init_from.empty() && access(c.init_from.c_str(), R_OK) != 0) {
     return "model.init_from '" + c.init_from + "': cannot be read (" +
            std::strerror(errno) +
@@ -208,15 +241,18 @@ StepActions ActionsAfterStep(const TrainConfig& c, int64_t done, int rank,
 }
 
 // Linear warmup from lr/warmup to lr over the first warmup_steps, then
-// constant or a half cosine down to 0 at the last step.
+// constant or a half cosine from lr down to min_lr at decay_steps (the
+// last step by default), min_lr after.
 double LearningRate(const TrainConfig& c, int64_t step) {
   double lr = c.lr;
   if (c.warmup_steps > 0 && step < c.warmup_steps)
     return lr * (step + 1) / c.warmup_steps;
   if (c.schedule == Schedule::kCosine) {
+    const int64_t end = c.decay_steps > 0 ? c.decay_steps : c.steps;
     double t = double(step - c.warmup_steps) /
-               std::max<int64_t>(1, c.steps - c.warmup_steps);
-    lr *= 0.5 * (1 + std::cos(M_PI * std::min(1.0, t)));
+               std::max<int64_t>(1, end - c.warmup_steps);
+    lr = c.min_lr +
+         (lr - c.min_lr) * 0.5 * (1 + std::cos(M_PI * std::min(1.0, t)));
   }
   return lr;
 }

@@ -4,6 +4,7 @@
 // (lib/checkpointer.h); what differs between DDP and FSDP is the Strategy.
 #include "lib/trainer.h"
 
+#include <malloc.h>
 #include <signal.h>
 #include <unistd.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
@@ -50,116 +51,6 @@ double UnixSeconds() {
   for (;;) pause();
 }
 
-// A .dtck file's named tensors as a state dict: a DDP step's file (its
-// "ddp.model." tensors, the prefix dropped) or a file of named tensors
-// (python -m dtrun.checkpoint import). An FSDP step's file holds no
-// weights (its shards do), so it is refused with the way around.
-std::map<std::string, torch::Tensor> ReadDtckStateDict(const std::string& what,
-                                                       std::string bytes) {
-  auto view = VerifyCheckpointBytes(std::move(bytes));
-  if (!view.ok()) throw Error(what + ": " + view.status().message());
-  auto tensors = DecodeTensors(*view);
-  if (!tensors.ok()) throw Error(what + ": " + tensors.status().message());
-  if (tensors->count("fsdp_shards"))
-    throw Error(what +
-                " is an FSDP step's file, whose shards hold the "
-                "weights; convert the folder with python -m "
-                "dtrun.checkpoint convert DIR OUT.pt, then import it");
-  const std::string ddp = "ddp.model.";
-  const bool step_file = tensors->count("step") > 0;
-  std::map<std::string, torch::Tensor> given;
-  for (auto& [name, t] : *tensors) {
-    if (!step_file) {
-      given[name] = t.clone();  // the payload's memory goes with `view`
-    } else if (name.compare(0, ddp.size(), ddp) == 0) {
-      given[name.substr(ddp.size())] = t.clone();
-    }
-  }
-  return given;
-}
-
-// A torch.save file's plain dict of tensors. libtorch's reader turns
-// collections.OrderedDict (what model.state_dict() is) into None and then
-// fails to fill it: such a file is named as what it is, with the fix.
-std::map<std::string, torch::Tensor> ReadPickledStateDict(
-    const std::string& what, const std::vector<char>& bytes,
-    const std::string& fix) {
-  c10::IValue v;
-  try {
-    v = torch::pickle_load(bytes);
-  } catch (const std::exception& e) {
-    static const std::string kOrdered = "collections\nOrderedDict";
-    if (std::search(bytes.begin(), bytes.end(), kOrdered.begin(),
-                    kOrdered.end()) == bytes.end()) {
-      std::string why = e.what();
-      throw Error(what + ": neither a .dtck file nor one of torch.save (" +
-                  why.substr(0, why.find('\n')) + ")" + fix);
-    }
-  }
-  if (v.isNone())
-    throw Error(what +
-                " holds an OrderedDict (as torch.save(model.state_dict()) "
-                "writes), which libtorch's reader cannot take" +
-                fix);
-  if (!v.isGenericDict())
-    throw Error(what + " holds a " + std::string(v.tagKind()) +
-                ", not a state dict (a dict of tensors by name)" + fix);
-  std::map<std::string, torch::Tensor> given;
-  for (const auto& e : v.toGenericDict()) {
-    if (!e.key().isString() || !e.value().isTensor())
-      throw Error(what + ": an entry that is not a name and a tensor" + fix);
-    given[e.key().toStringRef()] = e.value().toTensor();
-  }
-  return given;
-}
-
-// The named tensors of model.init_from: a .dtck file or a torch.save'd
-// plain dict.
-std::map<std::string, torch::Tensor> ReadStateDictFile(
-    const std::string& path) {
-  const std::string what = "model.init_from '" + path + "'";
-  std::ifstream f(path, std::ios::binary);
-  if (!f) throw Error(what + ": cannot be read: " + std::strerror(errno));
-  std::vector<char> bytes((std::istreambuf_iterator<char>(f)),
-                          std::istreambuf_iterator<char>());
-  if (bytes.size() >= 6 && std::memcmp(bytes.data(), "DTCKPT", 6) == 0)
-    return ReadDtckStateDict(what, std::string(bytes.begin(), bytes.end()));
-  return ReadPickledStateDict(
-      what, bytes,
-      "; convert it with python -m dtrun.checkpoint import " + path +
-          " OUT.dtck (or save dict(model.state_dict()))");
-}
-
-// model.init_from into the model's parameters and buffers by name. Every
-// name must match, with its shape: a partial load would train a model that
-// is half drawn.
-void LoadStateDictFile(torch::nn::Module& model, const std::string& path) {
-  const std::string what = "model.init_from '" + path + "'";
-  std::map<std::string, torch::Tensor> given = ReadStateDictFile(path);
-  torch::NoGradGuard no_grad;
-  std::string names;
-  auto take = [&](const std::string& name, torch::Tensor& into) {
-    names += (names.empty() ? "" : ", ") + name;
-    auto it = given.find(name);
-    if (it == given.end())
-      throw Error(what + " has no '" + name + "' (the model's " + name +
-                  " would stay drawn)");
-    if (it->second.sizes() != into.sizes()) {
-      std::ostringstream s;
-      s << what << ": '" << name << "' is " << it->second.sizes()
-        << ", the model's is " << into.sizes();
-      throw Error(s.str());
-    }
-    into.copy_(it->second);
-    given.erase(it);
-  };
-  for (auto& p : model.named_parameters()) take(p.key(), p.value());
-  for (auto& b : model.named_buffers()) take(b.key(), b.value());
-  if (!given.empty())
-    throw Error(what + ": '" + given.begin()->first +
-                "' is not in this model (its names: " + names + ")");
-}
-
 std::unique_ptr<torch::optim::Optimizer> MakeOptimizer(
     const TrainConfig& c, std::vector<torch::Tensor> params) {
   if (c.optimizer == OptimizerKind::kSgd) {
@@ -170,10 +61,16 @@ std::unique_ptr<torch::optim::Optimizer> MakeOptimizer(
   }
   if (c.optimizer == OptimizerKind::kAdam) {
     return std::make_unique<torch::optim::Adam>(
-        params, torch::optim::AdamOptions(c.lr).weight_decay(c.weight_decay));
+        params, torch::optim::AdamOptions(c.lr)
+                    .betas({c.beta1, c.beta2})
+                    .weight_decay(c.weight_decay));
   }
+  // optimizer.decay = "matrices": the loop applies the decay (DecayMatrices)
+  const double decay = c.decay == "matrices" ? 0.0 : c.weight_decay;
   return std::make_unique<torch::optim::AdamW>(  // kAdamW
-      params, torch::optim::AdamWOptions(c.lr).weight_decay(c.weight_decay));
+      params, torch::optim::AdamWOptions(c.lr)
+                  .betas({c.beta1, c.beta2})
+                  .weight_decay(decay));
 }
 
 void SetLearningRate(torch::optim::Optimizer& opt, double lr) {
@@ -236,6 +133,9 @@ class WithUserState : public Strategy {
     return inner_->FullParams();
   }
   double GradNorm() override { return inner_->GradNorm(); }
+  std::vector<torch::Tensor> MatrixMasks() override {
+    return inner_->MatrixMasks();
+  }
   bool CollectiveEval() const override { return inner_->CollectiveEval(); }
   void StartFresh() override { inner_->StartFresh(); }
   void Discard() override { inner_->Discard(); }
@@ -316,6 +216,7 @@ class Trainer {
     return parts_.evaluate && (rank_ == 0 || strategy_->CollectiveEval());
   }
   void DrawInitialWeights();
+  void DecayMatrices(double lr);
   // train.precision's dtype for autocast (float32: none).
   torch::ScalarType ComputeDtype() const {
     return c_.precision == "bf16" ? torch::kBFloat16 : torch::kFloat32;
@@ -339,6 +240,7 @@ class Trainer {
   bool applied_ = true;    // the last step's
   std::map<std::string, double> metrics_last_;  // the last evaluation's
   double compute_s_ = 0;  // the last step's time outside collectives
+  std::vector<torch::Tensor> matrix_masks_;  // optimizer.decay = "matrices"
   // Throughput since the last progress line.
   std::chrono::steady_clock::time_point window_start_;
   int64_t window_samples_ = 0;
@@ -368,7 +270,10 @@ Trainer::Trainer(const TrainConfig& c, TrainParts parts,
   if (!model_.module || !model_.forward)
     throw Error("TrainParts::model made no model (a module and its forward)");
   // Before the strategy: DDP broadcasts it, FSDP shards it.
-  if (!c_.init_from.empty()) LoadStateDictFile(*model_.module, c_.init_from);
+  if (!c_.init_from.empty()) {
+    LoadStateDict(*model_.module, c_.init_from,
+                  "model.init_from '" + c_.init_from + "'");
+  }
   model_.module->to(device_);
   strategy_ = MakeStrategy(model_, &dist_->pg(), c_);
   if (parts_.save_state && parts_.load_state)
@@ -445,6 +350,24 @@ void Trainer::DrawInitialWeights() {
   torch::manual_seed(RankSeed(c_, rank_, 0));
 }
 
+// AdamW's decoupled weight decay (p *= 1 - lr * weight_decay, before its
+// update, on parameters that have a gradient), applied only to the
+// elements of matrices: the same bits as AdamW's own on a parameter group
+// of the matrices, under DDP and FSDP alike.
+void Trainer::DecayMatrices(double lr) {
+  torch::NoGradGuard no_grad;
+  if (matrix_masks_.empty()) matrix_masks_ = strategy_->MatrixMasks();
+  const auto params = strategy_->OptimizerParams();
+  const double factor = 1 - lr * c_.weight_decay;
+  for (size_t i = 0; i < params.size(); ++i) {
+    at::Tensor p = params[i];
+    if (!p.grad().defined()) continue;
+    auto options = p.options().requires_grad(false);
+    p.mul_(torch::where(matrix_masks_[i], torch::scalar_tensor(factor, options),
+                        torch::scalar_tensor(1.0, options)));
+  }
+}
+
 // One optimizer step over `accumulate` micro-batches; the loss averaged
 // over the ranks (collective).
 // Also times the step's compute outside collectives (for the beat, which
@@ -475,7 +398,10 @@ double Trainer::Step(int64_t step) {
     }
   }
   if (ckpt_) ckpt_->Fence();  // the last checkpoint's copies read it first
-  if (applied_) opt_->step();
+  if (applied_) {
+    if (c_.decay == "matrices") DecayMatrices(LearningRate(c_, step));
+    opt_->step();
+  }
   compute_s_ =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
           .count() -
@@ -614,9 +540,26 @@ std::map<std::string, double> Trainer::Evaluate() {
 
 }  // namespace
 
+// A CPU step frees and allocates the same activation-sized blocks over and
+// over; glibc gives each block over its mmap threshold back to the kernel
+// at free and maps it again, zeroed, at the next allocation, so a GPT's
+// step spent a third of its time in page faults (tests/bench/README.md,
+// "A GPT from nanoGPT"). Blocks up to 32 MiB now stay in the heap for
+// reuse, and the heap is not trimmed under 1 GiB free. A process that sets
+// glibc's malloc tunables itself keeps them.
+static void KeepFreedMemory() {
+  for (const char* v :
+       {"GLIBC_TUNABLES", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_"}) {
+    if (std::getenv(v)) return;
+  }
+  mallopt(M_MMAP_THRESHOLD, 32 << 20);
+  mallopt(M_TRIM_THRESHOLD, 1 << 30);
+}
+
 int Train(const TrainConfig& c, TrainParts parts) {
   if (std::string err = ValidateConfig(c); !err.empty()) throw Error(err);
   torch::set_num_threads(1);  // ranks share the host's cores; one thread each
+  KeepFreedMemory();
   ProcessGroupOptions popts;
   popts.backend = c.backend;
   // "auto" picks NCCL when a GPU is visible; asked to train on the CPU, it

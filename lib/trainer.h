@@ -103,4 +103,17 @@ int Train(const TrainConfig& config, TrainParts parts);
 TrainParts BuiltinParts(const TrainConfig& config);
 int Train(const TrainConfig& config);
 
+// `path`'s named tensors into `module`'s parameters and buffers by name:
+// a .dtck file (a DDP step's file, or named tensors as python -m
+// dtrun.checkpoint convert/import writes them) or a torch.save'd plain
+// dict. Every name must match, with its shape; throws Error naming the
+// first that does not (`what` begins each message).
+void LoadStateDict(torch::nn::Module& module, const std::string& path,
+                   const std::string& what);
+
+// train_cfg --sample N: prints `n` characters the config's GPT generates
+// after config.sample_prompt, from the newest checkpoint in
+// checkpoint.dir (or config.sample_from). Returns the exit code.
+int SampleGpt(const TrainConfig& config, int64_t n);
+
 }  // namespace dtrun::train

@@ -25,7 +25,7 @@ ninja -C "$b" dtrun dtstore fake_worker store_bench store_load_bench fanin_bench
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 # DTRUN_BENCH_ONLY=store,launcher,... runs only those parts: store, store-load,
-# launcher, multinode, rdzv-sim, rdzv-scale, etcd, ddp, fsdp, precision, interactive,
+# launcher, multinode, rdzv-sim, rdzv-scale, etcd, ddp, fsdp, precision, gpt, interactive,
 # hang, status, straggler, checkpoint, auto, torch-versions, wheel, fuzz,
 # partition, soak, detect.
 want() { [[ -z ${DTRUN_BENCH_ONLY:-} || ",$DTRUN_BENCH_ONLY," == *",$1,"* ]]; }
@@ -207,6 +207,19 @@ if want precision; then
   echo "   DDP under torch.autocast; MLP 784-1024x3-10, batch 64/rank, 2 ranks, gloo, 1 thread"
   echo "   each, reference BLAS for float32 (bfloat16 matmuls do not go through it)"
   /usr/bin/python3 tests/bench/precision_bench.py --build "$b" --rounds 3
+fi
+
+if want gpt; then
+  echo
+  echo "== nanoGPT's train.py (torchrun 1.13, shim) vs train_cfg's GPT (dtrun), DDP and FSDP:"
+  echo "   shakespeare_char's CPU line, 2 ranks, gloo, OpenBLAS with one thread, 3 seeds"
+  if [[ -f ${DTRUN_BENCH_SHAKESPEARE:-} && -f ${DTRUN_BENCH_NANOGPT:-}/train.py ]]; then
+    /usr/bin/python3 tests/bench/gpt_bench.py --build "$b" --text "$DTRUN_BENCH_SHAKESPEARE" \
+      --nanogpt "$DTRUN_BENCH_NANOGPT"
+  else
+    echo "   skipped: set DTRUN_BENCH_SHAKESPEARE (char-rnn's data/tinyshakespeare/input.txt)"
+    echo "   and DTRUN_BENCH_NANOGPT (a checkout of karpathy/nanoGPT)"
+  fi
 fi
 
 if want interactive; then

@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include <set>
 
 namespace dtrun::train {
@@ -145,6 +147,40 @@ TEST_F(TrainPlanTest, CosineFallsFromPeakToZeroAfterWarmup) {
               1e-12);  // halfway through the 90 cosine steps
   EXPECT_NEAR(LearningRate(c_, 100), 0.0, 1e-12);
   EXPECT_NEAR(LearningRate(c_, 150), 0.0, 1e-12);  // past the end: stays at 0
+}
+
+// nanoGPT's get_lr after its warmup: min_lr + 0.5 (1 + cos(pi ratio))
+// (lr - min_lr), ratio over [warmup, lr_decay_iters], min_lr after.
+TEST_F(TrainPlanTest, CosineEndsAtMinLrAtDecayStepsAsNanoGpts) {
+  c_.lr = 1e-3;
+  c_.min_lr = 1e-4;
+  c_.schedule = Schedule::kCosine;
+  c_.warmup_steps = 100;
+  c_.decay_steps = 2000;
+  c_.steps = 5000;
+  for (int64_t it : {100, 500, 1050, 1999, 2000, 3000}) {
+    const double ratio = std::min(1.0, (it - 100) / 1900.0);
+    EXPECT_NEAR(LearningRate(c_, it),
+                1e-4 + 0.5 * (1 + std::cos(M_PI * ratio)) * 9e-4, 1e-15)
+        << it;
+  }
+}
+
+TEST_F(TrainPlanTest, GptKeysAreChecked) {
+  c_.model = ModelKind::kGpt;
+  EXPECT_NE(ValidateConfig(c_).find("data.source = \"text\""),
+            std::string::npos);
+  c_.data = DataSource::kText;
+  EXPECT_NE(ValidateConfig(c_).find("needs data.path"), std::string::npos);
+  c_.text_path = "t.txt";
+  EXPECT_EQ(ValidateConfig(c_), "");
+  c_.n_head = 5;
+  EXPECT_NE(ValidateConfig(c_).find("model.n_embd (768)"), std::string::npos);
+  c_.n_head = 12;
+  c_.decay = "matrices";
+  EXPECT_NE(ValidateConfig(c_).find("adamw"), std::string::npos);
+  c_.optimizer = OptimizerKind::kAdamW;
+  EXPECT_EQ(ValidateConfig(c_), "");
 }
 
 TEST_F(TrainPlanTest, RankSeedsDifferAcrossRanksAndStepsAndRepeat) {

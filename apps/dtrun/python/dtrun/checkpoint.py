@@ -232,6 +232,11 @@ def _fsdp_model(files):
                 if field != "param":
                     optimizer[f"{p['name']}.{field}"] = (
                         whole[p["offset"]:p["offset"] + n].reshape(p["shape"]).clone())
+    # parameters that do not train and buffers: whole in every file
+    for key, t in files[0].items():
+        for pre in ("frozen.", "buffer."):
+            if key.startswith(pre):
+                model[key[len(pre):]] = t.clone()
     return model, optimizer
 
 
