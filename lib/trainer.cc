@@ -531,7 +531,13 @@ std::map<std::string, double> Trainer::Evaluate() {
   auto metrics = parts_.evaluate(
       [&](const torch::Tensor& x) {
         AutocastScope autocast(device_.type(), ComputeDtype());
-        return strategy_->Forward(x.to(device_));
+        torch::Tensor out = strategy_->Forward(x.to(device_));
+        // Out of autocast in float32, as FSDP returns it: a metric
+        // computed from it (a loss) is then the same under DDP and FSDP.
+        const auto dtype = out.scalar_type();
+        return dtype == torch::kBFloat16 || dtype == torch::kHalf
+                   ? out.to(torch::kFloat)
+                   : out;
       },
       device_);
   model_.module->train();

@@ -1,7 +1,8 @@
 """train_cfg's GPT (model.type = "gpt", data.source = "text") under the real
 dtrun, on a small corpus made here (Debian's license texts): FSDP with one
 unit per block and the tied embedding in the root ends on DDP's bits; a rank
-SIGKILLed midway resumes onto an unbroken run's bits (DDP sync, FSDP async);
+SIGKILLed midway resumes onto an unbroken run's bits (DDP sync, FSDP async
+and memory); bf16 with two micro-batches a step is the same under both;
 nanoGPT's prepared folder (train.bin, val.bin and a meta.pkl that pickle
 wrote) trains, and --sample prints text in its vocabulary."""
 import argparse
@@ -71,9 +72,22 @@ class GptTrain(unittest.TestCase):
         self.assertIsNotNone(got, out)
         self.assertEqual(got.group(2), self.ddp.group(2))
 
+    def test_bf16_with_accumulation_fsdp_ends_on_ddps_bits(self):
+        done = []
+        for strategy in ("ddp", "fsdp"):
+            rc, out, err = train(self.data, os.path.join(self.tmp.name, f"bf16-{strategy}"),
+                                 f'strategy.type="{strategy}"', 'train.precision="bf16"',
+                                 "train.accumulate=2", "train.batch_size=2")
+            self.assertEqual(rc, 0, err)
+            got = DONE.search(out)
+            self.assertIsNotNone(got, out)
+            done.append(got.groups())
+        self.assertEqual(done[0], done[1])
+        self.assertNotEqual(done[0][1], self.ddp.group(2))
+
     def test_a_killed_rank_resumes_onto_the_unbroken_bits(self):
-        for strategy, mode in (("ddp", "sync"), ("fsdp", "async")):
-            folder = os.path.join(self.tmp.name, f"kill-{strategy}")
+        for strategy, mode in (("ddp", "sync"), ("fsdp", "async"), ("fsdp", "memory")):
+            folder = os.path.join(self.tmp.name, f"kill-{strategy}-{mode}")
             rc, out, err = train(self.data, folder, f'strategy.type="{strategy}"',
                                  f'checkpoint.mode="{mode}"', "fault.kill_rank=1",
                                  "fault.kill_at_step=25", restarts=1)
@@ -84,7 +98,8 @@ class GptTrain(unittest.TestCase):
             self.assertEqual(got.group(2), self.ddp.group(2), strategy)
 
     def test_nanogpts_prepared_folder_trains_and_samples(self):
-        text = open(self.data, encoding="utf-8").read()
+        with open(self.data, encoding="utf-8") as f:
+            text = f.read()
         chars = sorted(set(text))
         stoi = {c: i for i, c in enumerate(chars)}
         folder = os.path.join(self.tmp.name, "prepared")
