@@ -63,9 +63,11 @@ int main(int argc, char** argv) {
     sets.push_back(argv[++i]);
   }
   dtrun::train::TrainConfig config;
+  dtrun::train::Faults faults;  // [fault]: for tests and demos
   std::string err =
-      dtrun::examples::ReadTrainConfig(text, argv[1], sets, &config);
+      dtrun::examples::ReadTrainConfig(text, argv[1], sets, &config, &faults);
   if (!err.empty()) return Usage(err);
+  dtrun::train::SetFaults(faults);
   if (sample > 0 && config.model != dtrun::train::ModelKind::kGpt)
     return Usage("--sample generates text: it needs model.type = \"gpt\"");
   try {

@@ -60,7 +60,8 @@ const std::map<std::string, std::set<std::string>> kKeys = {
     {"schedule", {"type", "warmup_steps", "min_lr", "decay_steps"}},
     {"train",
      {"batch_size", "steps", "accumulate", "eval_every", "log_every", "seed",
-      "stop_after_step", "drop_last", "precision", "eval_iters"}},
+      "stop_after_step", "drop_last", "precision", "eval_iters", "init_scale",
+      "growth_interval"}},
     {"checkpoint",
      {"dir", "every", "keep", "format", "mode", "persist_every", "checksum",
       "payload"}},
@@ -217,6 +218,8 @@ void ReadLoop(const toml::table& t, TrainConfig* cfg) {
   Read(t, "optimizer", "beta2", &c.beta2);
   Read(t, "optimizer", "decay", &c.decay);
   Read(t, "train", "precision", &c.precision);
+  Read(t, "train", "init_scale", &c.init_scale);
+  Read(t, "train", "growth_interval", &c.growth_interval);
   Read(t, "model", "init_from", &c.init_from);
   ReadChoice(t, "schedule", "type", &c.schedule);
   Read(t, "schedule", "warmup_steps", &c.warmup_steps);
@@ -242,7 +245,7 @@ void ReadLoop(const toml::table& t, TrainConfig* cfg) {
 
 // [checkpoint], [fault] and [metrics]: what survives the run and what is
 // done to it.
-void ReadCheckpointAndFaults(const toml::table& t, TrainConfig* cfg) {
+void ReadCheckpoint(const toml::table& t, TrainConfig* cfg) {
   TrainConfig& c = *cfg;
   Read(t, "checkpoint", "dir", &c.checkpoint_dir);
   Read(t, "checkpoint", "every", &c.checkpoint_every);
@@ -260,23 +263,28 @@ void ReadCheckpointAndFaults(const toml::table& t, TrainConfig* cfg) {
         "(every other mode writes each checkpoint to disk): drop it or set "
         "the mode");
   }
-  Read(t, "fault", "kill_rank", &c.kill_rank);
-  Read(t, "fault", "kill_at_step", &c.kill_at_step);
-  ReadChoice(t, "fault", "kill_in", &c.kill_in);
-  Read(t, "fault", "hang_rank", &c.hang_rank);
-  Read(t, "fault", "hang_at_step", &c.hang_at_step);
-  Read(t, "fault", "slow_rank", &c.slow_rank);
-  Read(t, "fault", "slow_factor", &c.slow_factor);
-  Read(t, "fault", "save_delay_ms", &c.save_delay_ms);
-  Read(t, "fault", "damage_copy_at_step", &c.damage_copy_at_step);
   Read(t, "metrics", "path", &c.metrics_path);
+}
+
+dtrun::train::Faults ToFaults(const toml::table& t) {
+  dtrun::train::Faults f;
+  Read(t, "fault", "kill_rank", &f.kill_rank);
+  Read(t, "fault", "kill_at_step", &f.kill_at_step);
+  ReadChoice(t, "fault", "kill_in", &f.kill_in);
+  Read(t, "fault", "hang_rank", &f.hang_rank);
+  Read(t, "fault", "hang_at_step", &f.hang_at_step);
+  Read(t, "fault", "slow_rank", &f.slow_rank);
+  Read(t, "fault", "slow_factor", &f.slow_factor);
+  Read(t, "fault", "save_delay_ms", &f.save_delay_ms);
+  Read(t, "fault", "damage_copy_at_step", &f.damage_copy_at_step);
+  return f;
 }
 
 TrainConfig ToConfig(const toml::table& t) {
   TrainConfig c;
   ReadModelAndStrategy(t, &c);
   ReadLoop(t, &c);
-  ReadCheckpointAndFaults(t, &c);
+  ReadCheckpoint(t, &c);
   return c;
 }
 
@@ -284,7 +292,7 @@ TrainConfig ToConfig(const toml::table& t) {
 
 std::string ReadTrainConfig(const std::string& text, const std::string& source,
                             const std::vector<std::string>& sets,
-                            TrainConfig* out) {
+                            TrainConfig* out, dtrun::train::Faults* faults) {
   if (std::string bad = NonAscii(text); !bad.empty()) return source + " " + bad;
   toml::table table;
   try {
@@ -301,13 +309,18 @@ std::string ReadTrainConfig(const std::string& text, const std::string& source,
   }
   std::string err = Check(table);
   if (!err.empty()) return source + ": " + err;
+  dtrun::train::Faults f;
   try {
     *out = ToConfig(table);
+    f = ToFaults(table);
   } catch (const std::invalid_argument& e) {
     return source + ": " + e.what();
   }
   if (std::string bad = dtrun::train::ValidateConfig(*out); !bad.empty())
     return source + ": " + bad;
+  if (std::string bad = dtrun::train::ValidateFaults(*out, f); !bad.empty())
+    return source + ": " + bad;
+  if (faults) *faults = f;
   return "";
 }
 

@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "lib/checkpoint_payload.h"
+#include "lib/faults.h"
 #include "rendezvous/util/memory_checkpoint.h"
 
 namespace dtrun::train {
@@ -176,7 +177,8 @@ void BackgroundCheckpointer::Save(int64_t done, const StepActions& actions) {
   Stamp(done, &job.file);
   // fault.kill_in = "copy": the copy is made and nothing of it written,
   // so the newest copy anywhere is the previous checkpoint's.
-  if (actions.kill_in_checkpoint && c_.kill_in == KillPoint::kCopy)
+  if (actions.kill_in_checkpoint &&
+      InjectedFaults().kill_in == KillPoint::kCopy)
     KillSelf(rank_, done, "once it copied the checkpoint");
   job.step = done;
   job.persist = actions.persist;
@@ -258,8 +260,9 @@ void BackgroundCheckpointer::StartSave(SaveJob job) {
 // the steps since then.
 Status BackgroundCheckpointer::WriteSave(SaveJob& job) {
   job.ready.Wait();
-  if (c_.save_delay_ms > 0) {  // [fault] save_delay_ms: a slow disk
-    std::this_thread::sleep_for(std::chrono::milliseconds(c_.save_delay_ms));
+  // [fault] save_delay_ms: a slow disk
+  if (const int delay_ms = InjectedFaults().save_delay_ms; delay_ms > 0) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
   }
   Encoded e;
   if (job.shard) {
@@ -305,7 +308,7 @@ Status BackgroundCheckpointer::WriteCopies(
   // fault.damage_copy_at_step: one byte of the step's payload flipped in
   // the copy only (the checksum was taken before; the disk gets the good).
   char* damaged = nullptr;
-  if (job.whole && job.step == c_.damage_copy_at_step &&
+  if (job.whole && job.step == InjectedFaults().damage_copy_at_step &&
       dist_.env().restart_count == 0) {
     const auto& pieces = e.step_payload.pieces;
     const std::string_view& big =

@@ -47,6 +47,11 @@ void SetDtype(c10::DeviceType d, c10::ScalarType t) {
 
 }  // namespace
 
+bool AutocastSupports(c10::DeviceType device, c10::ScalarType dtype) {
+  if (device != c10::DeviceType::CPU || dtype != c10::kHalf) return true;
+  return DTRUN_TORCH_AT_LEAST(2, 4);
+}
+
 // As torch.autocast's __enter__: the switch and the dtype set, the nesting
 // counted so that only the outermost scope's exit drops the cast cache
 // (the float32 weights' bfloat16 copies, made once per forward).

@@ -13,6 +13,11 @@ namespace dtrun::train {
 // Autocast on `device` in `dtype` while it lives (nested scopes are fine);
 // the state before it comes back, and the cast cache goes with the
 // outermost. kFloat: does nothing.
+// Whether this libtorch's autocast on `device` casts to `dtype` (the CPU's
+// float16 came with libtorch 2.4's device-generic autocast; 1.13's CPU
+// autocast has bfloat16 only).
+bool AutocastSupports(c10::DeviceType device, c10::ScalarType dtype);
+
 class AutocastScope {
  public:
   AutocastScope(c10::DeviceType device, c10::ScalarType dtype);

@@ -407,6 +407,13 @@ bool Strategy::ClipGrads(double norm, double max_norm) {
   return true;
 }
 
+void Strategy::ScaleGrads(double factor) {
+  torch::NoGradGuard no_grad;
+  for (auto& p : OptimizerParams()) {
+    if (p.grad().defined()) p.mutable_grad().mul_(factor);
+  }
+}
+
 // The one place that picks a concrete strategy: the trainer sees only the
 // interface.
 std::unique_ptr<Strategy> MakeStrategy(Model model, ProcessGroup* pg,

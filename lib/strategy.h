@@ -40,6 +40,8 @@ class Strategy {
   // max_norm / (norm + 1e-6) when that is under 1. Returns whether it
   // scaled them.
   bool ClipGrads(double norm, double max_norm);
+  // Every gradient the optimizer steps on times `factor` (fp16's unscale).
+  void ScaleGrads(double factor);
   // For each OptimizerParams() tensor, which of its elements belong to a
   // parameter of 2 or more dimensions (a matrix, an embedding): a bool
   // tensor that broadcasts to it (optimizer.decay = "matrices"). This
@@ -109,7 +111,7 @@ class Strategy {
 
   // Seconds spent waiting for gradient collectives (SyncGradients) since
   // the last call: the loop subtracts them to time its own compute.
-  double TakeCollectiveSeconds() {
+  virtual double TakeCollectiveSeconds() {
     double s = collective_s_;
     collective_s_ = 0;
     return s;

@@ -19,7 +19,6 @@ enum class OptimizerKind { kSgd, kAdam, kAdamW };      // optimizer.type
 enum class Schedule { kConstant, kCosine };            // schedule.type
 enum class CheckpointFormat { kSharded, kFull };       // checkpoint.format
 enum class CheckpointMode { kSync, kAsync, kMemory };  // checkpoint.mode
-enum class KillPoint { kStep, kCopy, kWrite };         // fault.kill_in
 // checkpoint.checksum and checkpoint.payload: Checksum and PayloadFormat
 // (checkpoint.h).
 
@@ -44,8 +43,6 @@ std::string ParseChoice(const std::string& key, const std::string& value,
                         Checksum* out);
 std::string ParseChoice(const std::string& key, const std::string& value,
                         PayloadFormat* out);
-std::string ParseChoice(const std::string& key, const std::string& value,
-                        KillPoint* out);
 
 // Everything a training run needs; train_cfg fills it from TOML. Defaults in
 // brackets.
@@ -115,9 +112,14 @@ struct TrainConfig {
   // loop
   // fp32 [fp32] | bf16: the forward and the loss under autocast in
   // bfloat16 (CPU and CUDA); parameters, gradients and the optimizer stay
-  // float32
+  // float32 | fp16: autocast in float16 (CUDA; the CPU on libtorch 2.4+)
+  // with a dynamic loss scale (torch.amp.GradScaler's): a step whose
+  // gradients are not finite is skipped and the scale halved; after
+  // growth_interval finite steps it doubles; the scale is in checkpoints
   std::string precision = "fp32";
-  int batch_size = 32;  // per rank
+  double init_scale = 65536;       // fp16: the first loss scale [2^16]
+  int64_t growth_interval = 2000;  // fp16 [2000]
+  int batch_size = 32;             // per rank
   int64_t steps = 200;
   int accumulate = 1;     // micro-batches per step (no_sync between)
   bool drop_last = true;  // drop each epoch's remainder [true], or pad it
@@ -143,30 +145,6 @@ struct TrainConfig {
   int persist_every = 4;  // memory mode [4]; the run's last one always
   // stop (as if preempted) after this step; -1 never
   int64_t stop_after_step = -1;
-  // fault injection for demos and tests: rank `kill_rank` SIGKILLs itself
-  // after step `kill_at_step` on the first attempt only.
-  int kill_rank = -1;
-  int64_t kill_at_step = -1;
-  // where that kill lands: after the step [step]; at that step's checkpoint
-  // (async and memory modes), once its copy is taken and before any of it
-  // is written (copy), or halfway through its write (write)
-  KillPoint kill_in = KillPoint::kStep;
-  // rank `hang_rank` stops (no heartbeat, no collective) after step
-  // `hang_at_step`, on the first attempt only.
-  int hang_rank = -1;
-  int64_t hang_at_step = -1;
-  // rank `slow_rank`'s compute (outside collectives) takes `slow_factor`
-  // times as long, every step: a straggler for tests. 1: off.
-  int slow_rank = -1;
-  double slow_factor = 1.0;
-  // async and memory checkpoints: each background write first waits this
-  // long (a slow disk), so that a fault lands while a write is in flight.
-  // 0: off.
-  int save_delay_ms = 0;
-  // memory mode: the node's copy of this step's file gets one payload byte
-  // flipped after its checksum is taken (first attempt only), so that the
-  // restart finds it damaged. -1: off.
-  int64_t damage_copy_at_step = -1;
   std::string metrics_path;  // JSON lines; empty: none
   // train_cfg --sample N: text from the GPT of the newest checkpoint in
   // checkpoint.dir, or of sample.from (a state dict file)

@@ -107,20 +107,9 @@ std::string ParseChoice(const std::string& key, const std::string& value,
   return ParseNamed(key, value, kNames, out);
 }
 
-// The [checkpoint] and fault-injection values that only make sense
-// together: a background mode for what delays or kills a background write,
-// a sharded format for memory copies of FSDP.
-std::string ValidateCheckpointing(const TrainConfig& c) {
-  const bool background = c.checkpoint_mode != CheckpointMode::kSync;
-  if (c.save_delay_ms > 0 && !background) {
-    return "fault.save_delay_ms delays background writes only: set "
-           "checkpoint.mode = \"async\" or \"memory\", or drop it";
-  }
-  if (c.damage_copy_at_step >= 0 &&
-      c.checkpoint_mode != CheckpointMode::kMemory) {
-    return "fault.damage_copy_at_step damages a memory copy: set "
-           "checkpoint.mode = \"memory\", or drop it";
-  }
+// The [checkpoint] values that only make sense together: a sharded format
+// for memory copies of FSDP.
+static std::string ValidateCheckpointing(const TrainConfig& c) {
   if (c.checkpoint_every < 1 || c.keep_checkpoints < 1 || c.persist_every < 1) {
     return "checkpoint.every, checkpoint.keep and checkpoint.persist_every "
            "must be >= 1";
@@ -132,12 +121,39 @@ std::string ValidateCheckpointing(const TrainConfig& c) {
            "node's memory, and checkpoint.format = \"full\" gathers the "
            "whole state on rank 0: use format = \"sharded\" with it";
   }
-  if (c.kill_in == KillPoint::kStep) return "";
+  return "";
+}
+
+namespace {
+Faults& TheFaults() {
+  static Faults faults;
+  return faults;
+}
+}  // namespace
+
+void SetFaults(const Faults& faults) { TheFaults() = faults; }
+const Faults& InjectedFaults() { return TheFaults(); }
+
+// What delays or kills a background write needs a background mode.
+std::string ValidateFaults(const TrainConfig& c, const Faults& f) {
+  if (f.slow_factor < 1) return "fault.slow_factor must be >= 1";
+  if (f.save_delay_ms < 0) return "fault.save_delay_ms must be >= 0";
+  const bool background = c.checkpoint_mode != CheckpointMode::kSync;
+  if (f.save_delay_ms > 0 && !background) {
+    return "fault.save_delay_ms delays background writes only: set "
+           "checkpoint.mode = \"async\" or \"memory\", or drop it";
+  }
+  if (f.damage_copy_at_step >= 0 &&
+      c.checkpoint_mode != CheckpointMode::kMemory) {
+    return "fault.damage_copy_at_step damages a memory copy: set "
+           "checkpoint.mode = \"memory\", or drop it";
+  }
+  if (f.kill_in == KillPoint::kStep) return "";
   if (!background)
     return "fault.kill_in = \"copy\" or \"write\" needs checkpoint.mode "
            "= \"async\" or \"memory\" (a sync checkpoint has no copy)";
-  if (c.checkpoint_dir.empty() ||
-      (c.kill_at_step % c.checkpoint_every != 0 && c.kill_at_step != c.steps)) {
+  if (c.checkpoint_dir.empty() || c.checkpoint_every < 1 ||
+      (f.kill_at_step % c.checkpoint_every != 0 && f.kill_at_step != c.steps)) {
     return "fault.kill_in = \"copy\" or \"write\" kills during the "
            "checkpoint of fault.kill_at_step, which must be a checkpoint's "
            "step (a multiple of checkpoint.every, with checkpoint.dir set)";
@@ -187,7 +203,7 @@ std::string ValidateConfig(const TrainConfig& c) {
                  {"float32", "bfloat16"}),
            OneOf("strategy.reduce_dtype", c.reduce_dtype,
                  {"float32", "bfloat16"}),
-           OneOf("train.precision", c.precision, {"fp32", "bf16"}),
+           OneOf("train.precision", c.precision, {"fp32", "bf16", "fp16"}),
        }) {
     if (!err.empty()) return err;
   }
@@ -205,10 +221,13 @@ std::string ValidateConfig(const TrainConfig& c) {
            std::strerror(errno) +
            "); give the path of a torch.save'd state dict";
   }
+  if (!(c.init_scale > 0) || !std::isfinite(c.init_scale) ||
+      c.growth_interval < 1) {
+    return "train.init_scale must be a finite number > 0 and "
+           "train.growth_interval >= 1";
+  }
   if (!(c.max_grad_norm >= 0))
     return "optimizer.max_grad_norm must be >= 0 (0: no clipping)";
-  if (c.slow_factor < 1) return "fault.slow_factor must be >= 1";
-  if (c.save_delay_ms < 0) return "fault.save_delay_ms must be >= 0";
   if (std::string err = ValidateCheckpointing(c); !err.empty()) return err;
   if (c.test_fraction <= 0 || c.test_fraction >= 1)
     return "data.test_fraction must be in (0, 1)";
@@ -217,8 +236,8 @@ std::string ValidateConfig(const TrainConfig& c) {
 
 // What the loop does after step `done`: pure, so each cadence and fault is
 // tested without training (tests/lib/train_plan_test.cc).
-StepActions ActionsAfterStep(const TrainConfig& c, int64_t done, int rank,
-                             bool first_attempt) {
+StepActions ActionsAfterStep(const TrainConfig& c, const Faults& f,
+                             int64_t done, int rank, bool first_attempt) {
   const bool last = done == c.steps;
   StepActions a;
   // The last step always checkpoints and logs: a finished run's folder holds
@@ -232,10 +251,10 @@ StepActions ActionsAfterStep(const TrainConfig& c, int64_t done, int rank,
                        done == c.stop_after_step ||
                        (done / c.checkpoint_every) % c.persist_every == 0);
   const bool kill =
-      first_attempt && rank == c.kill_rank && done == c.kill_at_step;
-  a.kill = kill && c.kill_in == KillPoint::kStep;
-  a.kill_in_checkpoint = kill && a.checkpoint && c.kill_in != KillPoint::kStep;
-  a.hang = first_attempt && rank == c.hang_rank && done == c.hang_at_step;
+      first_attempt && rank == f.kill_rank && done == f.kill_at_step;
+  a.kill = kill && f.kill_in == KillPoint::kStep;
+  a.kill_in_checkpoint = kill && a.checkpoint && f.kill_in != KillPoint::kStep;
+  a.hang = first_attempt && rank == f.hang_rank && done == f.hang_at_step;
   a.stop = done == c.stop_after_step;
   return a;
 }

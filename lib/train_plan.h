@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <string>
 
+#include "lib/faults.h"
 #include "lib/train_config.h"
 
 namespace dtrun::train {
@@ -29,11 +30,11 @@ struct StepActions {
 
 // The actions after step `done` (1-based: `done` steps are complete) on
 // `rank`. Checkpoints need checkpoint_dir; log_every or eval_every <= 0
-// turn those off (the last step still logs). Fault injection fires only
-// when `first_attempt` (TORCHELASTIC_RESTART_COUNT 0), so the restarted
-// group runs through.
-StepActions ActionsAfterStep(const TrainConfig& config, int64_t done, int rank,
-                             bool first_attempt);
+// turn those off (the last step still logs). `faults` fire only when
+// `first_attempt` (TORCHELASTIC_RESTART_COUNT 0), so the restarted group
+// runs through.
+StepActions ActionsAfterStep(const TrainConfig& config, const Faults& faults,
+                             int64_t done, int rank, bool first_attempt);
 
 // The learning rate of 0-based `step`: linear warmup over warmup_steps, then
 // constant or cosine to 0 at `steps`.

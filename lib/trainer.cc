@@ -21,18 +21,22 @@
 #include <fstream>
 #include <limits>
 #include <map>
+#include <optional>
 #include <sstream>
 #include <thread>
 
 #include "lib/checkpoint_payload.h"
 #include "lib/checkpointer.h"
 #include "lib/data.h"
+#include "lib/faults.h"
+#include "lib/loss_scaler.h"
 #include "lib/precision.h"
 #include "lib/process_group.h"
 #include "lib/sha256.h"
 #include "lib/state_copy.h"
 #include "lib/strategy.h"
 #include "lib/train_plan.h"
+#include "lib/with_named_state.h"
 #include "rendezvous/heartbeat.h"
 
 namespace dtrun::train {
@@ -108,90 +112,6 @@ torch::Device DeviceOf(const Distributed& dist, const TrainConfig& c) {
   return device;
 }
 
-// The user's state (TrainParts::save_state, load_state) in each
-// checkpoint's step file, as "user.<name>", around the strategy's own
-// parts: every checkpoint mode saves and restores through the strategy, so
-// every mode carries it. Rank 0's values are the ones saved.
-class WithUserState : public Strategy {
- public:
-  WithUserState(std::unique_ptr<Strategy> inner, const TrainParts& parts)
-      : inner_(std::move(inner)),
-        save_(parts.save_state),
-        load_(parts.load_state) {}
-  static constexpr char kPrefix[] = "user.";
-
-  torch::Tensor Forward(const torch::Tensor& x) override {
-    return inner_->Forward(x);
-  }
-  void Backward(const torch::Tensor& loss, bool last) override {
-    inner_->Backward(loss, last);
-  }
-  std::vector<torch::Tensor> OptimizerParams() override {
-    return inner_->OptimizerParams();
-  }
-  std::vector<torch::Tensor> FullParams() override {
-    return inner_->FullParams();
-  }
-  double GradNorm() override { return inner_->GradNorm(); }
-  std::vector<torch::Tensor> MatrixMasks() override {
-    return inner_->MatrixMasks();
-  }
-  bool CollectiveEval() const override { return inner_->CollectiveEval(); }
-  void StartFresh() override { inner_->StartFresh(); }
-  void Discard() override { inner_->Discard(); }
-  TensorMap Save(torch::optim::Optimizer& opt, const CheckpointDir& dir,
-                 int64_t step) override {
-    TensorMap parts = inner_->Save(opt, dir, step);
-    for (auto& [name, t] : save_())
-      parts[kPrefix + name] = t.detach().to(torch::kCPU);
-    return parts;
-  }
-  Snapshot Copy(torch::optim::Optimizer& opt, bool whole,
-                const TensorCopier& copy) override {
-    Snapshot snap = inner_->Copy(opt, whole, copy);
-    if (!whole) return snap;  // this rank writes no step's file
-    for (auto& [name, t] : save_())
-      snap.parts[kPrefix + name] = copy(t.detach());
-    return snap;
-  }
-  // The strategy sees its own parts only: DDP's restore reads every
-  // tensor it finds as model or optimizer state, and FSDP's checks that a
-  // full file's keys are its units'.
-  Status Complete(const TensorMap& parts, const ShardSource& shards,
-                  int64_t step) override {
-    return inner_->Complete(Without(parts), shards, step);
-  }
-  Status Restore(const TensorMap& parts, torch::optim::Optimizer& opt,
-                 const PayloadView* pending) override {
-    Status s = inner_->Restore(Without(parts), opt, pending);
-    if (!s.ok()) return s;  // the user's state stays as it was
-    // Clones: the parts may point into a mapped file or a memory copy
-    // that goes once the resume is done.
-    UserState user;
-    const std::string prefix = kPrefix;
-    for (const auto& [name, t] : parts) {
-      if (name.compare(0, prefix.size(), prefix) == 0)
-        user[name.substr(prefix.size())] = t.clone();
-    }
-    load_(user);
-    return s;
-  }
-  Strategy& inner() { return *inner_; }
-
- private:
-  static TensorMap Without(const TensorMap& parts) {
-    TensorMap out;
-    const std::string prefix = kPrefix;
-    for (const auto& [name, t] : parts) {
-      if (name.compare(0, prefix.size(), prefix) != 0) out[name] = t;
-    }
-    return out;
-  }
-  std::unique_ptr<Strategy> inner_;
-  std::function<UserState()> save_;
-  std::function<void(const UserState&)> load_;
-};
-
 // One rank's training run: set up from the config, the parts and the
 // launcher's environment, then Run() steps through resume, step,
 // checkpoint, log, eval and fault injection; what differs between DDP and
@@ -219,8 +139,11 @@ class Trainer {
   void DecayMatrices(double lr);
   // train.precision's dtype for autocast (float32: none).
   torch::ScalarType ComputeDtype() const {
+    if (c_.precision == "fp16") return torch::kHalf;
     return c_.precision == "bf16" ? torch::kBFloat16 : torch::kFloat32;
   }
+  void UseLossScaler();
+  bool CheckGradients(int64_t step);
 
   const TrainConfig& c_;
   TrainParts parts_;
@@ -241,6 +164,7 @@ class Trainer {
   std::map<std::string, double> metrics_last_;  // the last evaluation's
   double compute_s_ = 0;  // the last step's time outside collectives
   std::vector<torch::Tensor> matrix_masks_;  // optimizer.decay = "matrices"
+  std::optional<LossScaler> scaler_;         // train.precision = "fp16"
   // Throughput since the last progress line.
   std::chrono::steady_clock::time_point window_start_;
   int64_t window_samples_ = 0;
@@ -276,10 +200,13 @@ Trainer::Trainer(const TrainConfig& c, TrainParts parts,
   }
   model_.module->to(device_);
   strategy_ = MakeStrategy(model_, &dist_->pg(), c_);
-  if (parts_.save_state && parts_.load_state)
-    strategy_ = std::make_unique<WithUserState>(std::move(strategy_), parts_);
-  else if (parts_.save_state || parts_.load_state)
+  if (parts_.save_state && parts_.load_state) {
+    strategy_ = std::make_unique<WithNamedState>(
+        std::move(strategy_), "user.", parts_.save_state, parts_.load_state);
+  } else if (parts_.save_state || parts_.load_state) {
     throw Error("TrainParts: save_state and load_state go together");
+  }
+  if (c_.precision == "fp16") UseLossScaler();
   opt_ = MakeOptimizer(c_, strategy_->OptimizerParams());
   torch::manual_seed(RankSeed(c_, rank_, 0));
   ckpt_ = Checkpointer::Make(CheckpointContext{
@@ -315,7 +242,7 @@ int Trainer::Run() {
         static_cast<int64_t>(c_.batch_size) * c_.accumulate * world_;
     const int64_t done = step + 1;
     const StepActions actions =
-        ActionsAfterStep(c_, done, rank_, first_attempt);
+        ActionsAfterStep(c_, InjectedFaults(), done, rank_, first_attempt);
     // The user's state is the step's before its checkpoint takes it.
     if (parts_.on_step_end) {
       parts_.on_step_end(
@@ -382,21 +309,7 @@ double Trainer::Step(int64_t step) {
   for (int m = 0; m < c_.accumulate; ++m) {
     step_loss += MicroBatch(step * c_.accumulate + m, m + 1 == c_.accumulate);
   }
-  applied_ = true;
-  if (c_.max_grad_norm > 0) {  // the same verdict on every rank
-    grad_norm_ = strategy_->GradNorm();
-    if (std::isfinite(grad_norm_)) {
-      strategy_->ClipGrads(grad_norm_, c_.max_grad_norm);
-    } else {
-      applied_ = false;
-      if (++skipped_ == 1 && rank_ == 0) {
-        std::printf(
-            "step %lld: gradient norm %g: step skipped, not applied "
-            "(each skip is counted in the progress line)\n",
-            (long long)step + 1, grad_norm_);
-      }
-    }
-  }
+  applied_ = CheckGradients(step);
   if (ckpt_) ckpt_->Fence();  // the last checkpoint's copies read it first
   if (applied_) {
     if (c_.decay == "matrices") DecayMatrices(LearningRate(c_, step));
@@ -406,12 +319,68 @@ double Trainer::Step(int64_t step) {
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
           .count() -
       strategy_->TakeCollectiveSeconds();
-  if (rank_ == c_.slow_rank && c_.slow_factor > 1) {  // [fault] slow_rank
+  const Faults& f = InjectedFaults();
+  if (rank_ == f.slow_rank && f.slow_factor > 1) {  // [fault] slow_rank
     std::this_thread::sleep_for(
-        std::chrono::duration<double>(compute_s_ * (c_.slow_factor - 1)));
-    compute_s_ *= c_.slow_factor;
+        std::chrono::duration<double>(compute_s_ * (f.slow_factor - 1)));
+    compute_s_ *= f.slow_factor;
   }
   return AllMean(dist_->pg(), step_loss, device_);
+}
+
+// fp16's loss scale, in each checkpoint as "scaler.scale" and
+// "scaler.growth_tracker" (float64 scalars), restored with it.
+void Trainer::UseLossScaler() {
+  if (device_.is_cpu() && !AutocastSupports(device_.type(), torch::kHalf)) {
+    throw Error(
+        "train.precision = \"fp16\" on the CPU needs libtorch 2.4 or newer "
+        "(this libtorch's CPU autocast has bfloat16 only): use \"bf16\", "
+        "or train on a GPU");
+  }
+  scaler_.emplace(c_.init_scale, c_.growth_interval);
+  auto save = [this] {
+    auto f64 = torch::TensorOptions().dtype(torch::kDouble);
+    return UserState{
+        {"scale", torch::scalar_tensor(scaler_->scale(), f64)},
+        {"growth_tracker",
+         torch::scalar_tensor(double(scaler_->growth_tracker()), f64)}};
+  };
+  auto load = [this](const UserState& s) {
+    auto scale = s.find("scale"), tracker = s.find("growth_tracker");
+    if (scale == s.end() || tracker == s.end()) {
+      throw Error(
+          "the checkpoint has no loss scale (scaler.scale): it was not "
+          "saved by a train.precision = \"fp16\" run; resume it with the "
+          "precision it was saved with");
+    }
+    scaler_->Restore(scale->second.item<double>(),
+                     tracker->second.item<int64_t>());
+  };
+  strategy_ = std::make_unique<WithNamedState>(std::move(strategy_), "scaler.",
+                                               save, load);
+}
+
+// Whether step `step`'s gradients are applied: fp16's are divided by the
+// loss scale first; with clipping or a loss scale, their global norm
+// (collective: the same verdict on every rank) must be finite, and they
+// are clipped to optimizer.max_grad_norm. A skipped step is counted; the
+// loss scale halves on one and grows after growth_interval finite steps.
+bool Trainer::CheckGradients(int64_t step) {
+  if (scaler_) strategy_->ScaleGrads(1.0 / scaler_->scale());
+  if (c_.max_grad_norm <= 0 && !scaler_) return true;
+  const double norm = strategy_->GradNorm();
+  if (c_.max_grad_norm > 0) grad_norm_ = norm;
+  const bool finite = std::isfinite(norm);
+  if (finite && c_.max_grad_norm > 0)
+    strategy_->ClipGrads(norm, c_.max_grad_norm);
+  if (!finite && ++skipped_ == 1 && rank_ == 0) {
+    std::printf(
+        "step %lld: gradient norm %g: step skipped, not applied (each skip "
+        "is counted in the progress line)%s\n",
+        (long long)step + 1, norm, scaler_ ? "; the loss scale halves" : "");
+  }
+  if (scaler_) scaler_->Update(finite);
+  return finite;
 }
 
 // One micro-batch: the parts' batch (moved to the device when it is not
@@ -438,7 +407,9 @@ double Trainer::MicroBatch(int64_t micro, bool last) {
            c_.accumulate;
   }
   const double value = loss.item<double>();
-  strategy_->Backward(loss, last);
+  // fp16: the backward of the scaled loss, so that small gradients survive
+  // float16; CheckGradients divides them back.
+  strategy_->Backward(scaler_ ? loss * scaler_->scale() : loss, last);
   return value;
 }
 
@@ -448,12 +419,16 @@ void Trainer::Log(int64_t done, double lr) {
                           .count();
   const double rate = window_samples_ / std::max(secs, 1e-9);
   std::string clip;
+  char s[80];
   if (c_.max_grad_norm > 0) {
-    char s[80];
     std::snprintf(s, sizeof s, " grad_norm %.4g", grad_norm_);
     clip = s;
-    if (skipped_ > 0) clip += " skipped " + std::to_string(skipped_);
   }
+  if (scaler_) {
+    std::snprintf(s, sizeof s, " loss_scale %g", scaler_->scale());
+    clip += s;
+  }
+  if (skipped_ > 0) clip += " skipped " + std::to_string(skipped_);
   std::printf("step %lld loss %.6f lr %.5f samples/s %.0f%s\n", (long long)done,
               loss_, lr, rate, clip.c_str());
   std::fflush(stdout);
@@ -468,8 +443,10 @@ void Trainer::Log(int64_t done, double lr) {
       } else {
         metrics_ << "null";
       }
-      metrics_ << ", \"skipped_steps\": " << skipped_;
     }
+    if (scaler_) metrics_ << ", \"loss_scale\": " << scaler_->scale();
+    if (c_.max_grad_norm > 0 || scaler_)
+      metrics_ << ", \"skipped_steps\": " << skipped_;
     metrics_ << "}\n";
     metrics_.flush();
   }
@@ -564,6 +541,8 @@ static void KeepFreedMemory() {
 
 int Train(const TrainConfig& c, TrainParts parts) {
   if (std::string err = ValidateConfig(c); !err.empty()) throw Error(err);
+  if (std::string err = ValidateFaults(c, InjectedFaults()); !err.empty())
+    throw Error(err);
   torch::set_num_threads(1);  // ranks share the host's cores; one thread each
   KeepFreedMemory();
   ProcessGroupOptions popts;

@@ -11,9 +11,15 @@
 //     float64 and float32 to 1e-12 and 1e-6, bfloat16 within one unit in
 //     its last place.
 // Prints "ddp_equivalence: ... OK" on rank 0; exits 1 on a mismatch.
+// With --torch DIR, runs 3. only and rank 0 writes, for PyTorch's own DDP to
+// be run on the same start and batch (tests/lib/ddp_torch_peer.py):
+// DIR/start.pt (rank 0's parameters, the batch) and DIR/ours.pt (the
+// gradients after DDP's all-reduce), torch.save's format.
 #include <torch/torch.h>
 
 #include <cstdio>
+#include <cstdlib>
+#include <string>
 
 #include "lib/ddp.h"
 #include "lib/process_group.h"
@@ -118,20 +124,49 @@ struct MixedImpl : torch::nn::Module {
 };
 TORCH_MODULE(Mixed);
 
+// `tensors` by name into `path` as torch.save writes a dict of them.
+void SaveForTorch(
+    const std::vector<std::pair<std::string, at::Tensor>>& tensors,
+    const std::string& path) {
+  c10::Dict<std::string, at::Tensor> dict;
+  for (const auto& [name, t] : tensors) dict.insert(name, t.detach().clone());
+  const std::vector<char> bytes = torch::pickle_save(c10::IValue(dict));
+  FILE* f = std::fopen(path.c_str(), "wb");
+  if (!f || std::fwrite(bytes.data(), 1, bytes.size(), f) != bytes.size() ||
+      std::fclose(f) != 0) {
+    std::fprintf(stderr, "ddp_equivalence: cannot write %s\n", path.c_str());
+    std::exit(1);
+  }
+}
+
 // The worst error of DDP's gradients against the mean of each rank's own,
 // relative to the gradient's scale, by dtype; "" when all are in bounds.
-std::string MixedDtypes(dtrun::train::Distributed& dist) {
+// `torch_dir`: rank 0 also writes the start and the gradients there.
+std::string MixedDtypes(dtrun::train::Distributed& dist,
+                        const std::string& torch_dir = "") {
   const int n = dist.world_size(), r = dist.rank();
   Mixed model(1234 + r), reference(1234);
+  auto [x, y] = Batch(0, n * kBatch);
+  if (!torch_dir.empty() && r == 0) {
+    auto start = model->named_parameters().pairs();
+    start.push_back({"x", x});
+    start.push_back({"y", y});
+    SaveForTorch({start.begin(), start.end()}, torch_dir + "/start.pt");
+  }
   dtrun::train::DdpOptions opts;
   opts.bucket_cap_mb = 0.0005;
   DistributedDataParallel ddp(model.ptr(), &dist.pg(), opts);
-  auto [x, y] = Batch(0, n * kBatch);
   auto rows = [&](const torch::Tensor& t, int rank) {
     return t.view({n, kBatch, t.size(1)}).select(0, rank);
   };
   torch::mse_loss(model->forward(rows(x, r)), rows(y, r)).backward();
   ddp.SyncGradients();
+  if (!torch_dir.empty() && r == 0) {
+    std::vector<std::pair<std::string, at::Tensor>> grads;
+    for (const auto& p : model->named_parameters())
+      grads.push_back({p.key(), p.value().grad()});
+    SaveForTorch(grads, torch_dir + "/ours.pt");
+  }
   auto mine = model->parameters(), ref = reference->parameters();
   std::vector<torch::Tensor> sum(ref.size());
   for (int rank = 0; rank < n; ++rank) {
@@ -171,9 +206,15 @@ std::string MixedDtypes(dtrun::train::Distributed& dist) {
 
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
   torch::set_num_threads(1);
   auto dist = dtrun::train::Distributed::FromEnv();
+  if (argc == 3 && std::string(argv[1]) == "--torch") {
+    const std::string bad = MixedDtypes(*dist, argv[2]);
+    if (!bad.empty())
+      std::printf("ddp_equivalence: MISMATCH:%s\n", bad.c_str());
+    return bad.empty() ? 0 : 1;
+  }
   bool ok = true;
   for (bool shm : {true, false}) {
     double plain = TrainAndCompare(*dist, 1, shm);

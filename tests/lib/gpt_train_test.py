@@ -4,7 +4,9 @@ unit per block and the tied embedding in the root ends on DDP's bits; a rank
 SIGKILLed midway resumes onto an unbroken run's bits (DDP sync, FSDP async
 and memory); bf16 with two micro-batches a step is the same under both;
 nanoGPT's prepared folder (train.bin, val.bin and a meta.pkl that pickle
-wrote) trains, and --sample prints text in its vocabulary."""
+wrote) trains, and --sample prints text in its vocabulary; FSDP stopped on
+2 ranks resumes on 4 as DDP does; fp16's loss scale skips overflowing steps,
+halves, and comes back with a resume."""
 import argparse
 import os
 import pickle
@@ -38,8 +40,8 @@ def corpus(folder):
     return path
 
 
-def train(data, ckpt, *sets, restarts=0, extra=()):
-    cmd = [ARGS.dtrun, "--nproc-per-node=2", f"--max-restarts={restarts}", ARGS.train_cfg,
+def train(data, ckpt, *sets, restarts=0, extra=(), nproc=2):
+    cmd = [ARGS.dtrun, f"--nproc-per-node={nproc}", f"--max-restarts={restarts}", ARGS.train_cfg,
            CONFIG, "--set", f'data.path="{data}"', "--set", f'checkpoint.dir="{ckpt}"']
     for s in SMALL + list(sets):
         cmd += ["--set", s]
@@ -96,6 +98,49 @@ class GptTrain(unittest.TestCase):
             got = DONE.search(out)
             self.assertIsNotNone(got, out)
             self.assertEqual(got.group(2), self.ddp.group(2), strategy)
+
+    def test_fsdp_resumes_on_another_number_of_ranks_as_ddp_does(self):
+        # Stopped after step 20 on 2 ranks, resumed on 4: FSDP's sharded
+        # checkpoint re-split, DDP's whole one, the same bits at the end.
+        done = []
+        for strategy in ("ddp", "fsdp"):
+            folder = os.path.join(self.tmp.name, f"n-to-m-{strategy}")
+            rc, out, err = train(self.data, folder, f'strategy.type="{strategy}"',
+                                 "train.stop_after_step=20")
+            self.assertEqual(rc, 0, err)
+            self.assertIn("stopped after step 20", out)
+            rc, out, err = train(self.data, folder, f'strategy.type="{strategy}"', nproc=4)
+            self.assertEqual(rc, 0, err)
+            self.assertIn("resumed from", out)
+            got = DONE.search(out)
+            self.assertIsNotNone(got, out)
+            done.append(got.group(2))
+        self.assertEqual(done[0], done[1])
+        self.assertNotEqual(done[0], self.ddp.group(2))
+
+    def test_fp16_scales_the_loss_and_resumes_with_its_scale(self):
+        # 2^24 overflows float16's gradients at first: those steps are
+        # skipped and the scale halves until they fit.
+        import torch
+        sets = ['train.precision="fp16"', "train.init_scale=16777216",
+                "train.growth_interval=5"]
+        folder = os.path.join(self.tmp.name, "fp16")
+        rc, out, err = train(self.data, folder, *sets)
+        if tuple(int(v) for v in torch.__version__.split(".")[:2]) < (2, 4):
+            self.assertNotEqual(rc, 0)
+            self.assertIn('fp16" on the CPU needs libtorch 2.4', err)
+            return
+        self.assertEqual(rc, 0, err)
+        got = DONE.search(out)
+        self.assertIsNotNone(got, out)
+        self.assertLess(float(got.group(1)), 4.0)
+        self.assertRegex(out, r"step 40 loss \S+ lr \S+ samples/s \S+ loss_scale \S+ skipped [1-9]")
+        self.assertIn("the loss scale halves", out)
+        rc, out, err = train(self.data, os.path.join(self.tmp.name, "fp16-kill"), *sets,
+                             "fault.kill_rank=1", "fault.kill_at_step=25", restarts=1)
+        self.assertEqual(rc, 0, err)
+        self.assertIn("resumed from", out)
+        self.assertEqual(DONE.search(out).groups(), got.groups())
 
     def test_nanogpts_prepared_folder_trains_and_samples(self):
         with open(self.data, encoding="utf-8") as f:

@@ -1,4 +1,5 @@
 #include "lib/train_plan.h"
+#include "lib/loss_scaler.h"
 
 #include <gtest/gtest.h>
 
@@ -23,11 +24,13 @@ class TrainPlanTest : public ::testing::Test {
                                   bool first = true) {
     std::vector<int64_t> out;
     for (int64_t done = 1; done <= c_.steps; ++done) {
-      if (ActionsAfterStep(c_, done, rank, first).*pick) out.push_back(done);
+      if (ActionsAfterStep(c_, f_, done, rank, first).*pick)
+        out.push_back(done);
     }
     return out;
   }
   TrainConfig c_;
+  Faults f_;
 };
 
 TEST_F(TrainPlanTest, CheckpointsEveryNAndAfterTheLastStep) {
@@ -53,20 +56,20 @@ TEST_F(TrainPlanTest, MemoryModePersistsEveryNthCheckpointAndTheLast) {
 
 TEST_F(TrainPlanTest, AKillInACheckpointFiresAtItsCheckpointNotAfterTheStep) {
   c_.checkpoint_mode = CheckpointMode::kAsync;
-  c_.kill_rank = 1;
-  c_.kill_at_step = 60;
-  c_.kill_in = KillPoint::kCopy;
+  f_.kill_rank = 1;
+  f_.kill_at_step = 60;
+  f_.kill_in = KillPoint::kCopy;
   EXPECT_TRUE(StepsWhere(&StepActions::kill, 1).empty());
   EXPECT_EQ(StepsWhere(&StepActions::kill_in_checkpoint, 1),
             (std::vector<int64_t>{60}));
   EXPECT_TRUE(StepsWhere(&StepActions::kill_in_checkpoint, 1, false).empty());
-  EXPECT_EQ(ValidateConfig(c_), "");
-  c_.kill_at_step = 61;  // no checkpoint there
-  EXPECT_NE(ValidateConfig(c_).find("must be a checkpoint's step"),
+  EXPECT_EQ(ValidateFaults(c_, f_), "");
+  f_.kill_at_step = 61;  // no checkpoint there
+  EXPECT_NE(ValidateFaults(c_, f_).find("must be a checkpoint's step"),
             std::string::npos);
-  c_.kill_at_step = 60;
+  f_.kill_at_step = 60;
   c_.checkpoint_mode = CheckpointMode::kSync;
-  EXPECT_NE(ValidateConfig(c_).find("needs checkpoint.mode"),
+  EXPECT_NE(ValidateFaults(c_, f_).find("needs checkpoint.mode"),
             std::string::npos);
 }
 
@@ -107,10 +110,10 @@ TEST_F(TrainPlanTest, EvaluatesEveryNOnEveryRankAndNeverWhenZero) {
 }
 
 TEST_F(TrainPlanTest, FaultsFireOnTheirRankAndStepOnTheFirstAttemptOnly) {
-  c_.kill_rank = 1;
-  c_.kill_at_step = 70;
-  c_.hang_rank = 0;
-  c_.hang_at_step = 17;
+  f_.kill_rank = 1;
+  f_.kill_at_step = 70;
+  f_.hang_rank = 0;
+  f_.hang_at_step = 17;
   EXPECT_EQ(StepsWhere(&StepActions::kill, 1), std::vector<int64_t>{70});
   EXPECT_TRUE(StepsWhere(&StepActions::kill, 0).empty());
   EXPECT_TRUE(StepsWhere(&StepActions::kill, 1, /*first=*/false).empty());
@@ -231,24 +234,43 @@ TEST(ValidateConfigTest, EveryChoiceParsesToItsEnum) {
   EXPECT_EQ(c.checkpoint_mode, CheckpointMode::kMemory);
   EXPECT_EQ(ParseChoice("checkpoint.mode", "flash", &c.checkpoint_mode),
             "checkpoint.mode 'flash': use \"sync\" or \"async\" or \"memory\"");
-  EXPECT_EQ(ParseChoice("fault.kill_in", "write", &c.kill_in), "");
-  EXPECT_EQ(c.kill_in, KillPoint::kWrite);
+  Faults f;
+  EXPECT_EQ(ParseChoice("fault.kill_in", "write", &f.kill_in), "");
+  EXPECT_EQ(f.kill_in, KillPoint::kWrite);
   // Exactly as written: TOML strings are case-sensitive.
   EXPECT_NE(ParseChoice("optimizer.type", "SGD", &c.optimizer), "");
 }
 
-TEST(ValidateConfigTest, ASaveDelayWithoutAsyncWritesIsRefused) {
+TEST(ValidateFaultsTest, ASaveDelayWithoutAsyncWritesIsRefused) {
   TrainConfig c;
-  c.save_delay_ms = 100;  // would delay nothing in sync mode
-  EXPECT_EQ(ValidateConfig(c),
+  Faults f;
+  f.save_delay_ms = 100;  // would delay nothing in sync mode
+  EXPECT_EQ(ValidateFaults(c, f),
             "fault.save_delay_ms delays background writes only: set "
             "checkpoint.mode = \"async\" or \"memory\", or drop it");
   c.checkpoint_mode = CheckpointMode::kAsync;
-  EXPECT_EQ(ValidateConfig(c), "");
+  EXPECT_EQ(ValidateFaults(c, f), "");
   c.checkpoint_mode = CheckpointMode::kMemory;
-  EXPECT_EQ(ValidateConfig(c), "");
-  c.save_delay_ms = -1;
-  EXPECT_EQ(ValidateConfig(c), "fault.save_delay_ms must be >= 0");
+  EXPECT_EQ(ValidateFaults(c, f), "");
+  f.save_delay_ms = -1;
+  EXPECT_EQ(ValidateFaults(c, f), "fault.save_delay_ms must be >= 0");
+  f.save_delay_ms = 0;
+  f.damage_copy_at_step = 4;
+  EXPECT_EQ(ValidateFaults(c, f), "");
+  c.checkpoint_mode = CheckpointMode::kAsync;
+  EXPECT_NE(ValidateFaults(c, f).find("fault.damage_copy_at_step"),
+            std::string::npos);
+}
+
+// The faults are process-wide, set apart from the config a user fills in.
+TEST(ValidateFaultsTest, SetFaultsIsWhatTheLoopReads) {
+  EXPECT_EQ(InjectedFaults().kill_rank, -1);
+  Faults f;
+  f.hang_rank = 2;
+  SetFaults(f);
+  EXPECT_EQ(InjectedFaults().hang_rank, 2);
+  SetFaults(Faults());
+  EXPECT_EQ(InjectedFaults().hang_rank, -1);
 }
 
 TEST(ValidateConfigTest, RefusesOutOfRangeNumbers) {
@@ -306,6 +328,40 @@ TEST(ValidateConfigTest, DeviceIsAChoiceAndNcclNeedsAGpu) {
   c.backend = "nccl";
   EXPECT_NE(ValidateConfig(c).find("NCCL moves GPU tensors only"),
             std::string::npos);
+}
+
+// torch.amp.GradScaler's rule: x0.5 on a step that is not finite (its
+// growth count reset), x2 after growth_interval finite steps in a row.
+TEST(LossScalerTest, HalvesOnOverflowAndDoublesAfterTheInterval) {
+  LossScaler s(1024, 3);
+  s.Update(true);
+  s.Update(true);
+  EXPECT_EQ(s.scale(), 1024);
+  EXPECT_EQ(s.growth_tracker(), 2);
+  s.Update(false);
+  EXPECT_EQ(s.scale(), 512);
+  EXPECT_EQ(s.growth_tracker(), 0);
+  for (int i = 0; i < 3; ++i) s.Update(true);
+  EXPECT_EQ(s.scale(), 1024);
+  EXPECT_EQ(s.growth_tracker(), 0);
+  s.Restore(8, 2);
+  s.Update(true);
+  EXPECT_EQ(s.scale(), 16);
+  EXPECT_EQ(LossScaler().scale(), 65536);
+}
+
+TEST(ValidateConfigTest, Fp16IsAChoiceWithAPositiveScale) {
+  TrainConfig c;
+  c.precision = "fp16";
+  EXPECT_EQ(ValidateConfig(c), "");
+  c.init_scale = 0;
+  EXPECT_NE(ValidateConfig(c).find("train.init_scale"), std::string::npos);
+  c.init_scale = 1;
+  c.growth_interval = 0;
+  EXPECT_NE(ValidateConfig(c).find("train.growth_interval"), std::string::npos);
+  c.precision = "fp8";
+  EXPECT_EQ(ValidateConfig(c),
+            "train.precision 'fp8': use \"fp32\" or \"bf16\" or \"fp16\"");
 }
 
 }  // namespace
