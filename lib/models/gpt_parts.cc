@@ -43,13 +43,15 @@ TrainParts GptParts(const TrainConfig& c) {
   };
   parts.loss = GptLoss;
   // Fresh windows each evaluation (as nanoGPT's), drawn apart from the
-  // training batches.
-  auto evals = std::make_shared<uint64_t>(0);
+  // training batches by the steps done, so that a resumed run evaluates on
+  // the windows an unbroken one does.
+  auto steps = std::make_shared<uint64_t>(0);
+  parts.on_step_end = [steps](const StepEnd& s) { *steps = s.step; };
   const uint64_t seed = c.seed;
   const int iters = c.eval_iters, batch = c.batch_size;
-  parts.evaluate = [data, g, evals, seed, iters, batch](const Forward& forward,
+  parts.evaluate = [data, g, steps, seed, iters, batch](const Forward& forward,
                                                         torch::Device device) {
-    const uint64_t round = (*evals)++;
+    const uint64_t round = *steps;
     std::map<std::string, double> out;
     for (const auto* split : {&data->train, &data->val}) {
       double sum = 0;
