@@ -16,8 +16,8 @@
 #include <thread>
 
 #include "lib/checkpoint.h"
-#include "lib/sha256.h"
-#include "lib/xxh3.h"
+#include "lib/formats/sha256.h"
+#include "lib/formats/xxh3.h"
 
 namespace dtrun::train {
 namespace {

@@ -1,7 +1,8 @@
 // One rank's training run: the model, the data, the strategy and the
 // optimizer set up from the config, then the loop (step, checkpoint, log,
 // evaluate, inject faults). Checkpoints are the Checkpointer's
-// (lib/checkpointer.h); what differs between DDP and FSDP is the Strategy.
+// (lib/checkpointing/checkpointer.h); what differs between DDP and FSDP is the
+// Strategy.
 #include "lib/trainer.h"
 
 #include <malloc.h>
@@ -25,18 +26,18 @@
 #include <sstream>
 #include <thread>
 
-#include "lib/checkpoint_payload.h"
-#include "lib/checkpointer.h"
-#include "lib/data.h"
+#include "lib/formats/checkpoint_payload.h"
+#include "lib/checkpointing/checkpointer.h"
+#include "lib/models/data.h"
 #include "lib/faults.h"
 #include "lib/loss_scaler.h"
 #include "lib/precision.h"
 #include "lib/process_group.h"
-#include "lib/sha256.h"
-#include "lib/state_copy.h"
-#include "lib/strategy.h"
+#include "lib/formats/sha256.h"
+#include "lib/checkpointing/state_copy.h"
+#include "lib/parallel/strategy.h"
 #include "lib/train_plan.h"
-#include "lib/with_named_state.h"
+#include "lib/parallel/with_named_state.h"
 #include "rendezvous/heartbeat.h"
 
 namespace dtrun::train {

@@ -20,7 +20,7 @@
 #include "lib/ddp.h"
 #include "lib/fsdp.h"
 #include "lib/process_group.h"
-#include "lib/shm_allreduce.h"
+#include "lib/parallel/shm_allreduce.h"
 #include "tests/helpers/measure.h"
 
 namespace {

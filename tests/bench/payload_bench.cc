@@ -32,8 +32,8 @@
 #include <vector>
 
 #include "lib/checkpoint.h"
-#include "lib/checkpoint_payload.h"
-#include "lib/state_copy.h"
+#include "lib/formats/checkpoint_payload.h"
+#include "lib/checkpointing/state_copy.h"
 #include "rendezvous/util/memory_checkpoint.h"
 
 namespace {

@@ -1,6 +1,6 @@
 // The async checkpoint writer: one write in flight, its outcome and timing
 // handed to the next Wait, none lost at destruction.
-#include "lib/async_save.h"
+#include "lib/checkpointing/async_save.h"
 
 #include <gtest/gtest.h>
 

@@ -1,5 +1,5 @@
 // The checkpoint payload codec and the step file's schema, on the CPU.
-#include "lib/checkpoint_payload.h"
+#include "lib/formats/checkpoint_payload.h"
 
 #include <gtest/gtest.h>
 

@@ -1,4 +1,4 @@
-#include "lib/data.h"
+#include "lib/models/data.h"
 
 #include <gtest/gtest.h>
 

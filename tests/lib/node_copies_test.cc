@@ -1,8 +1,8 @@
 // Checkpoint copies in shared memory: the segments' format and locking
 // (rendezvous/util/memory_checkpoint.h) and the training side's reads
-// (lib/node_copies.h), on real /dev/shm segments, with real processes for
-// a writer killed in the middle and a dtrun that is gone.
-#include "lib/node_copies.h"
+// (lib/checkpointing/node_copies.h), on real /dev/shm segments, with real
+// processes for a writer killed in the middle and a dtrun that is gone.
+#include "lib/checkpointing/node_copies.h"
 
 #include <signal.h>
 #include <sys/wait.h>

@@ -1,4 +1,4 @@
-#include "lib/sha256.h"
+#include "lib/formats/sha256.h"
 
 #include <gtest/gtest.h>
 

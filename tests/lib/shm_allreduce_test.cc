@@ -1,4 +1,4 @@
-#include "lib/shm_allreduce.h"
+#include "lib/parallel/shm_allreduce.h"
 
 #include <sys/wait.h>
 #include <unistd.h>

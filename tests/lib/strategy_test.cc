@@ -1,7 +1,7 @@
 // Each strategy on its own, in a process group of one rank (gloo over an
 // in-process store on loopback): what it saves is what it restores, into a
 // fresh model and optimizer, and it refuses the other strategy's folder.
-#include "lib/strategy.h"
+#include "lib/parallel/strategy.h"
 
 #include <gtest/gtest.h>
 #include <stdlib.h>

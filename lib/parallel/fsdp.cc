@@ -13,7 +13,7 @@
 #include <mutex>
 #include <set>
 
-#include "lib/fsdp_impl.h"
+#include "lib/parallel/fsdp_impl.h"
 #include "lib/process_group.h"
 #include "rendezvous/util/check.h"
 

@@ -1,9 +1,9 @@
 // The portable build of XXH3 and the choice between it and the AVX2 one
 // (xxh3_avx2.cc, on x86-64 only), made once per process.
-#include "lib/xxh3.h"
+#include "lib/formats/xxh3.h"
 
 #define DTRUN_XXH3_NS portable
-#include "lib/xxh3_impl.inc"
+#include "lib/formats/xxh3_impl.inc"
 
 namespace dtrun::train {
 

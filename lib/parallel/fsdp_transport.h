@@ -5,7 +5,8 @@
 // and, having no reduce-scatter in 1.13, an all-to-all whose chunks the
 // receiver sums) or, when every rank is on this host and computes in
 // float32 on the CPU, through one shared-memory segment (ShmQueue), in the
-// order launched. lib/fsdp.cc decides what to move when; this moves it.
+// order launched. lib/parallel/fsdp.cc decides what to move when; this moves
+// it.
 
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/torch.h>
@@ -14,7 +15,7 @@
 #include <memory>
 
 #include "lib/process_group.h"
-#include "lib/shm_allreduce.h"
+#include "lib/parallel/shm_allreduce.h"
 
 namespace dtrun::train {
 

@@ -1,7 +1,7 @@
 // The data sets train_cfg trains on, in plain floats: small enough that
 // every rank holds all of it, so sampling is an index computation that
 // every rank repeats identically (no data loader, no shuffling service).
-#include "lib/data.h"
+#include "lib/models/data.h"
 
 #include <zlib.h>
 

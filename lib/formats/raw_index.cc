@@ -1,6 +1,6 @@
 // The raw payload's index, byte by byte; every field read is checked
 // against what is left of the index and every range against the payload.
-#include "lib/raw_index.h"
+#include "lib/formats/raw_index.h"
 
 #include <cstring>
 #include <limits>

@@ -13,7 +13,7 @@
 #include <string>
 
 #include "lib/checkpoint.h"
-#include "lib/host_staging.h"
+#include "lib/checkpointing/host_staging.h"
 
 namespace dtrun::train {
 

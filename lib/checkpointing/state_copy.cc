@@ -1,7 +1,7 @@
 // The model's and optimizer's state as named tensors, and back: the keys a
 // checkpoint holds are the parameters' names and indices, not addresses,
 // so a checkpoint loads into any process and any libtorch version.
-#include "lib/state_copy.h"
+#include "lib/checkpointing/state_copy.h"
 
 #include <sys/mman.h>
 

@@ -24,7 +24,7 @@
 
 #include "lib/checkpoint.h"
 #include "lib/process_group.h"
-#include "lib/strategy.h"
+#include "lib/parallel/strategy.h"
 #include "lib/train_config.h"
 #include "lib/train_plan.h"
 

@@ -1,6 +1,6 @@
 // OpenSSL's EVP interface: it picks the fastest implementation the CPU
 // allows at run time.
-#include "lib/sha256.h"
+#include "lib/formats/sha256.h"
 
 #include <openssl/evp.h>
 

@@ -1,13 +1,13 @@
 // Background checkpoints (background_checkpointer.h): the loop's copy, the
 // saver's thread, and the node's memory copies they resume from first.
-#include "lib/background_checkpointer.h"
+#include "lib/checkpointing/background_checkpointer.h"
 
 #include <algorithm>
 #include <cstdio>
 #include <limits>
 #include <thread>
 
-#include "lib/checkpoint_payload.h"
+#include "lib/formats/checkpoint_payload.h"
 #include "lib/faults.h"
 #include "rendezvous/util/memory_checkpoint.h"
 

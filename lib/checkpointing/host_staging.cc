@@ -1,6 +1,6 @@
 // Pinned host buffers and a side stream on a GPU; plain clones on the CPU,
 // where a copy costs what it costs and nothing can overlap it.
-#include "lib/host_staging.h"
+#include "lib/checkpointing/host_staging.h"
 
 #include <c10/core/Event.h>
 #include <c10/core/Stream.h>

@@ -13,8 +13,8 @@
 #include <vector>
 
 #include "lib/checkpoint.h"
-#include "lib/checkpoint_payload.h"
-#include "lib/host_staging.h"
+#include "lib/formats/checkpoint_payload.h"
+#include "lib/checkpointing/host_staging.h"
 #include "lib/model.h"
 #include "lib/torch_compat.h"
 #include "lib/train_config.h"

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "lib/fsdp_impl.h"
+#include "lib/parallel/fsdp_impl.h"
 #include "lib/process_group.h"
 
 namespace dtrun::train {

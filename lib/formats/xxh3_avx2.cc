@@ -4,4 +4,4 @@
 #include <cstdint>
 
 #define DTRUN_XXH3_NS avx2
-#include "lib/xxh3_impl.inc"
+#include "lib/formats/xxh3_impl.inc"

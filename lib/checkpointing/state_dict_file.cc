@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "lib/checkpoint.h"
-#include "lib/checkpoint_payload.h"
+#include "lib/formats/checkpoint_payload.h"
 #include "lib/process_group.h"
 #include "lib/trainer.h"
 

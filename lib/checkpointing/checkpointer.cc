@@ -1,6 +1,6 @@
 // The checkpointer's shared half (resume, epochs, the failure message) and
 // the sync mode; the background modes are background_checkpointer.cc's.
-#include "lib/checkpointer.h"
+#include "lib/checkpointing/checkpointer.h"
 
 #include <signal.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
@@ -8,8 +8,8 @@
 #include <cstdio>
 #include <cstdlib>
 
-#include "lib/background_checkpointer.h"
-#include "lib/checkpoint_payload.h"
+#include "lib/checkpointing/background_checkpointer.h"
+#include "lib/formats/checkpoint_payload.h"
 #include "rendezvous/util/check.h"
 
 namespace dtrun::train {

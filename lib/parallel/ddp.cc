@@ -23,7 +23,7 @@
 #include <utility>
 
 #include "lib/process_group.h"
-#include "lib/shm_allreduce.h"
+#include "lib/parallel/shm_allreduce.h"
 #include "rendezvous/util/log_line.h"
 
 namespace dtrun::train {

@@ -1,6 +1,6 @@
 // FSDP's collectives, through the process group or shared memory
 // (fsdp_transport.h).
-#include "lib/fsdp_transport.h"
+#include "lib/parallel/fsdp_transport.h"
 
 #include <sched.h>
 

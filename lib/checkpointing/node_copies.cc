@@ -1,7 +1,7 @@
 // The training side of memory checkpoints: the segments are the launcher's
 // (rendezvous/util/memory_checkpoint.h); this adds the rules of a resume
 // (the newest step every rank can read, its checksums verified).
-#include "lib/node_copies.h"
+#include "lib/checkpointing/node_copies.h"
 
 #include <unistd.h>
 

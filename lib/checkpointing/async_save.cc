@@ -1,7 +1,7 @@
 // A thread per write, not a pool: checkpoints are seconds to minutes apart,
 // so starting a thread costs nothing beside them, and a thread that exists
 // only while a write runs holds no state between checkpoints.
-#include "lib/async_save.h"
+#include "lib/checkpointing/async_save.h"
 
 #include <chrono>
 

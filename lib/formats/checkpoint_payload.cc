@@ -3,13 +3,13 @@
 // format's tensors made from (and into) byte ranges (payload_raw.cc reads
 // and writes its index), and the step's file's keys. Decoding never
 // trusts the bytes: anything that does not load is Invalid.
-#include "lib/checkpoint_payload.h"
+#include "lib/formats/checkpoint_payload.h"
 
 #include <cstring>
 #include <optional>
 #include <sstream>
 
-#include "lib/raw_index.h"
+#include "lib/formats/raw_index.h"
 
 namespace dtrun::train {
 namespace {

@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "lib/fsdp.h"
-#include "lib/fsdp_transport.h"
+#include "lib/parallel/fsdp_transport.h"
 
 namespace dtrun::train {
 

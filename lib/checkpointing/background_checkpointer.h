@@ -10,10 +10,10 @@
 #include <optional>
 #include <string>
 
-#include "lib/async_save.h"
-#include "lib/checkpointer.h"
-#include "lib/host_staging.h"
-#include "lib/node_copies.h"
+#include "lib/checkpointing/async_save.h"
+#include "lib/checkpointing/checkpointer.h"
+#include "lib/checkpointing/host_staging.h"
+#include "lib/checkpointing/node_copies.h"
 #include "rendezvous/store_client.h"
 
 namespace dtrun::train {

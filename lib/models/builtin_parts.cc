@@ -9,9 +9,9 @@
 #include <memory>
 #include <string>
 
-#include "lib/data.h"
+#include "lib/models/data.h"
 #include "lib/models/gpt.h"
-#include "lib/state_copy.h"
+#include "lib/checkpointing/state_copy.h"
 #include "lib/trainer.h"
 #include "lib/process_group.h"
 

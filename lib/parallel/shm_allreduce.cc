@@ -1,7 +1,7 @@
 // The shared-memory all-reduce: one POSIX segment, a region per rank, a
 // barrier of atomic counters (futex words) in the segment's head; a rank
 // that dies or hangs ends the others' waits with a timeout naming it.
-#include "lib/shm_allreduce.h"
+#include "lib/parallel/shm_allreduce.h"
 
 #include <fcntl.h>
 #include <linux/futex.h>

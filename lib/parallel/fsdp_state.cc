@@ -5,8 +5,8 @@
 #include <torch/torch.h>
 
 #include "lib/fsdp.h"
-#include "lib/fsdp_impl.h"
-#include "lib/state_copy.h"
+#include "lib/parallel/fsdp_impl.h"
+#include "lib/checkpointing/state_copy.h"
 
 namespace dtrun::train {
 namespace {

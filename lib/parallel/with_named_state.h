@@ -8,7 +8,7 @@
 #include <memory>
 #include <string>
 
-#include "lib/strategy.h"
+#include "lib/parallel/strategy.h"
 
 namespace dtrun::train {
 

@@ -1,7 +1,7 @@
-// The two strategies behind lib/strategy.h: each says how it saves and
+// The two strategies behind lib/parallel/strategy.h: each says how it saves and
 // restores its part of a checkpoint (DDP: rank 0's full state; FSDP: a
 // shard per rank, or the whole state gathered on rank 0).
-#include "lib/strategy.h"
+#include "lib/parallel/strategy.h"
 
 #include <cmath>
 #include <cstdio>
@@ -13,7 +13,7 @@
 #include "lib/ddp.h"
 #include "lib/fsdp.h"
 #include "lib/process_group.h"
-#include "lib/state_copy.h"
+#include "lib/checkpointing/state_copy.h"
 #include "rendezvous/util/check.h"
 
 namespace dtrun::train {
