@@ -28,7 +28,12 @@ root=$(scripts/torch214.sh path)
 torch_cmake=/usr/lib/x86_64-linux-gnu/cmake/Torch  # inside the root
 # In the checkout (the same path inside the root), at a fixed place, so
 # that ccache finds the same include paths on every run.
-wheel=$PWD/${build%/}.wheel
+# BUILD_DIR may be absolute (ctest gives the checkout's build-pip) or
+# relative to the checkout.
+case $build in
+  /*) wheel=${build%/}.wheel ;;
+  *) wheel=$PWD/${build%/}.wheel ;;
+esac
 rm -rf "$wheel"
 mkdir -p "$build"
 mkdir -p "$wheel/torch/include/fmt" "$wheel/torch/share/cmake/Torch" "$wheel/empty"
