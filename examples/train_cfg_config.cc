@@ -220,6 +220,13 @@ void ReadLoop(const toml::table& t, TrainConfig* cfg) {
   Read(t, "train", "precision", &c.precision);
   Read(t, "train", "init_scale", &c.init_scale);
   Read(t, "train", "growth_interval", &c.growth_interval);
+  // Only fp16 scales its loss.
+  if ((t["train"]["init_scale"] || t["train"]["growth_interval"]) &&
+      c.precision != "fp16") {
+    throw std::invalid_argument(
+        "train.init_scale and train.growth_interval set fp16's loss scale: "
+        "drop them or set train.precision = \"fp16\"");
+  }
   Read(t, "model", "init_from", &c.init_from);
   ReadChoice(t, "schedule", "type", &c.schedule);
   Read(t, "schedule", "warmup_steps", &c.warmup_steps);

@@ -173,7 +173,8 @@ class GptTrain(unittest.TestCase):
         for sets, says in ((["model.n_embd=30", "model.n_head=4"], "model.n_embd (30)"),
                            (['data.path="/nonexistent"'], "/nonexistent"),
                            (['optimizer.decay="some"'], "optimizer.decay 'some'"),
-                           (['data.source="digits"'], 'model.type = "gpt"')):
+                           (['data.source="digits"'], 'model.type = "gpt"'),
+                           (["train.init_scale=1024"], "train.init_scale")):
             cmd = [ARGS.train_cfg, CONFIG, "--set", f'data.path="{self.data}"']
             for s in sets:
                 cmd += ["--set", s]
