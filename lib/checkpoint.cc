@@ -44,14 +44,10 @@ Status WriteAllFd(int fd, const char* p, size_t n,
   return Status::Ok();
 }
 
-// Writes header and payload to `tmp` and fsyncs it: the data must be on disk
-// before the rename publishes it, or a crash could leave the final name
-// pointing at a file whose blocks never made it.
-Status WriteSynced(const std::string& tmp, const std::string& header,
+// Writes header and payload to `fd` (the temporary file `tmp`).
+Status WritePieces(int fd, const std::string& tmp, const std::string& header,
                    const Payload& payload,
                    const std::function<void(size_t)>& on_chunk) {
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return Status::Io(Errno("creating " + tmp));
   size_t written = 0;
   Status s =
       WriteAllFd(fd, header.data(), header.size(), on_chunk, &written, tmp);
@@ -59,19 +55,7 @@ Status WriteSynced(const std::string& tmp, const std::string& header,
     s = WriteAllFd(fd, payload.pieces[i].data(), payload.pieces[i].size(),
                    on_chunk, &written, tmp);
   }
-  if (s.ok() && ::fsync(fd) != 0) s = Status::Io(Errno("fsync " + tmp));
-  ::close(fd);
   return s;
-}
-
-// The rename is durable only once the folder itself is synced. Best effort:
-// the file is complete either way, only its name might not survive a crash.
-void SyncFolder(const std::string& dir) {
-  int dfd = ::open(dir.empty() ? "." : dir.c_str(),
-                   O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd < 0) return;
-  ::fsync(dfd);
-  ::close(dfd);
 }
 
 // Shards of steps no longer kept, and of older steps that never got a
@@ -114,10 +98,9 @@ std::string CheckpointDir::PathFor(int64_t step) const {
   return dir_ + "/" + StepName(step);
 }
 
-// Temporary file, fsync, rename over the final name, fsync the folder: in
-// that order a reader sees either the old file or the whole new one. The
-// temporary name carries the pid, so ranks writing shards to one folder
-// never share one.
+// Through os::WriteDurably (temporary file, fsync, rename, folder fsync):
+// a reader sees either the old file or the whole new one, and ranks writing
+// shards to one folder never share a temporary name.
 Status WriteCheckpointFile(const std::string& final_path,
                            const Payload& payload,
                            const std::function<void(size_t)>& on_chunk,
@@ -127,19 +110,10 @@ Status WriteCheckpointFile(const std::string& final_path,
     Status made = os::MakeDirs(dir);
     if (!made.ok()) return Status::Io("checkpoint: " + made.message());
   }
-  const std::string tmp = final_path + ".tmp." + std::to_string(getpid());
-  Status s =
-      WriteSynced(tmp, header.empty() ? CheckpointHeader(payload) : header,
-                  payload, on_chunk);
-  if (s.ok() && ::rename(tmp.c_str(), final_path.c_str()) != 0) {
-    s = Status::Io(Errno("renaming " + tmp));
-  }
-  if (!s.ok()) {
-    ::unlink(tmp.c_str());
-    return s;
-  }
-  SyncFolder(dir);
-  return Status::Ok();
+  const std::string& head = header.empty() ? CheckpointHeader(payload) : header;
+  return os::WriteDurably(final_path, [&](int fd, const std::string& tmp) {
+    return WritePieces(fd, tmp, head, payload, on_chunk);
+  });
 }
 
 Status CheckpointDir::Write(int64_t step, const Payload& payload,

@@ -23,12 +23,15 @@
 #include <string>
 #include <vector>
 
+#include "rendezvous/standby_protocol.h"
+
 extern char** environ;
 
 namespace dtrun::train {
 namespace {
 
-constexpr size_t kMaxPacket = 1 << 20;
+namespace sp = standby_protocol;
+
 // Read once by a program's start (the loader, malloc, OpenMP, BLAS,
 // torch's static initialisers): a worker forked from the standby has the
 // standby's, so they must match.
@@ -116,9 +119,9 @@ void Send(int sock, const nlohmann::json& j) {
 
 // One request and its two descriptors; false when dtrun's end closed.
 bool Receive(int sock, std::string* text, std::vector<int>* fds) {
-  text->assign(kMaxPacket, '\0');
+  text->assign(sp::kMaxPacket, '\0');
   iovec iov{text->data(), text->size()};
-  char control[CMSG_SPACE(2 * sizeof(int))] = {};
+  char control[CMSG_SPACE(sp::kDescriptors * sizeof(int))] = {};
   msghdr msg{};
   msg.msg_iov = &iov;
   msg.msg_iovlen = 1;
@@ -240,13 +243,13 @@ double SecondsSinceStart() {
 std::string Parse(const std::string& text, const std::vector<int>& fds,
                   Request* req) {
   auto j = nlohmann::json::parse(text, nullptr, false);
-  if (!j.is_object() || fds.size() != 2)
+  if (!j.is_object() || fds.size() != sp::kDescriptors)
     return "bad request (not the JSON and two descriptors dtrun sends)";
   try {
-    req->argv = j.at("argv").get<std::vector<std::string>>();
-    req->env = j.at("env").get<std::vector<std::string>>();
-    req->cpus = j.value("cpus", std::vector<int>{});
-    req->parent = j.at("parent").get<int>();
+    req->argv = j.at(sp::kArgv).get<std::vector<std::string>>();
+    req->env = j.at(sp::kEnv).get<std::vector<std::string>>();
+    req->cpus = j.value(sp::kCpus, std::vector<int>{});
+    req->parent = j.at(sp::kParent).get<int>();
   } catch (const nlohmann::json::exception& e) {
     return std::string("bad request: ") + e.what();
   }
@@ -267,30 +270,31 @@ bool Answer(const std::string& text, const std::vector<int>& fds, int sock,
     const pid_t pid = Fork(req, fds, sock, argc, argv);
     if (pid == 0) return true;
     if (pid < 0) why = std::string("fork: ") + std::strerror(errno);
-    reply = {{"pid", pid}};
+    reply = {{sp::kPid, pid}};
   }
   for (int fd : fds) close(fd);
-  Send(sock, why.empty() ? reply : nlohmann::json{{"error", why}});
+  Send(sock, why.empty() ? reply : nlohmann::json{{sp::kError, why}});
   return false;
 }
 
 }  // namespace
 
 void ServeStandbyIfAsked(int* argc, char*** argv) {
-  const char* fd_text = std::getenv("DTRUN_STANDBY_FD");
+  const char* fd_text = std::getenv(sp::kFdVariable);
   if (!fd_text) return;
   const int sock = std::atoi(fd_text);
-  unsetenv("DTRUN_STANDBY_FD");
+  unsetenv(sp::kFdVariable);
   prctl(PR_SET_PDEATHSIG, SIGKILL);
   const std::vector<std::string> start_env = OwnEnvironment();
   const int threads = Threads();
   if (threads != 1) {
-    Send(sock, {{"ready", false},
-                {"why", "the program runs " + std::to_string(threads) +
-                            " threads before main (a fork copies only one)"}});
+    Send(sock,
+         {{sp::kReady, false},
+          {sp::kWhy, "the program runs " + std::to_string(threads) +
+                         " threads before main (a fork copies only one)"}});
     _exit(0);
   }
-  Send(sock, {{"ready", true}, {"seconds", SecondsSinceStart()}});
+  Send(sock, {{sp::kReady, true}, {sp::kSeconds, SecondsSinceStart()}});
   std::string text;
   std::vector<int> fds;
   while (Receive(sock, &text, &fds)) {

@@ -6,8 +6,9 @@
 // C++ worker's start) and waits; each worker dtrun then asks for is forked
 // from it and goes on from this call as a freshly started worker would,
 // with its own environment, output and CPUs. The protocol is the Python
-// standby's (apps/dtrun/standby.h): JSON packets on a SOCK_SEQPACKET
-// socket, the worker's stdout and stderr passed with each request.
+// standby's (rendezvous/standby_protocol.h): JSON packets on a
+// SOCK_SEQPACKET socket, the worker's stdout and stderr passed with each
+// request.
 //
 // Safe by construction: the standby forks only while it has one thread,
 // and refuses a worker whose variables read at a program's start (LD_*,

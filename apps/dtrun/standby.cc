@@ -21,6 +21,7 @@
 
 #include "apps/dtrun/run_layout.h"
 #include "dtrun_standby_files.h"
+#include "rendezvous/standby_protocol.h"
 #include "rendezvous/util/log.h"
 #include "rendezvous/util/os_util.h"
 
@@ -30,9 +31,8 @@ namespace dtrun::agent {
 namespace {
 
 using std::chrono::milliseconds;
+namespace sp = standby_protocol;
 
-constexpr int kStandbyFd = 3;
-constexpr size_t kMaxPacket = 1 << 20;
 // How long a fork may take before the standby counts as hung: two forks of
 // a process of a few hundred MB take milliseconds.
 constexpr milliseconds kForkLimit(10000);
@@ -48,11 +48,16 @@ std::vector<std::string> StandbyArgv(const StandbyPlan& plan) {
   std::string modules;
   for (const auto& m : plan.modules)
     modules += (modules.empty() ? "" : ",") + m;
-  return {plan.interpreter,           "-u",   "-c", boot, plan.dir,
-          std::to_string(kStandbyFd), modules};
+  return {plan.interpreter,
+          "-u",
+          "-c",
+          boot,
+          plan.dir,
+          std::to_string(sp::kSocketFd),
+          modules};
 }
 
-// The socket's end at kStandbyFd, and the log as stdout and stderr.
+// The socket's end at kSocketFd, and the log as stdout and stderr.
 Status SpawnStandby(const StandbyPlan& plan, int fd, pid_t* pid) {
   std::vector<std::string> args = StandbyArgv(plan);
   std::vector<char*> argv, envp;
@@ -64,13 +69,13 @@ Status SpawnStandby(const StandbyPlan& plan, int fd, pid_t* pid) {
 
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_adddup2(&actions, fd, kStandbyFd);
+  posix_spawn_file_actions_adddup2(&actions, fd, sp::kSocketFd);
   posix_spawn_file_actions_addopen(&actions, 1, plan.log_file.c_str(),
                                    O_WRONLY | O_CREAT | O_TRUNC, 0644);
   posix_spawn_file_actions_adddup2(&actions, 1, 2);
   // Nothing else of dtrun's (its sockets) reaches the standby, or through
   // it the workers it forks.
-  posix_spawn_file_actions_addclosefrom_np(&actions, kStandbyFd + 1);
+  posix_spawn_file_actions_addclosefrom_np(&actions, sp::kSocketFd + 1);
   posix_spawnattr_t attr;
   posix_spawnattr_init(&attr);
   sigset_t none, all;
@@ -97,7 +102,7 @@ Status SpawnStandby(const StandbyPlan& plan, int fd, pid_t* pid) {
 Status SendWithFds(int sock, const std::string& text, const int* fds,
                    size_t nfds) {
   iovec iov{const_cast<char*>(text.data()), text.size()};
-  char control[CMSG_SPACE(2 * sizeof(int))] = {};
+  char control[CMSG_SPACE(sp::kDescriptors * sizeof(int))] = {};
   msghdr msg{};
   msg.msg_iov = &iov;
   msg.msg_iovlen = 1;
@@ -164,7 +169,7 @@ Result<std::string> Standby::Receive(milliseconds limit) {
     n = poll(&p, 1, static_cast<int>(limit.count()));
   } while (n < 0 && errno == EINTR);
   if (n == 0) return std::string();
-  std::string buf(kMaxPacket, '\0');
+  std::string buf(sp::kMaxPacket, '\0');
   ssize_t got = recv(sock_, buf.data(), buf.size(), MSG_DONTWAIT);
   if (got <= 0) {
     return Status::Io("the standby exited (its output: " + log_file_ + ")");
@@ -181,21 +186,23 @@ Result<bool> Standby::Ready() {
   auto j = nlohmann::json::parse(*packet, nullptr, false);
   if (!j.is_object())
     return Status::Invalid("the standby's answer is not JSON");
-  if (!j.value("ready", false)) {
-    return Status::Unavailable(j.value("why", std::string("no reason given")));
+  if (!j.value(sp::kReady, false)) {
+    return Status::Unavailable(
+        j.value(sp::kWhy, std::string("no reason given")));
   }
   ready_ = true;
-  import_seconds_ = j.value("seconds", 0.0);
+  import_seconds_ = j.value(sp::kSeconds, 0.0);
   return true;
 }
 
 Result<int> Standby::Fork(const WorkerSpec& spec, int out_fd, int err_fd) {
-  nlohmann::json req = {{"argv", spec.argv},
-                        {"env", spec.env},
-                        {"cpus", spec.cpus},
-                        {"parent", static_cast<int>(getpid())}};
-  const int fds[2] = {out_fd, err_fd};
-  if (Status s = SendWithFds(sock_, req.dump(), fds, 2); !s.ok()) return s;
+  nlohmann::json req = {{sp::kArgv, spec.argv},
+                        {sp::kEnv, spec.env},
+                        {sp::kCpus, spec.cpus},
+                        {sp::kParent, static_cast<int>(getpid())}};
+  const int fds[sp::kDescriptors] = {out_fd, err_fd};
+  if (Status s = SendWithFds(sock_, req.dump(), fds, sp::kDescriptors); !s.ok())
+    return s;
   auto packet = Receive(kForkLimit);
   if (!packet.ok()) return packet.status();
   if (packet->empty()) {
@@ -203,10 +210,10 @@ Result<int> Standby::Fork(const WorkerSpec& spec, int out_fd, int err_fd) {
                            std::to_string(kForkLimit.count() / 1000) + " s");
   }
   auto j = nlohmann::json::parse(*packet, nullptr, false);
-  if (j.is_object() && j.contains("pid") && j["pid"].is_number_integer())
-    return j["pid"].get<int>();
-  if (j.is_object() && j.contains("error") && j["error"].is_string())
-    return Status::Unavailable(j["error"].get<std::string>());
+  if (j.is_object() && j.contains(sp::kPid) && j[sp::kPid].is_number_integer())
+    return j[sp::kPid].get<int>();
+  if (j.is_object() && j.contains(sp::kError) && j[sp::kError].is_string())
+    return Status::Unavailable(j[sp::kError].get<std::string>());
   return Status::Unavailable("the standby's answer is not understood");
 }
 
@@ -226,11 +233,11 @@ std::unique_ptr<Standby> StartStandby(const LaunchConfig& config,
   // The script's folder (or, for -m, the current one) comes first on its
   // path, as on the workers', so the user's own modules can be named.
   if (config.python_worker) {
-    env["DTRUN_STANDBY_SCRIPT"] = config.worker_argv[config.module ? 3 : 2];
-    env["DTRUN_STANDBY_MODULE"] = config.module ? "1" : "0";
+    env[sp::kScriptVariable] = config.worker_argv[config.module ? 3 : 2];
+    env[sp::kModuleVariable] = config.module ? "1" : "0";
   } else {
     plan.argv = config.worker_argv;
-    env["DTRUN_STANDBY_FD"] = std::to_string(kStandbyFd);
+    env[sp::kFdVariable] = std::to_string(sp::kSocketFd);
   }
   plan.env = ToEnvStrings(env);
   plan.log_file = plan.dir + "/standby.log";

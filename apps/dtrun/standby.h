@@ -4,7 +4,8 @@
 // that has imported torch and the modules the user named, and forks a
 // worker when dtrun asks, so a restarted worker skips seconds of imports.
 // The Python side is apps/dtrun/python/dtrun_standby/dtrun_standby.py,
-// which says how the worker is made; this is dtrun's end of their socket.
+// which says how the worker is made; this is dtrun's end of their socket,
+// whose messages rendezvous/standby_protocol.h spells.
 // A native program on dtrun's lib is its own standby (--standby): started
 // as the workers are, with DTRUN_STANDBY_FD, it serves the same requests
 // from main() (lib/standby_worker.h), libtorch loaded.

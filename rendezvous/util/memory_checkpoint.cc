@@ -222,16 +222,7 @@ int64_t NewestStepOnDisk(const std::string& dir) {
   return newest;
 }
 
-// The folder's entries made durable. Best effort, as for the trainer's own
-// writes: the files are whole either way.
-void SyncFolder(const std::string& dir) {
-  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return;
-  ::fsync(fd);
-  ::close(fd);
-}
-
-// Copies one file of a copy to dir/name: temporary name, fsync, rename.
+// Copies one file of a copy to dir/name durably (os::WriteDurably).
 // The segment stays share-locked throughout, so no writer reuses it; the
 // copy goes through a 4 MiB buffer, so persisting a large checkpoint costs
 // dtrun no more memory than that. The temporary name carries dtrun's pid,
@@ -244,26 +235,20 @@ Status PersistFile(const MemoryCopy& copy, const MemoryFile& file) {
       h.state != kComplete || h.step != copy.step) {
     return Status::Invalid(copy.path + " changed since it was read");
   }
-  const std::string final_path = copy.dir + "/" + file.name;
-  const std::string tmp = final_path + ".tmp." + std::to_string(getpid());
-  int out = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (out < 0) return Status::Io(Errno("creating " + tmp));
-  std::string buf(std::min<uint64_t>(file.length, kChunk), '\0');
-  Status s;
-  for (uint64_t done = 0; done < file.length && s.ok();) {
-    uint64_t n = std::min<uint64_t>(file.length - done, kChunk);
-    if (!ReadAll(seg.fd(), buf.data(), n, file.offset + done))
-      s = Status::Io(Errno("reading " + copy.path));
-    else
-      s = WriteAll(out, buf.data(), n, done, tmp);
-    done += n;
-  }
-  if (s.ok() && ::fsync(out) != 0) s = Status::Io(Errno("fsync " + tmp));
-  ::close(out);
-  if (s.ok() && ::rename(tmp.c_str(), final_path.c_str()) != 0)
-    s = Status::Io(Errno("renaming " + tmp));
-  if (!s.ok()) ::unlink(tmp.c_str());
-  return s;
+  auto fill = [&](int out, const std::string& tmp) {
+    std::string buf(std::min<uint64_t>(file.length, kChunk), '\0');
+    Status s;
+    for (uint64_t done = 0; done < file.length && s.ok();) {
+      uint64_t n = std::min<uint64_t>(file.length - done, kChunk);
+      if (!ReadAll(seg.fd(), buf.data(), n, file.offset + done))
+        s = Status::Io(Errno("reading " + copy.path));
+      else
+        s = WriteAll(out, buf.data(), n, done, tmp);
+      done += n;
+    }
+    return s;
+  };
+  return os::WriteDurably(copy.dir + "/" + file.name, fill);
 }
 
 // One folder's newest step: its shards, then its step's file. The folder
@@ -310,7 +295,6 @@ void PersistStep(const std::vector<const MemoryCopy*>& copies,
       return;
     }
   }
-  SyncFolder(c.dir);  // the shards' names before the step's file names them
   Status s = PersistFile(c, *step_file);
   if (s.ok()) {
     report->written.push_back(path);

@@ -104,6 +104,37 @@ Status WriteFile(const std::string& path, std::string_view text) {
   return Status::Ok();
 }
 
+Status WriteDurably(
+    const std::string& path,
+    const std::function<Status(int fd, const std::string& tmp)>& fill) {
+  const std::string tmp = path + ".tmp." + std::to_string(getpid());
+  const int fd =
+      ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    return Status::Io("creating " + tmp + ": " + std::strerror(errno));
+  }
+  Status s = fill(fd, tmp);
+  if (s.ok() && ::fsync(fd) != 0)
+    s = Status::Io("fsync " + tmp + ": " + std::strerror(errno));
+  ::close(fd);
+  if (s.ok() && ::rename(tmp.c_str(), path.c_str()) != 0)
+    s = Status::Io("renaming " + tmp + ": " + std::strerror(errno));
+  if (!s.ok()) {
+    ::unlink(tmp.c_str());
+    return s;
+  }
+  SyncFolder(path.substr(0, path.rfind('/') + 1));
+  return Status::Ok();
+}
+
+void SyncFolder(const std::string& dir) {
+  const int fd = ::open(dir.empty() ? "." : dir.c_str(),
+                        O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return;
+  ::fsync(fd);
+  ::close(fd);
+}
+
 std::string HostName() {
   char buf[256] = {};
   if (gethostname(buf, sizeof(buf) - 1) != 0) return "";

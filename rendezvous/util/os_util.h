@@ -3,6 +3,7 @@
 // Small filesystem and host helpers shared by the launcher, the rendezvous
 // and the training library, so each exists once. Thread-safe: no state.
 
+#include <functional>
 #include <string>
 #include <string_view>
 
@@ -30,6 +31,18 @@ std::string ReadFileOrEmpty(const std::string& path);
 std::string ReadTail(const std::string& path, size_t lines);
 // Replaces the file's content; Status::Io names the file on failure.
 Status WriteFile(const std::string& path, std::string_view text);
+
+// Writes `path` so that a crash leaves the old file or the whole new one:
+// `fill` writes the content to "<path>.tmp.<pid>" (through `fd`; `tmp`
+// names it for errors), which is fsynced and renamed over `path`, then the
+// folder is synced. On failure the temporary file is removed and `path` is
+// untouched. The pid in the name keeps writers of one folder apart.
+Status WriteDurably(
+    const std::string& path,
+    const std::function<Status(int fd, const std::string& tmp)>& fill);
+// fsyncs folder `dir` ("" is the current one), so the names renamed into it
+// survive a crash. Best effort: the files are whole either way.
+void SyncFolder(const std::string& dir);
 
 // This machine's host name (gethostname), "" if it has none.
 std::string HostName();

@@ -122,6 +122,41 @@ TEST_F(OsUtilTest, WriteThenReadKeepsEveryByte) {
   EXPECT_EQ(ReadFileOrEmpty(Path("f")), "short");
 }
 
+// What `fill` writes replaces the file whole; while it writes, the old file
+// is still there under its name and the new bytes only under the temporary.
+TEST_F(OsUtilTest, WriteDurablyReplacesTheFileOnlyOnceItIsWhole) {
+  ASSERT_TRUE(WriteFile(Path("f"), "old").ok());
+  std::string seen_during, tmp_name;
+  Status s = WriteDurably(Path("f"), [&](int fd, const std::string& tmp) {
+    EXPECT_EQ(::write(fd, "new!", 4), 4);
+    seen_during = ReadFileOrEmpty(Path("f"));
+    tmp_name = tmp;
+    return Status::Ok();
+  });
+  ASSERT_TRUE(s.ok()) << s.message();
+  EXPECT_EQ(seen_during, "old");
+  EXPECT_EQ(tmp_name, Path("f") + ".tmp." + std::to_string(getpid()));
+  EXPECT_EQ(ReadFileOrEmpty(Path("f")), "new!");
+  EXPECT_FALSE(fs::exists(tmp_name));
+}
+
+// A fill that fails leaves the old file and no temporary behind, and its
+// error comes back; so does a folder that does not exist.
+TEST_F(OsUtilTest, WriteDurablyThatFailsLeavesTheOldFile) {
+  ASSERT_TRUE(WriteFile(Path("f"), "old").ok());
+  Status s = WriteDurably(Path("f"), [](int fd, const std::string&) {
+    EXPECT_EQ(::write(fd, "half", 4), 4);
+    return Status::Io("disk full");
+  });
+  EXPECT_EQ(s.message(), "disk full");
+  EXPECT_EQ(ReadFileOrEmpty(Path("f")), "old");
+  EXPECT_EQ(std::distance(fs::directory_iterator(dir_), {}), 1);
+  s = WriteDurably(Path("none/f"),
+                   [](int, const std::string&) { return Status::Ok(); });
+  ASSERT_EQ(s.code(), Status::Code::kIo);
+  EXPECT_NE(s.message().find(Path("none/f") + ".tmp."), std::string::npos);
+}
+
 TEST_F(OsUtilTest, ReadAndWriteNameTheFileTheyCannotUse) {
   auto read = ReadFile(Path("missing"));
   ASSERT_EQ(read.status().code(), Status::Code::kIo);

@@ -4,14 +4,9 @@ asks, so a restarted worker skips the imports (torch alone takes seconds).
 
 dtrun starts it as `python -u -c <import this; main()> DIR FD MODULES`, its
 environment the workers' own less what differs per worker, with one end of
-a SOCK_SEQPACKET socket pair at FD. Messages are JSON, one per packet:
-
-  standby -> dtrun  {"ready": true, "seconds": S} after the imports, or
-                    {"ready": false, "why": ...} and exits
-  dtrun -> standby  {"argv": [...], "env": ["K=V", ...], "cpus": [...],
-                    "parent": PID} with the worker's stdout and stderr as
-                    two descriptors (SCM_RIGHTS)
-  standby -> dtrun  {"pid": N} once the worker runs, or {"error": ...}
+a SOCK_SEQPACKET socket pair at FD. The messages (JSON, one per packet: the
+standby's "ready", dtrun's requests with the worker's stdout and stderr
+attached, the standby's answers) are rendezvous/standby_protocol.h's.
 
 Safe by construction: a fork copies one thread only, so the standby forks
 only while it has one thread (counted in /proc/self/task) and while CUDA is
@@ -38,6 +33,16 @@ import signal
 import socket
 import sys
 import time
+
+# The protocol's names, as rendezvous/standby_protocol.h spells them
+# (tests/apps/standby_protocol_test.py checks that the two agree).
+MAX_PACKET = 1 << 20
+DESCRIPTORS = 2
+SCRIPT_VARIABLE = "DTRUN_STANDBY_SCRIPT"
+MODULE_VARIABLE = "DTRUN_STANDBY_MODULE"
+READY, SECONDS, WHY = "ready", "seconds", "why"
+ARGV, ENV, CPUS, PARENT = "argv", "env", "cpus", "parent"
+PID, ERROR = "pid", "error"
 
 _PR_SET_PDEATHSIG = 1
 # Read once, when the interpreter (or a library imported here) starts: a
@@ -166,7 +171,7 @@ def _settle(req, fds):
     """In the forked worker: its process group, parent, death signal,
     descriptors, signal mask and CPUs."""
     os.setpgid(0, 0)
-    parent = int(req["parent"])
+    parent = int(req[PARENT])
     # A exits right after the fork: the worker moves to dtrun (the subreaper)
     # within a moment; the death signal is armed only once dtrun is the parent.
     deadline = time.monotonic() + 5
@@ -182,18 +187,18 @@ def _settle(req, fds):
     os.close(fds[0])
     os.close(fds[1])
     signal.pthread_sigmask(signal.SIG_SETMASK, [])
-    if req.get("cpus"):
-        os.sched_setaffinity(0, req["cpus"])
+    if req.get(CPUS):
+        os.sched_setaffinity(0, req[CPUS])
 
 
 def _env(req):
-    return dict(e.split("=", 1) for e in req.get("env", []) if "=" in e)
+    return dict(e.split("=", 1) for e in req.get(ENV, []) if "=" in e)
 
 
 def _refusal(req, start_env):
     """(target, None) when the standby can fork `req`'s worker, else
     (None, why)."""
-    target, why = _target(req.get("argv", []))
+    target, why = _target(req.get(ARGV, []))
     if why is None:
         mine, theirs = _start_only(start_env), _start_only(_env(req))
         for k in sorted(set(mine) | set(theirs)):
@@ -234,21 +239,22 @@ def _fork(req, fds, start_env):
 def _serve(sock, start_env):
     while True:
         try:
-            data, fds, _, _ = socket.recv_fds(sock, 1 << 20, 2)
+            data, fds, _, _ = socket.recv_fds(sock, MAX_PACKET, DESCRIPTORS)
         except OSError:
             return
         if not data:
             return  # dtrun closed its end: the job is over
         try:
             req = json.loads(data)
-            if len(fds) != 2:
-                raise ValueError("the request carries %d descriptors, not 2" % len(fds))
+            if len(fds) != DESCRIPTORS:
+                raise ValueError("the request carries %d descriptors, not %d" %
+                                 (len(fds), DESCRIPTORS))
             pid, why = _fork(req, fds, start_env)
         except (ValueError, KeyError, TypeError, OSError) as e:
             pid, why = None, "bad request: %s" % e
         for fd in fds:
             os.close(fd)
-        reply = {"pid": pid} if pid else {"error": why}
+        reply = {PID: pid} if pid else {ERROR: why}
         sock.send(json.dumps(reply).encode())
 
 
@@ -260,8 +266,8 @@ def main():
     # for -m), so the user's own modules can be named too; not this folder.
     if here in sys.path:
         sys.path.remove(here)
-    script = os.environ.pop("DTRUN_STANDBY_SCRIPT", "")
-    module = os.environ.pop("DTRUN_STANDBY_MODULE", "") == "1"
+    script = os.environ.pop(SCRIPT_VARIABLE, "")
+    module = os.environ.pop(MODULE_VARIABLE, "") == "1"
     sys.path.insert(0, _path0(module, script))
     start_env = dict(os.environ)
     began = time.monotonic()
@@ -274,11 +280,11 @@ def main():
             break
     why = why or _unsafe()
     if why:
-        sock.send(json.dumps({"ready": False, "why": why}).encode())
+        sock.send(json.dumps({READY: False, WHY: why}).encode())
         return
     import gc
     gc.freeze()  # the imports' objects stay shared with the workers' pages
-    sock.send(json.dumps({"ready": True, "seconds": time.monotonic() - began}).encode())
+    sock.send(json.dumps({READY: True, SECONDS: time.monotonic() - began}).encode())
     become = None
     try:
         _serve(sock, start_env)
