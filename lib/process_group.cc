@@ -24,6 +24,12 @@
 namespace dtrun::train {
 namespace {
 
+// An attempt's key space in the store, "/worker/attempt_<n>/", as
+// torchrun 1.13's agent names it.
+std::string AttemptPrefix(int restart_count) {
+  return "/worker/attempt_" + std::to_string(restart_count) + "/";
+}
+
 std::vector<uint8_t> Bytes(const std::string& s) {
   return {s.begin(), s.end()};
 }
@@ -250,8 +256,7 @@ std::unique_ptr<Distributed> Distributed::FromEnv(
   // torchrun 1.13 keeps one store across restarts; the attempt prefix keeps
   // attempts apart there (dtrun gives each attempt a fresh store anyway).
   auto store = c10::make_intrusive<c10d::PrefixStore>(
-      "/worker/attempt_" + std::to_string(env->restart_count) + "/dtrun_pg",
-      base);
+      AttemptPrefix(env->restart_count) + "dtrun_pg", base);
 #ifdef DTRUN_HAVE_NCCL
   if (impl->backend == "nccl") StartNccl(impl.get(), store, options);
 #endif
@@ -279,7 +284,7 @@ ProcessGroup& Distributed::pg() { return *impl_->pg; }
 const std::string& Distributed::backend() const { return impl_->backend; }
 
 std::string Distributed::attempt_prefix() const {
-  return "/worker/attempt_" + std::to_string(impl_->env.restart_count) + "/";
+  return AttemptPrefix(impl_->env.restart_count);
 }
 
 std::unique_ptr<rendezvous::TcpStoreClient> Distributed::ConnectStore() const {

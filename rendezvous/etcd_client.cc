@@ -22,8 +22,8 @@ namespace framing = etcd_framing;
 namespace {
 
 using std::chrono::milliseconds;
-using Clock = std::chrono::steady_clock;
-using TimePoint = Clock::time_point;
+using SteadyClock = std::chrono::steady_clock;
+using TimePoint = SteadyClock::time_point;
 
 // gRPC status codes the gateway passes on, and those that mean "try another
 // member": unavailable (no leader, member stopping), deadline exceeded
@@ -166,7 +166,7 @@ Result<nlohmann::json> EtcdClient::Call(const std::string& path,
 Result<nlohmann::json> EtcdClient::CallLocked(const std::string& path,
                                               const std::string& text,
                                               bool* unauthenticated) {
-  const TimePoint deadline = Clock::now() + options_.timeout;
+  const TimePoint deadline = SteadyClock::now() + options_.timeout;
   const size_t n = options_.endpoints.size();
   // Each member gets a share of the time, so that one that accepts and
   // never answers (stopped, cut off) does not hold the request.
@@ -174,13 +174,13 @@ Result<nlohmann::json> EtcdClient::CallLocked(const std::string& path,
       std::max(milliseconds(100), options_.timeout / static_cast<int64_t>(n));
   Tries tries;
   tries.said.resize(n);
-  for (int pass = 0; Clock::now() < deadline; ++pass) {
+  for (int pass = 0; SteadyClock::now() < deadline; ++pass) {
     // From the member used last, each once a pass (Try moves current_).
     const size_t first = current_;
-    for (size_t i = 0; i < n && Clock::now() < deadline; ++i) {
+    for (size_t i = 0; i < n && SteadyClock::now() < deadline; ++i) {
       const size_t at = (first + i) % n;
-      auto reply =
-          Try(at, path, text, std::min(deadline, Clock::now() + share), &tries);
+      auto reply = Try(at, path, text,
+                       std::min(deadline, SteadyClock::now() + share), &tries);
       if (reply) {
         *unauthenticated = tries.unauthenticated;
         return std::move(*reply);
@@ -206,7 +206,8 @@ std::optional<Result<nlohmann::json>> EtcdClient::Try(size_t at,
     SplitHostPort(endpoint, &host, &port);
     conn_ = NewConnection(host, port);
     current_ = at;
-    ec = conn_->Open(std::min(until, Clock::now() + options_.connect_timeout));
+    ec = conn_->Open(
+        std::min(until, SteadyClock::now() + options_.connect_timeout));
     if (!ec) local_address_ = conn_->LocalAddress();
   }
   int status = 0;
@@ -347,7 +348,7 @@ asio::error_code ReadCreated(EtcdConnection& c, std::string* pending,
 }  // namespace
 
 Status EtcdWatch::OpenOn(const std::string& endpoint) {
-  const TimePoint deadline = Clock::now() + client_->options().timeout;
+  const TimePoint deadline = SteadyClock::now() + client_->options().timeout;
   std::string host;
   uint16_t port = 0;
   SplitHostPort(endpoint, &host, &port);
@@ -361,8 +362,8 @@ Status EtcdWatch::OpenOn(const std::string& endpoint) {
   }
   int status = 0;
   EtcdConnection& c = *stream_->conn;
-  asio::error_code ec = c.Open(
-      std::min(deadline, Clock::now() + client_->options().connect_timeout));
+  asio::error_code ec = c.Open(std::min(
+      deadline, SteadyClock::now() + client_->options().connect_timeout));
   if (!ec) ec = c.Send("/v3/watch", body, deadline);
   if (!ec) ec = c.ReadHead(deadline, &status);
   if (!ec && status != 200) ec = asio::error::connection_refused;
@@ -396,14 +397,14 @@ bool EtcdWatch::Drain(std::vector<KeyChange>* changes) {
 }
 
 Result<bool> EtcdWatch::AwaitChange(milliseconds timeout) {
-  const TimePoint deadline = Clock::now() + timeout;
+  const TimePoint deadline = SteadyClock::now() + timeout;
   for (;;) {
     Status s = TakeChanges(&buffered_);
     if (!s.ok()) return s;
     if (!buffered_.empty()) return true;
-    if (!stream_ || Clock::now() >= deadline) return false;
+    if (!stream_ || SteadyClock::now() >= deadline) return false;
     stream_->conn->Readable(
-        std::min(deadline, Clock::now() + milliseconds(500)));
+        std::min(deadline, SteadyClock::now() + milliseconds(500)));
   }
 }
 
@@ -417,8 +418,8 @@ Status EtcdWatch::TakeChanges(std::vector<KeyChange>* changes) {
   while (!broken && stream_->conn->Readable()) {
     std::string chunk;
     bool last = false;
-    auto ec = stream_->conn->NextChunk(Clock::now() + milliseconds(200), &chunk,
-                                       &last);
+    auto ec = stream_->conn->NextChunk(SteadyClock::now() + milliseconds(200),
+                                       &chunk, &last);
     if (ec || last ||
         stream_->pending.size() + chunk.size() > framing::kMaxBody) {
       broken = true;  // an endless message: a new stream

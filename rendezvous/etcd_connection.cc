@@ -139,7 +139,8 @@ bool EtcdConnection::Readable(TimePoint deadline) {
   if (!in_.empty()) return true;
   if (!socket_.is_open()) return true;
   if (tls_ && SSL_pending(tls_->native_handle()) > 0) return true;
-  auto left = std::chrono::duration_cast<milliseconds>(deadline - Clock::now());
+  auto left =
+      std::chrono::duration_cast<milliseconds>(deadline - SteadyClock::now());
   pollfd p{socket_.native_handle(), POLLIN, 0};
   return ::poll(&p, 1, static_cast<int>(std::max<int64_t>(0, left.count()))) !=
          0;

@@ -28,8 +28,8 @@ std::string DescribeEtcdError(const asio::error_code& ec);
 
 class EtcdConnection {
  public:
-  using Clock = std::chrono::steady_clock;
-  using TimePoint = Clock::time_point;
+  using SteadyClock = std::chrono::steady_clock;
+  using TimePoint = SteadyClock::time_point;
 
   // `io` is the client's, shared by its connections (an io_context holds
   // two descriptors: thousands of nodes' watches would run out of them);

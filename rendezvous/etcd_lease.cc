@@ -45,7 +45,7 @@ EtcdLease::EtcdLease(std::unique_ptr<EtcdClient> client, int64_t id,
       id_(id),
       ttl_(ttl),
       asked_(asked),
-      touched_(Clock::now()),
+      touched_(SteadyClock::now()),
       renewed_(touched_),
       thread_([this] { Run(); }) {}
 
@@ -63,12 +63,12 @@ EtcdLease::~EtcdLease() {
 
 void EtcdLease::Touch() {
   std::lock_guard<std::mutex> lock(mu_);
-  touched_ = Clock::now();
+  touched_ = SteadyClock::now();
 }
 
 bool EtcdLease::alive() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return !lost_ && Clock::now() - renewed_ < ttl_;
+  return !lost_ && SteadyClock::now() - renewed_ < ttl_;
 }
 
 void EtcdLease::Run() {
@@ -79,8 +79,8 @@ void EtcdLease::Run() {
     if (stop_) break;
     // A holder silent for a TTL is let go: the lease lapses as if the
     // process had stopped.
-    if (Clock::now() - touched_ > ttl_) continue;
-    const auto sent = Clock::now();
+    if (SteadyClock::now() - touched_ > ttl_) continue;
+    const auto sent = SteadyClock::now();
     lock.unlock();
     const Held held = Renew();
     lock.lock();

@@ -45,7 +45,7 @@ class EtcdLease {
   bool alive() const;
 
  private:
-  using Clock = std::chrono::steady_clock;
+  using SteadyClock = std::chrono::steady_clock;
   EtcdLease(std::unique_ptr<EtcdClient> client, int64_t id,
             std::chrono::milliseconds ttl, std::chrono::milliseconds asked);
   void Run();
@@ -58,8 +58,8 @@ class EtcdLease {
   const std::chrono::milliseconds ttl_, asked_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  Clock::time_point touched_;
-  Clock::time_point renewed_;  // when the last renewal that held was sent
+  SteadyClock::time_point touched_;
+  SteadyClock::time_point renewed_;  // when the last renewal that held was sent
   bool stop_ = false;
   bool lost_ = false;
   std::thread thread_;  // last: started once the rest is set

@@ -29,8 +29,10 @@
 // keep_alive_interval and watches the next rank's counter (a ring: n nodes,
 // n watchers, O(1) keys each). A counter that has not moved for interval x
 // max_attempt by the watcher's own steady clock means the node is dead, so
-// clocks need not agree. Group rank 0 also polls `waiting` (start a round to
-// let newcomers in) and `done` (every node finished).
+// clocks need not agree; its connections closing or its lease ending tell
+// sooner (liveness.h). Group rank 0 also polls `waiting` (start a round to
+// let newcomers in) and `done` (every node finished). Running rounds are
+// followed through the store's pushes where it has them (round_watch.h).
 //
 // The end record. A failure past --max-restarts, disagreeing settings or a
 // duplicate --node-rank set `closed` (a message) and `end` (EndReasonName),
@@ -84,7 +86,12 @@ Rendezvous::Rendezvous(Store* store, RendezvousOptions options,
     : store_(store),
       opts_(std::move(options)),
       clock_(clock),
-      keys_(opts_.run_id) {
+      keys_(opts_.run_id),
+      closer_(store, opts_, keys_, clock),
+      liveness_(store, keys_, opts_.keep_alive_interval,
+                opts_.keep_alive_interval * opts_.keep_alive_max_attempt,
+                clock),
+      watch_(opts_.open_watch, keys_) {
   last_call_.max_nodes = opts_.max_nodes;
 }
 
@@ -161,7 +168,7 @@ Status Rendezvous::CloseJob(int round, EndReason reason,
 Status Rendezvous::ClosedStatus(const StateDoc& doc) {
   closed_reason_ = doc.closed;
   end_reason_ = doc.end;
-  if (doc.closed == "ok") {
+  if (doc.end == EndReason::kSucceeded) {
     return Status::Unavailable(
         "rendezvous '" + opts_.run_id +
         "' belongs to a job that already finished; use a new --rdzv-id");
@@ -221,7 +228,8 @@ Status Rendezvous::Register(const StateDoc& doc) {
   // One node of each elastic job says the store hosts it (a round that
   // closes short then names the other jobs there); best effort. A job of a
   // fixed size cannot close short: it costs that nothing.
-  if (r == 0 && *slot == 1 && opts_.min_nodes < opts_.max_nodes) NoteRunId();
+  if (r == 0 && *slot == 1 && opts_.min_nodes < opts_.max_nodes)
+    closer_.NoteRunId();
   last_call_ = LastCall{*slot, opts_.max_nodes};
   // The nodes the round expects are all in: no last call to wait out.
   if (doc.expect >= opts_.min_nodes) last_call_.expect = doc.expect;
@@ -254,100 +262,6 @@ Status Rendezvous::Enter(int r, int64_t hint) {
       clock_.UnixMillis() + opts_.last_call_timeout.count();
   return store_->Set(keys_.Round(r, "last_call"),
                      std::to_string(last_call_.deadline_ms));
-}
-
-// Several nodes may decide at once that the round can close; the closing
-// key elects one. Its claim carries the count it saw, and joiners after
-// that count learn from `final` that they are out and wait for the next.
-Status Rendezvous::TryClose(int round) {
-  auto joined = store_->Add(keys_.Round(round, "n"), 0);
-  if (!joined.ok()) return joined.status();
-  int count = static_cast<int>(std::min<int64_t>(*joined, opts_.max_nodes));
-  if (count < opts_.min_nodes) return Status::Ok();
-  last_call_.close_tried = true;
-  std::string claim = std::to_string(count) + " " + opts_.node_id;
-  auto closer = store_->CompareSet(keys_.Round(round, "closing"), "", claim);
-  if (!closer.ok()) return closer.status();
-  if (*closer != claim) return Status::Ok();  // another node closes it
-  const TimePoint started = clock_.Now();
-  Status s = WriteRanks(round, count);
-  if (s.ok()) {
-    s = store_
-            ->CompareSet(keys_.Round(round, "final"), "", std::to_string(count))
-            .status();
-  }
-  if (!s.ok()) return s;
-  Logger("dtrun.rdzv")
-      ->info("round {}: closed with {} node(s), ranks written in {}", round,
-             count, DescribeSeconds(clock_.Now() - started));
-  if (count < opts_.max_nodes) SayShortRound(round, count);
-  return Status::Ok();
-}
-
-// Bounded: a few jobs registering at once on one store retry a few times.
-void Rendezvous::NoteRunId() {
-  std::string seen;
-  for (int i = 0; i < 5; ++i) {
-    std::string next = RunIdsWith(seen, opts_.run_id, clock_.UnixMillis());
-    auto now = store_->CompareSet(keys::kRunIds, seen, next);
-    if (!now.ok() || *now == next) return;
-    seen = *now;
-  }
-}
-
-// An elastic round that closed below its maximum after its last call: how
-// many came and were waited for, and the other jobs that rendezvoused on
-// this store lately (a per-node --rdzv-id, a typo: each node then makes a
-// world of its own without a word).
-void Rendezvous::SayShortRound(int round, int count) {
-  auto log = Logger("dtrun.rdzv");
-  log->warn(
-      "round {}: {} of up to {} node(s) (--nnodes={}:{}) came within the "
-      "last call's {}; the job runs with {}",
-      round, count, opts_.max_nodes, opts_.min_nodes, opts_.max_nodes,
-      DescribeSeconds(opts_.last_call_timeout), count);
-  auto list = store_->Get(keys::kRunIds);
-  if (!list.ok()) return;
-  const int64_t now = clock_.UnixMillis();
-  for (const auto& [id, ms] :
-       OtherRunIds(*list, opts_.run_id, now - opts_.join_timeout.count())) {
-    log->warn(
-        "another job, rdzv id '{}', rendezvoused on this store {} ago while "
-        "this one ('{}') waited for nodes: if they are one job, give every "
-        "node the same --rdzv-id",
-        id, DescribeSeconds(std::chrono::milliseconds(now - ms)), opts_.run_id);
-  }
-}
-
-// Ranks: the closer reads every joiner's records and writes every rank
-// (OrderRanks decides), 64 to a key, in one MULTI_SET. The heartbeat
-// counters are not written: a node's first beat makes its own, and a
-// counter not there yet reads as empty, as one that does not move.
-Status Rendezvous::WriteRanks(int round, int count) {
-  std::vector<std::string> node_keys, pref_keys;
-  for (int slot = 1; slot <= count; ++slot) {
-    node_keys.push_back(keys_.Round(round, "node", slot));
-    pref_keys.push_back(keys_.Round(round, "pref", slot));
-  }
-  // A joiner sets its key right after taking its slot.
-  Status s = store_->Wait(node_keys, opts_.join_timeout);
-  if (!s.ok()) return s;
-  auto entries = store_->MultiGet(node_keys);
-  if (!entries.ok()) return entries.status();
-  auto prefs = store_->MultiGet(pref_keys);
-  if (!prefs.ok()) return prefs.status();
-  RankTable table = OrderRanks(*entries, *prefs);
-  if (!table.by_preference && opts_.preferred_rank >= 0) {
-    Logger("dtrun.rdzv")
-        ->info(
-            "round {}: not every node gave a distinct --node-rank; group "
-            "ranks follow the join order",
-            round);
-  }
-  std::vector<std::string> keys, values = PackRankRecords(table);
-  for (size_t k = 0; k < values.size(); ++k)
-    keys.push_back(keys_.Round(round, "ranks", static_cast<int64_t>(k)));
-  return store_->MultiSet(keys, values);
 }
 
 Result<std::optional<Assignment>> Rendezvous::Outcome(const StateDoc& doc) {
@@ -402,7 +316,7 @@ Status Rendezvous::Timeout(int round, TimePoint started) {
 
 Status Rendezvous::MaybeClose() {
   if (!last_call_.MayClose(clock_.UnixMillis())) return Status::Ok();
-  return TryClose(joined_round_);
+  return closer_.TryClose(joined_round_, &last_call_);
 }
 
 Result<std::optional<Assignment>> Rendezvous::Look(int* round,
@@ -443,8 +357,7 @@ Result<std::optional<Assignment>> Rendezvous::Look(int* round,
 Result<Assignment> Rendezvous::Join(const std::function<bool()>& interrupted) {
   // The last round's pushes are of no use any more; its connection goes now,
   // not at the first check of the next round.
-  watch_.reset();
-  watch_conn_round_ = -1;
+  watch_.Close();
   const TimePoint started = clock_.Now();
   const TimePoint deadline = started + opts_.join_timeout;
   int r = -1;
@@ -461,11 +374,7 @@ Result<Assignment> Rendezvous::Join(const std::function<bool()>& interrupted) {
       if (*outcome) {
         last_round_ = r;
         last_rank_ = (*outcome)->group_rank;
-        next_.Reset();
-        next_gone_ = false;
-        next_leased_ = false;
-        BindGone(**outcome);
-        Heartbeat(**outcome, true);
+        (void)liveness_.Enter(**outcome);
         return **outcome;
       }
     } else if (waiting_round_ != r) {
@@ -511,78 +420,10 @@ std::string Rendezvous::DescribeParticipants() const {
   return JoinIds(last_participants_);
 }
 
-// The store counts this node's connection closing in round/<r>/gone/<rank>
-// and its (re)binds in round/<r>/bound/<rank> (Store::BindOnClose): the
-// node watching this one knows at once that its dtrun is gone (killed,
-// crashed, its host down) instead of after the missed heartbeats. A store
-// that sees no connection close (etcd) keeps round/<r>/alive/<rank> under a
-// lease of the silent limit instead: the watching node sees it deleted a
-// TTL after this node stops renewing (dead, stopped or cut off), and this
-// node writes no heartbeats (the renewals cost etcd no consensus round).
-// A store with neither leaves the heartbeats to tell.
-void Rendezvous::BindGone(const Assignment& a) {
-  leased_ = false;
-  Status s = store_->BindOnClose(keys_.Round(a.round, "gone", a.group_rank),
-                                 keys_.Round(a.round, "bound", a.group_rank));
-  lease_store_ = store_->has_leases();
-  if (lease_store_) {
-    s = store_->LeaseKey(
-        keys_.Round(a.round, "alive", a.group_rank),
-        opts_.keep_alive_interval * opts_.keep_alive_max_attempt);
-    leased_ = s.ok();
-  }
-  if (!s.ok() && s.code() != Status::Code::kInvalid) {
-    Logger("dtrun.rdzv")
-        ->warn(
-            "round {}: the store will not say when this node is gone ({}); "
-            "heartbeats alone tell",
-            a.round, s.message());
-  }
-}
-
-void Rendezvous::Unbind() {
-  (void)store_->BindOnClose("", "");
-  if (lease_store_) (void)store_->LeaseKey("", std::chrono::milliseconds(0));
-  leased_ = false;
-}
-
-// The watched node's key present means it holds a lease; deleted (pushed,
-// or read missing after it was seen) means the lease ended.
-void Rendezvous::SeeLease(const std::string& value, bool deleted) {
-  if (!deleted && !value.empty()) {
-    next_leased_ = true;
-  } else if (next_leased_) {
-    next_gone_ = true;
-    gone_why_ =
-        "lease in the store ended (its dtrun exited, was killed "
-        "or stopped, or lost the store for the lease's time); "
-        "declared dead";
-  }
-}
-
-Result<RoundEvent> Rendezvous::DeclareGone(const Assignment& current) {
-  next_gone_ = false;
-  std::string why = gone_why_.empty()
-                        ? "connection to the store closed (its dtrun "
-                          "exited or was killed, or its host went down); "
-                          "declared dead"
-                        : gone_why_;
-  gone_why_.clear();
+Result<RoundEvent> Rendezvous::DeclareGone(const Assignment& current,
+                                           const std::string& why) {
   return StartNextRound(current, "node " + current.next_node + "'s " + why,
                         current.group_world_size - 1);
-}
-
-// An ADD rather than a timestamp: the watcher only needs to see the value
-// change, so no clock has to agree with another machine's.
-Status Rendezvous::Heartbeat(const Assignment& current, bool force) {
-  if (leased_) {
-    store_->StillAlive();
-    return Status::Ok();
-  }
-  if (!beat_.Due(clock_.Now(), opts_.keep_alive_interval, force))
-    return Status::Ok();
-  return store_->Add(keys_.Round(current.round, "hb", current.group_rank), 1)
-      .status();
 }
 
 Result<RoundEvent> Rendezvous::StartNextRound(const Assignment& current,
@@ -602,12 +443,12 @@ Result<RoundEvent> Rendezvous::Check(const Assignment& current) {
   // While this node cannot reach the store it cannot see the watched node
   // beat either (nor could that node beat, if the store itself was down):
   // its silence is timed afresh once the store answers again.
-  if (!event.ok()) next_.Reset();
+  if (!event.ok()) liveness_.Forget();
   return event;
 }
 
 Result<RoundEvent> Rendezvous::CheckRound(const Assignment& current) {
-  Status beat = Heartbeat(current, false);
+  Status beat = liveness_.Beat(current, false);
   if (!beat.ok()) return beat;
   // The watched node's count: as read, as last pushed, or as last seen.
   std::string count;
@@ -620,8 +461,8 @@ Result<RoundEvent> Rendezvous::CheckRound(const Assignment& current) {
     if (!event.ok() || *event != RoundEvent::kNone) return event;
   }
   if (current.group_world_size == 1) return RoundEvent::kNone;
-  if (next_gone_) return DeclareGone(current);
-  return WatchNext(current, count.empty() ? next_.count() : count);
+  if (auto why = liveness_.TakeGone()) return DeclareGone(current, *why);
+  return WatchNext(current, count.empty() ? liveness_.last_count() : count);
 }
 
 Result<RoundEvent> Rendezvous::ReadRound(const Assignment& current,
@@ -631,10 +472,8 @@ Result<RoundEvent> Rendezvous::ReadRound(const Assignment& current,
   const int next = (current.group_rank + 1) % n;
   std::vector<std::string> keys = {keys_.Job("state")};
   if (n > 1) {
-    keys.push_back(keys_.Round(r, "hb", next));
-    keys.push_back(keys_.Round(r, "gone", next));
-    keys.push_back(keys_.Round(r, "bound", next));
-    if (lease_store_) keys.push_back(keys_.Round(r, "alive", next));
+    for (std::string& k : liveness_.WatchedKeys(r, next))
+      keys.push_back(std::move(k));
   }
   auto got = store_->MultiGet(keys);
   if (!got.ok()) return got.status();
@@ -645,91 +484,34 @@ Result<RoundEvent> Rendezvous::ReadRound(const Assignment& current,
   if (!StateDoc::Parse((*got)[0], &s)) return CorruptState();
   if (!s.closed.empty()) return Ended(s);
   if (s.round != r) return RoundEvent::kRestart;
-  if (n > 1) {
-    *count = (*got)[1];
-    // Every connection it bound has closed: its dtrun is gone.
-    next_gone_ = next_gone_ || GoneOf((*got)[2], (*got)[3]);
-    if (lease_store_) SeeLease((*got)[4], false);
-  }
+  if (n > 1) *count = liveness_.ReadWatched({got->begin() + 1, got->end()});
   return RoundEvent::kNone;
 }
 
-// Push mode. Reading the state and the next node's counter on every check
-// costs the store one request per node twice a second: 8,000 a second at
-// 4,096 nodes, most of its load. Instead each node keeps one more
-// connection on which the store pushes the two changes that matter, this
-// round's `over` key (set whenever the state moves) and the watched node's
-// heartbeat counter, so a quiet round costs the store only the heartbeat
-// ADDs. The watch is registered before the first read of the round, so no
-// change can fall between the read and the first push.
+// Push mode (round_watch.h): the round's `over` key and the watched node's
+// counter, closes and lease, as the store pushes them.
 bool Rendezvous::WatchRound(const Assignment& current) {
-  const int r = current.round;
-  if (!opts_.open_watch || watch_off_round_ == r) return false;
-  if (watch_ && watch_conn_round_ == r) return true;
-  // A new connection per round: the old one's registrations go with it.
-  watch_.reset();
-  watch_conn_round_ = -1;
-  auto opened = opts_.open_watch();
-  if (!opened.ok()) {
-    DropWatch(r, opened.status().message());
-    return false;
-  }
-  watch_ = std::move(*opened);
   const int n = current.group_world_size;
-  std::vector<std::string> watched = {keys_.Round(r, "over")};
+  std::vector<std::string> watched;
   if (n > 1) {
-    watched.push_back(keys_.Round(r, "hb", (current.group_rank + 1) % n));
-    watched.push_back(keys_.Round(r, "gone", (current.group_rank + 1) % n));
-    if (lease_store_)
-      watched.push_back(keys_.Round(r, "alive", (current.group_rank + 1) % n));
+    watched =
+        liveness_.WatchedKeys(current.round, (current.group_rank + 1) % n);
+    watched.erase(watched.begin() + 2);  // `bound` only matters when read
   }
-  Status s = watch_->WatchKeys(watched);
-  if (!s.ok()) {
-    DropWatch(r, s.message());
-    return false;
-  }
-  watch_conn_round_ = r;
-  read_due_ = true;
-  return true;
+  return watch_.Follow(current.round, watched);
 }
 
 bool Rendezvous::NeedsRead(const Assignment& current, std::string* count) {
-  std::vector<KeyChange> changes;
-  Status s = watch_->TakeChanges(&changes);
-  if (!s.ok()) {
-    DropWatch(current.round, s.message());
-    return true;
-  }
-  // Pushes come in order on one TCP connection, so none is lost while the
-  // connection stands; a failed connection sends this node back to reading.
-  const std::string over = keys_.Round(current.round, "over");
+  const int r = current.round;
   const int next =
       (current.group_rank + 1) % std::max(1, current.group_world_size);
-  const std::string gone = keys_.Round(current.round, "gone", next);
-  const std::string alive = keys_.Round(current.round, "alive", next);
-  bool read = read_due_;
-  for (const auto& c : changes) {
-    if (c.key == alive) {
-      SeeLease(c.value, c.kind == KeyChange::Kind::kDeleted);
-    } else if (c.key == over || c.key == gone) {
-      read = true;  // a close: read whether every bound connection closed
-    } else if (c.kind != KeyChange::Kind::kDeleted) {
-      *count = c.value;  // the only other key watched: the next node's beat
-    }
-  }
-  read_due_ = false;
-  return read;
-}
-
-void Rendezvous::DropWatch(int round, const std::string& why) {
-  watch_.reset();
-  watch_conn_round_ = -1;
-  watch_off_round_ = round;
-  Logger("dtrun.rdzv")
-      ->warn(
-          "round {}: the store pushes no changes here ({}); reading the "
-          "round on every check instead",
-          round, why);
+  RoundWatch::Pushed pushed =
+      watch_.Take(r, keys_.Round(r, "hb", next), keys_.Round(r, "gone", next),
+                  keys_.Round(r, "alive", next));
+  for (const auto& [value, deleted] : pushed.lease)
+    liveness_.SeeLease(value, deleted);
+  if (!pushed.count.empty()) *count = pushed.count;
+  return pushed.read;
 }
 
 RoundEvent Rendezvous::Ended(const StateDoc& doc) {
@@ -766,19 +548,17 @@ Result<RoundEvent> Rendezvous::WatchCounters(const Assignment& current) {
 // node's own steady clock from when the value was last seen to change.
 Result<RoundEvent> Rendezvous::WatchNext(const Assignment& current,
                                          const std::string& count) {
-  const auto limit = opts_.keep_alive_interval * opts_.keep_alive_max_attempt;
-  if (next_leased_) {
+  if (liveness_.next_leased()) {
     // Its lease says when it is gone; a pushed round reads the key once a
     // silent limit in case the stream quietly stopped.
-    if (!pushed(current) || clock_.Now() < next_lease_read_)
-      return RoundEvent::kNone;
-    next_lease_read_ = clock_.Now() + limit;
+    if (!pushed(current) || !liveness_.LeaseReadDue()) return RoundEvent::kNone;
     std::string read;
     auto moved = ReadRound(current, &read);
     if (!moved.ok() || *moved != RoundEvent::kNone) return moved;
-    return next_gone_ ? DeclareGone(current) : RoundEvent::kNone;
+    auto why = liveness_.TakeGone();
+    return why ? DeclareGone(current, *why) : RoundEvent::kNone;
   }
-  auto silent = next_.Observe(current.round, count, clock_.Now(), limit);
+  auto silent = liveness_.Silent(current.round, count);
   if (!silent) return RoundEvent::kNone;
   if (pushed(current)) {
     // Pushes stop both when the node does and when the stream quietly
@@ -789,9 +569,9 @@ Result<RoundEvent> Rendezvous::WatchNext(const Assignment& current,
     // The read may be the first to see its lease (a store outage before
     // any read of the round came through) or its end: they tell, not
     // heartbeats a leased node never writes.
-    if (next_gone_) return DeclareGone(current);
-    if (next_leased_) return RoundEvent::kNone;
-    silent = next_.Observe(current.round, read, clock_.Now(), limit);
+    if (auto why = liveness_.TakeGone()) return DeclareGone(current, *why);
+    if (liveness_.next_leased()) return RoundEvent::kNone;
+    silent = liveness_.Silent(current.round, read);
     if (!silent) return RoundEvent::kNone;
   }
   return StartNextRound(current,
@@ -827,7 +607,7 @@ Result<int> Rendezvous::ReportFailure(const Assignment& current,
 }
 
 Status Rendezvous::AckEnd(const Assignment& current) {
-  Unbind();
+  liveness_.Leave();
   return store_->Add(keys_.Round(current.round, "ended"), 1).status();
 }
 
@@ -841,7 +621,7 @@ bool Rendezvous::AllEnded(const Assignment& current) {
 // This node leaves on purpose from here: its connection closing is no
 // longer news.
 Status Rendezvous::MarkDone(const Assignment& current) {
-  Unbind();
+  liveness_.Leave();
   auto done = store_->Add(keys_.Round(current.round, "done"), 1);
   if (!done.ok()) return done.status();
   // The last node to finish ends the job at once.

@@ -7,7 +7,10 @@
 #include <string>
 #include <vector>
 
+#include "rendezvous/liveness.h"
+#include "rendezvous/round_closer.h"
 #include "rendezvous/round_state.h"
+#include "rendezvous/round_watch.h"
 #include "rendezvous/util/clock.h"
 #include "rendezvous/util/status.h"
 #include "rendezvous/store.h"
@@ -81,7 +84,7 @@ class Rendezvous {
   // Whether Check follows `current`'s round through pushed changes (after
   // at least one Check of it), rather than by reading every call.
   bool pushed(const Assignment& current) const {
-    return watch_ && watch_conn_round_ == current.round;
+    return watch_.following(current.round);
   }
 
   // This node's workers failed: start a new round counting a failure, or,
@@ -134,15 +137,12 @@ class Rendezvous {
   // Reads the state and the watched node's counter (into *count): kNone
   // while `current`'s round stands, else how it ended.
   Result<RoundEvent> ReadRound(const Assignment& current, std::string* count);
-  // Opens and registers the watch connection for `current`'s round when it
-  // has none; false when this round is checked by reading instead.
+  // Whether `current`'s round is followed through pushes (the watch opened
+  // for it when it has none); false when it is checked by reading instead.
   bool WatchRound(const Assignment& current);
-  // Takes what the store pushed; true when the round must be read (its
-  // `over` key changed, the first check of a round, or the watch connection
-  // failed). Sets *count to the watched node's latest pushed heartbeat
-  // count, if one came.
+  // Takes what the store pushed; true when the round must be read. Sets
+  // *count to the watched node's latest pushed heartbeat count, if one came.
   bool NeedsRead(const Assignment& current, std::string* count);
-  void DropWatch(int round, const std::string& why);
   // `count` is the watched node's heartbeat counter as just read.
   Result<RoundEvent> WatchNext(const Assignment& current,
                                const std::string& count);
@@ -150,13 +150,6 @@ class Rendezvous {
   Status Register(const StateDoc& doc);
   // Writes this node's records in the slot it took; sets the last call.
   Status Enter(int round, int64_t hint);
-  // Closes round `round` when it may close and no other node is closing it.
-  Status TryClose(int round);
-  // This job's run id into the store's list (keys::kRunIds).
-  void NoteRunId();
-  // A round closed with `count` < max_nodes: said, with the other jobs the
-  // store saw lately.
-  void SayShortRound(int round, int count);
   // TryClose when this node may close its round: it took the last slot, or
   // the last call is over.
   Status MaybeClose();
@@ -167,7 +160,6 @@ class Rendezvous {
   // round when it may, and returns the assignment once the round is final.
   // `final_written`: woken by the round's `final` key (*round's).
   Result<std::optional<Assignment>> Look(int* round, bool final_written);
-  Status WriteRanks(int round, int count);
   // The assignment once the round is final, nullopt while it is not (or
   // when this node did not make it in and now waits for the next round).
   Result<std::optional<Assignment>> Outcome(const StateDoc& doc);
@@ -176,13 +168,9 @@ class Rendezvous {
   // in the next (StateDoc::expect).
   Result<RoundEvent> StartNextRound(const Assignment& current,
                                     const std::string& why, int expect);
-  Status Heartbeat(const Assignment& current, bool force);
-  void BindGone(const Assignment& a);
-  // This node leaves on purpose: its connection or lease ending is no news.
-  void Unbind();
-  // The watched node's lease key as read or pushed ("" when missing).
-  void SeeLease(const std::string& value, bool deleted);
-  Result<RoundEvent> DeclareGone(const Assignment& current);
+  // A new round for the watched node gone (`why`: how it was seen).
+  Result<RoundEvent> DeclareGone(const Assignment& current,
+                                 const std::string& why);
 
   Store* store_;
   RendezvousOptions opts_;
@@ -198,25 +186,9 @@ class Rendezvous {
   LastCall last_call_;      // its slot and the round's last call
   int waiting_round_ = -1;  // round this node could not get into
   int last_round_ = -1, last_rank_ = -1;  // this node's last completed round
-  BeatTimer beat_;
-  HeartbeatWatch next_;     // the watched node's heartbeat counter
-  bool next_gone_ = false;  // its every store connection closed, or its
-                            // lease ended
-  std::string gone_why_;    // which of the two, for the log
-  // Leases (a store that sees no connection close: etcd): whether the
-  // store has them, whether this node's key is under one (then it writes
-  // no heartbeats: the lease's renewals are its beats), whether the
-  // watched node's key was seen, and when a pushed round reads it again.
-  bool lease_store_ = false;
-  bool leased_ = false;
-  bool next_leased_ = false;
-  TimePoint next_lease_read_{};
-  // Push mode: the watch connection, the round it registered for, a round
-  // whose watch failed (read instead), and whether the next check reads.
-  std::unique_ptr<KeyWatch> watch_;
-  int watch_conn_round_ = -1;
-  int watch_off_round_ = -1;
-  bool read_due_ = false;
+  RoundCloser closer_;  // the closer's role, when this node wins it
+  Liveness liveness_;   // this node's signs of life and its watched node's
+  RoundWatch watch_;    // push mode: the round's changes as the store sends
 };
 
 // A node id: "<host>_<pid>_<random>".

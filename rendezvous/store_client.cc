@@ -37,71 +37,11 @@
 #include "rendezvous/store_state.h"
 #include "rendezvous/util/describe.h"
 #include "rendezvous/util/name_lookup.h"
+#include "rendezvous/util/socket_util.h"
 
 namespace dtrun::rendezvous {
-namespace {
 
-using Clock = std::chrono::steady_clock;
-
-int MillisUntil(Clock::time_point deadline) {
-  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-      deadline - Clock::now());
-  if (left.count() <= 0) return 0;
-  return left.count() > 1000000 ? 1000000 : static_cast<int>(left.count()) + 1;
-}
-
-// Waits for `events` on fd; false on timeout. EINTR restarts with the
-// remaining time.
-bool PollFor(int fd, short events, Clock::time_point deadline) {
-  for (;;) {
-    pollfd p{fd, events, 0};
-    int ms = MillisUntil(deadline);
-    int r = ::poll(&p, 1, ms);
-    if (r > 0) return true;
-    if (r == 0 && Clock::now() >= deadline) return false;
-    if (r < 0 && errno != EINTR) return true;  // let the next call report it
-  }
-}
-
-// One non-blocking connect attempt to one resolved address: a blocking
-// connect() to a black-holed address would ignore our deadline for the
-// kernel's SYN retries (about two minutes).
-int TryConnect(const addrinfo* ai, Clock::time_point deadline,
-               std::string* error) {
-  int fd =
-      ::socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC,
-               ai->ai_protocol);
-  if (fd < 0) {
-    *error = std::strerror(errno);
-    return -1;
-  }
-  int rc = ::connect(fd, ai->ai_addr, ai->ai_addrlen);
-  if (rc != 0 && errno == EINPROGRESS) {
-    if (!PollFor(fd, POLLOUT, deadline)) {
-      *error = "connect timed out";
-      ::close(fd);
-      return -1;
-    }
-    int err = 0;
-    socklen_t len = sizeof(err);
-    ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
-    rc = err == 0 ? 0 : -1;
-    errno = err;
-  }
-  if (rc != 0) {
-    *error = std::strerror(errno);
-    ::close(fd);
-    return -1;
-  }
-  // SET, APPEND and MULTI_SET have no reply, so the next request follows
-  // unacknowledged data: Nagle would hold it until the server's delayed ACK
-  // (up to 40 ms on Linux).
-  int one = 1;
-  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-  return fd;
-}
-
-}  // namespace
+using SteadyClock = std::chrono::steady_clock;
 
 Result<std::unique_ptr<TcpStoreClient>> TcpStoreClient::Connect(
     const StoreClientOptions& opts) {
@@ -156,11 +96,11 @@ bool TcpStoreClient::ConnectOnce(Deadline deadline, std::string* last_error) {
     *last_error = std::string("cannot resolve host: ") + ::gai_strerror(gai) +
                   os::NameLookupHint();
   for (addrinfo* ai = res; ai && fd_ < 0; ai = ai->ai_next)
-    fd_ = TryConnect(ai, deadline, last_error);
+    fd_ = sockets::ConnectWithin(ai, deadline, last_error);
   if (res) ::freeaddrinfo(res);
   if (fd_ < 0) return false;
   rbuf_.clear();
-  Status s = Handshake(Clock::now() + opts_.timeout);
+  Status s = Handshake(SteadyClock::now() + opts_.timeout);
   if (s.ok()) return true;
   *last_error = s.message();
   Fail(Status::Ok());
@@ -171,7 +111,7 @@ bool TcpStoreClient::ConnectOnce(Deadline deadline, std::string* last_error) {
 // unreachable ones with exponential backoff and jitter until the deadline,
 // then shakes hands in the dialect asked for.
 Status TcpStoreClient::Open() {
-  auto started = Clock::now();
+  auto started = SteadyClock::now();
   // The first connection may wait for the store to come up; a reconnect
   // (after a timeout or a lost connection) is one operation's worth.
   auto deadline =
@@ -187,7 +127,7 @@ Status TcpStoreClient::Open() {
       // The old connection's close counted once; this one binds anew.
       return again && !on_close_.empty() ? Bind() : Status::Ok();
     }
-    auto now = Clock::now();
+    auto now = SteadyClock::now();
     if (now >= deadline) {
       return Status::Unavailable(
           "store " + address() + ": cannot connect after " +
@@ -200,7 +140,7 @@ Status TcpStoreClient::Open() {
     auto sleep = std::chrono::duration_cast<std::chrono::milliseconds>(
         backoff * jitter(rng));
     std::this_thread::sleep_for(
-        std::min<Clock::duration>(sleep, deadline - now));
+        std::min<SteadyClock::duration>(sleep, deadline - now));
     backoff = std::min(backoff * 2, std::chrono::milliseconds(1000));
   }
 }
@@ -219,7 +159,7 @@ Status TcpStoreClient::Handshake(Deadline deadline) {
   EncodeRequest(validate, Dialect::kTorch2, &bytes);
   EncodeRequest(ping, Dialect::kTorch2, &bytes);
   std::string echo;
-  auto started = Clock::now();
+  auto started = SteadyClock::now();
   Status sent = SendBytes(bytes, "VALIDATE", deadline);
   if (!sent.ok()) return sent;
   Status s = ReadExact(4, &echo, "PING", deadline, started);
@@ -264,7 +204,7 @@ Status TcpStoreClient::SendBytes(const std::string& bytes,
       sent += static_cast<size_t>(n);
     } else if (n < 0 &&
                (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
-      if (!PollFor(fd_, POLLOUT, deadline)) {
+      if (!sockets::PollFor(fd_, POLLOUT, deadline)) {
         return Fail(Status::Timeout("store " + address() + ": " + what +
                                     ": send timed out"));
       }
@@ -279,10 +219,10 @@ Status TcpStoreClient::SendBytes(const std::string& bytes,
 
 Status TcpStoreClient::ReceiveSome(const std::string& what, Deadline deadline,
                                    Deadline started) {
-  if (!PollFor(fd_, POLLIN, deadline)) {
+  if (!sockets::PollFor(fd_, POLLIN, deadline)) {
     return Status::Timeout("store " + address() + ": " + what +
                            ": no reply after " +
-                           DescribeSeconds(Clock::now() - started));
+                           DescribeSeconds(SteadyClock::now() - started));
   }
   char chunk[64 * 1024];
   ssize_t got = ::recv(fd_, chunk, sizeof(chunk), 0);
@@ -334,7 +274,7 @@ Status TcpStoreClient::WaitLocked(const std::vector<std::string>& keys, Op op,
   std::string what =
       std::string(op == Op::kWait ? "wait for keys " : "barrier on ") +
       DescribeKeys(keys);
-  auto started = Clock::now();
+  auto started = SteadyClock::now();
   // The caller's timeout bounds the wait itself; the cancel that may follow
   // gets an ordinary operation's deadline of its own.
   Status s = SendRequest(req, what, started + timeout);
@@ -344,7 +284,7 @@ Status TcpStoreClient::WaitLocked(const std::vector<std::string>& keys, Op op,
   if (s.ok() || s.code() != Status::Code::kTimeout) return s;
   Status timed_out =
       Status::Timeout("store " + address() + ": " + what + " timed out after " +
-                      DescribeSeconds(Clock::now() - started) +
+                      DescribeSeconds(SteadyClock::now() - started) +
                       "; the process that should set them may have failed, or "
                       "use a longer timeout");
   if (opts_.dialect != Dialect::kTorch2) return Fail(timed_out);
@@ -352,10 +292,10 @@ Status TcpStoreClient::WaitLocked(const std::vector<std::string>& keys, Op op,
   cancel.op = Op::kCancelWait;
   s = SendRequest(cancel, "cancel wait", OpDeadline());
   if (s.ok())
-    s = ReadExact(1, &reply, "cancel wait", OpDeadline(), Clock::now());
+    s = ReadExact(1, &reply, "cancel wait", OpDeadline(), SteadyClock::now());
   if (s.ok() && reply[0] == static_cast<char>(kStopWaiting)) {
     // The keys arrived just as we gave up: the late reply comes first.
-    s = ReadExact(1, &reply, "cancel wait", OpDeadline(), Clock::now());
+    s = ReadExact(1, &reply, "cancel wait", OpDeadline(), SteadyClock::now());
   }
   if (!s.ok() || reply[0] != static_cast<char>(kWaitCanceled))
     Fail(Status::Ok());
@@ -366,7 +306,7 @@ Status TcpStoreClient::WaitLocked(const std::vector<std::string>& keys, Op op,
 // bounded by the client's timeout; errors name `what` and the time waited.
 Status TcpStoreClient::Call(const Request& req, const std::string& what,
                             int reply_size, std::string* reply) {
-  auto started = Clock::now();
+  auto started = SteadyClock::now();
   auto deadline = started + opts_.timeout;
   Status s = SendRequest(req, what, deadline);
   if (s.ok() && reply_size > 0) {
@@ -526,10 +466,6 @@ Result<int64_t> TcpStoreClient::NumKeys() {
   return I64(reply);
 }
 
-}  // namespace dtrun::rendezvous
-
-namespace dtrun::rendezvous {
-
 // One MULTI_GET frame in the 2.x dialect; 1.13's servers have none, so
 // there it is Store's key-by-key default.
 Result<std::vector<std::string>> TcpStoreClient::MultiGet(
@@ -540,7 +476,7 @@ Result<std::vector<std::string>> TcpStoreClient::MultiGet(
   wire_keys.reserve(keys.size());
   for (const auto& k : keys) wire_keys.push_back(K(k));
   std::string what = "multi_get of keys " + DescribeKeys(keys);
-  auto started = Clock::now();
+  auto started = SteadyClock::now();
   Status s = SendRequest(MakeRequest(Op::kMultiGet, std::move(wire_keys)), what,
                          started + opts_.timeout);
   std::vector<std::string> values(keys.size());
@@ -566,10 +502,6 @@ Status TcpStoreClient::MultiSet(const std::vector<std::string>& keys,
               "multi_set of keys " + DescribeKeys(keys), 0, nullptr);
 }
 
-}  // namespace dtrun::rendezvous
-
-namespace dtrun::rendezvous {
-
 // A watch connection carries two kinds of frames from the store, told
 // apart by their first byte: the one-byte acknowledgement of a WATCH_KEY
 // (3), and a change (0-2: updated, created, deleted) followed by the key,
@@ -578,40 +510,30 @@ namespace dtrun::rendezvous {
 // whenever bytes arrive.
 Status TcpStoreClient::ParsePushed(const std::string& what) {
   size_t pos = 0;
-  while (pos < rbuf_.size()) {
-    auto type = static_cast<uint8_t>(rbuf_[pos]);
-    if (type == kWatchRegistered) {
+  WatchFrame frame;
+  for (;;) {
+    size_t used = 0;
+    std::string error;
+    DecodeState state = DecodeWatchFrame(std::string_view(rbuf_).substr(pos),
+                                         &frame, &used, &error);
+    if (state == DecodeState::kNeedMore) break;
+    if (state == DecodeState::kMalformed) {
+      return Fail(Status::Invalid("store " + address() + ": " + what + ": " +
+                                  error +
+                                  "; is this a dtstore or torch 1.13 store?"));
+    }
+    pos += used;
+    if (frame.type == kWatchRegistered) {
       ++acks_;
-      ++pos;
       continue;
     }
-    if (type > kWatchDeleted) {
-      return Fail(Status::Invalid(
-          "store " + address() + ": " + what + ": byte " +
-          std::to_string(type) +
-          " is neither a watch acknowledgement nor a key change; is this a "
-          "dtstore or torch 1.13 store?"));
-    }
-    size_t p = pos + 1;
-    uint64_t lens[3];
-    size_t starts[3];
-    bool whole = true;
-    for (int i = 0; i < 3 && whole; ++i) {
-      whole = GetU64(rbuf_, &p, &lens[i]) && rbuf_.size() - p >= lens[i];
-      if (whole) {
-        starts[i] = p;
-        p += lens[i];
-      }
-    }
-    if (!whole) break;  // the rest of this frame is still on its way
     KeyChange change;
-    change.kind = static_cast<KeyChange::Kind>(type);
-    change.key = rbuf_.substr(starts[0], lens[0]);
+    change.kind = static_cast<KeyChange::Kind>(frame.type);
+    change.key = std::move(frame.key);
     if (opts_.c10d_key_prefix && !change.key.empty() && change.key[0] == '/')
       change.key.erase(0, 1);
-    change.value = rbuf_.substr(starts[2], lens[2]);
+    change.value = std::move(frame.value);
     changes_.push_back(std::move(change));
-    pos = p;
   }
   rbuf_.erase(0, pos);
   return Status::Ok();
@@ -631,7 +553,7 @@ Status TcpStoreClient::WatchKey(const std::string& key) {
     return Status::Unavailable("store " + address() + ": " + what +
                                ": the watch connection is closed");
   }
-  auto started = Clock::now();
+  auto started = SteadyClock::now();
   auto deadline = started + opts_.timeout;
   Status s = SendRequest(MakeRequest(Op::kWatchKey, {K(key)}), what, deadline);
   while (s.ok()) {

@@ -34,12 +34,13 @@
 #include "rendezvous/util/describe.h"
 #include "rendezvous/util/log.h"
 #include "rendezvous/util/name_lookup.h"
+#include "rendezvous/util/socket_util.h"
 
 namespace dtrun::rendezvous {
 namespace {
 
 using asio::ip::tcp;
-using Clock = std::chrono::steady_clock;
+using SteadyClock = std::chrono::steady_clock;
 constexpr size_t kChunk = 64 * 1024;
 constexpr size_t kMaxUpBacklog = 16u << 20;
 
@@ -52,44 +53,20 @@ struct Downstream {
   std::unique_ptr<char[]> buf{new char[kChunk]};
 };
 
-// Waits for `events` on `fd` until `deadline`; false on timeout or error.
-bool PollUntil(int fd, short events, Clock::time_point deadline) {
-  for (;;) {
-    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-        deadline - Clock::now());
-    if (left.count() <= 0) return false;
-    pollfd p{fd, events, 0};
-    int rc = ::poll(&p, 1, static_cast<int>(left.count()));
-    if (rc > 0) return true;
-    if (rc < 0 && errno != EINTR) return false;
-  }
-}
-
-// One non-blocking connect to `ai`, then the hello both ways. The socket
+// A connect to `ai` within the deadline, then the hello both ways. The socket
 // on success, -1 with *error otherwise.
-int ConnectAndGreet(const addrinfo* ai, Clock::time_point deadline,
+int ConnectAndGreet(const addrinfo* ai, SteadyClock::time_point deadline,
                     std::string* error) {
-  int fd =
-      ::socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK, ai->ai_protocol);
-  if (fd < 0) {
-    *error = std::strerror(errno);
-    return -1;
-  }
-  int rc = ::connect(fd, ai->ai_addr, ai->ai_addrlen);
-  int err = rc == 0 ? 0 : errno;
-  if (err == EINPROGRESS) {
-    err = PollUntil(fd, POLLOUT, deadline) ? 0 : ETIMEDOUT;
-    socklen_t len = sizeof(int);
-    if (err == 0) ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
-  }
+  int fd = sockets::ConnectWithin(ai, deadline, error);
+  if (fd < 0) return -1;
+  int err = 0;
   std::string got;
-  if (err == 0 &&
-      ::send(fd, kMuxHello.data(), kMuxHello.size(), MSG_NOSIGNAL) !=
-          static_cast<ssize_t>(kMuxHello.size())) {
+  if (::send(fd, kMuxHello.data(), kMuxHello.size(), MSG_NOSIGNAL) !=
+      static_cast<ssize_t>(kMuxHello.size())) {
     err = errno;
   }
   while (err == 0 && got.size() < kMuxHello.size()) {
-    if (!PollUntil(fd, POLLIN, deadline)) {
+    if (!sockets::PollFor(fd, POLLIN, deadline)) {
       *error = "no answer to the proxy's hello in time";
       break;
     }
@@ -178,7 +155,7 @@ Status StoreProxy::Impl::Connect() {
   std::string error = gai != 0 ? std::string("cannot resolve it: ") +
                                      ::gai_strerror(gai) + os::NameLookupHint()
                                : "";
-  const auto deadline = Clock::now() + opts_.connect_timeout;
+  const auto deadline = SteadyClock::now() + opts_.connect_timeout;
   int fd = -1;
   const addrinfo* used = nullptr;
   for (addrinfo* ai = res; ai && fd < 0; ai = ai->ai_next) {

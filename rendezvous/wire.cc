@@ -330,4 +330,35 @@ bool GetU64(std::string_view in, size_t* pos, uint64_t* v) {
   return GetFixed(in, pos, v);
 }
 
+// A change may arrive before the acknowledgement of a later WATCH_KEY, so
+// the client decodes whatever bytes came, frame by frame.
+DecodeState DecodeWatchFrame(std::string_view in, WatchFrame* out,
+                             size_t* consumed, std::string* error) {
+  if (in.empty()) return DecodeState::kNeedMore;
+  const auto type = static_cast<uint8_t>(in[0]);
+  out->type = type;
+  if (type == kWatchRegistered) {
+    *consumed = 1;
+    return DecodeState::kDone;
+  }
+  if (type > kWatchDeleted) {
+    *error = "byte " + std::to_string(type) +
+             " is neither a watch acknowledgement nor a key change";
+    return DecodeState::kMalformed;
+  }
+  size_t p = 1;
+  std::string_view fields[3];
+  for (std::string_view& field : fields) {
+    uint64_t len = 0;
+    if (!GetU64(in, &p, &len) || in.size() - p < len)
+      return DecodeState::kNeedMore;
+    field = in.substr(p, len);
+    p += len;
+  }
+  out->key.assign(fields[0]);
+  out->value.assign(fields[2]);
+  *consumed = p;
+  return DecodeState::kDone;
+}
+
 }  // namespace dtrun::rendezvous

@@ -148,6 +148,20 @@ DecodeState DecodeRequest(std::string_view in, Dialect dialect,
 // Appends the request in `dialect`. REQUIRES: the op exists in it.
 void EncodeRequest(const Request& req, Dialect dialect, std::string* out);
 
+// One frame of a 1.13 watch connection: a WATCH_KEY's acknowledgement
+// (kWatchRegistered), or a change of a watched key (kWatchUpdated,
+// kWatchCreated, kWatchDeleted) followed by the key, the old value and the
+// new one, each length-prefixed (the old value is not kept).
+struct WatchFrame {
+  uint8_t type = kWatchRegistered;
+  std::string key, value;
+};
+// Decodes the frame at the front of `in`: kDone (*consumed bytes used),
+// kNeedMore (the frame is still on its way; empty `in` too), kMalformed (a
+// first byte that is neither; *error names it).
+DecodeState DecodeWatchFrame(std::string_view in, WatchFrame* out,
+                             size_t* consumed, std::string* error);
+
 // Reply field encoders (identical in both dialects).
 void PutU8(std::string* out, uint8_t v);
 void PutU32(std::string* out, uint32_t v);

@@ -3,6 +3,8 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
+#include <cstdint>
 #include <cstdlib>
 
 #include "apps/dtrun/run_layout.h"
@@ -66,6 +68,15 @@ std::vector<int> BeatReader::ReadNew() {
     fresh.push_back(lr);
   }
   return fresh;
+}
+
+int64_t BeatReader::HighestStep() const {
+  int64_t highest = -1;
+  for (const Beat& b : last_) {
+    const int64_t step = b.line.step;
+    highest = std::max(highest, step == kBeatDone ? INT64_MAX : step);
+  }
+  return highest;
 }
 
 const Beat& BeatReader::last(int local_rank) const {

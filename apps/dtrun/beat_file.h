@@ -53,6 +53,9 @@ class BeatReader {
   std::vector<int> ReadNew();
   const Beat& last(int local_rank) const;
   int size() const { return static_cast<int>(last_.size()); }
+  // The highest step any rank beat, a "done" beat past every step
+  // (INT64_MAX); -1 before any.
+  int64_t HighestStep() const;
 
  private:
   std::string attempt_dir_;

@@ -7,7 +7,9 @@
 #include "apps/dtrun/argv_rules.h"
 #include "apps/dtrun/cli_flags.h"
 #include "apps/dtrun/completion.h"
+#include "apps/dtrun/exit_code.h"
 #include "apps/dtrun/cpu_quota.h"
+#include "apps/dtrun/devices.h"
 #include "apps/dtrun/slurm_env.h"
 #include "rendezvous/util/environment.h"
 #include "rendezvous/util/os_util.h"
@@ -319,6 +321,9 @@ std::string ApplyRaw(const RawFlags& raw, const std::optional<SlurmJob>& job,
   if (!ParseStreamSpec(raw.tee, &c->tee)) {
     return "--tee: '" + raw.tee + "' is not 0-3 or LOCAL_RANK:0-3,...";
   }
+  auto proxy = ParseStoreProxyMode(raw.store_proxy);
+  if (!proxy.ok()) return proxy.status().message();
+  c->store_proxy = *proxy;
   std::string error = ApplyTorchrunExtras(raw, c);
   if (!error.empty()) return error;
   return ParseLocalRanksFilter(raw.local_ranks_filter, &c->local_ranks_filter);
@@ -428,17 +433,17 @@ int PrintCompletion(const std::string& shell, CLI::App& app) {
                  "dtrun: --print-completion: unknown shell '%s'; use bash, "
                  "zsh or tcsh\n",
                  shell.c_str());
-    return 2;
+    return kExitUsage;
   }
   std::fputs(script.c_str(), stdout);
-  return 0;
+  return kExitSuccess;
 }
 
-// A usage error on stderr, as every bad flag or value is reported; 2.
+// A usage error on stderr, as every bad flag or value is reported.
 int UsageError(const std::string& message) {
   std::fprintf(stderr, "dtrun: %s\nRun with --help for more information.\n",
                message.c_str());
-  return 2;
+  return kExitUsage;
 }
 
 // After CLI11 read the flags: SLURM's values, then the raw flags parsed
@@ -489,20 +494,20 @@ void AddQueryFlags(CLI::App& app, Queries* q) {
 // The query given, if any, into `query` (the completion script is printed
 // here): an exit code, or -1 to go on. Before the program checks: none of
 // them needs a program.
-int TakeQuery(CLI::App& app, const Queries& q, Query* query) {
+std::optional<int> TakeQuery(CLI::App& app, const Queries& q, Query* query) {
   if (!q.completion_shell.empty())
     return PrintCompletion(q.completion_shell, app);
   if (app.get_option("--status")->count() > 0) {
     *query = Query{Query::Kind::kStatus, q.status_target, q.json};
-    return -1;
+    return std::nullopt;
   }
   if (!q.stacks_target.empty()) {
     *query = Query{Query::Kind::kStacks, q.stacks_target, false};
-    return -1;
+    return std::nullopt;
   }
   // A flag of a query that was not asked is refused, not ignored.
   if (q.json) return UsageError("--json: only with --status");
-  return -1;
+  return std::nullopt;
 }
 
 }  // namespace
@@ -542,11 +547,11 @@ CliResult ParseCommandLine(int argc, const char* const* argv) {
   } catch (const CLI::ParseError& e) {
     // app.exit prints --help/--version (rc 0) or the error; every usage error
     // becomes 2 whatever CLI11's own code for it is.
-    result.exit_code = app.exit(e) == 0 ? 0 : 2;
+    result.exit_code = app.exit(e) == 0 ? kExitSuccess : kExitUsage;
     return result;
   }
   result.exit_code = TakeQuery(app, queries, &result.query);
-  if (result.exit_code >= 0 || result.query.kind != Query::Kind::kNone)
+  if (result.exit_code || result.query.kind != Query::Kind::kNone)
     return result;
   c.entrypoint = split.entrypoint;
   std::string error = Complete(app, raw, &c);

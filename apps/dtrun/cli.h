@@ -1,5 +1,6 @@
 #pragma once
 
+#include <optional>
 #include <string>
 
 #include "apps/dtrun/launch_config.h"
@@ -17,8 +18,9 @@ struct Query {
 
 // Outcome of parsing the command line.
 struct CliResult {
-  int exit_code = -1;   // >= 0: exit now with it (help printed, or usage error)
-  Query query;          // when exit_code < 0: a query, not a job...
+  // Set: exit now with it (help printed, or a usage error).
+  std::optional<int> exit_code;
+  Query query;          // else: a query, not a job...
   LaunchConfig config;  // ...else the job (its environment either way)
 };
 

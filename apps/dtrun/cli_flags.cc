@@ -156,7 +156,7 @@ void AddRendezvousFlags(CLI::App& app, LaunchConfig& c, RawFlags& raw) {
       ->capture_default_str();
   Flag(app, "--rdzv-conf", raw.rdzv_conf, "rendezvous settings k=v,k=v", rdzv);
   Flag(app, "--local-addr", c.local_addr, "address this node advertises", rdzv);
-  Flag(app, "--store-proxy", c.store_proxy,
+  Flag(app, "--store-proxy", raw.store_proxy,
        "auto, on or off: on a node other than group rank 0, the workers "
        "reach the workers' store through one connection this node's dtrun "
        "holds (auto: for jobs of more than 2048 workers)",

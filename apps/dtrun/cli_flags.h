@@ -16,7 +16,8 @@ namespace dtrun::agent {
 // Raw text of the flags whose values need more than CLI11's conversions.
 struct RawFlags {
   std::string nproc = "1", nnodes = "1:1", redirects = "0", tee = "0",
-              rdzv_conf, rdzv_backend = "static", rdzv_endpoint;
+              rdzv_conf, rdzv_backend = "static", rdzv_endpoint,
+              store_proxy = "auto";
   std::string local_ranks_filter;
   std::string signals_to_handle, duplicate_stdout_filters,
       duplicate_stderr_filters, logs_specs;

@@ -30,11 +30,6 @@ namespace {
 
 using std::chrono::milliseconds;
 
-// How long a node that declared a hang waits for the other nodes' ranks: a
-// node answers on its next status tick (1 s), and its Python workers' stacks
-// take up to 3 s to come.
-constexpr milliseconds kShareWait{6000};
-
 }  // namespace
 
 ElasticJob::ElasticJob(const LaunchConfig& config, WorkerGroup* workers,
@@ -42,22 +37,15 @@ ElasticJob::ElasticJob(const LaunchConfig& config, WorkerGroup* workers,
     : config_(config),
       clock_(clock),
       signals_(config.handled_signals),
+      node_watch_(config_, clock),
       group_(config, workers, clock, &signals_, /*elastic=*/true) {
-  if (!config_.interactive) return;
-  group_.on_worker_crash = [this](const WorkerCrash& crash) {
-    // Beside the session's round key, on the store the console attaches to.
-    Status s =
-        PublishCrash(backend_->store(),
-                     interactive_protocol::NodesCrashPrefix(config_.rdzv_id),
-                     crash, ++crashes_);
-    if (!s.ok())
-      Logger("dtrun.agent")
-          ->warn("cannot publish the crash for the console: {}", s.message());
-  };
+  group_.set_observer(&node_watch_);
 }
 
 ElasticJob::~ElasticJob() {
   rdzv_.reset();
+  node_watch_.set_store(nullptr);
+  node_watch_.set_stores(nullptr, nullptr, nullptr);
   backend_.reset();  // before the servers it may talk to
 }
 
@@ -66,6 +54,7 @@ Status ElasticJob::SetUpWorkerStore() {
   // space for every attempt, whatever prefix the workers' torch uses.
   const std::string key =
       rendezvous::keys::WorkerStore(config_.rdzv_id, assignment_.round);
+  node_watch_.set_stores(backend_->hosted(), nullptr, nullptr);
   worker_proxy_.reset();
   worker_store_.reset();
   const bool proxied =
@@ -179,6 +168,8 @@ int ElasticJob::Start() {
     return s.code() == Status::Code::kInvalid ? kExitUsage : kExitRendezvous;
   }
   backend_ = std::move(*backend);
+  node_watch_.set_store(backend_->store());
+  node_watch_.set_stores(backend_->hosted(), nullptr, nullptr);
   s = group_.Prepare(config_.rdzv_id);
   if (!s.ok()) {
     log->error("{}", s.message());
@@ -196,11 +187,6 @@ int ElasticJob::Run() {
       RegistryDir(config_.environment),
       RegistryEntry{getpid(), config_.rdzv_id, group_.run_dir(), where.address,
                     where.settings, true, os::UnixNow()});
-  group_.watch().on_status = [this](const std::string& json) {
-    PublishStatus(json);
-  };
-  group_.watch().job_view = [this] { return JobView(); };
-  group_.watch().store_metrics = [this] { return StoreMetrics(); };
   rendezvous::RendezvousOptions ro = RendezvousOptionsOf(config_.rdzv_id);
   ro.open_watch = [this] { return backend_->OpenWatch(); };
   rdzv_ =
@@ -261,6 +247,8 @@ int ElasticJob::JoinRounds() {
     }
     TakeRound(*joined);
     Status s = SetUpWorkerStore();
+    node_watch_.set_stores(backend_->hosted(), worker_store_.get(),
+                           worker_proxy_.get());
     if (!s.ok()) {
       log->error("round {}: cannot set up the workers' store: {}",
                  assignment_.round, s.message());
@@ -291,12 +279,13 @@ void ElasticJob::TakeRound(const rendezvous::Assignment& assignment) {
   assignment_ = assignment;
   joined_ = true;
   fenced_ = false;
-  store_answers_ = true;
+  node_watch_.TakeRound(assignment_);
   group_.set_assignment(assignment_);
   group_.set_hang_share(nullptr);
   if (assignment_.group_world_size > 1) {
-    group_.set_hang_share(
-        [this](const std::string& mine) { return ShareHang(mine); });
+    group_.set_hang_share([this](const std::string& mine) {
+      return node_watch_.ShareHang(mine);
+    });
   }
   RecordRdzv("next_rendezvous", "RUNNING",
              "round " + std::to_string(assignment_.round) +
@@ -323,124 +312,6 @@ void ElasticJob::RecordRdzv(const std::string& name,
   r.rank = joined_ ? assignment_.group_rank : -1;
   if (node_state == "FAILED") r.error_trace = message;
   WriteEvent(config_.event_log_handler, RdzvEventJson(r));
-}
-
-void ElasticJob::PublishStatus(const std::string& json) {
-  // A store that does not answer (the node may be cut off): each try would
-  // hold the loop for an operation's deadline.
-  if (!joined_ || !store_answers_) return;
-  const std::string& run = config_.rdzv_id;
-  Status s = backend_->store()->Set(
-      rendezvous::keys::NodeStatus(run, assignment_.group_rank), json);
-  if (s.ok() && assignment_.group_rank == 0) {
-    s = backend_->store()->Set(rendezvous::keys::StatusNodes(run),
-                               std::to_string(assignment_.group_world_size));
-    if (s.ok()) s = backend_->store()->Set(rendezvous::keys::kLastRun, run);
-  }
-  if (s.ok()) s = ServeStackRequest();
-  if (!s.ok())
-    Logger("dtrun.rdzv")->debug("status not published: {}", s.message());
-}
-
-// `dtrun --stacks` through the store: a request is the counter moving on;
-// this node answers it under its group rank. Requests made before this
-// node first looked are not answered.
-Status ElasticJob::ServeStackRequest(const std::string* answer) {
-  const std::string& run = config_.rdzv_id;
-  auto n = backend_->store()->Add(rendezvous::keys::StackRequest(run), 0);
-  if (!n.ok()) return n.status();
-  if (stacks_served_ < 0 || *n <= stacks_served_) {
-    stacks_served_ = *n;
-    return Status::Ok();
-  }
-  const std::string text = answer ? *answer : group_.StacksJson();
-  // Requests that came while this node was busy are answered alike: two
-  // nodes that declare the same hang at once each wait for the other's.
-  Status s = Status::Ok();
-  for (int64_t r = stacks_served_ + 1; r <= *n && s.ok(); ++r)
-    s = backend_->store()->Set(
-        rendezvous::keys::StackAnswer(run, r, assignment_.group_rank), text);
-  stacks_served_ = *n;
-  return s;
-}
-
-// One MultiGet a second on one node: the store's load from the job-wide
-// view does not grow with the number of nodes that look. Until every node
-// of the round has published, the node shows its own ranks.
-std::vector<nlohmann::json> ElasticJob::JobView() {
-  if (!joined_ || assignment_.group_rank != 0 || !store_answers_) return {};
-  std::vector<std::string> keys;
-  for (int g = 0; g < assignment_.group_world_size; ++g)
-    keys.push_back(rendezvous::keys::NodeStatus(config_.rdzv_id, g));
-  auto there = backend_->store()->Check(keys);
-  if (!there.ok() || !*there) return {};
-  auto records = backend_->store()->MultiGet(keys);
-  if (!records.ok()) return {};
-  std::vector<nlohmann::json> nodes;
-  for (const std::string& text : *records) {
-    auto j = nlohmann::json::parse(text, nullptr, false);
-    if (j.is_object()) nodes.push_back(std::move(j));
-  }
-  ScoreJob(&nodes);
-  return nodes;
-}
-
-// The rendezvous store lives on the node that bound its port; the
-// workers' store on the round's group rank 0. Each is counted where it is.
-std::string ElasticJob::StoreMetrics() {
-  std::vector<StoreSample> stores;
-  if (backend_ && backend_->hosted())
-    stores.push_back(SampleStore("rendezvous", backend_->hosted()));
-  if (worker_store_)
-    stores.push_back(SampleStore("workers", worker_store_.get()));
-  std::string text = StoreMetricsText(stores, joined_ ? assignment_.round : -1,
-                                      config_.rdzv_id);
-  if (worker_proxy_) {
-    const rendezvous::StoreProxy::Counts c = worker_proxy_->GetCounts();
-    text += ProxyMetricsText(
-        {c.workers, c.frames_up, c.upstream_writes, c.upstream_lost},
-        config_.rdzv_id);
-  }
-  return text;
-}
-
-// The same request as `dtrun --stacks`: every node answers it within a
-// second or so (its status tick), or at once when it is sharing a hang of
-// its own. Nodes that do not answer in time are left out of the weighing.
-std::vector<std::string> ElasticJob::ShareHang(const std::string& mine) {
-  const std::string& run = config_.rdzv_id;
-  const int me = assignment_.group_rank;
-  auto n = backend_->store()->Add(rendezvous::keys::StackRequest(run), 1);
-  if (!n.ok() || !backend_->store()
-                      ->Set(rendezvous::keys::StackAnswer(run, *n, me), mine)
-                      .ok())
-    return {};
-  if (stacks_served_ == *n - 1) stacks_served_ = *n;  // this node's own
-  std::map<int, std::string> answers;
-  const TimePoint until = clock_->Now() + kShareWait;
-  while (static_cast<int>(answers.size()) + 1 < assignment_.group_world_size &&
-         clock_->Now() < until) {
-    (void)ServeStackRequest(&mine);
-    for (int g = 0; g < assignment_.group_world_size; ++g) {
-      if (g == me || answers.count(g)) continue;
-      const std::string key = rendezvous::keys::StackAnswer(run, *n, g);
-      auto there = backend_->store()->Check({key});
-      if (!there.ok() || !*there) continue;
-      auto text = backend_->store()->Get(key);
-      if (text.ok()) answers[g] = *text;
-    }
-    std::this_thread::sleep_for(milliseconds(50));
-  }
-  if (static_cast<int>(answers.size()) + 1 < assignment_.group_world_size) {
-    Logger("dtrun.agent")
-        ->warn("hang: {} of {} other node(s) answered within {} s",
-               answers.size(), assignment_.group_world_size - 1,
-               std::chrono::duration_cast<std::chrono::seconds>(kShareWait)
-                   .count());
-  }
-  std::vector<std::string> out;
-  for (auto& [g, text] : answers) out.push_back(std::move(text));
-  return out;
 }
 
 void ElasticJob::Linger() {
@@ -536,7 +407,7 @@ ElasticJob::RoundEnd ElasticJob::FollowRound() {
         clock_->Now() +
         (rdzv_->pushed(assignment_) ? std::min(tick, milliseconds(100)) : tick);
     auto event = rdzv_->Check(assignment_);
-    store_answers_ = event.ok();
+    node_watch_.set_store_answers(event.ok());
     NoteStore(event.status());
     const bool no_quorum = backend_->TroubleOf(event.status()) ==
                            RendezvousBackend::Trouble::kNoQuorum;

@@ -4,6 +4,7 @@
 #include <memory>
 #include <optional>
 
+#include "apps/dtrun/elastic_watch.h"
 #include "apps/dtrun/job.h"
 #include "apps/dtrun/rdzv_backend.h"
 #include "apps/dtrun/round_policy.h"
@@ -61,23 +62,6 @@ class ElasticJob : public Job {
   // this node was fenced, a c10d store it cannot reach.
   bool StoreTrouble(const Status& status) const;
   void NotifyStoreReady();
-  // This node's status in the rendezvous store (NodeStatusKey), so that
-  // `dtrun --status` on any host sees every node; rank 0 also names the
-  // node count and the run.
-  void PublishStatus(const std::string& json);
-  // Answers the requests not answered yet with `answer`, else with the
-  // stacks taken now (LocalGroup::StacksJson).
-  Status ServeStackRequest(const std::string* answer = nullptr);
-  // Group rank 0: every node's status record, scored as one job (the
-  // progress line and dtrun_job_* metrics); none elsewhere, or before every
-  // node of the round published one.
-  std::vector<nlohmann::json> JobView();
-  // The stores this node hosts and its round, for --metrics-port.
-  std::string StoreMetrics();
-  // A hang declared here (HangWatch::ShareFn): this node's ranks to the
-  // others, and theirs back, within kShareWait.
-  std::vector<std::string> ShareHang(const std::string& mine);
-
   // --event-log-handler: a rendezvous event in torch's RdzvEvent schema.
   void RecordRdzv(const std::string& name, const std::string& node_state,
                   const std::string& message);
@@ -86,6 +70,9 @@ class ElasticJob : public Job {
   const Clock* clock_;
   // first: blocks the signals before any store thread starts
   SignalFd signals_;
+  // The group's observer (status, stacks, hangs and crashes through the
+  // rendezvous store); declared before the group, so it outlives it.
+  ElasticWatch node_watch_;
   LocalGroup group_;
   // The rendezvous store, whichever backend serves it.
   std::unique_ptr<RendezvousBackend> backend_;
@@ -101,12 +88,6 @@ class ElasticJob : public Job {
   // Cut off from the store past the silent limit: the workers were
   // stopped, and the node waits for the store to rejoin as a new one.
   bool fenced_ = false;
-  // The last check of the round reached the store. While it does not, the
-  // status and the job-wide view are not published (each try would hold
-  // the loop for an operation's deadline).
-  bool store_answers_ = true;
-  int64_t stacks_served_ = -1;  // the last `dtrun --stacks` request answered
-  int64_t crashes_ = 0;
 };
 
 }  // namespace dtrun::agent

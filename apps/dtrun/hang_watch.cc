@@ -200,7 +200,7 @@ void HangWatch::ShareWithNodes(int base_rank) {
     r.stack_file = layout::StackFile(attempt_dir_, r.silence.local_rank);
     (void)os::WriteFile(r.stack_file, r.stack);
   }
-  const double now = os::UnixNow();
+  const double now = clock_->UnixSeconds();
   const double timeout_s =
       std::chrono::duration<double>(config_.hang_timeout).count();
   size_t nodes = 1;
@@ -292,6 +292,28 @@ void HangWatch::ClassifyStacks() {
     stacks_[i].silence.hung = silences[i].hung;
 }
 
+std::string HangWatch::StacksAnswer(const std::map<int, int>& live,
+                                    int base_rank,
+                                    const std::vector<WorkerObservation>& seen,
+                                    double started_at) {
+  std::map<int, std::string> stacks = LiveStacks(live, base_rank);
+  const double now = clock_->UnixSeconds();
+  std::vector<RankStack> ranks;
+  for (const WorkerObservation& w : seen) {
+    RankStack r;
+    r.rank = w.rank;
+    r.pid = w.pid;
+    r.silence.local_rank = w.local_rank;
+    r.silence.step = w.step;
+    r.silence.beaten = w.beat_unix > 0;
+    r.silence.silent_s = w.beat_unix > 0 ? now - w.beat_unix : now - started_at;
+    r.silence.exited = w.state == "exited";
+    r.stack = stacks[w.rank];
+    ranks.push_back(std::move(r));
+  }
+  return StackAnswerJson(os::HostName(), ranks, now);
+}
+
 std::map<int, std::string> HangWatch::LiveStacks(const std::map<int, int>& pids,
                                                  int base_rank) {
   std::map<int, std::string> out;
@@ -333,7 +355,7 @@ std::vector<WorkerFailure> HangWatch::Failures() const {
     longest = std::max(longest, r.silence.silent_s);
   }
   size_t root = HangRootCause(silences);
-  double now = os::UnixNow();
+  double now = clock_->UnixSeconds();
   std::vector<WorkerFailure> out;
   for (size_t i = 0; i < stacks_.size(); ++i) {
     const RankStack& r = stacks_[i];

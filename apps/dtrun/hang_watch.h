@@ -15,6 +15,7 @@
 #include "apps/dtrun/error_report.h"
 #include "apps/dtrun/hang_monitor.h"
 #include "apps/dtrun/hang_report.h"
+#include "apps/dtrun/job_status.h"
 #include "apps/dtrun/launch_config.h"
 #include "apps/dtrun/worker_env.h"
 #include "apps/dtrun/worker_group.h"
@@ -61,6 +62,13 @@ class HangWatch {
   // signal (the torch shim does) prints its own; any other gets a native
   // stack (eu-stack or gdb, which pause it for a moment). Blocks up to a
   // few seconds.
+  // LiveStacks of `live` with each rank's step and silence beside its
+  // stack (from `seen`; `started_at`: the run's start, for ranks never
+  // beaten), as StackAnswerJson: a node that declared a hang weighs them
+  // with its own ranks'.
+  std::string StacksAnswer(const std::map<int, int>& live, int base_rank,
+                           const std::vector<WorkerObservation>& seen,
+                           double started_at);
   std::map<int, std::string> LiveStacks(const std::map<int, int>& pids,
                                         int base_rank);
   // With several nodes: a hang declared here weighs every node's ranks.

@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "apps/dtrun/devices.h"
 #include "apps/dtrun/exit_code.h"
 #include "apps/dtrun/interactive_protocol.h"
 #include "apps/dtrun/worker_env.h"

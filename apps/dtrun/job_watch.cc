@@ -31,14 +31,16 @@ void Publish(const std::string& path, const std::string& text) {
     std::rename((path + ".tmp").c_str(), path.c_str());
 }
 
+GroupObserver no_observer;  // a group's before a job gives its own
+
 }  // namespace
 
 JobWatch::JobWatch(const LaunchConfig& config, const Clock* clock)
-    : config_(config), clock_(clock) {}
+    : config_(config), clock_(clock), observer_(&no_observer) {}
 
 void JobWatch::Prepare(const std::string& run_dir) {
   run_dir_ = run_dir;
-  started_at_ = os::UnixNow();
+  started_at_ = clock_->UnixSeconds();
   // The progress line shares the terminal with the workers' output, never
   // with a session's console or a pipe.
   progress_line_ =
@@ -83,7 +85,8 @@ void JobWatch::OnWorkerFailed(double when) {
 }
 
 void JobWatch::OnRestartDecided() {
-  if (recovering_ && recovery_.decided == 0) recovery_.decided = os::UnixNow();
+  if (recovering_ && recovery_.decided == 0)
+    recovery_.decided = clock_->UnixSeconds();
 }
 
 void JobWatch::OnRoundOver(double when) {
@@ -95,14 +98,14 @@ void JobWatch::OnRoundOver(double when) {
 
 void JobWatch::OnSpawning(int restart_count) {
   recovering_ = recovering_ && restart_count > 0 && recovery_.decided > 0;
-  if (recovering_) recovery_.spawn_begin = os::UnixNow();
+  if (recovering_) recovery_.spawn_begin = clock_->UnixSeconds();
 }
 
 // The new attempt's workers run: new pids, new scores, the health port
 // ready and the loop's passes watched from now.
 void JobWatch::OnSpawned(double attempt_started) {
   attempt_started_ = attempt_started;
-  if (recovering_) recovery_.spawn_end = os::UnixNow();
+  if (recovering_) recovery_.spawn_end = clock_->UnixSeconds();
   sampler_.Reset();
   next_status_ = clock_->Now();  // the new pids at once
   stragglers_.Reset();
@@ -113,7 +116,7 @@ void JobWatch::OnSpawned(double attempt_started) {
 void JobWatch::OnHang(int restart_count) {
   ++counts_.hangs;
   report_events_.push_back(
-      {os::UnixNow(), "hang",
+      {clock_->UnixSeconds(), "hang",
        "attempt " + std::to_string(restart_count) + " hung", -1});
 }
 
@@ -126,7 +129,7 @@ void JobWatch::OnFinished() {
 // --event-log-handler: dtrun's record of the attempt that just ended.
 void JobWatch::OnAttemptEnded(const GroupView& view, const std::string& cause) {
   if (attempt_started_ == 0) return;
-  report_events_.push_back({os::UnixNow(), "attempt",
+  report_events_.push_back({clock_->UnixSeconds(), "attempt",
                             "attempt " +
                                 std::to_string(view.attempt.restart_count) +
                                 " ended: " + cause,
@@ -142,7 +145,7 @@ void JobWatch::OnAttemptEnded(const GroupView& view, const std::string& cause) {
   a.nodes = view.assignment.group_world_size;
   a.ranks = view.assignment.world_size;
   a.start = started;
-  a.end = os::UnixNow();
+  a.end = clock_->UnixSeconds();
   a.cause = cause;
   WriteEvent(config_.event_log_handler, AttemptJson(a));
 }
@@ -173,7 +176,7 @@ void JobWatch::CheckStragglers() {
   straggler_named_ = straggler->rank;
   ++counts_.stragglers;
   double fastest = straggler->typical_s * straggler->score;
-  report_events_.push_back({os::UnixNow(), "straggler",
+  report_events_.push_back({clock_->UnixSeconds(), "straggler",
                             "rank " + std::to_string(straggler->rank) +
                                 ", score " +
                                 std::to_string(straggler->score).substr(0, 4),
@@ -210,13 +213,13 @@ void JobWatch::ReportRecovery(const GroupView& view,
                               const RecoveryBreakdown& b) {
   const std::string line = RecoveryLine(b);
   Logger("dtrun.agent")->info("{}", line);
-  report_events_.push_back({os::UnixNow(), "recovery", line, -1});
+  report_events_.push_back({clock_->UnixSeconds(), "recovery", line, -1});
   counts_.recovery_seconds.push_back(b.total);
   recoveries_.push_back({view.attempt.restart_count, b});
   WriteEvent(
       config_.event_log_handler,
       RecoveryEventJson(b, view.attempt.run_id, view.assignment.group_rank,
-                        view.attempt.restart_count, os::UnixNow()));
+                        view.attempt.restart_count, clock_->UnixSeconds()));
 }
 
 int JobWatch::NextMs(Phase phase) const {
@@ -226,8 +229,10 @@ int JobWatch::NextMs(Phase phase) const {
   return static_cast<int>(std::max<int64_t>(0, left.count()) + 1);
 }
 
-void JobWatch::OnTick(const GroupView& view) {
-  if (clock_->Now() >= next_status_) PublishStatus(view);
+bool JobWatch::OnTick(const GroupView& view) {
+  if (clock_->Now() < next_status_) return false;
+  PublishStatus(view);
+  return !run_dir_.empty();
 }
 
 std::vector<WorkerObservation> JobWatch::Observe(const GroupView& view) const {
@@ -262,21 +267,26 @@ bool JobWatch::Healthy(const std::vector<WorkerStatus>& workers) const {
 }
 
 // `dtrun --stacks` left a request (its id inside) in the run folder.
-void JobWatch::ServeStackRequest() {
+std::optional<std::string> JobWatch::TakeStackRequest() {
+  if (run_dir_.empty()) return std::nullopt;
   const std::string request = layout::StackRequest(run_dir_);
   std::string id = os::ReadFileOrEmpty(request);
-  if (id.empty() || !stacks) return;
+  if (id.empty()) return std::nullopt;
   ::unlink(request.c_str());
   while (!id.empty() && (id.back() == '\n' || id.back() == ' ')) id.pop_back();
-  if (id.find('/') != std::string::npos) return;  // not an id dtrun made
-  Publish(layout::StackAnswer(run_dir_, id), stacks());
+  if (id.find('/') != std::string::npos) return std::nullopt;  // not dtrun's
+  return id;
+}
+
+void JobWatch::AnswerStackRequest(const std::string& id,
+                                  const std::string& json) {
+  Publish(layout::StackAnswer(run_dir_, id), json);
 }
 
 void JobWatch::PublishStatus(const GroupView& view) {
   next_status_ = clock_->Now() + kStatusEvery;
   if (run_dir_.empty()) return;
-  if (view.phase == Phase::kRunning) ServeStackRequest();
-  const double now = os::UnixNow();
+  const double now = clock_->UnixSeconds();
   NodeFacts facts{view.attempt.run_id,
                   os::HostName(),
                   view.assignment.group_rank,
@@ -294,16 +304,15 @@ void JobWatch::PublishStatus(const GroupView& view) {
   AddScores(stragglers_.Scores(), &node);
   std::string json = node.dump();
   Publish(layout::StatusFile(run_dir_), json);
-  if (on_status) on_status(json);
+  observer_->OnStatus(json);
   Present(view, node, workers, now);
 }
 
 // One node sees only its own ranks; the node that gathers every node's
-// record (job_view) shows and serves the job's progress.
+// record (the observer's JobView) shows and serves the job's progress.
 void JobWatch::Present(const GroupView& view, const nlohmann::json& node,
                        const std::vector<WorkerStatus>& workers, double now) {
-  std::vector<nlohmann::json> job =
-      job_view ? job_view() : std::vector<nlohmann::json>{};
+  std::vector<nlohmann::json> job = observer_->JobView();
   const bool whole_job = !job.empty() || view.assignment.group_world_size <= 1;
   if (job.empty()) job.push_back(node);
   const JobProgress progress = JobProgressOf(job);
@@ -311,7 +320,7 @@ void JobWatch::Present(const GroupView& view, const nlohmann::json& node,
   if (metrics_) {
     std::string text = MetricsText(node, counts_);
     if (whole_job) text += JobMetricsText(progress, view.attempt.run_id);
-    if (store_metrics) text += store_metrics();
+    text += observer_->StoreMetrics();
     metrics_->Update(std::move(text));
   }
   if (health_) health_->SetHealthy(Healthy(workers));
@@ -377,8 +386,8 @@ void JobWatch::RecordEvents(const GroupView& view,
   e.group_rank = view.assignment.group_rank;
   e.group_world_size = view.assignment.group_world_size;
   e.agent_restarts = view.attempt.restart_count;
-  e.total_run_time = os::UnixNow() - started_at_;
-  e.timestamp = os::UnixNow();
+  e.total_run_time = clock_->UnixSeconds() - started_at_;
+  e.timestamp = clock_->UnixSeconds();
   // torch's worker states: the failed ones FAILED, the others of a failed
   // group TERMINATED, all SUCCEEDED otherwise.
   std::map<int, std::string> failed;  // local rank -> how
@@ -412,7 +421,7 @@ void JobWatch::RecordOutcome(const GroupView& view, bool succeeded) {
   o.succeeded = succeeded;
   o.restarts = view.attempt.restart_count;
   o.start = started_at_;
-  o.end = os::UnixNow();
+  o.end = clock_->UnixSeconds();
   if (config_.event_log_handler != "null")
     WriteEvent(config_.event_log_handler, RunOutcomeEventJson(o));
   if (config_.metrics_textfile.empty()) return;
@@ -423,7 +432,7 @@ void JobWatch::RecordOutcome(const GroupView& view, bool succeeded) {
 // report.html in the run folder, whole.
 void JobWatch::WriteReport(const GroupView& view, bool succeeded) {
   if (run_dir_.empty()) return;
-  report_events_.push_back({os::UnixNow(), "end",
+  report_events_.push_back({clock_->UnixSeconds(), "end",
                             succeeded ? "the job succeeded" : "the job failed",
                             -1});
   Publish(layout::ReportFile(run_dir_),

@@ -9,9 +9,9 @@
 // one observation here and one record in job_status. Not thread-safe: the
 // job's thread calls it.
 
-#include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -20,6 +20,7 @@
 #include "apps/dtrun/agent.h"
 #include "apps/dtrun/beat_file.h"
 #include "apps/dtrun/clock.h"
+#include "apps/dtrun/group_observer.h"
 #include "apps/dtrun/job_status.h"
 #include "apps/dtrun/launch_config.h"
 #include "apps/dtrun/metrics.h"
@@ -47,18 +48,10 @@ class JobWatch {
  public:
   JobWatch(const LaunchConfig& config, const Clock* clock);
 
-  // Set by the jobs. Called every second with this node's status
-  // (NodeStatusJson, dumped), after it was written to status.json.
-  std::function<void(const std::string& json)> on_status;
-  // Every node's status record, scored as one job (ScoreJob), when this
-  // node is the one that gathers them (elastic: group rank 0); else none.
-  // Feeds the progress line and the dtrun_job_* metrics.
-  std::function<std::vector<nlohmann::json>()> job_view;
-  // The families of the stores this node hosts (StoreMetricsText).
-  std::function<std::string()> store_metrics;
-  // Set by the group: every live worker's stack now (StackAnswerJson), for
-  // a `dtrun --stacks` request left in the run folder.
-  std::function<std::string()> stacks;
+  // The job's observer (the group's): told the status every second, and
+  // asked for the job's view and the hosted stores' metrics. Never null;
+  // it must outlive the watch.
+  void set_observer(GroupObserver* observer) { observer_ = observer; }
 
   // The run folder is made: the run's clock starts, and the progress line
   // takes the terminal when it may.
@@ -87,9 +80,15 @@ class JobWatch {
 
   // Milliseconds until OnTick has work in `phase`; -1: none.
   int NextMs(Phase phase) const;
-  // Every second: status.json, on_status, metrics, health, the progress
-  // line, and a pending stack request.
-  void OnTick(const GroupView& view);
+  // Every second: status.json, the observer's OnStatus, metrics, health
+  // and the progress line. True when this tick published them (once the
+  // run folder is made).
+  bool OnTick(const GroupView& view);
+  // The id of a `dtrun --stacks` request left in the run folder, taken
+  // (the group captures the stacks; the watch only reads and writes).
+  std::optional<std::string> TakeStackRequest();
+  // Its answer (StackAnswerJson), where `dtrun --stacks` reads it.
+  void AnswerStackRequest(const std::string& id, const std::string& json);
   // What /proc and the last beats say of each worker.
   std::vector<WorkerObservation> Observe(const GroupView& view) const;
   // The job is over: the health port says so, the recoveries' table is
@@ -107,7 +106,6 @@ class JobWatch {
   // Healthy: some worker beat within the hang timeout (else 300 s), or
   // none beat yet.
   bool Healthy(const std::vector<WorkerStatus>& workers) const;
-  void ServeStackRequest();
   void CheckStragglers();
   void NoteRecovery(const GroupView& view, int local_rank);
   void ReportRecovery(const GroupView& view, const RecoveryBreakdown& b);
@@ -119,6 +117,7 @@ class JobWatch {
 
   const LaunchConfig& config_;
   const Clock* clock_;
+  GroupObserver* observer_;
   std::string run_dir_;
   double started_at_ = 0;       // unix seconds, at Prepare
   double attempt_started_ = 0;  // unix seconds; 0 once recorded

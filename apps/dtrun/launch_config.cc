@@ -4,7 +4,6 @@
 // with a message naming the flag. Pure but for $PATH lookups and /dev.
 #include "apps/dtrun/launch_config.h"
 
-#include <dirent.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -38,6 +37,14 @@ Result<RdzvBackend> ParseRdzvBackend(const std::string& name) {
   return Status::Invalid("--rdzv-backend: unknown backend '" + name +
                          "'; use static, c10d, etcd-v2 or etcd");
 }
+Result<StoreProxyMode> ParseStoreProxyMode(const std::string& name) {
+  if (name == "auto") return StoreProxyMode::kAuto;
+  if (name == "on") return StoreProxyMode::kOn;
+  if (name == "off") return StoreProxyMode::kOff;
+  return Status::Invalid("--store-proxy: invalid choice '" + name +
+                         "' (choose from auto, on, off)");
+}
+
 namespace {
 
 // strtol with the end and range checks atoi lacks: "2x" or "" as a flag value
@@ -105,96 +112,6 @@ bool ParseNnodes(const std::string& text, int* min_nodes, int* max_nodes) {
   return *min_nodes > 0 && *min_nodes <= *max_nodes;
 }
 
-Result<int> ParseNprocPerNode(const std::string& text,
-                              const DeviceCounts& devices) {
-  // torchrun's words: an accelerator name fails when none is there (torchrun:
-  // "Cuda is not available"), "auto" falls back to one worker per CPU.
-  struct Named {
-    const char* word;
-    int count;
-    const char* what;
-  };
-  const Named accelerators[] = {
-      {"gpu", devices.gpu, "NVIDIA GPU (check CUDA_VISIBLE_DEVICES)"},
-      {"cuda", devices.gpu, "NVIDIA GPU (check CUDA_VISIBLE_DEVICES)"},
-      {"xpu", devices.xpu, "Intel XPU (/dev/dri render node of i915 or xe)"},
-      {"hpu", devices.hpu, "Gaudi HPU (/dev/accel/accelN)"},
-      {"npu", devices.npu, "Ascend NPU (/dev/davinciN)"},
-  };
-  if (text == "cpu") return devices.cpu;
-  for (const Named& a : accelerators) {
-    if (text != a.word) continue;
-    if (a.count == 0) {
-      return Status::Invalid("--nproc-per-node=" + text + ": no " + a.what +
-                             " found on this host; use a number or 'cpu'");
-    }
-    return a.count;
-  }
-  if (text == "auto") {
-    for (const Named& a : accelerators) {
-      if (a.count > 0) return a.count;
-    }
-    return devices.cpu;
-  }
-  int n = 0;
-  if (!ParseInt(text, &n) || n < 1) {
-    return Status::Invalid("--nproc-per-node: '" + text +
-                           "' is not a positive integer, 'cpu', 'gpu', "
-                           "'xpu', 'hpu', 'npu' or 'auto'");
-  }
-  return n;
-}
-
-namespace {
-
-// Entries of `folder` named `prefix` + digits.
-int CountNumbered(const std::string& folder, const std::string& prefix) {
-  int count = 0;
-  if (DIR* dir = opendir(folder.c_str())) {
-    while (dirent* e = readdir(dir)) {
-      std::string name = e->d_name;
-      int index = 0;
-      if (name.rfind(prefix, 0) == 0 &&
-          ParseInt(name.substr(prefix.size()), &index))
-        ++count;
-    }
-    closedir(dir);
-  }
-  return count;
-}
-
-// Intel GPUs: DRM render nodes whose driver is i915 or xe.
-int CountXpus() {
-  int count = 0;
-  if (DIR* dir = opendir("/sys/class/drm")) {
-    while (dirent* e = readdir(dir)) {
-      std::string name = e->d_name;
-      if (name.rfind("renderD", 0) != 0) continue;
-      char target[256] = {};
-      std::string link = "/sys/class/drm/" + name + "/device/driver";
-      ssize_t n = readlink(link.c_str(), target, sizeof(target) - 1);
-      std::string driver =
-          n > 0 ? std::string(target, static_cast<size_t>(n)) : std::string();
-      driver = driver.substr(driver.rfind('/') + 1);
-      if (driver == "i915" || driver == "xe") ++count;
-    }
-    closedir(dir);
-  }
-  return count;
-}
-
-}  // namespace
-
-DeviceCounts CountDevices(int cpu_count, int gpu_count) {
-  DeviceCounts d;
-  d.cpu = cpu_count;
-  d.gpu = gpu_count;
-  d.xpu = CountXpus();
-  d.hpu = CountNumbered("/dev/accel", "accel");
-  d.npu = CountNumbered("/dev", "davinci");
-  return d;
-}
-
 Result<std::vector<int>> ParseSignalList(const std::string& text) {
   static const std::pair<const char*, int> kNames[] = {
       {"HUP", SIGHUP},   {"INT", SIGINT},       {"QUIT", SIGQUIT},
@@ -247,32 +164,6 @@ std::vector<std::string> ParseCommaList(const std::string& text) {
   return out;
 }
 
-int CountGpus(const std::map<std::string, std::string>& environment) {
-  // Counting /dev/nvidiaN nodes needs no CUDA library: dtrun links none and
-  // must start in milliseconds on machines without drivers. The numeric
-  // suffix test skips nvidiactl, nvidia-uvm and nvidia-modeset.
-  auto visible = environment.find("CUDA_VISIBLE_DEVICES");
-  int devices = 0;
-  if (DIR* dir = opendir("/dev")) {
-    while (dirent* e = readdir(dir)) {
-      std::string name = e->d_name;
-      int index = 0;
-      if (name.rfind("nvidia", 0) == 0 && ParseInt(name.substr(6), &index))
-        ++devices;
-    }
-    closedir(dir);
-  }
-  if (visible == environment.end()) return devices;
-  // CUDA_VISIBLE_DEVICES entries (indices or GPU-UUIDs) are counted, not
-  // matched: it can only narrow what exists. "-1", the usual "hide every
-  // GPU", and an empty value count as none.
-  int listed = 0;
-  for (const auto& item : Split(visible->second, ',')) {
-    if (!item.empty() && item != "-1") ++listed;
-  }
-  return std::min(listed, devices);
-}
-
 namespace {
 
 // --interactive runs dtrun's own Python workers: checks what cannot go
@@ -311,7 +202,7 @@ Status ApplyInteractive(LaunchConfig* c) {
   // themselves go to the log folder. Restarts are the session's business.
   c->redirects = StreamSpec{3, {}};
   c->tee = StreamSpec{};
-  c->max_restarts = std::max(c->max_restarts, 1000000);
+  c->max_restarts = std::max(c->max_restarts, kRestartsWithoutLimit);
   return Status::Ok();
 }
 
@@ -370,11 +261,6 @@ Status CheckChoices(const LaunchConfig& c) {
     return Status::Invalid("--numa-binding: invalid choice '" + n +
                            "' (choose from node, socket, exclusive, "
                            "core-complex)");
-  }
-  const std::string& sp = c.store_proxy;
-  if (sp != "auto" && sp != "on" && sp != "off") {
-    return Status::Invalid("--store-proxy: invalid choice '" + sp +
-                           "' (choose from auto, on, off)");
   }
   const std::string& e = c.event_log_handler;
   bool file = (e.rfind("file:", 0) == 0 && e.size() > 5) ||

@@ -22,6 +22,13 @@ const char* RdzvBackendName(RdzvBackend backend);
 // The backend named `name`; Invalid naming the flag and the choices.
 Result<RdzvBackend> ParseRdzvBackend(const std::string& name);
 
+// --store-proxy: whether a node's workers reach the workers' store through
+// this node's proxy; kAuto for jobs of more than kProxyAutoWorkers.
+enum class StoreProxyMode { kAuto, kOn, kOff };
+// The mode named `name` ("auto", "on", "off"); Invalid naming the flag and
+// the choices.
+Result<StoreProxyMode> ParseStoreProxyMode(const std::string& name);
+
 // Which of a worker's streams go to files (redirect) or to files and the
 // console (tee). Bit 1 = stdout, bit 2 = stderr, as torchrun's 0..3.
 struct StreamSpec {
@@ -38,6 +45,10 @@ struct StreamSpec {
 // Linux's default 4,096 soon (tests/bench/README.md, "The workers' store"),
 // and below it every worker sees rank 0's MASTER_ADDR, as under torchrun.
 constexpr int kProxyAutoWorkers = 2048;
+
+// An interactive session restarts its workers as often as they fail. A
+// count, not infinity: torchrun's TORCHELASTIC_MAX_RESTARTS carries it.
+inline constexpr int kRestartsWithoutLimit = 1'000'000;
 
 // Everything dtrun was asked to do, after parsing and defaults. Plain data;
 // Validate() checks it and fills derived fields.
@@ -90,7 +101,7 @@ struct LaunchConfig {
   // reach the workers' store through this node's proxy (store_proxy.h), so
   // that store holds one connection per node; "off": each worker connects
   // to it; "auto" (default): on for jobs of more than kProxyAutoWorkers.
-  std::string store_proxy = "auto";
+  StoreProxyMode store_proxy = StoreProxyMode::kAuto;
 
   // Failures and signals.
   int max_restarts = 0;                           // --max-restarts
@@ -177,26 +188,10 @@ Status Validate(LaunchConfig* config);
 bool ParseStreamSpec(const std::string& text, StreamSpec* spec);
 // "N" or "MIN:MAX".
 bool ParseNnodes(const std::string& text, int* min_nodes, int* max_nodes);
-// Accelerators of this host by torch's device-type name ("gpu" is CUDA's).
-struct DeviceCounts {
-  int cpu = 1, gpu = 0, xpu = 0, hpu = 0, npu = 0;
-};
-// int, "cpu", "gpu", "xpu", "hpu", "npu" or "auto" -> worker count; error
-// names what was wrong.
-Result<int> ParseNprocPerNode(const std::string& text,
-                              const DeviceCounts& devices);
-// Counts xpu (Intel: /dev/dri render nodes of the i915/xe drivers), hpu
-// (/dev/accel/accelN) and npu (/dev/davinciN) devices; `gpu` from CountGpus.
-DeviceCounts CountDevices(int cpu_count, int gpu_count);
 // "SIGTERM,SIGUSR1" (also "TERM", "15") -> signal numbers; error names the
 // word at fault. Pure.
 Result<std::vector<int>> ParseSignalList(const std::string& text);
 // torchrun's comma list: "a,b" -> {a, b}; ",," is a literal comma. Pure.
 std::vector<std::string> ParseCommaList(const std::string& text);
-
-// Number of usable NVIDIA GPUs on this host (honours CUDA_VISIBLE_DEVICES),
-// without loading any CUDA library: counts /dev/nvidiaN, so it reads 0 in a
-// container that does not expose the device nodes.
-int CountGpus(const std::map<std::string, std::string>& environment);
 
 }  // namespace dtrun::agent

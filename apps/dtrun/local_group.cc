@@ -17,9 +17,12 @@
 #include "apps/dtrun/events.h"
 #include "apps/dtrun/outcome_metrics.h"
 #include "apps/dtrun/exit_code.h"
+#include "apps/dtrun/failure_report.h"
 #include "apps/dtrun/numa_binding.h"
 #include "apps/dtrun/run_layout.h"
 #include "apps/dtrun/standby.h"
+#include "rendezvous/util/check.h"
+#include "rendezvous/util/console.h"
 #include "rendezvous/util/log.h"
 #include "rendezvous/util/os_util.h"
 
@@ -49,10 +52,9 @@ LocalGroup::LocalGroup(const LaunchConfig& config, WorkerGroup* workers,
       elastic_(elastic),
       agent_(AgentOptionsOf(config, elastic)),
       hang_(config_, clock, workers),
-      timer_(config_),
+      timer_(config_, clock),
       watch_(config_, clock) {
   assignment_.world_size = config.nproc_per_node;
-  watch_.stacks = [this] { return StacksJson(); };
 }
 
 GroupView LocalGroup::View() const {
@@ -120,7 +122,7 @@ void LocalGroup::StartRound(int round) {
 }
 
 void LocalGroup::StopForNewRound() {
-  watch_.OnRoundOver(os::UnixNow());
+  watch_.OnRoundOver(clock_->UnixSeconds());
   Apply(agent_.StopForNewRound(clock_->Now()));
 }
 
@@ -141,24 +143,19 @@ int LocalGroup::PollTimeout(int timeout_ms) const {
   auto sooner = [&timeout](int ms) {
     if (ms >= 0) timeout = timeout < 0 ? ms : std::min(timeout, ms);
   };
-  if (auto deadline = agent_.deadline()) {
-    auto left =
-        std::chrono::duration_cast<milliseconds>(*deadline - clock_->Now());
+  auto by = [&](TimePoint t) {
+    auto left = std::chrono::duration_cast<milliseconds>(t - clock_->Now());
     // +1: poll rounds down, and waking a hair early would spin.
     sooner(static_cast<int>(std::max<int64_t>(0, left.count()) + 1));
-  }
-  sooner(hang_.NextCheckMs(agent_.phase() == Phase::kRunning));
+  };
+  const bool running = agent_.phase() == Phase::kRunning;
+  if (auto deadline = agent_.deadline()) by(*deadline);
+  sooner(hang_.NextCheckMs(running));
   sooner(timer_.NextMs());
-  if (config_.uninterruptible_timeout.count() > 0 &&
-      agent_.phase() == Phase::kRunning) {
+  if (config_.uninterruptible_timeout.count() > 0 && running)
     sooner(static_cast<int>(kDStateCheck.count()));
-  }
   sooner(watch_.NextMs(agent_.phase()));
-  if (agent_.phase() == Phase::kRunning) {
-    auto left = std::chrono::duration_cast<milliseconds>(next_beat_read_ -
-                                                         clock_->Now());
-    sooner(static_cast<int>(std::max<int64_t>(0, left.count()) + 1));
-  }
+  if (running) by(next_beat_read_);
   return timeout;
 }
 
@@ -235,7 +232,7 @@ void LocalGroup::OnStopSignal(int signo) {
 void LocalGroup::OnChildExits() {
   for (const WorkerExit& e : workers_->Reap()) {
     if (abandoned_.erase(e.pid)) continue;  // counted as gone already
-    exit_time_[e.pid] = os::UnixNow();
+    exit_time_[e.pid] = clock_->UnixSeconds();
     hang_.OnExit(e.local_rank);
     const bool first_failure = e.failed() && agent_.phase() == Phase::kRunning;
     // What the kernel said counts only for deaths dtrun did not cause.
@@ -264,7 +261,8 @@ void LocalGroup::OnChildExits() {
 void LocalGroup::OnTick() {
   if (agent_.phase() == Phase::kRunning && clock_->Now() >= next_beat_read_)
     ReadBeats();
-  watch_.OnTick(View());
+  if (watch_.OnTick(View()))
+    AnswerStackRequests(agent_.phase() == Phase::kRunning);
   if (outcome_ != Outcome::kRunning) return;
   Apply(agent_.OnTick(clock_->Now()));
   if (outcome_ != Outcome::kRunning) return;
@@ -302,14 +300,8 @@ void LocalGroup::CheckUninterruptible() {
   auto seconds = std::chrono::duration_cast<std::chrono::seconds>(
                      now - agent_.stuck().since)
                      .count();
-  d_report_ = "worker local_rank " + std::to_string(lr) + " (rank " +
-              std::to_string(assignment_.base_rank + lr) + ", pid " +
-              std::to_string(pid) +
-              ") has been in uninterruptible sleep (D state) for " +
-              std::to_string(seconds) + " s, in kernel function '" +
-              os::ProcessWaitChannel(pid) +
-              "'; the group is unhealthy and is not restarted "
-              "(TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT)";
+  d_report_ = StuckReport(lr, assignment_.base_rank + lr, pid, seconds,
+                          os::ProcessWaitChannel(pid));
   Logger("dtrun.agent")->error("{}", d_report_);
   Apply(actions);
 }
@@ -409,15 +401,11 @@ WorkerSpec LocalGroup::SpecFor(int lr, const std::string& attempt_dir) {
   (void)os::MakeDirs(layout::RankDir(attempt_dir, lr));
   // A stale error file would name the wrong failure.
   ::unlink(ErrorFilePath(attempt_, lr).c_str());
-  const rendezvous::Assignment& a = assignment_;
-  WorkerPlace place;
-  place.local_rank = lr;
-  place.rank = place.role_rank = a.base_rank + lr;
-  place.group_rank = a.group_rank;
-  place.local_world_size = config_.nproc_per_node;
-  place.world_size = place.role_world_size = a.world_size;
-  place.group_world_size = a.group_world_size;
-  EnvMap env = WorkerEnv(base_env_, attempt_, place);
+  EnvMap env =
+      WorkerEnv(base_env_, attempt_,
+                PlaceOf(lr, config_.nproc_per_node, assignment_.base_rank,
+                        assignment_.group_rank, assignment_.group_world_size,
+                        assignment_.world_size));
   hang_.AddEnv(lr, attempt_dir, &env);
   timer_.AddEnv(&env);
   WorkerSpec spec;
@@ -437,7 +425,7 @@ WorkerSpec LocalGroup::SpecFor(int lr, const std::string& attempt_dir) {
 void LocalGroup::StartWorkers(int restart_count) {
   auto log = Logger("dtrun.agent");
   watch_.OnSpawning(restart_count);
-  if (before_start) before_start(restart_count);
+  observer_->OnAttemptStarting(restart_count);
   if (restart_count > 0 && !elastic_) {
     log->warn("restarting the worker group: attempt {} of {}",
               restart_count + 1, config_.max_restarts + 1);
@@ -450,7 +438,7 @@ void LocalGroup::StartWorkers(int restart_count) {
     copies_.PersistInBackground("before attempt " +
                                 std::to_string(restart_count));
   attempt_.restart_count = restart_count;
-  const double started = os::UnixNow();
+  const double started = clock_->UnixSeconds();
   attempt_dir_ = layout::AttemptDir(run_dir_, restart_count);
   attempt_.error_file_dir = attempt_dir_;
   timer_.Open(run_dir_);
@@ -531,7 +519,7 @@ void LocalGroup::AbandonSurvivors() {
 }
 
 void LocalGroup::PublishCrash(const WorkerExit& e, const std::string& how) {
-  if (!on_worker_crash) return;
+  if (!observer_->wants_crashes()) return;
   WorkerCrash crash;
   crash.attempt = attempt_.restart_count;
   crash.rank = assignment_.base_rank + e.local_rank;
@@ -544,7 +532,7 @@ void LocalGroup::PublishCrash(const WorkerExit& e, const std::string& how) {
         milliseconds(200));  // its last words may still be in the pipe
     crash.stderr_tail = os::ReadTail(crash.stderr_file, 8);
   }
-  on_worker_crash(crash);
+  observer_->OnWorkerCrash(crash);
 }
 
 // The one reader of the beat files: each new beat to the hang watch and
@@ -558,31 +546,25 @@ void LocalGroup::ReadBeats() {
   if (!fresh.empty()) watch_.OnBeats(View(), fresh);
 }
 
+void LocalGroup::AnswerStackRequests(bool running) {
+  // The run folder's requests wait for running workers; the job's are
+  // answered at once, since another node may be weighing a hang with them.
+  const std::optional<std::string> id =
+      running ? watch_.TakeStackRequest() : std::nullopt;
+  const bool job = observer_->StacksWanted();
+  if (!id && !job) return;
+  const std::string stacks = StacksJson();
+  if (id) watch_.AnswerStackRequest(*id, stacks);
+  if (job) observer_->AnswerStacks(stacks);
+}
+
 std::string LocalGroup::StacksJson() {
   std::map<int, int> live;
   for (const auto& [local_rank, pid] : pids_) {
     if (!exit_time_.count(pid)) live[local_rank] = pid;
   }
-  std::map<int, std::string> stacks =
-      hang_.LiveStacks(live, assignment_.base_rank);
-  // Each rank's step and silence beside its stack: a node that declared a
-  // hang weighs them with its own ranks'.
-  const double now = os::UnixNow();
-  std::vector<RankStack> ranks;
-  for (const WorkerObservation& w : watch_.Observe(View())) {
-    RankStack r;
-    r.rank = w.rank;
-    r.pid = w.pid;
-    r.silence.local_rank = w.local_rank;
-    r.silence.step = w.step;
-    r.silence.beaten = w.beat_unix > 0;
-    r.silence.silent_s =
-        w.beat_unix > 0 ? now - w.beat_unix : now - watch_.started_at();
-    r.silence.exited = w.state == "exited";
-    r.stack = stacks[w.rank];
-    ranks.push_back(std::move(r));
-  }
-  return StackAnswerJson(os::HostName(), ranks, now);
+  return hang_.StacksAnswer(live, assignment_.base_rank, watch_.Observe(View()),
+                            watch_.started_at());
 }
 
 // --max-restarts-without-progress, when an attempt fails: the highest step
@@ -590,12 +572,7 @@ std::string LocalGroup::StacksJson() {
 void LocalGroup::CheckProgress() {
   if (config_.max_restarts_without_progress <= 0) return;
   ReadBeats();  // the last beats before the failure count
-  int64_t highest = -1;
-  for (int lr = 0; lr < beats_.size(); ++lr) {
-    int64_t step = beats_.last(lr).line.step;
-    highest = std::max(highest, step == kBeatDone ? INT64_MAX : step);
-  }
-  agent_.OnAttemptFailing(highest);
+  agent_.OnAttemptFailing(beats_.HighestStep());
   if (agent_.gave_up())
     Logger("dtrun.agent")->error("{}", agent_.why_gave_up());
 }
@@ -614,6 +591,59 @@ void LocalGroup::Finish(bool succeeded) {
   bool keep = !config_.duplicate_stdout_filters.empty() ||
               !config_.duplicate_stderr_filters.empty();
   if (succeeded && run_dir_is_temp_ && !keep) os::RemoveTree(run_dir_);
+}
+
+// The facts of the attempt that ended last (failure_report.h).
+FailedAttempt LocalGroup::Facts() const {
+  FailedAttempt a;
+  a.base_rank = assignment_.base_rank;
+  a.pids = pids_;
+  a.hung = agent_.hung();
+  if (a.hung) a.hung_ranks = hang_.Failures();
+  if (agent_.unhealthy()) {
+    a.stuck_local_rank = agent_.stuck().local_rank;
+    a.stuck_report = d_report_;
+  }
+  a.exits = agent_.failures();
+  a.exit_time = exit_time_;
+  a.cause = cause_;
+  a.spawn_error = spawn_error_;
+  a.now = clock_->UnixSeconds();
+  a.gave_up = agent_.gave_up();
+  a.why_gave_up = agent_.why_gave_up();
+  return a;
+}
+
+// The failure summary of a failed attempt, with every failed rank's error
+// file; --error-file gets the root cause's, whose exit code is returned.
+int LocalGroup::ReportFailure() {
+  const std::vector<WorkerFailure> failures =
+      FailuresOf(Facts(), [this](WorkerFailure* f) {
+        ReadErrorFile(ErrorFilePath(attempt_, f->local_rank), f);
+        timer_.Describe(attempt_dir_, f);
+      });
+  DTRUN_CHECK(!failures.empty()) << "a failed attempt with no failed worker";
+  NoteGpuErrors();
+  const std::string& program = config_.entrypoint[0];
+  WriteAll(2, FormatFailureSummary(program.substr(program.rfind('/') + 1),
+                                   os::HostName(), failures,
+                                   agent_.restart_count() + 1, run_dir_,
+                                   config_.max_restarts, gpu_errors_));
+  const WorkerFailure& root = failures[RootCause(failures)];
+  if (!config_.error_file.empty())
+    (void)os::WriteFile(config_.error_file, RootCauseJson(root));
+  if (!agent_.gave_up()) return ExitCodeFor(root);
+  WriteAll(2, GaveUpLine(agent_.why_gave_up(), root));
+  return kExitNoProgress;
+}
+
+// The kernel's GPU errors since the last look, logged and kept for the
+// attempt's summary.
+void LocalGroup::NoteGpuErrors() {
+  for (std::string& x : workers_->KernelErrors()) {
+    Logger("dtrun.agent")->error("the kernel logged a GPU error: {}", x);
+    gpu_errors_.push_back(std::move(x));
+  }
 }
 
 }  // namespace dtrun::agent

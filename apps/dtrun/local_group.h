@@ -15,6 +15,7 @@
 #include "apps/dtrun/beat_file.h"
 #include "apps/dtrun/checkpoint_copies.h"
 #include "apps/dtrun/error_report.h"
+#include "apps/dtrun/failure_report.h"
 #include "apps/dtrun/hang_watch.h"
 #include "apps/dtrun/job_watch.h"
 #include "apps/dtrun/launch_config.h"
@@ -26,19 +27,6 @@
 #include "rendezvous/rendezvous.h"
 
 namespace dtrun::agent {
-
-// A worker of the current attempt failed (for an interactive console that
-// stops a crash loop, published through the store by the job).
-struct WorkerCrash {
-  int attempt = 0;  // restart count of the attempt it belonged to
-  int rank = 0;
-  std::string how;   // "exit code 1", "SIGKILL"
-  std::string host;  // this host's name, and the address it advertises
-                     // (--local-addr) if any
-  std::string addr;
-  std::string stderr_file;
-  std::string stderr_tail;  // its last lines
-};
 
 class LocalGroup {
  public:
@@ -64,12 +52,13 @@ class LocalGroup {
   void set_assignment(const rendezvous::Assignment& a) { assignment_ = a; }
   const std::string& run_dir() const { return run_dir_; }
 
-  // Called before each attempt's workers start, with its restart count.
-  std::function<void(int restart_count)> before_start;
-  // Called when a worker fails while the group runs.
-  std::function<void(const WorkerCrash&)> on_worker_crash;
-  // The status, metrics, events and report of this group (its hooks are
-  // the jobs' to set).
+  // The job's observer (group_observer.h): told of each attempt's start
+  // and of crashes, and lent to the watchers. Must outlive the group.
+  void set_observer(GroupObserver* observer) {
+    observer_ = observer;
+    watch_.set_observer(observer);
+  }
+  // The status, metrics, events and report of this group.
   JobWatch& watch() { return watch_; }
 
   // Single node: starts attempt 0; restarts follow failures by themselves.
@@ -101,9 +90,6 @@ class LocalGroup {
   // Prints the failure summary of the attempt that ended last and writes
   // $TORCHELASTIC_ERROR_FILE; returns the root cause's exit code.
   int ReportFailure();
-  // Every live worker's stack now, the job going on (dtrun --stacks), as
-  // StackAnswerJson (hang_report.h). Blocks a few seconds.
-  std::string StacksJson();
   // With several nodes: how a hang declared here reaches the other nodes'
   // ranks (HangWatch::ShareFn); empty on one node.
   void set_hang_share(HangWatch::ShareFn share) {
@@ -118,11 +104,8 @@ class LocalGroup {
   void Finish(bool succeeded);
 
  private:
-  // ReportFailure(): the workers stopped with the group after they wrote
-  // their error file.
-  void AddStoppedAfterError(std::vector<WorkerFailure>* failures);
-  // A failed attempt's failures: hung ranks, a D-state worker, failed exits.
-  std::vector<WorkerFailure> Failures();
+  // The attempt that ended last, as its report needs it.
+  FailedAttempt Facts() const;
   void Apply(const std::vector<Action>& actions);
   void StartWorkers(int restart_count);
   void AwaitStandby();
@@ -136,14 +119,19 @@ class LocalGroup {
   void CheckUninterruptible();
   // --max-restarts-without-progress, when an attempt fails.
   void CheckProgress();
-  std::string AttemptCause() const;
-  // The kernel's GPU errors since the last look, logged and kept for the
-  // attempt's summary.
+  std::string AttemptCause() const { return AttemptCauseOf(Facts()); }
   void NoteGpuErrors();
   // Every 10 ms while the group runs: new beats to the hang watch and the
   // watchers.
   void ReadBeats();
   int PollTimeout(int timeout_ms) const;
+  // Every live worker's stack now, the job going on (dtrun --stacks), as
+  // StackAnswerJson (hang_report.h). Blocks a few seconds.
+  std::string StacksJson();
+  // Once a second: `dtrun --stacks` requests, from the run folder (while
+  // the workers are `running`) or through the job, answered with one
+  // capture.
+  void AnswerStackRequests(bool running);
   GroupView View() const;
 
   LaunchConfig config_;
@@ -151,6 +139,8 @@ class LocalGroup {
   const Clock* clock_;
   SignalFd* signals_;
   bool elastic_;
+  GroupObserver no_observer_;
+  GroupObserver* observer_ = &no_observer_;
   Agent agent_;
   HangWatch hang_;
   TimerPipe timer_;

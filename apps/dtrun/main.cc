@@ -45,7 +45,7 @@ int main(int argc, char** argv) {
   // Before any lookup and any thread (name_lookup.h).
   dtrun::os::UseBuiltinNameLookup();
   CliResult cli = ParseCommandLine(argc, argv);
-  if (cli.exit_code >= 0) return cli.exit_code;
+  if (cli.exit_code) return *cli.exit_code;
   const Query& q = cli.query;
   if (q.kind == Query::Kind::kStatus)
     return RunStatusCommand(q.target, q.json, cli.config.environment);

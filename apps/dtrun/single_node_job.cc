@@ -22,11 +22,7 @@ SingleNodeJob::SingleNodeJob(const LaunchConfig& config, WorkerGroup* workers,
     : config_(config),
       signals_(config.handled_signals),
       group_(config, workers, clock, &signals_, /*elastic=*/false) {
-  group_.before_start = [this](int restart_count) {
-    BeforeAttempt(restart_count);
-  };
-  if (config_.interactive)
-    group_.on_worker_crash = [this](const WorkerCrash& c) { OnCrash(c); };
+  group_.set_observer(this);
 }
 
 SingleNodeJob::~SingleNodeJob() {
@@ -43,10 +39,6 @@ Status SingleNodeJob::StartStore() {
   if (!server.ok()) return server.status();
   store_ = std::move(*server);
   store_->RunInBackground();
-  group_.watch().store_metrics = [this] {
-    return StoreMetricsText({SampleStore("workers", store_.get())}, -1,
-                            group_.attempt().run_id);
-  };
   group_.attempt().master_addr = config_.master_addr;
   group_.attempt().master_port = store_->port();
   return Status::Ok();
@@ -90,7 +82,13 @@ int SingleNodeJob::Run() {
   return rc;
 }
 
-void SingleNodeJob::BeforeAttempt(int restart_count) {
+std::string SingleNodeJob::StoreMetrics() {
+  if (!store_) return "";
+  return StoreMetricsText({SampleStore("workers", store_.get())}, -1,
+                          group_.attempt().run_id);
+}
+
+void SingleNodeJob::OnAttemptStarting(int restart_count) {
   if (restart_count == 0) return;
   // A fresh key space: torch >= 2.x workers use no per-attempt prefix, so
   // keys of the failed attempt (e.g. a stale NCCL unique id) must not
@@ -101,7 +99,7 @@ void SingleNodeJob::BeforeAttempt(int restart_count) {
 
 // Kept for the interactive console, which reads the latest crash and the
 // count from the store to stop a crash loop.
-void SingleNodeJob::OnCrash(const WorkerCrash& crash) {
+void SingleNodeJob::OnWorkerCrash(const WorkerCrash& crash) {
   last_crash_ = crash;
   ++crashes_;
   PublishLastCrash();

@@ -15,7 +15,7 @@ namespace dtrun::agent {
 // One node, no rendezvous: hosts the workers' store, runs the local group
 // and restarts it up to --max-restarts (the Agent counts). The store's
 // event loop runs on a thread of its own; everything else on the caller's.
-class SingleNodeJob : public Job {
+class SingleNodeJob : public Job, private GroupObserver {
  public:
   SingleNodeJob(const LaunchConfig& config, WorkerGroup* workers,
                 const Clock* clock);
@@ -24,9 +24,13 @@ class SingleNodeJob : public Job {
 
  private:
   Status StartStore();
-  void BeforeAttempt(int restart_count);
-  void OnCrash(const WorkerCrash& crash);
   void PublishLastCrash();
+  // The group's observer: a fresh key space per attempt, crashes for the
+  // console, the store's metrics.
+  void OnAttemptStarting(int restart_count) override;
+  bool wants_crashes() const override { return config_.interactive; }
+  void OnWorkerCrash(const WorkerCrash& crash) override;
+  std::string StoreMetrics() override;
 
   LaunchConfig config_;
   // first: blocks the signals before the store's thread starts

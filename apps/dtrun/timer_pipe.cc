@@ -70,13 +70,14 @@ int TimerPipe::NextMs() const {
   // Expiry times are the clients' wall clock (time.time()), so this is too.
   auto next = timers_.next_expiry();
   if (!next) return -1;
-  return static_cast<int>(std::max(0.0, (*next - os::UnixNow()) * 1000) + 1);
+  return static_cast<int>(
+      std::max(0.0, (*next - clock_->UnixSeconds()) * 1000) + 1);
 }
 
 void TimerPipe::Check(const std::map<int, int>& pids, bool python) {
   if (fd_ < 0) return;
   auto log = Logger("dtrun.agent");
-  for (const ExpiredTimer& e : timers_.Reap(os::UnixNow())) {
+  for (const ExpiredTimer& e : timers_.Reap(clock_->UnixSeconds())) {
     if (e.signal <= 0) {
       log->info(
           "file timer of pid {} expired with no signal: not reaping it (as "
@@ -94,7 +95,8 @@ void TimerPipe::Check(const std::map<int, int>& pids, bool python) {
     log->error(
         "file timer '{}' of pid {} expired at {:.3f}, killed at {:.3f} with "
         "{}{}",
-        e.scope_id, e.pid, e.expiration_time, os::UnixNow(), SignalName(signo),
+        e.scope_id, e.pid, e.expiration_time, clock_->UnixSeconds(),
+        SignalName(signo),
         signo != e.signal ? " (for its stack; the client asked for " +
                                 SignalName(e.signal) + ")"
                           : "");

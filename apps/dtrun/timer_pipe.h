@@ -8,6 +8,7 @@
 #include <map>
 #include <string>
 
+#include "apps/dtrun/clock.h"
 #include "apps/dtrun/error_report.h"
 #include "apps/dtrun/file_timer.h"
 #include "apps/dtrun/launch_config.h"
@@ -18,7 +19,10 @@ namespace dtrun::agent {
 
 class TimerPipe {
  public:
-  explicit TimerPipe(const LaunchConfig& config) : config_(config) {}
+  // Expiries are read on `clock`'s wall clock (the clients' time.time());
+  // both must outlive it.
+  TimerPipe(const LaunchConfig& config, const Clock* clock)
+      : config_(config), clock_(clock) {}
   ~TimerPipe();
   TimerPipe(const TimerPipe&) = delete;
   TimerPipe& operator=(const TimerPipe&) = delete;
@@ -41,6 +45,7 @@ class TimerPipe {
 
  private:
   const LaunchConfig& config_;
+  const Clock* clock_;
   int fd_ = -1;  // the pipe's read end
   std::string path_;
   FileTimers timers_;

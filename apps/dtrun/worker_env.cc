@@ -79,6 +79,18 @@ void SetTorchDefaults(const EnvMap& base, const WorkerPlace& p, EnvMap* env) {
 
 }  // namespace
 
+WorkerPlace PlaceOf(int local_rank, int nproc, int base_rank, int group_rank,
+                    int group_world_size, int world_size) {
+  WorkerPlace place;
+  place.local_rank = local_rank;
+  place.rank = place.role_rank = base_rank + local_rank;
+  place.group_rank = group_rank;
+  place.local_world_size = nproc;
+  place.world_size = place.role_world_size = world_size;
+  place.group_world_size = group_world_size;
+  return place;
+}
+
 EnvMap WorkerEnv(const EnvMap& base, const AttemptEnv& a,
                  const WorkerPlace& p) {
   // Workers inherit the agent's whole environment, as under torchrun; the

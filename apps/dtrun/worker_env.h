@@ -20,6 +20,12 @@ struct WorkerPlace {
   int role_world_size = 1;
 };
 
+// Local rank `local_rank` of a node holding group rank `group_rank` of
+// `group_world_size`, its ranks from `base_rank`, of `world_size` workers
+// (`nproc` a node). Pure.
+WorkerPlace PlaceOf(int local_rank, int nproc, int base_rank, int group_rank,
+                    int group_world_size, int world_size);
+
 // What is the same for every worker of one attempt. restart_count is the
 // attempt's number: restarts so far on one node; with a rendezvous, the round,
 // so it is the same on every node (torchrun's per-agent count is not).

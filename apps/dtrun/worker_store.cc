@@ -7,8 +7,9 @@
 
 namespace dtrun::agent {
 
-bool UsesStoreProxy(const std::string& mode, int world_size) {
-  return mode == "on" || (mode == "auto" && world_size > kProxyAutoWorkers);
+bool UsesStoreProxy(StoreProxyMode mode, int world_size) {
+  return mode == StoreProxyMode::kOn ||
+         (mode == StoreProxyMode::kAuto && world_size > kProxyAutoWorkers);
 }
 
 Result<std::unique_ptr<rendezvous::StoreServer>> HostWorkerStore(

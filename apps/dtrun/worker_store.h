@@ -8,6 +8,7 @@
 #include <memory>
 #include <string>
 
+#include "apps/dtrun/launch_config.h"
 #include "rendezvous/store_proxy.h"
 #include "rendezvous/store_server.h"
 
@@ -15,7 +16,7 @@ namespace dtrun::agent {
 
 // Whether --store-proxy (`mode`) puts the other nodes' workers behind
 // proxies in a job of `world_size` workers. Pure.
-bool UsesStoreProxy(const std::string& mode, int world_size);
+bool UsesStoreProxy(StoreProxyMode mode, int world_size);
 
 // Starts a round's workers' store on a free port and runs it. `arriving`:
 // the connections that reach it at once (workers, or nodes' proxies); when

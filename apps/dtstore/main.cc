@@ -8,6 +8,7 @@
 #include <signal.h>
 
 #include <cstdio>
+#include <optional>
 #include <string>
 
 #include <CLI/CLI.hpp>
@@ -20,11 +21,14 @@
 
 namespace {
 
+// dtstore's exit codes (the header comment's).
+enum ExitCode : int { kExitStopped = 0, kExitUsage = 2, kExitCannotListen = 3 };
+
 // Reads the flags into `opts` and sets the log level. Returns the exit code
-// when dtstore should stop now (0 after --help/--version, 2 on a bad flag),
-// or -1 to go on.
-int ParseFlags(int argc, char** argv,
-               dtrun::rendezvous::StoreServerOptions* out) {
+// when dtstore should stop now (0 after --help/--version, kExitUsage on a bad
+// flag), or nothing to go on.
+std::optional<int> ParseFlags(int argc, char** argv,
+                              dtrun::rendezvous::StoreServerOptions* out) {
   CLI::App app{"dtrun's standalone c10d TCPStore-compatible store server"};
   dtrun::rendezvous::StoreServerOptions& opts = *out;
   std::string log_level;
@@ -50,17 +54,17 @@ int ParseFlags(int argc, char** argv,
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e) == 0 ? 0 : 2;
+    return app.exit(e) == 0 ? kExitStopped : kExitUsage;
   }
   if (!dtrun::SetLogLevel(log_level)) {
     std::fprintf(stderr,
                  "dtstore: unknown --log-level '%s'; use one of "
                  "trace, debug, info, warn, error, off\n",
                  log_level.c_str());
-    return 2;
+    return kExitUsage;
   }
   opts.limits.max_value_bytes = max_value_mb << 20;
-  return -1;
+  return std::nullopt;
 }
 
 // Block the stop signals before the loop thread starts, so only sigwait in
@@ -83,15 +87,14 @@ int main(int argc, char** argv) {
   // Before any lookup and any thread (name_lookup.h).
   dtrun::os::UseBuiltinNameLookup();
   dtrun::rendezvous::StoreServerOptions opts;
-  int rc = ParseFlags(argc, argv, &opts);
-  if (rc >= 0) return rc;
+  if (std::optional<int> rc = ParseFlags(argc, argv, &opts)) return *rc;
   dtrun::os::RaiseFileLimit();  // 1.13 clients open two connections each
   sigset_t stop = BlockStopSignals();
 
   auto server = dtrun::rendezvous::StoreServer::Start(opts);
   if (!server.ok()) {
     std::fprintf(stderr, "dtstore: %s\n", server.status().message().c_str());
-    return 3;
+    return kExitCannotListen;
   }
   // With --port 0 this line is how a caller learns the port, so it comes only
   // once the socket listens and is flushed at once (stdout is a pipe there,
@@ -109,5 +112,5 @@ int main(int argc, char** argv) {
   sigwait(&stop, &sig);
   dtrun::Logger("dtrun.store")->info("received signal {}; shutting down", sig);
   (*server)->Stop();
-  return 0;
+  return kExitStopped;
 }

@@ -20,7 +20,7 @@
 namespace dtrun::train {
 namespace {
 
-using Clock = std::chrono::steady_clock;
+using SteadyClock = std::chrono::steady_clock;
 using Impl = FullyShardedDataParallel::Impl;
 
 // The FSDP forward running on this thread, for ShardedCall.
@@ -80,9 +80,10 @@ void Impl::OpenSharedMemory() {
 // Waits for a collective, counting the time as FSDP's exposed
 // communication (TakeCommStats).
 void Impl::Wait(const c10::intrusive_ptr<c10d::Work>& work) {
-  auto t0 = Clock::now();
+  auto t0 = SteadyClock::now();
   work->wait();
-  stats.wait_s += std::chrono::duration<double>(Clock::now() - t0).count();
+  stats.wait_s +=
+      std::chrono::duration<double>(SteadyClock::now() - t0).count();
 }
 
 // Asynchronous, so that a prefetched unit's parameters arrive while the
@@ -112,9 +113,10 @@ bool Impl::GatherHere(Unit& u) {
     return false;
   AllocStorage(u.full);
   ++stats.gathers;
-  const auto t0 = Clock::now();
+  const auto t0 = SteadyClock::now();
   Status s = net->GatherHere(u.full, u.shard.detach());
-  stats.wait_s += std::chrono::duration<double>(Clock::now() - t0).count();
+  stats.wait_s +=
+      std::chrono::duration<double>(SteadyClock::now() - t0).count();
   if (!s.ok()) throw Error("FSDP through shared memory: " + s.message());
   u.gathered = true;
   return true;

@@ -1,4 +1,5 @@
 #include "apps/dtrun/cli.h"
+#include "apps/dtrun/devices.h"
 #include "apps/dtrun/worker_store.h"
 
 #include <gtest/gtest.h>
@@ -18,18 +19,18 @@ CliResult Parse(std::vector<std::string> args) {
 
 TEST(CliTest, AcceptsDashAndUnderscoreSpellings) {
   auto a = Parse({"--nproc-per-node=3", "--max_restarts", "2", "true"});
-  ASSERT_EQ(a.exit_code, -1);
+  ASSERT_EQ(a.exit_code, std::nullopt);
   EXPECT_EQ(a.config.nproc_per_node, 3);
   EXPECT_EQ(a.config.max_restarts, 2);
   auto b = Parse({"--nproc_per_node", "2", "--max-restarts=1", "true"});
-  ASSERT_EQ(b.exit_code, -1);
+  ASSERT_EQ(b.exit_code, std::nullopt);
   EXPECT_EQ(b.config.nproc_per_node, 2);
 }
 
 TEST(CliTest, EverythingAfterTheProgramIsItsOwn) {
   auto a = Parse(
       {"--nproc-per-node=2", "true", "--nproc-per-node=9", "--lr", "0.1"});
-  ASSERT_EQ(a.exit_code, -1);
+  ASSERT_EQ(a.exit_code, std::nullopt);
   EXPECT_EQ(a.config.nproc_per_node, 2);
   EXPECT_EQ(a.config.worker_argv.size(), 4u);
   EXPECT_EQ(a.config.worker_argv[1], "--nproc-per-node=9");
@@ -39,7 +40,7 @@ TEST(CliTest, PythonScriptsRunUnbufferedThroughPython) {
   auto a = Parse({"--python", "sh", "CMakeLists.txt.py"});
   EXPECT_EQ(a.exit_code, 2);  // not found
   auto m = Parse({"--python", "sh", "-m", "pkg.train", "x"});
-  ASSERT_EQ(m.exit_code, -1);
+  ASSERT_EQ(m.exit_code, std::nullopt);
   EXPECT_EQ(m.config.worker_argv[1], "-u");
   EXPECT_EQ(m.config.worker_argv[2], "-m");
   EXPECT_EQ(m.config.worker_argv[3], "pkg.train");
@@ -47,16 +48,16 @@ TEST(CliTest, PythonScriptsRunUnbufferedThroughPython) {
 
 TEST(CliTest, StandbyIsTheProgramItselfOrTorchForPython) {
   auto native = Parse({"--standby", "true"});
-  ASSERT_EQ(native.exit_code, -1);
+  ASSERT_EQ(native.exit_code, std::nullopt);
   EXPECT_TRUE(native.config.standby);
   EXPECT_TRUE(native.config.standby_modules.empty());
   auto py = Parse({"--standby", "--python", "sh", "-m", "pkg.train"});
-  ASSERT_EQ(py.exit_code, -1);
+  ASSERT_EQ(py.exit_code, std::nullopt);
   EXPECT_EQ(py.config.standby_modules,
             (std::vector<std::string>{"torch", "torch.distributed"}));
   auto named = Parse(
       {"--standby", "--standby-import=numpy", "--python", "sh", "-m", "p"});
-  ASSERT_EQ(named.exit_code, -1);
+  ASSERT_EQ(named.exit_code, std::nullopt);
   EXPECT_EQ(named.config.standby_modules, std::vector<std::string>{"numpy"});
   ::testing::internal::CaptureStderr();
   auto wrong = Parse({"--standby-import=torch", "true"});
@@ -101,7 +102,7 @@ TEST(CliTest, AnEmptyPetStandaloneIsUnset) {
   setenv("PET_STANDALONE", "1", 1);
   auto one = Parse({"true"});
   unsetenv("PET_STANDALONE");
-  EXPECT_EQ(empty.exit_code, -1);
+  EXPECT_EQ(empty.exit_code, std::nullopt);
   EXPECT_FALSE(empty.config.standalone);
   EXPECT_EQ(empty.config.max_nodes, 2);
   EXPECT_TRUE(one.config.standalone);
@@ -111,7 +112,7 @@ TEST(CliTest, StreamSpecsAndRendezvousSettingsParse) {
   auto a = Parse({"-r", "3", "-t", "0:1,1:2", "--rdzv-conf",
                   "join_timeout=5,is_host=1", "--nnodes", "1:4",
                   "--local-ranks-filter", "0", "true"});
-  ASSERT_EQ(a.exit_code, -1);
+  ASSERT_EQ(a.exit_code, std::nullopt);
   EXPECT_EQ(a.config.redirects.For(7), 3);
   EXPECT_EQ(a.config.tee.For(1), 2);
   EXPECT_EQ(a.config.tee.For(2), 0);
@@ -146,8 +147,8 @@ TEST(CliTest, AnInteractiveSessionUnderSrunHasItsConsoleOnNodeZeroOnly) {
        {"SLURM_JOB_ID", "SLURM_NNODES", "SLURM_JOB_NODELIST", "SLURM_NODEID"}) {
     unsetenv(v);
   }
-  ASSERT_EQ(node1.exit_code, -1);
-  ASSERT_EQ(node0.exit_code, -1);
+  ASSERT_EQ(node1.exit_code, std::nullopt);
+  ASSERT_EQ(node0.exit_code, std::nullopt);
   EXPECT_TRUE(node1.config.no_console);
   EXPECT_FALSE(node0.config.no_console);
   EXPECT_EQ(node1.config.node_rank, 1);
@@ -182,7 +183,7 @@ TEST(NprocTest, NamedCountsResolve) {
 TEST(CliTest, RepeatedFlagsKeepTheLastValue) {
   auto a = Parse({"--role", "a", "--nproc-per-node=2", "--role", "b",
                   "--nproc_per_node", "3", "true"});
-  ASSERT_EQ(a.exit_code, -1);
+  ASSERT_EQ(a.exit_code, std::nullopt);
   EXPECT_EQ(a.config.role, "b");
   EXPECT_EQ(a.config.nproc_per_node, 3);
 }
@@ -191,7 +192,7 @@ TEST(CliTest, RepeatedFlagsKeepTheLastValue) {
 // a flag, not the run. Parsing only asks: main answers.
 TEST(CliTest, StatusTakesAnOptionalRunAndNeedsNoProgram) {
   auto all = Parse({"--status", "--json"});
-  EXPECT_EQ(all.exit_code, -1);
+  EXPECT_EQ(all.exit_code, std::nullopt);
   EXPECT_EQ(all.query.kind, Query::Kind::kStatus);
   EXPECT_EQ(all.query.target, "");
   EXPECT_TRUE(all.query.json);
@@ -200,7 +201,7 @@ TEST(CliTest, StatusTakesAnOptionalRunAndNeedsNoProgram) {
   EXPECT_EQ(one.query.target, "no-such-run");
   EXPECT_FALSE(one.query.json);
   auto stacks = Parse({"--stacks", "job7"});
-  EXPECT_EQ(stacks.exit_code, -1);
+  EXPECT_EQ(stacks.exit_code, std::nullopt);
   EXPECT_EQ(stacks.query.kind, Query::Kind::kStacks);
   EXPECT_EQ(stacks.query.target, "job7");
   EXPECT_EQ(Parse({"true"}).query.kind, Query::Kind::kNone);
@@ -214,7 +215,7 @@ TEST(CliTest, StatusTakesAnOptionalRunAndNeedsNoProgram) {
 TEST(CliTest, UnambiguousPrefixesAreTheFlag) {
   auto a = Parse(
       {"--nnode=2", "--nproc=2", "--master-ad", "h1", "--node_r", "1", "true"});
-  ASSERT_EQ(a.exit_code, -1);
+  ASSERT_EQ(a.exit_code, std::nullopt);
   EXPECT_EQ(a.config.max_nodes, 2);
   EXPECT_EQ(a.config.nproc_per_node, 2);
   EXPECT_EQ(a.config.master_addr, "h1");
@@ -229,18 +230,18 @@ TEST(CliTest, DtrunsOwnFlagsNeverMakeATorchrunPrefixAmbiguous) {
   // --no-p is --no-python; "--no-c" is dtrun's --no-console; --log-l could
   // be torchrun's --log-line-prefix-template or dtrun's --log-level.
   auto a = Parse({"--log-l", "[x]", "true"});
-  ASSERT_EQ(a.exit_code, -1);
+  ASSERT_EQ(a.exit_code, std::nullopt);
   EXPECT_EQ(a.config.log_line_prefix_template, "[x]");
 }
 
 TEST(CliTest, ADoubleDashAfterTheScriptIsDroppedOnce) {
   auto a = Parse({"true", "--", "--depth=26", "--"});
-  ASSERT_EQ(a.exit_code, -1);
+  ASSERT_EQ(a.exit_code, std::nullopt);
   ASSERT_EQ(a.config.worker_argv.size(), 3u);
   EXPECT_EQ(a.config.worker_argv[1], "--depth=26");
   EXPECT_EQ(a.config.worker_argv[2], "--");
   auto b = Parse({"--nproc-per-node=2", "--", "true", "x"});
-  ASSERT_EQ(b.exit_code, -1);
+  ASSERT_EQ(b.exit_code, std::nullopt);
   EXPECT_EQ(b.config.worker_argv.size(), 2u);
 }
 
@@ -251,7 +252,7 @@ TEST(CliTest, NewTorchrunFlagsParse) {
                   "--duplicate_stderr_filters=Error", "--event-log-handler",
                   "console", "--start-method=fork", "--shutdown-timeout", "5",
                   "true"});
-  ASSERT_EQ(a.exit_code, -1);
+  ASSERT_EQ(a.exit_code, std::nullopt);
   EXPECT_TRUE(a.config.virtual_local_rank);
   EXPECT_EQ(a.config.handled_signals.size(), 3u);
   EXPECT_EQ(a.config.numa_binding, "exclusive");
@@ -266,7 +267,8 @@ TEST(CliTest, ChoicesAreCheckedAsTorchrunChecksThem) {
   EXPECT_EQ(Parse({"--start-method=thread", "true"}).exit_code, 2);
   EXPECT_EQ(Parse({"--numa-binding=all", "true"}).exit_code, 2);
   EXPECT_EQ(Parse({"--store-proxy=yes", "true"}).exit_code, 2);
-  EXPECT_EQ(Parse({"--store-proxy=off", "true"}).config.store_proxy, "off");
+  EXPECT_EQ(Parse({"--store-proxy=off", "true"}).config.store_proxy,
+            StoreProxyMode::kOff);
   // etcd needs its members named.
   EXPECT_EQ(Parse({"--rdzv-backend=etcd", "true"}).exit_code, 2);
   EXPECT_EQ(Parse({"--rdzv-backend=etcd-v2", "true"}).exit_code, 2);
@@ -287,7 +289,7 @@ TEST(CliTest, SignalsToHandleFallsBackToTorchrunsVariable) {
   auto a = Parse({"true"});
   auto b = Parse({"--signals-to-handle=SIGUSR1", "true"});
   unsetenv("TORCHELASTIC_SIGNALS_TO_HANDLE");
-  ASSERT_EQ(a.exit_code, -1);
+  ASSERT_EQ(a.exit_code, std::nullopt);
   EXPECT_EQ(a.config.handled_signals, std::vector<int>{SIGUSR2});
   EXPECT_EQ(b.config.handled_signals, std::vector<int>{SIGUSR1});
   EXPECT_EQ(Parse({"true"}).config.handled_signals.size(), 4u);
@@ -296,7 +298,7 @@ TEST(CliTest, SignalsToHandleFallsBackToTorchrunsVariable) {
 TEST(CliTest, FreePortEndpointHostsTheStoreOnOneNode) {
   auto a = Parse({"--rdzv-backend=c10d", "--rdzv-endpoint=localhost:0",
                   "--rdzv-id=abc", "true"});
-  ASSERT_EQ(a.exit_code, -1);
+  ASSERT_EQ(a.exit_code, std::nullopt);
   EXPECT_TRUE(a.config.free_port_store);
   EXPECT_FALSE(a.config.uses_rendezvous());
   EXPECT_EQ(a.config.master_addr, "localhost");
@@ -305,16 +307,16 @@ TEST(CliTest, FreePortEndpointHostsTheStoreOnOneNode) {
 
 TEST(CliTest, NativeProgramsRunDirectlyOtherFilesThroughPython) {
   auto native = Parse({"--python", "sh", "true"});
-  ASSERT_EQ(native.exit_code, -1);
+  ASSERT_EQ(native.exit_code, std::nullopt);
   EXPECT_EQ(native.config.worker_argv[0], "/usr/bin/true");
   // A script without .py (here a shell script on $PATH) goes to Python,
   // as torchrun sends it.
   auto script = Parse({"--python", "sh", "ldd"});
-  ASSERT_EQ(script.exit_code, -1);
+  ASSERT_EQ(script.exit_code, std::nullopt);
   EXPECT_TRUE(script.config.python_worker);
   EXPECT_EQ(script.config.worker_argv[2], "/usr/bin/ldd");
   auto direct = Parse({"--no-python", "ldd"});
-  ASSERT_EQ(direct.exit_code, -1);
+  ASSERT_EQ(direct.exit_code, std::nullopt);
   EXPECT_EQ(direct.config.worker_argv[0], "/usr/bin/ldd");
 }
 
@@ -393,7 +395,7 @@ TEST(CliTest, VirtualLocalRankNeedsAGpuForEachWorker) {
   auto enough = Parse({"--nproc-per-node=2", "--virtual-local-rank", "true"});
   unsetenv("CUDA_VISIBLE_DEVICES");
   EXPECT_EQ(short_list.exit_code, 2);
-  EXPECT_EQ(enough.exit_code, -1);
+  EXPECT_EQ(enough.exit_code, std::nullopt);
 }
 
 TEST(SignalListTest, NamesAndNumbers) {
@@ -412,7 +414,7 @@ TEST(CliTest, EtcdEndpointsAndSettings) {
   auto a = Parse({"--nnodes=2", "--rdzv-backend=etcd",
                   "--rdzv-endpoint=10.0.0.1,10.0.0.2:2380,[::1]:2381",
                   "--rdzv-conf=timeout=90", "true"});
-  ASSERT_EQ(a.exit_code, -1);
+  ASSERT_EQ(a.exit_code, std::nullopt);
   EXPECT_EQ(a.config.rdzv_backend, RdzvBackend::kEtcd);
   EXPECT_EQ(
       a.config.etcd_endpoints,
@@ -424,7 +426,7 @@ TEST(CliTest, EtcdEndpointsAndSettings) {
 
   auto tls = Parse({"--nnodes=2", "--rdzv-backend=etcd-v2",
                     "--rdzv-endpoint=https://h1:2379,https://h2:2379", "true"});
-  ASSERT_EQ(tls.exit_code, -1);
+  ASSERT_EQ(tls.exit_code, std::nullopt);
   EXPECT_EQ(tls.config.rdzv_conf.protocol, "https");
 
   // An explicit join_timeout wins over `timeout`; c10d ignores `timeout`.
@@ -466,12 +468,12 @@ namespace {
 // --store-proxy=auto proxies only the jobs whose burst of connections
 // would outgrow a default listen queue; on and off are what they say.
 TEST(StoreProxyModeTest, AutoProxiesOnlyJobsOfMoreThan2048Workers) {
-  EXPECT_FALSE(UsesStoreProxy("auto", 8));
-  EXPECT_FALSE(UsesStoreProxy("auto", kProxyAutoWorkers));
-  EXPECT_TRUE(UsesStoreProxy("auto", kProxyAutoWorkers + 1));
-  EXPECT_TRUE(UsesStoreProxy("on", 2));
-  EXPECT_FALSE(UsesStoreProxy("off", 100000));
-  EXPECT_EQ(Parse({"true"}).config.store_proxy, "auto");
+  EXPECT_FALSE(UsesStoreProxy(StoreProxyMode::kAuto, 8));
+  EXPECT_FALSE(UsesStoreProxy(StoreProxyMode::kAuto, kProxyAutoWorkers));
+  EXPECT_TRUE(UsesStoreProxy(StoreProxyMode::kAuto, kProxyAutoWorkers + 1));
+  EXPECT_TRUE(UsesStoreProxy(StoreProxyMode::kOn, 2));
+  EXPECT_FALSE(UsesStoreProxy(StoreProxyMode::kOff, 100000));
+  EXPECT_EQ(Parse({"true"}).config.store_proxy, StoreProxyMode::kAuto);
 }
 
 // A store that cannot be reached leaves the workers on the store itself.

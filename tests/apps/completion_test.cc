@@ -23,7 +23,8 @@ int ParseExitCode(std::vector<std::string> args) {
   args.insert(args.begin(), "dtrun");
   std::vector<const char*> argv;
   for (const auto& a : args) argv.push_back(a.c_str());
-  return ParseCommandLine(static_cast<int>(argv.size()), argv.data()).exit_code;
+  return ParseCommandLine(static_cast<int>(argv.size()), argv.data())
+      .exit_code.value_or(-1);
 }
 
 TEST(CompletionTest, BashOffersDashedAndShortSpellingsOnly) {

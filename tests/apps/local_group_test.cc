@@ -6,6 +6,8 @@
 
 #include <csignal>
 #include <cstdlib>
+#include <ctime>
+#include <utility>
 
 #include "rendezvous/util/os_util.h"
 #include "tests/testing/fake_clock.h"
@@ -24,6 +26,27 @@ std::string EnvOf(const WorkerSpec& spec, const std::string& key) {
   }
   return "<unset>";
 }
+
+// What the group tells its observer, and a job's `--stacks` request when
+// `stacks_asked`.
+struct RecordingObserver : GroupObserver {
+  void OnAttemptStarting(int restart_count) override {
+    starts.push_back(restart_count);
+  }
+  bool wants_crashes() const override { return crashes_wanted; }
+  void OnWorkerCrash(const WorkerCrash& crash) override {
+    crashes.push_back(crash);
+  }
+  bool StacksWanted() override { return std::exchange(stacks_asked, false); }
+  void AnswerStacks(const std::string& json) override {
+    answers.push_back(json);
+  }
+  std::vector<int> starts;
+  bool crashes_wanted = false;
+  std::vector<WorkerCrash> crashes;
+  bool stacks_asked = false;
+  std::vector<std::string> answers;
+};
 
 // A LocalGroup of 3 workers over the fake, in a run folder of its own.
 class LocalGroupTest : public ::testing::Test {
@@ -91,8 +114,8 @@ TEST_F(LocalGroupTest, SucceedsWhenEveryWorkerExitsZero) {
 }
 
 TEST_F(LocalGroupTest, AFailureStopsTheOthersAndRestartsTheGroup) {
-  std::vector<int> before_start;
-  Make().before_start = [&](int restart) { before_start.push_back(restart); };
+  RecordingObserver seen;
+  Make().set_observer(&seen);
   group_->Start();
   workers_.Exit(FakeWorkerGroup::kFirstPid + 1, 7);
   group_->OnChildExits();
@@ -101,7 +124,7 @@ TEST_F(LocalGroupTest, AFailureStopsTheOthersAndRestartsTheGroup) {
   group_->OnChildExits();
   ASSERT_EQ(workers_.spawned.size(), 6u);
   EXPECT_EQ(EnvOf(workers_.spawned[3], "TORCHELASTIC_RESTART_COUNT"), "1");
-  EXPECT_EQ(before_start, (std::vector<int>{0, 1}));
+  EXPECT_EQ(seen.starts, (std::vector<int>{0, 1}));
   EXPECT_EQ(group_->outcome(), GroupOutcome::kRunning);
 }
 
@@ -117,6 +140,29 @@ TEST_F(LocalGroupTest, FailsWithTheRootCausesCodeOnceRestartsAreUsedUp) {
   EXPECT_EQ(group_->ReportFailure(), 7);
   std::string summary = ::testing::internal::GetCapturedStderr();
   EXPECT_NE(summary.find("exit code : 7"), std::string::npos) << summary;
+}
+
+// The times a failure carries are read from the group's clock, so a test on
+// simulated time sees its own: the summary's "time" is the fake clock's
+// moment of the exit, hours away from the machine's.
+TEST_F(LocalGroupTest, AFailuresTimeIsTheGroupsClocks) {
+  config_.max_restarts = 0;
+  Make().Start();
+  clock_.Advance(std::chrono::hours(30));
+  const time_t at = static_cast<time_t>(clock_.UnixSeconds());
+  workers_.Exit(FakeWorkerGroup::kFirstPid, 7);
+  group_->OnChildExits();
+  clock_.Advance(std::chrono::seconds(5));
+  workers_.KillAll(SIGTERM);
+  group_->OnChildExits();
+  tm local{};
+  localtime_r(&at, &local);
+  char want[64];
+  std::strftime(want, sizeof(want), "time      : %Y-%m-%d_%H:%M:%S", &local);
+  ::testing::internal::CaptureStderr();
+  group_->ReportFailure();
+  const std::string summary = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(summary.find(want), std::string::npos) << want << "\n" << summary;
 }
 
 // Each attempt's rank 1 beats `step`, then fails; the others are stopped.
@@ -332,20 +378,59 @@ TEST_F(LocalGroupTest, RedirectedStreamsGoToTheAttemptsFolder) {
 
 TEST_F(LocalGroupTest, ACrashIsPublishedWithItsLastStderrLines) {
   config_.redirects = StreamSpec{3, {}};
-  std::vector<WorkerCrash> crashes;
-  Make().on_worker_crash = [&](const WorkerCrash& c) { crashes.push_back(c); };
+  RecordingObserver seen;
+  seen.crashes_wanted = true;
+  Make().set_observer(&seen);
   group_->Start();
   std::string log = group_->run_dir() + "/attempt_0/2/stderr.log";
   ASSERT_TRUE(
       os::WriteFile(log, "one\ntwo\nModuleNotFoundError: torch\n").ok());
   workers_.Exit(FakeWorkerGroup::kFirstPid + 2, 1);
   group_->OnChildExits();
-  ASSERT_EQ(crashes.size(), 1u);
-  EXPECT_EQ(crashes[0].rank, 2);
-  EXPECT_EQ(crashes[0].attempt, 0);
-  EXPECT_EQ(crashes[0].stderr_file, log);
-  EXPECT_EQ(crashes[0].stderr_tail, "one\ntwo\nModuleNotFoundError: torch\n");
+  ASSERT_EQ(seen.crashes.size(), 1u);
+  EXPECT_EQ(seen.crashes[0].rank, 2);
+  EXPECT_EQ(seen.crashes[0].attempt, 0);
+  EXPECT_EQ(seen.crashes[0].stderr_file, log);
+  EXPECT_EQ(seen.crashes[0].stderr_tail,
+            "one\ntwo\nModuleNotFoundError: torch\n");
   EXPECT_EQ(workers_.read_pending_calls, 1);  // its last words were read first
+}
+
+// A job that does not want crashes costs the group no read of the pipes.
+TEST_F(LocalGroupTest, ACrashNobodyWantsIsNotRead) {
+  RecordingObserver seen;
+  Make().set_observer(&seen);
+  group_->Start();
+  workers_.Exit(FakeWorkerGroup::kFirstPid + 2, 1);
+  group_->OnChildExits();
+  EXPECT_TRUE(seen.crashes.empty());
+  EXPECT_EQ(workers_.read_pending_calls, 0);
+}
+
+// `dtrun --stacks` asked twice at once, in the run folder and through the
+// job's store: the group takes the stacks once (one tool run per worker)
+// and both requests get that answer; the watchers only carried them.
+TEST_F(LocalGroupTest, OneCaptureAnswersEveryStackRequest) {
+  RecordingObserver seen;
+  Make().set_observer(&seen);
+  group_->Start();
+  const std::string request = group_->run_dir() + "/stacks.request";
+  ASSERT_TRUE(os::WriteFile(request, "q7\n").ok());
+  seen.stacks_asked = true;
+  clock_.Advance(std::chrono::seconds(2));
+  group_->OnTick();
+  ASSERT_EQ(seen.answers.size(), 1u);
+  EXPECT_NE(seen.answers[0].find("\"stacks\""), std::string::npos);
+  EXPECT_EQ(os::ReadFileOrEmpty(group_->run_dir() + "/stacks.q7.json"),
+            seen.answers[0]);
+  EXPECT_EQ(access(request.c_str(), F_OK), -1);  // taken
+  // A stack tool per worker at most (none where no tool is installed).
+  const size_t one_capture = workers_.tools_run.size();
+  EXPECT_LE(one_capture, 3u);
+  clock_.Advance(std::chrono::seconds(2));
+  group_->OnTick();  // nothing asked since: no capture
+  EXPECT_EQ(workers_.tools_run.size(), one_capture);
+  EXPECT_EQ(seen.answers.size(), 1u);
 }
 
 TEST_F(LocalGroupTest, FinishDrainsOutputAndKeepsALogDir) {

@@ -81,7 +81,7 @@ class SlurmCliTest : public ::testing::Test {
 
 TEST_F(SlurmCliTest, FillsNodesRankHostPortAndId) {
   auto r = Parse({"true"});
-  ASSERT_EQ(r.exit_code, -1);
+  ASSERT_EQ(r.exit_code, std::nullopt);
   EXPECT_EQ(r.config.max_nodes, 3);
   EXPECT_EQ(r.config.node_rank, 2);
   EXPECT_EQ(r.config.master_addr, "c10");
@@ -92,7 +92,7 @@ TEST_F(SlurmCliTest, FillsNodesRankHostPortAndId) {
 TEST_F(SlurmCliTest, FlagsWinAndCpuCountsComeFromSlurm) {
   auto r = Parse({"--nnodes=1", "--node-rank=0", "--master-addr=x",
                   "--nproc-per-node=cpu", "true"});
-  ASSERT_EQ(r.exit_code, -1);
+  ASSERT_EQ(r.exit_code, std::nullopt);
   EXPECT_EQ(r.config.max_nodes, 1);
   EXPECT_EQ(r.config.master_addr, "x");
   EXPECT_EQ(r.config.nproc_per_node, 6);

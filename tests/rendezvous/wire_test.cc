@@ -203,5 +203,54 @@ INSTANTIATE_TEST_SUITE_P(EveryOp, WireRoundTripTest,
                                        : "_v113");
                          });
 
+// A change frame as a 1.13 store pushes it: type, key, old value, new value.
+std::string ChangeFrame(uint8_t type, const std::string& key,
+                        const std::string& old_value,
+                        const std::string& new_value) {
+  std::string out;
+  PutU8(&out, type);
+  for (const std::string* s : {&key, &old_value, &new_value}) {
+    PutU64(&out, s->size());
+    out += *s;
+  }
+  return out;
+}
+
+// Acknowledgements and changes come mixed on one connection; each frame is
+// decoded whole or not at all, byte by byte as well as at once, and the old
+// value is dropped.
+TEST(WatchFrameTest, AcknowledgementsAndChangesDecodeWholeOrWait) {
+  const std::string change =
+      ChangeFrame(kWatchUpdated, "rdzv/x/hb/1", "4", "5");
+  const std::string stream = std::string(1, char(kWatchRegistered)) + change;
+  WatchFrame f;
+  size_t used = 0;
+  std::string error;
+  ASSERT_EQ(DecodeWatchFrame(stream, &f, &used, &error), DecodeState::kDone);
+  EXPECT_EQ(f.type, kWatchRegistered);
+  EXPECT_EQ(used, 1u);
+  for (size_t n = 0; n < change.size(); ++n) {
+    EXPECT_EQ(DecodeWatchFrame(std::string_view(change).substr(0, n), &f, &used,
+                               &error),
+              DecodeState::kNeedMore)
+        << n;
+  }
+  ASSERT_EQ(DecodeWatchFrame(stream.substr(1) + "tail", &f, &used, &error),
+            DecodeState::kDone);
+  EXPECT_EQ(f.type, kWatchUpdated);
+  EXPECT_EQ(f.key, "rdzv/x/hb/1");
+  EXPECT_EQ(f.value, "5");
+  EXPECT_EQ(used, change.size());
+}
+
+TEST(WatchFrameTest, AByteThatIsNoFrameIsNamed) {
+  WatchFrame f;
+  size_t used = 0;
+  std::string error;
+  EXPECT_EQ(DecodeWatchFrame("\x07rest", &f, &used, &error),
+            DecodeState::kMalformed);
+  EXPECT_NE(error.find("byte 7 is neither"), std::string::npos) << error;
+}
+
 }  // namespace
 }  // namespace dtrun::rendezvous

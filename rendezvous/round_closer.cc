@@ -1,0 +1,111 @@
+// The closer's role in a round (round_closer.h).
+#include "rendezvous/round_closer.h"
+
+#include <algorithm>
+
+#include "rendezvous/rendezvous.h"
+#include "rendezvous/store_keys.h"
+#include "rendezvous/util/describe.h"
+#include "rendezvous/util/log.h"
+
+namespace dtrun::rendezvous {
+
+RoundCloser::RoundCloser(Store* store, const RendezvousOptions& opts,
+                         const RoundKeys& keys, const Clock& clock)
+    : store_(store), opts_(opts), keys_(keys), clock_(clock) {}
+
+// Several nodes may decide at once that the round can close; the closing
+// key elects one. Its claim carries the count it saw, and joiners after
+// that count learn from `final` that they are out and wait for the next.
+Status RoundCloser::TryClose(int round, LastCall* last_call) {
+  auto joined = store_->Add(keys_.Round(round, "n"), 0);
+  if (!joined.ok()) return joined.status();
+  int count = static_cast<int>(std::min<int64_t>(*joined, opts_.max_nodes));
+  if (count < opts_.min_nodes) return Status::Ok();
+  last_call->close_tried = true;
+  std::string claim = std::to_string(count) + " " + opts_.node_id;
+  auto closer = store_->CompareSet(keys_.Round(round, "closing"), "", claim);
+  if (!closer.ok()) return closer.status();
+  if (*closer != claim) return Status::Ok();  // another node closes it
+  const TimePoint started = clock_.Now();
+  Status s = WriteRanks(round, count);
+  if (s.ok()) {
+    s = store_
+            ->CompareSet(keys_.Round(round, "final"), "", std::to_string(count))
+            .status();
+  }
+  if (!s.ok()) return s;
+  Logger("dtrun.rdzv")
+      ->info("round {}: closed with {} node(s), ranks written in {}", round,
+             count, DescribeSeconds(clock_.Now() - started));
+  if (count < opts_.max_nodes) SayShortRound(round, count);
+  return Status::Ok();
+}
+
+// Bounded: a few jobs registering at once on one store retry a few times.
+void RoundCloser::NoteRunId() {
+  std::string seen;
+  for (int i = 0; i < 5; ++i) {
+    std::string next = RunIdsWith(seen, opts_.run_id, clock_.UnixMillis());
+    auto now = store_->CompareSet(keys::kRunIds, seen, next);
+    if (!now.ok() || *now == next) return;
+    seen = *now;
+  }
+}
+
+// An elastic round that closed below its maximum after its last call: how
+// many came and were waited for, and the other jobs that rendezvoused on
+// this store lately (a per-node --rdzv-id, a typo: each node then makes a
+// world of its own without a word).
+void RoundCloser::SayShortRound(int round, int count) {
+  auto log = Logger("dtrun.rdzv");
+  log->warn(
+      "round {}: {} of up to {} node(s) (--nnodes={}:{}) came within the "
+      "last call's {}; the job runs with {}",
+      round, count, opts_.max_nodes, opts_.min_nodes, opts_.max_nodes,
+      DescribeSeconds(opts_.last_call_timeout), count);
+  auto list = store_->Get(keys::kRunIds);
+  if (!list.ok()) return;
+  const int64_t now = clock_.UnixMillis();
+  for (const auto& [id, ms] :
+       OtherRunIds(*list, opts_.run_id, now - opts_.join_timeout.count())) {
+    log->warn(
+        "another job, rdzv id '{}', rendezvoused on this store {} ago while "
+        "this one ('{}') waited for nodes: if they are one job, give every "
+        "node the same --rdzv-id",
+        id, DescribeSeconds(std::chrono::milliseconds(now - ms)), opts_.run_id);
+  }
+}
+
+// Ranks: the closer reads every joiner's records and writes every rank
+// (OrderRanks decides), 64 to a key, in one MULTI_SET. The heartbeat
+// counters are not written: a node's first beat makes its own, and a
+// counter not there yet reads as empty, as one that does not move.
+Status RoundCloser::WriteRanks(int round, int count) {
+  std::vector<std::string> node_keys, pref_keys;
+  for (int slot = 1; slot <= count; ++slot) {
+    node_keys.push_back(keys_.Round(round, "node", slot));
+    pref_keys.push_back(keys_.Round(round, "pref", slot));
+  }
+  // A joiner sets its key right after taking its slot.
+  Status s = store_->Wait(node_keys, opts_.join_timeout);
+  if (!s.ok()) return s;
+  auto entries = store_->MultiGet(node_keys);
+  if (!entries.ok()) return entries.status();
+  auto prefs = store_->MultiGet(pref_keys);
+  if (!prefs.ok()) return prefs.status();
+  RankTable table = OrderRanks(*entries, *prefs);
+  if (!table.by_preference && opts_.preferred_rank >= 0) {
+    Logger("dtrun.rdzv")
+        ->info(
+            "round {}: not every node gave a distinct --node-rank; group "
+            "ranks follow the join order",
+            round);
+  }
+  std::vector<std::string> keys, values = PackRankRecords(table);
+  for (size_t k = 0; k < values.size(); ++k)
+    keys.push_back(keys_.Round(round, "ranks", static_cast<int64_t>(k)));
+  return store_->MultiSet(keys, values);
+}
+
+}  // namespace dtrun::rendezvous
