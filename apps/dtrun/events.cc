@@ -106,6 +106,9 @@ std::string RecoveryEventJson(const RecoveryBreakdown& b,
                        {"start", b.start},   {"init", b.init},
                        {"load", b.load},     {"first_step", b.first_step},
                        {"step", b.step},     {"source", b.source}};
+  // What the failure cost the run against the undisturbed one; null when
+  // the job never got back to where it stood.
+  md["lost"] = b.lost >= 0 ? nlohmann::json(b.lost) : nlohmann::json();
   nlohmann::json j = {{"name", "dtrun.recovery"},
                       {"source", "AGENT"},
                       {"timestamp", static_cast<int64_t>(timestamp)},

@@ -78,10 +78,29 @@ Status JobWatch::StartServers() {
 
 // A recovery runs from the failure the group reaped to the first step every
 // new worker completes after its resume (recovery.h).
-void JobWatch::OnWorkerFailed(double when) {
+void JobWatch::OnWorkerFailed(const GroupView& view, double when) {
+  FlushRecovery(view);
+  BeginRecovery(when, 0);
+}
+
+void JobWatch::BeginRecovery(double failed, double decided) {
   recovery_ = RecoveryTimes();
-  recovery_.failed = when;
+  recovery_.failed = failed;
+  recovery_.decided = decided;
+  if (auto reached = pace_.Reached(config_.nproc_per_node)) {
+    recovery_.reached_step = reached->first;
+    recovery_.reached_at = reached->second;
+    recovery_.step_s = pace_.StepSeconds();
+  }
   recovering_ = true;
+}
+
+void JobWatch::FlushRecovery(const GroupView& view) {
+  if (!recovering_) return;
+  auto b = Breakdown(recovery_, config_.nproc_per_node);
+  if (!b) return;
+  recovering_ = false;
+  ReportRecovery(view, *b);
 }
 
 void JobWatch::OnRestartDecided() {
@@ -89,11 +108,10 @@ void JobWatch::OnRestartDecided() {
     recovery_.decided = clock_->UnixSeconds();
 }
 
-void JobWatch::OnRoundOver(double when) {
+void JobWatch::OnRoundOver(const GroupView& view, double when) {
+  FlushRecovery(view);
   if (recovering_) return;
-  recovery_ = RecoveryTimes();
-  recovery_.failed = recovery_.decided = when;
-  recovering_ = true;
+  BeginRecovery(when, when);
 }
 
 void JobWatch::OnSpawning(int restart_count) {
@@ -106,6 +124,7 @@ void JobWatch::OnSpawning(int restart_count) {
 void JobWatch::OnSpawned(double attempt_started) {
   attempt_started_ = attempt_started;
   if (recovering_) recovery_.spawn_end = clock_->UnixSeconds();
+  pace_.Restart();
   sampler_.Reset();
   next_status_ = clock_->Now();  // the new pids at once
   stragglers_.Reset();
@@ -128,6 +147,7 @@ void JobWatch::OnFinished() {
 
 // --event-log-handler: dtrun's record of the attempt that just ended.
 void JobWatch::OnAttemptEnded(const GroupView& view, const std::string& cause) {
+  FlushRecovery(view);
   if (attempt_started_ == 0) return;
   report_events_.push_back({clock_->UnixSeconds(), "attempt",
                             "attempt " +
@@ -158,6 +178,7 @@ void JobWatch::OnBeats(const GroupView& view,
   for (int lr : local_ranks) {
     const Beat& beat = view.beats.last(lr);
     if (recovering_) NoteRecovery(view, lr);
+    pace_.OnBeat(lr, beat.line.step, beat.unix_s());
     auto pid = view.pids.find(lr);
     if (pid == view.pids.end()) continue;
     // The main thread's wait for a core: the host's noise, taken off.
@@ -202,8 +223,13 @@ void JobWatch::NoteRecovery(const GroupView& view, int local_rank) {
   if (beat.line.step > recovery_.resumed[local_rank].step &&
       !recovery_.first_step.count(local_rank))
     recovery_.first_step[local_rank] = beat.unix_s();
+  if (recovery_.reached_step >= 0 && beat.line.step > recovery_.reached_step &&
+      !recovery_.back.count(local_rank))
+    recovery_.back[local_rank] = beat.unix_s();
   auto b = Breakdown(recovery_, config_.nproc_per_node);
-  if (!b) return;
+  // Reported once the job is back where it stood (its time lost known),
+  // or as it is when it never will be (FlushRecovery).
+  if (!b || (b->lost < 0 && recovery_.reached_step >= 0)) return;
   recovering_ = false;
   ReportRecovery(view, *b);
 }
@@ -342,6 +368,7 @@ void JobWatch::Finish() {
 void JobWatch::RecordEnd(const GroupView& view,
                          const std::vector<WorkerExit>& failures,
                          bool succeeded) {
+  FlushRecovery(view);
   RecordEvents(view, failures, succeeded);
   RecordOutcome(view, succeeded);
   WriteReport(view, succeeded);

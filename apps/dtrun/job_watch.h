@@ -62,12 +62,13 @@ class JobWatch {
   double started_at() const { return started_at_; }
 
   // The group's moments, in the order they come.
-  void OnWorkerFailed(double when);  // a worker failed while the group ran
-  void OnRestartDecided();           // ...and the Agent acted on it
+  // A worker failed while the group ran, at `when`.
+  void OnWorkerFailed(const GroupView& view, double when);
+  void OnRestartDecided();  // ...and the Agent acted on it
   // A new round stops the group (a node lost, or one joining): a recovery
   // from `when`, this node's learning of it, unless a failure here began
   // one.
-  void OnRoundOver(double when);
+  void OnRoundOver(const GroupView& view, double when);
   void OnSpawning(int restart_count);
   void OnSpawned(double attempt_started);  // unix seconds
   void OnHang(int restart_count);
@@ -108,6 +109,11 @@ class JobWatch {
   bool Healthy(const std::vector<WorkerStatus>& workers) const;
   void CheckStragglers();
   void NoteRecovery(const GroupView& view, int local_rank);
+  // A recovery begins at `failed`: where the job stood, from the pace.
+  void BeginRecovery(double failed, double decided);
+  // A recovery whose breakdown is complete but whose time lost is not yet
+  // known (the job not back where it stood) is reported as it is.
+  void FlushRecovery(const GroupView& view);
   void ReportRecovery(const GroupView& view, const RecoveryBreakdown& b);
   void SummarizeRecoveries() const;
   void RecordEvents(const GroupView& view,
@@ -138,6 +144,7 @@ class JobWatch {
   // the first step every new worker completes after its resume.
   RecoveryTimes recovery_;
   bool recovering_ = false;
+  StepPace pace_;  // the steps' times, for what a failure cost
   struct Recovered {
     int attempt = 0;
     RecoveryBreakdown breakdown;

@@ -122,7 +122,7 @@ void LocalGroup::StartRound(int round) {
 }
 
 void LocalGroup::StopForNewRound() {
-  watch_.OnRoundOver(clock_->UnixSeconds());
+  watch_.OnRoundOver(View(), clock_->UnixSeconds());
   Apply(agent_.StopForNewRound(clock_->Now()));
 }
 
@@ -240,7 +240,7 @@ void LocalGroup::OnChildExits() {
       cause_[e.pid] = e.cause;
     if (e.oom && agent_.phase() == Phase::kRunning) watch_.OnOomKill();
     if (first_failure) {
-      watch_.OnWorkerFailed(exit_time_[e.pid]);
+      watch_.OnWorkerFailed(View(), exit_time_[e.pid]);
       std::string how = e.signal ? SignalName(e.signal)
                                  : "exit code " + std::to_string(e.exit_code);
       Logger("dtrun.agent")

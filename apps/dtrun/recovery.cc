@@ -17,6 +17,43 @@ std::optional<ResumeRecord> ParseResumeRecord(const std::string& text) {
   return r;
 }
 
+void StepPace::OnBeat(int local_rank, int64_t step, double at) {
+  if (step < 0) return;  // no step yet, or "done"
+  auto it = last_.find(local_rank);
+  // A whole step: the one after the last seen. A resume's first beats go
+  // back or jump and time nothing.
+  if (it != last_.end() && step == it->second.first + 1 &&
+      at >= it->second.second) {
+    durations_.push_back(at - it->second.second);
+    if (durations_.size() > 64) durations_.pop_front();
+  }
+  last_[local_rank] = {step, at};
+}
+
+// The job's step is its slowest rank's: the faster ones wait for it at the
+// next collective, so that step is done only when the last of them beat it.
+std::optional<std::pair<int64_t, double>> StepPace::Reached(int ranks) const {
+  if (ranks <= 0 || static_cast<int>(last_.size()) < ranks) return std::nullopt;
+  std::pair<int64_t, double> reached{-1, 0};
+  for (const auto& [lr, beat] : last_) {
+    if (reached.first < 0 || beat.first < reached.first) {
+      reached = beat;
+    } else if (beat.first == reached.first) {
+      reached.second = std::max(reached.second, beat.second);
+    }
+  }
+  return reached;
+}
+
+// The median, not the mean: the slow first steps after a resume and a
+// step that waited on a checkpoint do not make the undisturbed pace.
+double StepPace::StepSeconds() const {
+  if (durations_.empty()) return 0;
+  std::deque<double> sorted = durations_;
+  std::sort(sorted.begin(), sorted.end());
+  return sorted[sorted.size() / 2];
+}
+
 std::optional<RecoveryBreakdown> Breakdown(const RecoveryTimes& t, int ranks) {
   if (t.failed <= 0 || t.spawn_end <= 0 || ranks <= 0) return std::nullopt;
   if (static_cast<int>(t.resumed.size()) < ranks ||
@@ -45,6 +82,12 @@ std::optional<RecoveryBreakdown> Breakdown(const RecoveryTimes& t, int ranks) {
   b.load = ends[5] - ends[4];
   b.first_step = ends[6] - ends[5];
   b.total = ends[6] - ends[0];
+  if (t.reached_step >= 0 && static_cast<int>(t.back.size()) >= ranks) {
+    double back = 0;
+    for (const auto& [lr, at] : t.back) back = std::max(back, at);
+    b.lost = std::max(0.0, back - (t.reached_at + t.step_s));
+    b.back_step = t.reached_step + 1;
+  }
   return b;
 }
 
@@ -55,7 +98,13 @@ std::string RecoveryLine(const RecoveryBreakdown& b) {
                 "init %.2f, load %.2f, first step %.2f (from step %lld, %s)",
                 b.total, b.detect, b.regroup, b.start, b.init, b.load,
                 b.first_step, static_cast<long long>(b.step), b.source.c_str());
-  return buf;
+  std::string line = buf;
+  if (b.lost >= 0) {
+    std::snprintf(buf, sizeof(buf), "; time lost %.2f s (back at step %lld)",
+                  b.lost, static_cast<long long>(b.back_step));
+    line += buf;
+  }
+  return line;
 }
 
 }  // namespace dtrun::agent

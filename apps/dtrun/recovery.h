@@ -14,6 +14,7 @@
 // (rendezvous/heartbeat.h); apps/dtrun/README.md shows a Python worker's.
 
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <optional>
 #include <string>
@@ -29,6 +30,29 @@ struct ResumeRecord {
 // The record's text; nullopt until it is one whole line of that form.
 std::optional<ResumeRecord> ParseResumeRecord(const std::string& text);
 
+// The job's pace on this node: each rank's last beat, and how long its
+// recent whole steps took, so that a recovery can be set against the run
+// it interrupted.
+class StepPace {
+ public:
+  // `local_rank` beat `step` (a step number; others are ignored) at unix
+  // seconds `at`.
+  void OnBeat(int local_rank, int64_t step, double at);
+  // A new attempt's ranks start over (the durations seen are kept).
+  void Restart() { last_.clear(); }
+  // Where the job stood: the step every one of `ranks` local ranks had
+  // completed, and when the last of them completed it; nullopt while one
+  // has not beaten yet.
+  std::optional<std::pair<int64_t, double>> Reached(int ranks) const;
+  // One undisturbed step: the median of the last 64 whole steps' times; 0
+  // before any.
+  double StepSeconds() const;
+
+ private:
+  std::map<int, std::pair<int64_t, double>> last_;  // rank -> step, when
+  std::deque<double> durations_;
+};
+
 // The moments of one recovery, unix seconds.
 struct RecoveryTimes {
   double failed = 0;       // the failed worker's exit, as reaped
@@ -37,6 +61,12 @@ struct RecoveryTimes {
   double spawn_end = 0;    // ...and ended
   std::map<int, ResumeRecord> resumed;  // by local rank
   std::map<int, double> first_step;     // the first beat past the resume
+  // Where the job stood when it failed (StepPace::Reached; -1: unknown),
+  // one undisturbed step then, and when each rank beat past that step
+  // again after the resume.
+  int64_t reached_step = -1;
+  double reached_at = 0, step_s = 0;
+  std::map<int, double> back;
 };
 
 struct RecoveryBreakdown {
@@ -44,10 +74,17 @@ struct RecoveryBreakdown {
   double detect = 0, regroup = 0, start = 0, init = 0, load = 0, first_step = 0;
   int64_t step = -1;   // the step resumed from (the lowest rank's)
   std::string source;  // rank 0's, else the first rank's
+  // The time the failure cost the run: when the step after the one it had
+  // reached completed again (its last rank's), minus when it would have
+  // undisturbed (reached_at + one step). -1 while the job is not back
+  // there, or when where it stood is unknown.
+  double lost = -1;
+  int64_t back_step = -1;  // the step whose completion measured it
 };
 
 // The breakdown once every one of `ranks` local ranks resumed and finished
-// a step after it; nullopt before. Each phase ends when its last rank's
+// a step after it; nullopt before. `lost` once every rank is back past
+// reached_step. Each phase ends when its last rank's
 // ends: detect = decided - failed; regroup = spawn_begin - decided; start
 // = spawn_end - spawn_begin; init = the last init - spawn_end; load = the
 // last load - the last init; first step = the last first step - the last
@@ -56,7 +93,8 @@ struct RecoveryBreakdown {
 std::optional<RecoveryBreakdown> Breakdown(const RecoveryTimes& t, int ranks);
 
 // "recovered in 0.84 s: detect 0.002, regroup 0.010, start 0.031, init
-// 0.21, load 0.18, first step 0.39 (from step 150, memory)".
+// 0.21, load 0.18, first step 0.39 (from step 150, memory); time lost 1.12
+// s (back at step 153)", the last part once the time lost is known.
 std::string RecoveryLine(const RecoveryBreakdown& b);
 
 }  // namespace dtrun::agent

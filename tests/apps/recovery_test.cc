@@ -77,5 +77,52 @@ TEST(RecoveryTest, NothingUntilEveryRankTookAStepAfterItsResume) {
   EXPECT_FALSE(Breakdown(RecoveryTimes{}, 1));
 }
 
+// The pace: a whole step is one after the last seen; a resume's beats time
+// nothing; where the job stood is its slowest rank's last step, when the
+// last rank at that step beat it.
+TEST(StepPaceTest, WholeStepsTimeTheRunAndTheSlowestRankSaysWhereItStood) {
+  StepPace pace;
+  EXPECT_FALSE(pace.Reached(2));
+  EXPECT_EQ(pace.StepSeconds(), 0);
+  for (int64_t step = 0; step < 5; ++step) {
+    pace.OnBeat(0, step, 100.0 + step * 0.5);
+    pace.OnBeat(1, step, 100.1 + step * 0.5);
+  }
+  pace.OnBeat(0, 5, 102.5);  // rank 0 one step ahead
+  EXPECT_DOUBLE_EQ(pace.StepSeconds(), 0.5);
+  auto reached = pace.Reached(2);
+  ASSERT_TRUE(reached);
+  EXPECT_EQ(reached->first, 4);
+  EXPECT_DOUBLE_EQ(reached->second, 102.1);
+  EXPECT_FALSE(pace.Reached(3));
+  pace.Restart();
+  pace.OnBeat(0, 3, 200.0);   // resumed from step 3: no duration
+  pace.OnBeat(0, -2, 201.0);  // "done": ignored
+  EXPECT_DOUBLE_EQ(pace.StepSeconds(), 0.5);
+  EXPECT_FALSE(pace.Reached(2));
+}
+
+// The time lost: when the step after the one reached completes again (its
+// last rank), minus when it would have undisturbed; unknown until then.
+TEST(RecoveryTest, TimeLostOnceEveryRankIsBackPastWhereTheJobStood) {
+  RecoveryTimes t = Times();
+  t.reached_step = 152;
+  t.reached_at = 99.9;
+  t.step_s = 0.5;
+  auto b = Breakdown(t, 2);
+  ASSERT_TRUE(b);
+  EXPECT_LT(b->lost, 0);
+  EXPECT_EQ(RecoveryLine(*b).find("time lost"), std::string::npos);
+  t.back[0] = 102.0;
+  EXPECT_LT(Breakdown(t, 2)->lost, 0);
+  t.back[1] = 102.3;
+  b = Breakdown(t, 2);
+  EXPECT_NEAR(b->lost, 102.3 - (99.9 + 0.5), 1e-9);
+  EXPECT_EQ(b->back_step, 153);
+  EXPECT_NE(RecoveryLine(*b).find("; time lost 1.90 s (back at step 153)"),
+            std::string::npos)
+      << RecoveryLine(*b);
+}
+
 }  // namespace
 }  // namespace dtrun::agent

@@ -17,7 +17,13 @@ checkpoint (the trainer's "read in" figure). Sides:
     the new group reads the copies in /dev/shm while dtrun persists them.
 The sides take turns, repeated; medians and spread. Each dtrun run's
 recovery line ("recovered in ...: detect, regroup, start, init, load,
-first step") goes to stderr as it is seen.
+first step; time lost") goes to stderr as it is seen.
+
+Time lost, two ways: dtrun's own figure from that line (when the step
+after the one the job had reached completed again, minus when it would
+have completed undisturbed), and the run's wall time minus that of the
+same run without the kill (--undisturbed, the default: each kill run is
+followed by its undisturbed twin, so they take turns too).
 
 --payloads raw,torch runs each side with both payload formats (the raw
 one with XXH3, the default, and torch's archives with SHA-256, the format
@@ -64,6 +70,8 @@ p.add_argument("--repeat", type=int, default=3)
 p.add_argument("--strategies", default="ddp,fsdp")
 p.add_argument("--sides", default="disk, warm;disk, cold;memory")
 p.add_argument("--payloads", default="raw")
+p.add_argument("--undisturbed", type=int, default=1,
+               help="1: time each dtrun side's run without the kill too")
 ARGS = p.parse_args()
 
 
@@ -79,7 +87,10 @@ def torchrun_command(side, folder):
             os.path.join(HERE, "dcp_restart_worker.py"), folder, "16", "4", "14"]
 
 
-def run(strategy, side, payload, folder):
+LOST = re.compile(r"; time lost ([\d.]+) s")
+
+
+def run(strategy, side, payload, folder, kill=True):
     if side in ROOTS:
         return run_watched(side, torchrun_command(side, folder), "failed (exitcode: -9)")
     mode = "memory" if side == "memory" else "async"
@@ -91,12 +102,18 @@ def run(strategy, side, payload, folder):
            *(["--set", "checkpoint.persist_every=100"] if mode == "memory" else []),
            "--set", "checkpoint.every=4",
            "--set", f'checkpoint.payload="{payload}"', "--set", f'checkpoint.checksum="{checksum}"',
-           "--set", "train.steps=16", "--set", "train.log_every=1",
-           "--set", "fault.kill_rank=1", "--set", "fault.kill_at_step=14"]
+           "--set", "train.steps=16", "--set", "train.log_every=1"]
+    if not kill:
+        return run_watched(side, cmd, None)
+    cmd += ["--set", "fault.kill_rank=1", "--set", "fault.kill_at_step=14"]
     return run_watched(side, cmd, "failed: SIGKILL")
 
 
 def run_watched(side, cmd, killed_line):
+    """(SIGKILL to the first step after it, reading the checkpoint, wall
+    time, dtrun's time lost or None); with no `killed_line`, the wall time
+    of an undisturbed run."""
+    began = time.monotonic()
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                          cwd=CHECKOUT, start_new_session=True)
     marks = {}
@@ -106,7 +123,7 @@ def run_watched(side, cmd, killed_line):
         for line in stream:
             now = time.monotonic()
             lines.append(line)
-            if killed_line in line:
+            if killed_line and killed_line in line:
                 marks.setdefault("killed", now)
             elif "written in the background" in line and "killed" not in marks:
                 if side == "disk, cold":
@@ -131,6 +148,11 @@ def run_watched(side, cmd, killed_line):
         kill_holding(cmd[-4])  # workers torchrun lost: they hold the pipes read here
     for t in threads:
         t.join()
+    wall = time.monotonic() - began
+    if killed_line is None:
+        if p.returncode != 0:
+            sys.exit(f"{side}, undisturbed: exit {p.returncode}\n" + "".join(lines[-40:]))
+        return wall
     if p.returncode != 0 or "first_step" not in marks or marks["step"] < 4:
         if side in ROOTS:
             print(f"{side}: failed (exit {p.returncode})", file=sys.stderr, flush=True)
@@ -141,7 +163,9 @@ def run_watched(side, cmd, killed_line):
     want_memory = side == "memory"
     if (marks["source"] == "memory") != want_memory:
         sys.exit(f"{side}: resumed from {marks['source']}")
-    return marks["first_step"] - marks["killed"], marks["read_ms"] / 1000
+    lost = LOST.search(marks.get("report", ""))
+    return (marks["first_step"] - marks["killed"], marks["read_ms"] / 1000, wall,
+            float(lost.group(1)) if lost else None)
 
 
 def cases():
@@ -158,9 +182,17 @@ def cases():
             for pay in (payloads[:1] if side in ROOTS else payloads)]
 
 
+def spread(values):
+    """"median s (min-max)", or "-" for none."""
+    if not values:
+        return "-"
+    return f"{statistics.median(values):.2f} s ({min(values):.2f}-{max(values):.2f})"
+
+
 def main():
     sides = cases()
     got = {k: [] for k in sides}
+    calm = {k: [] for k in sides}  # undisturbed wall times
     # The roots see the host's /tmp, not /var/tmp.
     tmp_dir = "/tmp" if any(side in ROOTS for _, side, _ in sides) else os.environ.get(
         "DTRUN_BENCH_TMP", "/tmp")
@@ -171,9 +203,14 @@ def main():
                 shutil.rmtree(folder, ignore_errors=True)
                 got[(strategy, side, payload)].append(run(strategy, side, payload, folder))
                 shutil.rmtree(folder, ignore_errors=True)
+                if ARGS.undisturbed and side not in ROOTS:
+                    calm[(strategy, side, payload)].append(
+                        run(strategy, side, payload, folder, kill=False))
+                    shutil.rmtree(folder, ignore_errors=True)
     print("| strategy, resumed from, payload (2 ranks, 96.4 M parameters) | SIGKILL to the first "
-          "step after it, median (min-max) | of which reading the checkpoint | vs the first row |")
-    print("|---|---|---|---|")
+          "step after it, median (min-max) | of which reading the checkpoint | vs the first row "
+          "| time lost: wall minus undisturbed | dtrun's time lost |")
+    print("|---|---|---|---|---|---|")
     for (strategy, side, payload), all_runs in got.items():
         runs = [r for r in all_runs if r is not None]
         failed = f"; {len(all_runs) - len(runs)} of {len(all_runs)} failed" if len(runs) < len(all_runs) else ""
@@ -187,7 +224,9 @@ def main():
         what = f"{side} (dcp)" if side in ROOTS else f"{side}, {payload}"
         print(f"| {strategy.upper()}, {what} | {statistics.median(total):.2f} s "
               f"({min(total):.2f}-{max(total):.2f}){failed} | {statistics.median(read):.2f} s "
-              f"({min(read):.2f}-{max(read):.2f}) | {statistics.median(total) / base:.3f} |")
+              f"({min(read):.2f}-{max(read):.2f}) | {statistics.median(total) / base:.3f} "
+              f"| {spread([r[2] - c for r, c in zip(runs, calm[(strategy, side, payload)])])} "
+              f"| {spread([r[3] for r in runs if r[3] is not None])} |")
 
 
 main()

@@ -235,6 +235,14 @@ class TrainCfg(unittest.TestCase):
         self.assertEqual((md["step"], md["source"], md["attempt"]), (150, "memory", 1))
         self.assertAlmostEqual(md["total"], sum(md[k] for k in (
             "detect", "regroup", "start", "init", "load", "first_step")), delta=1e-6)
+        # The time lost: back past where the job stood when rank 1 died (its
+        # step 170 or the one before), 20 steps redone from the copy of 150,
+        # so more than the recovery itself.
+        lost = re.search(r"; time lost ([\d.]+) s \(back at step (\d+)\)", err)
+        self.assertIsNotNone(lost, err)
+        self.assertIn(int(lost.group(2)), (170, 171))
+        self.assertGreater(float(lost.group(1)), total - 0.02)
+        self.assertAlmostEqual(md["lost"], float(lost.group(1)), delta=0.006)
 
     def test_hang_at_step_170_is_detected_and_resumes_bitwise(self):
         rc, out, err = train(2, self.ckpt("clean"))
