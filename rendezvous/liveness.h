@@ -3,6 +3,7 @@
 #include <chrono>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "rendezvous/round_state.h"
 #include "rendezvous/store.h"

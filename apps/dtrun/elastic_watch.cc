@@ -2,6 +2,8 @@
 // the local group sees, to and from the rendezvous store.
 #include "apps/dtrun/elastic_watch.h"
 
+#include <algorithm>
+#include <cstdint>
 #include <map>
 #include <thread>
 

@@ -1,6 +1,8 @@
 // A failed attempt in words (failure_report.h).
 #include "apps/dtrun/failure_report.h"
 
+#include <string>
+
 #include "apps/dtrun/death_cause.h"
 
 namespace dtrun::agent {

@@ -6,6 +6,7 @@
 // the group adds what a worker left on disk (its error file, a torch file
 // timer's expiry); LocalGroup gathers the facts and prints.
 
+#include <cstdint>
 #include <functional>
 #include <map>
 #include <optional>
