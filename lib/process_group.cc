@@ -17,6 +17,7 @@
 
 #include <cstdlib>
 
+#include "rendezvous/in_place.h"
 #include "rendezvous/util/environment.h"
 #include "rendezvous/memory_store.h"
 #include "rendezvous/store_client.h"
@@ -116,7 +117,10 @@ class DtrunC10dStore : public c10d::Store {
 struct Distributed::Impl {
   DistEnv env;
   std::string backend;
+  ProcessGroupOptions options;
   c10::intrusive_ptr<ProcessGroup> pg;
+  // The store without the attempt's prefix (in-place recovery's word)
+  c10::intrusive_ptr<c10d::Store> store;
   rendezvous::StoreClientOptions store_options;  // for ConnectStore
 #ifdef DTRUN_HAVE_NCCL
   c10::intrusive_ptr<c10d::ProcessGroupNCCL> nccl;  // pg, when it is NCCL
@@ -229,6 +233,21 @@ void StartGloo(Distributed::Impl* impl, c10::intrusive_ptr<c10d::Store> store,
 }
 #endif
 
+// The group of attempt env.restart_count, in its own key space: torchrun
+// 1.13 keeps one store across restarts; the attempt prefix keeps attempts
+// apart there (dtrun gives each attempt a fresh store anyway), and keeps
+// an in-place group's keys apart from the group it replaces.
+void StartGroup(Distributed::Impl* impl) {
+  auto store = c10::make_intrusive<c10d::PrefixStore>(
+      AttemptPrefix(impl->env.restart_count) + "dtrun_pg", impl->store);
+#ifdef DTRUN_HAVE_NCCL
+  if (impl->backend == "nccl") StartNccl(impl, store, impl->options);
+#endif
+#ifdef DTRUN_HAVE_GLOO
+  if (impl->backend == "gloo") StartGloo(impl, store, impl->options);
+#endif
+}
+
 }  // namespace
 
 std::unique_ptr<Distributed> Distributed::FromEnv(
@@ -251,18 +270,10 @@ std::unique_ptr<Distributed> Distributed::FromEnv(
     throw StoreError("rank " + std::to_string(env->rank) + ": " +
                      client.status().message());
   }
-  auto base =
+  impl->options = options;
+  impl->store =
       c10::make_intrusive<DtrunC10dStore>(std::move(*client), env->rank, copts);
-  // torchrun 1.13 keeps one store across restarts; the attempt prefix keeps
-  // attempts apart there (dtrun gives each attempt a fresh store anyway).
-  auto store = c10::make_intrusive<c10d::PrefixStore>(
-      AttemptPrefix(env->restart_count) + "dtrun_pg", base);
-#ifdef DTRUN_HAVE_NCCL
-  if (impl->backend == "nccl") StartNccl(impl.get(), store, options);
-#endif
-#ifdef DTRUN_HAVE_GLOO
-  if (impl->backend == "gloo") StartGloo(impl.get(), store, options);
-#endif
+  StartGroup(impl.get());
   return std::unique_ptr<Distributed>(new Distributed(std::move(impl)));
 }
 
@@ -279,6 +290,36 @@ void Distributed::Shutdown() {
   if (impl_->nccl) impl_->nccl->shutdown();
 #endif
 }
+void Distributed::Regroup(int restart_count, std::chrono::milliseconds wait,
+                          const std::function<void(int replaced)>& meanwhile) {
+  const std::string who = "rank " + std::to_string(impl_->env.rank) + ": ";
+  if (impl_->backend != "gloo")
+    throw Error(who + "in-place recovery needs gloo, this group runs " +
+                impl_->backend);
+  // Dropped first: its sockets close, so that every survivor's collective
+  // in flight fails now rather than at its timeout.
+  impl_->pg.reset();
+  const std::string key = rendezvous::in_place::RegroupKey(restart_count);
+  try {
+    impl_->store->wait({key}, wait);
+  } catch (const TimeoutError&) {
+    throw TimeoutError(who + "no replacement came within " +
+                       std::to_string(wait.count() / 1000) +
+                       " s (dtrun did not re-form attempt " +
+                       std::to_string(restart_count) + " in place)");
+  }
+  const std::vector<uint8_t> replaced = impl_->store->get(key);
+  meanwhile(std::atoi(std::string(replaced.begin(), replaced.end()).c_str()));
+  impl_->env.restart_count = restart_count;
+  StartGroup(impl_.get());
+}
+
+bool Distributed::JoinsInPlace() {
+  return impl_->env.restart_count > 0 && rendezvous::in_place::Wanted() &&
+         impl_->store->check(
+             {rendezvous::in_place::RegroupKey(impl_->env.restart_count)});
+}
+
 const DistEnv& Distributed::env() const { return impl_->env; }
 ProcessGroup& Distributed::pg() { return *impl_->pg; }
 const std::string& Distributed::backend() const { return impl_->backend; }

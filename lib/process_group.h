@@ -1,6 +1,7 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -64,6 +65,19 @@ class Distributed {
   std::unique_ptr<rendezvous::TcpStoreClient> ConnectStore() const;
   // "/worker/attempt_<n>/": this attempt's key space in the store.
   std::string attempt_prefix() const;
+  // In-place recovery (rendezvous/in_place.h): drops this group, whose
+  // collectives in flight then fail, waits up to `wait` for dtrun's word
+  // that attempt `restart_count` re-forms in place, runs `meanwhile` with
+  // the rank being replaced (the replacement is starting), and builds the
+  // group again in that attempt's key space, where the replacement builds
+  // its own (collective). Throws TimeoutError when the word does not come
+  // (nobody is being replaced), Error on NCCL (not supported) or when the
+  // group cannot be built.
+  void Regroup(int restart_count, std::chrono::milliseconds wait,
+               const std::function<void(int replaced)>& meanwhile);
+  // Whether this process replaces a failed rank of a group that re-forms
+  // in place (dtrun's word for this attempt is in the store).
+  bool JoinsInPlace();
   // Releases the group's communicators (NCCL's), as torch's
   // destroy_process_group does; collectives fail after it. The destructor
   // calls it; calling it earlier, at the end of a run, is the same.

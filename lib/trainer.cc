@@ -27,6 +27,7 @@
 #include <thread>
 
 #include "lib/formats/checkpoint_payload.h"
+#include "lib/in_place_recovery.h"
 #include "lib/checkpointing/checkpointer.h"
 #include "lib/models/data.h"
 #include "lib/faults.h"
@@ -39,6 +40,7 @@
 #include "lib/train_plan.h"
 #include "lib/parallel/with_named_state.h"
 #include "rendezvous/heartbeat.h"
+#include "rendezvous/in_place.h"
 
 namespace dtrun::train {
 namespace {
@@ -126,6 +128,10 @@ class Trainer {
   int Run();
 
  private:
+  // The state every rank starts from, and where it came from.
+  int64_t Resume(std::string* source);
+  // One step and what follows it; true when the run stops there.
+  bool RunStep(int64_t step, rendezvous::Heartbeat& heartbeat);
   double Step(int64_t step);
   double MicroBatch(int64_t micro, bool last);
   void Log(int64_t done, double lr);
@@ -154,6 +160,11 @@ class Trainer {
   // The model was made without its initial draws (a restart, which
   // resumes; TrainParts::model_for_resume).
   bool blank_ = false;
+  // dtrun asked for in-place recovery and this run can keep its state
+  // through it (rendezvous/in_place.h); else null.
+  std::unique_ptr<InPlaceRecovery> in_place_;
+  int64_t held_ = 0;  // steps whose update is in this rank's model
+  bool reserved_ = false;
   Model model_;
   std::unique_ptr<Strategy> strategy_;
   std::unique_ptr<torch::optim::Optimizer> opt_;
@@ -212,6 +223,10 @@ Trainer::Trainer(const TrainConfig& c, TrainParts parts,
   torch::manual_seed(RankSeed(c_, rank_, 0));
   ckpt_ = Checkpointer::Make(CheckpointContext{
       &c_, dist_.get(), strategy_.get(), opt_.get(), device_});
+  if (InPlaceRecovery::Possible(*dist_, *strategy_)) {
+    in_place_ = std::make_unique<InPlaceRecovery>(InPlaceRecovery::Context{
+        dist_.get(), strategy_.get(), opt_.get(), ckpt_.get(), &skipped_});
+  }
   if (rank_ == 0) {
     std::printf("training on %s (backend %s, %d rank%s)\n",
                 device_.str().c_str(), dist_->backend().c_str(), world_,
@@ -223,48 +238,71 @@ int Trainer::Run() {
   // For dtrun's recovery report: when this rank was set up (its process
   // group and model) and when its state was in place.
   const double init_unix = UnixSeconds();
+  std::string source;
+  const int64_t start = Resume(&source);
+  rendezvous::Heartbeat::Resumed(start, source.c_str(), init_unix,
+                                 UnixSeconds());
+  if (in_place_) rendezvous::in_place::MarkReady();
+  if (rank_ == 0 && !c_.metrics_path.empty())
+    metrics_.open(c_.metrics_path, std::ios::app);
+  window_start_ = std::chrono::steady_clock::now();
+  rendezvous::Heartbeat heartbeat;  // dtrun --hang-timeout: one pwrite per step
+  held_ = start;
+  for (int64_t step = start; step < c_.steps;) {
+    try {
+      if (RunStep(step, heartbeat)) return 0;
+      ++step;
+    } catch (const std::exception& e) {
+      if (!in_place_) throw;
+      step = held_ = in_place_->Regroup(e.what(), held_);
+    }
+  }
+  heartbeat.Done();
+  return Finish();
+}
+
+// A replacement in a group re-formed in place takes its state from a
+// survivor; any other rank from the newest checkpoint, or starts fresh.
+int64_t Trainer::Resume(std::string* source) {
+  if (in_place_ && dist_->JoinsInPlace()) {
+    *source = "peer";
+    return in_place_->Join();
+  }
   const int64_t start = ckpt_ ? ckpt_->Resume() : 0;
   if (start == 0) {
     if (blank_) DrawInitialWeights();
     strategy_->StartFresh();
   }
-  rendezvous::Heartbeat::Resumed(start,
-                                 ckpt_ ? ckpt_->source().c_str() : "none",
-                                 init_unix, UnixSeconds());
-  if (rank_ == 0 && !c_.metrics_path.empty())
-    metrics_.open(c_.metrics_path, std::ios::app);
-  const bool first_attempt = dist_->env().restart_count == 0;
-  window_start_ = std::chrono::steady_clock::now();
-  rendezvous::Heartbeat heartbeat;  // dtrun --hang-timeout: one pwrite per step
-  for (int64_t step = start; step < c_.steps; ++step) {
-    loss_ = Step(step);
-    if (step == start && ckpt_) ckpt_->Reserve();
-    window_samples_ +=
-        static_cast<int64_t>(c_.batch_size) * c_.accumulate * world_;
-    const int64_t done = step + 1;
-    const StepActions actions =
-        ActionsAfterStep(c_, InjectedFaults(), done, rank_, first_attempt);
-    // The user's state is the step's before its checkpoint takes it.
-    if (parts_.on_step_end) {
-      parts_.on_step_end(
-          StepEnd{done, loss_, LearningRate(c_, step), grad_norm_, applied_});
-    }
-    if (actions.checkpoint) {
-      ckpt_->Save(done, actions);
-      if (parts_.on_checkpoint) parts_.on_checkpoint(done);
-    }
-    if (actions.log) Log(done, LearningRate(c_, step));
-    if (actions.eval && Evaluates()) Eval(done);
-    InjectFaults(actions, done);
-    heartbeat.Beat(done, compute_s_, c_.steps);
-    if (actions.stop) {
-      if (ckpt_) ckpt_->Wait(-1);  // the stop's checkpoint is durable first
-      if (rank_ == 0) std::printf("stopped after step %lld\n", (long long)done);
-      return 0;
-    }
+  *source = ckpt_ ? ckpt_->source() : "none";
+  return start;
+}
+
+bool Trainer::RunStep(int64_t step, rendezvous::Heartbeat& heartbeat) {
+  loss_ = Step(step);
+  if (!reserved_ && ckpt_) ckpt_->Reserve();
+  reserved_ = true;
+  window_samples_ +=
+      static_cast<int64_t>(c_.batch_size) * c_.accumulate * world_;
+  const int64_t done = step + 1;
+  const StepActions actions = ActionsAfterStep(
+      c_, InjectedFaults(), done, rank_, dist_->env().restart_count == 0);
+  // The user's state is the step's before its checkpoint takes it.
+  if (parts_.on_step_end) {
+    parts_.on_step_end(
+        StepEnd{done, loss_, LearningRate(c_, step), grad_norm_, applied_});
   }
-  heartbeat.Done();
-  return Finish();
+  if (actions.checkpoint) {
+    ckpt_->Save(done, actions);
+    if (parts_.on_checkpoint) parts_.on_checkpoint(done);
+  }
+  if (actions.log) Log(done, LearningRate(c_, step));
+  if (actions.eval && Evaluates()) Eval(done);
+  InjectFaults(actions, done);
+  heartbeat.Beat(done, compute_s_, c_.steps);
+  if (!actions.stop) return false;
+  if (ckpt_) ckpt_->Wait(-1);  // the stop's checkpoint is durable first
+  if (rank_ == 0) std::printf("stopped after step %lld\n", (long long)done);
+  return true;
 }
 
 // What a first attempt's model starts from (model()'s draws from the seed)
@@ -304,6 +342,10 @@ void Trainer::DecayMatrices(double lr) {
 double Trainer::Step(int64_t step) {
   const auto start = std::chrono::steady_clock::now();
   strategy_->TakeCollectiveSeconds();
+  // The step's dropout draws depend on the step alone: a rank that joins
+  // at any step (in place, or resumed on another world size) draws what
+  // an unbroken run would.
+  torch::manual_seed(RankSeed(c_, rank_, step));
   SetLearningRate(*opt_, LearningRate(c_, step));
   opt_->zero_grad();
   double step_loss = 0;
@@ -316,6 +358,7 @@ double Trainer::Step(int64_t step) {
     if (c_.decay == "matrices") DecayMatrices(LearningRate(c_, step));
     opt_->step();
   }
+  held_ = step + 1;
   compute_s_ =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
           .count() -

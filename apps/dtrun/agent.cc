@@ -32,6 +32,7 @@ void Agent::OnGroupStarted() {
   // The last attempt's failures stay readable until now, so the summary
   // printed after a stop or a final failure still has them.
   alive_ = opts_.nproc;
+  replacing_ = -1;
   killed_ = false;
   hung_ = false;
   unhealthy_ = false;
@@ -79,9 +80,25 @@ std::vector<Action> Agent::OnDState(const std::vector<int>& local_ranks,
   return {};
 }
 
-std::vector<Action> Agent::OnWorkerExit(const WorkerExit& exit, TimePoint now) {
+std::vector<Action> Agent::OnWorkerExit(const WorkerExit& exit, TimePoint now,
+                                        bool replaceable) {
   if (alive_ > 0) --alive_;
   if (phase_ == Phase::kRunning) {
+    // In place: the survivors keep their processes and state; only the
+    // failed worker starts again, into the group they re-form.
+    if (exit.failed() && opts_.in_place && replaceable && replacing_ < 0 &&
+        alive_ > 0 && restart_count_ < opts_.max_restarts && !give_up_) {
+      // A restart like any other against --max-restarts; the replacement
+      // counts as alive from now, as a restarted group's workers do.
+      ++restart_count_;
+      ++alive_;
+      // Until it beats, a second failure stops the group: the survivors
+      // may be half-way through re-forming around this one.
+      replacing_ = exit.local_rank;
+      Action replace{Action::Kind::kReplaceWorker, restart_count_};
+      replace.local_rank = exit.local_rank;
+      return {replace};
+    }
     // As in torchrun, the first failure stops the siblings at once, while a
     // worker that exits 0 early just waits: the group succeeds only when every
     // worker has exited 0.

@@ -22,6 +22,9 @@ struct AgentOptions {
   std::chrono::milliseconds uninterruptible_timeout{0};
   // --max-restarts-without-progress (0: no limit).
   int max_restarts_without_progress = 0;
+  // --restart=in-place: a failed worker is replaced alone while the others
+  // run on, when they can (OnWorkerExit's `replaceable`).
+  bool in_place = false;
 };
 
 // How one worker ended, as the spawner saw it.
@@ -43,15 +46,18 @@ struct Action {
     kStartGroup,   // spawn every local worker for attempt `restart_count`
     kSignalGroup,  // stop every live worker with `signo` (WorkerGroup::Stop)
     kFinish,  // exit: `failed` after the last attempt, or `signo` if stopped
-    kGroupStopped,  // the group stopped for a new rendezvous round
-                    // (StopForNewRound)
-    kAbandonGroup,  // workers outlived SIGKILL by kill_wait: report them, stop
-                    // waiting
+    kGroupStopped,   // the group stopped for a new rendezvous round
+                     // (StopForNewRound)
+    kAbandonGroup,   // workers outlived SIGKILL by kill_wait: report them, stop
+                     // waiting
+    kReplaceWorker,  // spawn worker `local_rank` alone, for `restart_count`;
+                     // the others run on (in-place recovery)
   };
   Kind kind;
   int restart_count = 0;
   int signo = 0;
   bool failed = false;
+  int local_rank = -1;  // kReplaceWorker's
 };
 
 // How the local group's latest attempt (or round) ended, as the jobs see it.
@@ -93,7 +99,19 @@ class Agent {
   // A worker was reaped. While running, its failure is kept in failures() and
   // stops the others (-> SignalGroup(SIGTERM)); exits of workers being stopped
   // are not failures. The last exit -> StartGroup(n+1), Finish or GroupStopped.
-  std::vector<Action> OnWorkerExit(const WorkerExit& exit, TimePoint now);
+  // With in_place, a failure the others can survive (`replaceable`: every
+  // worker can re-form its group) while restarts are left and no other
+  // replacement is under way -> ReplaceWorker(n+1) instead: it counts as a
+  // restart, not as the attempt's failure. A failure while a replacement
+  // is under way stops the group as any other.
+  std::vector<Action> OnWorkerExit(const WorkerExit& exit, TimePoint now,
+                                   bool replaceable = false);
+  // Local rank `local_rank` beat a step. The replacement's first beat: it
+  // is back in step, and the next failure may be replaced too.
+  void OnBeat(int local_rank) {
+    if (local_rank == replacing_) replacing_ = -1;
+  }
+  bool replacing() const { return replacing_ >= 0; }
   // SIGINT/SIGTERM/... to dtrun. The workers get `forward` (0: signo); the
   // job ends with signo. A second one while stopping escalates to SIGKILL at
   // once.
@@ -158,6 +176,7 @@ class Agent {
   bool hung_ = false;
   bool unhealthy_ = false;
   bool give_up_ = false;
+  int replacing_ = -1;  // the local rank being replaced in place
   TimePoint kill_at_{};
   TimePoint abandon_at_{};
   std::vector<WorkerExit> failures_;

@@ -324,6 +324,9 @@ std::string ApplyRaw(const RawFlags& raw, const std::optional<SlurmJob>& job,
   auto proxy = ParseStoreProxyMode(raw.store_proxy);
   if (!proxy.ok()) return proxy.status().message();
   c->store_proxy = *proxy;
+  auto restart = ParseRestartMode(raw.restart);
+  if (!restart.ok()) return restart.status().message();
+  c->restart = *restart;
   std::string error = ApplyTorchrunExtras(raw, c);
   if (!error.empty()) return error;
   return ParseLocalRanksFilter(raw.local_ranks_filter, &c->local_ranks_filter);
@@ -388,7 +391,8 @@ bool IsDtrunOnly(const std::string& name) {
                                "--standby_import",
                                "--standby",
                                "--store-proxy",
-                               "--store_proxy"};
+                               "--store_proxy",
+                               "--restart"};
   for (const char* own : kOwn) {
     if (name == own) return true;
   }

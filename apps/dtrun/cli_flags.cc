@@ -169,6 +169,13 @@ void AddFailureFlags(CLI::App& app, LaunchConfig& c, RawFlags& raw) {
   Flag(app, "--max-restarts", c.max_restarts,
        "restarts of the worker group before failing", fail)
       ->capture_default_str();
+  Flag(app, "--restart", raw.restart,
+       "what a worker's failure restarts: group (every worker, as torchrun) "
+       "or in-place (the failed worker alone; the others keep running and "
+       "re-form their group around it, when they all can: lib's trainer "
+       "on gloo with DDP; else the group). One node",
+       fail)
+      ->capture_default_str();
   Flag(app, "--monitor-interval", c.monitor_interval_s,
        "accepted for compatibility: dtrun sees worker exits at once", fail);
   // Newer torchrun calls this grace --shutdown-timeout, with the environment

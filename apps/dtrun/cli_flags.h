@@ -17,7 +17,7 @@ namespace dtrun::agent {
 struct RawFlags {
   std::string nproc = "1", nnodes = "1:1", redirects = "0", tee = "0",
               rdzv_conf, rdzv_backend = "static", rdzv_endpoint,
-              store_proxy = "auto";
+              store_proxy = "auto", restart = "group";
   std::string local_ranks_filter;
   std::string signals_to_handle, duplicate_stdout_filters,
       duplicate_stderr_filters, logs_specs;

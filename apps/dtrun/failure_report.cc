@@ -4,6 +4,9 @@
 #include <string>
 
 #include "apps/dtrun/death_cause.h"
+#include "apps/dtrun/exit_code.h"
+#include "apps/dtrun/log_mux.h"
+#include "rendezvous/util/os_util.h"
 
 namespace dtrun::agent {
 namespace {
@@ -96,6 +99,14 @@ std::string GaveUpLine(const std::string& why_gave_up,
                     "(a smaller batch), restarting will not help"
               : "") +
          "\n";
+}
+
+int ExitCodeOfSummary(const WorkerFailure& root, const std::string& error_file,
+                      bool gave_up, const std::string& why_gave_up) {
+  if (!error_file.empty()) (void)os::WriteFile(error_file, RootCauseJson(root));
+  if (!gave_up) return ExitCodeFor(root);
+  WriteAll(2, GaveUpLine(why_gave_up, root));
+  return kExitNoProgress;
 }
 
 }  // namespace dtrun::agent

@@ -61,4 +61,11 @@ std::string StuckReport(int local_rank, int rank, int pid, int64_t seconds,
 std::string GaveUpLine(const std::string& why_gave_up,
                        const WorkerFailure& root);
 
+// After the summary: the root cause's record to `error_file` (dtrun's
+// --error-file, when given) and, when restarts made no progress, the line
+// that says so; returns dtrun's exit code (ExitCodeFor the root cause, or
+// 93: do not requeue).
+int ExitCodeOfSummary(const WorkerFailure& root, const std::string& error_file,
+                      bool gave_up, const std::string& why_gave_up);
+
 }  // namespace dtrun::agent

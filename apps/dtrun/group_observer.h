@@ -34,6 +34,13 @@ class GroupObserver {
 
   // An attempt's workers are about to start, with this restart count.
   virtual void OnAttemptStarting(int /*restart_count*/) {}
+  // In-place recovery: global rank `rank` is about to be replaced, the
+  // group re-forming as attempt `restart_count`; the job tells the
+  // survivors through the workers' store (rendezvous/in_place.h). False:
+  // it could not (then they fail at their wait's end).
+  virtual bool OnReplacing(int /*restart_count*/, int /*rank*/) {
+    return false;
+  }
   // Whether OnWorkerCrash is wanted (reading a crash's last lines costs
   // the group a moment).
   virtual bool wants_crashes() const { return false; }

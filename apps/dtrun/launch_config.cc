@@ -44,6 +44,12 @@ Result<StoreProxyMode> ParseStoreProxyMode(const std::string& name) {
   return Status::Invalid("--store-proxy: invalid choice '" + name +
                          "' (choose from auto, on, off)");
 }
+Result<RestartMode> ParseRestartMode(const std::string& name) {
+  if (name == "group") return RestartMode::kGroup;
+  if (name == "in-place") return RestartMode::kInPlace;
+  return Status::Invalid("--restart: invalid choice '" + name +
+                         "' (choose from group, in-place)");
+}
 
 namespace {
 

@@ -29,6 +29,15 @@ enum class StoreProxyMode { kAuto, kOn, kOff };
 // the choices.
 Result<StoreProxyMode> ParseStoreProxyMode(const std::string& name);
 
+// --restart: what a worker's failure restarts. kGroup: every worker of the
+// group (torchrun's way); kInPlace: the failed worker alone, the others
+// re-forming their process group around its replacement when they can
+// (rendezvous/in_place.h), else the group.
+enum class RestartMode { kGroup, kInPlace };
+// The mode named `name` ("group", "in-place"); Invalid naming the flag and
+// the choices.
+Result<RestartMode> ParseRestartMode(const std::string& name);
+
 // Which of a worker's streams go to files (redirect) or to files and the
 // console (tee). Bit 1 = stdout, bit 2 = stderr, as torchrun's 0..3.
 struct StreamSpec {
@@ -105,6 +114,7 @@ struct LaunchConfig {
 
   // Failures and signals.
   int max_restarts = 0;                           // --max-restarts
+  RestartMode restart = RestartMode::kGroup;      // --restart
   double monitor_interval_s = 0.1;                // accepted; unused
   std::chrono::milliseconds term_timeout{30000};  // --term-timeout, s
   std::chrono::milliseconds hang_timeout{0};      // --hang-timeout, s; 0: off

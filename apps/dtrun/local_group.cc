@@ -18,6 +18,7 @@
 #include "apps/dtrun/outcome_metrics.h"
 #include "apps/dtrun/exit_code.h"
 #include "apps/dtrun/failure_report.h"
+#include "apps/dtrun/in_place.h"
 #include "apps/dtrun/numa_binding.h"
 #include "apps/dtrun/run_layout.h"
 #include "apps/dtrun/standby.h"
@@ -38,6 +39,8 @@ AgentOptions AgentOptionsOf(const LaunchConfig& c, bool elastic) {
                  c.term_timeout};
   o.uninterruptible_timeout = c.uninterruptible_timeout;
   o.max_restarts_without_progress = c.max_restarts_without_progress;
+  // In-place recovery needs the one store this node hosts (single node).
+  o.in_place = c.restart == RestartMode::kInPlace && !elastic;
   return o;
 }
 
@@ -75,24 +78,18 @@ Status LocalGroup::Prepare(const std::string& run_id) {
     base_env_["PYTHONFAULTHANDLER"] = "1";
   copies_.PersistOrphans();
   copies_.AddEnv(&base_env_);
+  in_place::AddEnv(config_, elastic_, &base_env_);
   if (config_.nproc_per_node > 1 && !base_env_.count("OMP_NUM_THREADS")) {
     Logger("dtrun.agent")
         ->warn(
             "setting OMP_NUM_THREADS=1 for each worker to avoid "
             "overloading the host; set it yourself to tune");
   }
-  std::string name = run_id + "_" + os::RandomHex(8);
-  if (config_.log_dir.empty()) {
-    auto dir = os::MakeTempDir("dtrun-" + name + "-");
-    if (!dir.ok())
-      return Status::Io(dir.status().message() + " (or give --log-dir)");
-    run_dir_ = *dir;
-    run_dir_is_temp_ = true;
-  } else {
-    run_dir_ = config_.log_dir + "/" + name;
-    Status s = os::MakeDirs(run_dir_);
-    if (!s.ok()) return Status::Io("--log-dir: " + s.message());
-  }
+  auto dir =
+      layout::MakeRunDir(config_.log_dir, run_id + "_" + os::RandomHex(8));
+  if (!dir.ok()) return dir.status();
+  run_dir_ = *dir;
+  run_dir_is_temp_ = config_.log_dir.empty();
   if (!config_.numa_binding.empty()) {
     auto visible = base_env_.find("CUDA_VISIBLE_DEVICES");
     auto plan = PlanCpus(config_.numa_binding,
@@ -250,7 +247,12 @@ void LocalGroup::OnChildExits() {
       PublishCrash(e, how);
       CheckProgress();
     }
-    Apply(agent_.OnWorkerExit(e, clock_->Now()));
+    // In place only when every worker said it can re-form and only this one
+    // is gone: the Agent decides from that.
+    Apply(agent_.OnWorkerExit(
+        e, clock_->Now(),
+        first_failure && config_.restart == RestartMode::kInPlace &&
+            in_place::AllCanReform(attempt_dir_, pids_, exit_time_, e.pid)));
     if (first_failure) watch_.OnRestartDecided();
   }
 }
@@ -314,16 +316,8 @@ bool LocalGroup::Interrupted() {
     std::vector<int> read;
     read.swap(deferred_signals_);
     for (int signo : signals_->Read()) read.push_back(signo);
-    for (int signo : read) {
-      SignalUse use = UseOf(signo, config_.handled_signals);
-      if (use == SignalUse::kForward) {
-        Logger("dtrun.agent")
-            ->warn("received {} while no worker runs; nothing to forward it to",
-                   SignalName(signo));
-      } else if (use != SignalUse::kChildren) {
-        stop_signal_ = signo;
-      }
-    }
+    if (int stop = StopSignalAmong(read, config_.handled_signals))
+      stop_signal_ = stop;
   }
   return stop_signal_ != 0;
 }
@@ -340,6 +334,9 @@ void LocalGroup::Apply(const std::vector<Action>& actions) {
         break;
       case Action::Kind::kStartGroup:
         StartWorkers(a.restart_count);
+        break;
+      case Action::Kind::kReplaceWorker:
+        ReplaceWorker(a.local_rank, a.restart_count);
         break;
       case Action::Kind::kSignalGroup:
         for (const auto& [local_rank, pid] : pids_)
@@ -447,20 +444,14 @@ void LocalGroup::StartWorkers(int restart_count) {
   cause_.clear();
   gpu_errors_.clear();
   (void)workers_->KernelErrors();  // an earlier attempt's
-  AwaitStandby();
+  AwaitWarmStandby(workers_, signals_, clock_, config_.handled_signals,
+                   &deferred_signals_);
   std::string pid_list;
   int warm = 0;
   for (int lr = 0; lr < config_.nproc_per_node; ++lr) {
-    Result<int> pid = workers_->Spawn(SpecFor(lr, attempt_dir_));
+    const int pid = SpawnRank(lr);
     warm += workers_->spawned_warm() ? 1 : 0;
-    if (!pid.ok()) {
-      // Reported as that rank's failure when its exit (127) is reaped.
-      spawn_error_[lr] = pid.status().message();
-      log->error("local_rank {}: {}", lr, pid.status().message());
-      continue;
-    }
-    pids_[lr] = *pid;
-    pid_list += (pid_list.empty() ? "" : ",") + std::to_string(*pid);
+    if (pid) pid_list += (pid_list.empty() ? "" : ",") + std::to_string(pid);
   }
   agent_.OnGroupStarted();
   hang_.Reset(config_.nproc_per_node, attempt_dir_, restart_count);
@@ -471,37 +462,46 @@ void LocalGroup::StartWorkers(int restart_count) {
             warm ? " (" + std::to_string(warm) + " from the standby)" : "");
 }
 
-// Workers started again whose standby is still starting wait for it a
-// while (StandbyWait) and then start cold, but not deaf: their output goes
-// on being forwarded, and a signal other than SIGCHLD ends the wait at once
-// (the loop handles it once the workers are started, PollOnce).
-void LocalGroup::AwaitStandby() {
-  const milliseconds wait = workers_->standby_wait();
-  if (wait.count() <= 0) return;
-  const TimePoint until = clock_->Now() + wait;
-  bool signalled = false;
-  while (!signalled && workers_->standby_wait().count() > 0) {
-    auto left =
-        std::chrono::duration_cast<milliseconds>(until - clock_->Now()).count();
-    if (left <= 0) break;
-    std::vector<pollfd> fds;
-    if (signals_) fds.push_back({signals_->fd(), POLLIN, 0});
-    for (int fd : workers_->output_fds()) fds.push_back({fd, POLLIN, 0});
-    if (poll(fds.data(), fds.size(), static_cast<int>(left) + 1) < 0)
-      continue;  // EINTR
-    for (const pollfd& p : fds) {
-      if (!p.revents) continue;
-      if (signals_ && p.fd == signals_->fd()) {
-        for (int signo : signals_->Read()) {
-          deferred_signals_.push_back(signo);
-          signalled |=
-              UseOf(signo, config_.handled_signals) != SignalUse::kChildren;
-        }
-      } else {
-        workers_->OnReadable(p.fd);
-      }
-    }
+// The survivors learn of the replacement from the job (the store) before
+// it starts, so that the group they re-form is the one it joins; the
+// recovery report then reads their new resume records as it reads a
+// restarted group's.
+void LocalGroup::ReplaceWorker(int lr, int restart_count) {
+  watch_.OnRestartDecided();
+  const int rank = assignment_.base_rank + lr;
+  in_place::ForgetRecords(attempt_dir_, pids_, lr);
+  // Unheard, the survivors fail after in_place::kRegroupWait, and the
+  // group restarts whole then.
+  if (!observer_->OnReplacing(restart_count, rank))
+    Logger("dtrun.agent")
+        ->error("the survivors were not told of the replacement");
+  in_place::SayReplacing(lr, rank, restart_count, config_.max_restarts,
+                         static_cast<int>(pids_.size()) - 1);
+  watch_.OnSpawning(restart_count);
+  attempt_.restart_count = restart_count;
+  const double started = clock_->UnixSeconds();
+  AwaitWarmStandby(workers_, signals_, clock_, config_.handled_signals,
+                   &deferred_signals_);
+  const int pid = SpawnRank(lr);
+  hang_.Reset(config_.nproc_per_node, attempt_dir_, restart_count);
+  beats_.Reset(attempt_dir_, config_.nproc_per_node);
+  watch_.OnSpawned(started);
+  if (pid)
+    in_place::SayReplaced(lr, pid, restart_count, workers_->spawned_warm());
+}
+
+// A worker that cannot be spawned is reported as that rank's failure when
+// its exit (127) is reaped; 0 then.
+int LocalGroup::SpawnRank(int lr) {
+  Result<int> pid = workers_->Spawn(SpecFor(lr, attempt_dir_));
+  if (!pid.ok()) {
+    spawn_error_[lr] = pid.status().message();
+    Logger("dtrun.agent")
+        ->error("local_rank {}: {}", lr, pid.status().message());
+    return 0;
   }
+  pids_[lr] = *pid;
+  return *pid;
 }
 
 // The Agent gave up waiting for workers that outlived SIGKILL: their later
@@ -542,7 +542,10 @@ void LocalGroup::ReadBeats() {
   // per worker 100 times a second, some microseconds of dtrun's time.
   next_beat_read_ = clock_->Now() + kBeatReadEvery;
   std::vector<int> fresh = beats_.ReadNew();
-  for (int lr : fresh) hang_.OnBeat(lr, beats_.last(lr));
+  for (int lr : fresh) {
+    hang_.OnBeat(lr, beats_.last(lr));
+    agent_.OnBeat(lr);  // a replacement back in step
+  }
   if (!fresh.empty()) watch_.OnBeats(View(), fresh);
 }
 
@@ -629,12 +632,8 @@ int LocalGroup::ReportFailure() {
                                    os::HostName(), failures,
                                    agent_.restart_count() + 1, run_dir_,
                                    config_.max_restarts, gpu_errors_));
-  const WorkerFailure& root = failures[RootCause(failures)];
-  if (!config_.error_file.empty())
-    (void)os::WriteFile(config_.error_file, RootCauseJson(root));
-  if (!agent_.gave_up()) return ExitCodeFor(root);
-  WriteAll(2, GaveUpLine(agent_.why_gave_up(), root));
-  return kExitNoProgress;
+  return ExitCodeOfSummary(failures[RootCause(failures)], config_.error_file,
+                           agent_.gave_up(), agent_.why_gave_up());
 }
 
 // The kernel's GPU errors since the last look, logged and kept for the

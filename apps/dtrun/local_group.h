@@ -108,7 +108,12 @@ class LocalGroup {
   FailedAttempt Facts() const;
   void Apply(const std::vector<Action>& actions);
   void StartWorkers(int restart_count);
-  void AwaitStandby();
+  // In-place recovery: spawns local rank `lr` alone for `restart_count`
+  // into the running group (its survivors re-form around it).
+  void ReplaceWorker(int lr, int restart_count);
+  // Spawns local rank `lr` of the current attempt: its pid, or 0 when it
+  // could not be (spawn_error_ says why).
+  int SpawnRank(int lr);
   WorkerSpec SpecFor(int local_rank, const std::string& attempt_dir);
   OutputRoute Route(int local_rank, int stream_bit) const;
   void OnFinished(const Action& finish);

@@ -18,9 +18,12 @@
 //     <local rank>/live_stack.txt      a stack the worker dumps on request
 //     <local rank>/native_stack.txt    eu-stack's or gdb's view of it
 //
-// Paths only: nothing here touches the disk.
+// Paths only: nothing here touches the disk but MakeRunDir
+// (run_layout.cc).
 
 #include <string>
+
+#include "rendezvous/util/status.h"
 
 namespace dtrun::agent::layout {
 
@@ -83,5 +86,10 @@ inline std::string LiveStackFile(const std::string& attempt, int local_rank) {
 inline std::string NativeStackFile(const std::string& attempt, int local_rank) {
   return RankDir(attempt, local_rank) + "/native_stack.txt";
 }
+
+// Makes the run folder `name` under --log-dir `log_dir`, or a new
+// temporary one when that is empty; Io naming what to do when it cannot.
+Result<std::string> MakeRunDir(const std::string& log_dir,
+                               const std::string& name);
 
 }  // namespace dtrun::agent::layout

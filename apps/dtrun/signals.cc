@@ -4,6 +4,9 @@
 // and no code runs in async-signal context. Shell: touches process state.
 #include "apps/dtrun/signals.h"
 
+#include "apps/dtrun/error_report.h"
+#include "rendezvous/util/log.h"
+
 #include <signal.h>
 #include <sys/signalfd.h>
 #include <unistd.h>
@@ -73,6 +76,22 @@ std::vector<int> SignalFd::Read() {
     out.push_back(static_cast<int>(info.ssi_signo));
   }
   return out;
+}
+
+int StopSignalAmong(const std::vector<int>& read,
+                    const std::vector<int>& handled) {
+  int stop = 0;
+  for (int signo : read) {
+    SignalUse use = UseOf(signo, handled);
+    if (use == SignalUse::kForward) {
+      Logger("dtrun.agent")
+          ->warn("received {} while no worker runs; nothing to forward it to",
+                 SignalName(signo));
+    } else if (use != SignalUse::kChildren) {
+      stop = signo;
+    }
+  }
+  return stop;
 }
 
 }  // namespace dtrun::agent

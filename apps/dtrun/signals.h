@@ -19,6 +19,11 @@ enum class SignalUse {
   kStopTerm,  // not listed: stop the job, the workers get SIGTERM
 };
 SignalUse UseOf(int signo, const std::vector<int>& handled);
+// Signals read while no worker runs (a rendezvous, a store connect): the
+// last that stops the job among `read`, 0 when none does; a forwarded one
+// has nowhere to go then, which the log says.
+int StopSignalAmong(const std::vector<int>& read,
+                    const std::vector<int>& handled);
 
 // Blocks SIGCHLD, the stop signals, the other terminating signals and
 // `extra` in the calling thread (call it before any other thread starts, so

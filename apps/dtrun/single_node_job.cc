@@ -11,6 +11,7 @@
 #include "rendezvous/util/log.h"
 #include "rendezvous/util/os_util.h"
 #include "apps/dtrun/metrics.h"
+#include "rendezvous/in_place.h"
 #include "rendezvous/store_client.h"
 #include "rendezvous/store_server.h"
 #include "rendezvous/store_state.h"
@@ -105,21 +106,37 @@ void SingleNodeJob::OnWorkerCrash(const WorkerCrash& crash) {
   PublishLastCrash();
 }
 
-// Through a client connection of its own to the workers' store, opened on
-// first use; a failure is logged and the job goes on.
-void SingleNodeJob::PublishLastCrash() {
+rendezvous::TcpStoreClient* SingleNodeJob::Link() {
   if (!console_link_) {
     rendezvous::StoreClientOptions opts;
     opts.host = group_.attempt().master_addr;
     opts.port = static_cast<uint16_t>(group_.attempt().master_port);
     opts.timeout = std::chrono::seconds(5);
     auto client = rendezvous::TcpStoreClient::Connect(opts);
-    if (!client.ok()) return;
+    if (!client.ok()) return nullptr;
     console_link_ = std::move(*client);
   }
-  Status s =
-      PublishCrash(console_link_.get(), interactive_protocol::kLocalCrashPrefix,
-                   *last_crash_, crashes_);
+  return console_link_.get();
+}
+
+// Through a client connection, so that the survivors' waits on the key
+// wake as they would for a worker's write.
+bool SingleNodeJob::OnReplacing(int restart_count, int rank) {
+  rendezvous::TcpStoreClient* link = Link();
+  Status s = link ? link->Set(rendezvous::in_place::RegroupKey(restart_count),
+                              std::to_string(rank))
+                  : Status::Unavailable("no connection to the workers' store");
+  if (!s.ok())
+    Logger("dtrun.agent")->error("in-place recovery: {}", s.message());
+  return s.ok();
+}
+
+// A failure is logged and the job goes on.
+void SingleNodeJob::PublishLastCrash() {
+  rendezvous::TcpStoreClient* link = Link();
+  if (!link) return;
+  Status s = PublishCrash(link, interactive_protocol::kLocalCrashPrefix,
+                          *last_crash_, crashes_);
   if (!s.ok())
     Logger("dtrun.agent")
         ->warn("cannot publish the crash for the console: {}", s.message());

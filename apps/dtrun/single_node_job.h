@@ -30,14 +30,19 @@ class SingleNodeJob : public Job, private GroupObserver {
   void OnAttemptStarting(int restart_count) override;
   bool wants_crashes() const override { return config_.interactive; }
   void OnWorkerCrash(const WorkerCrash& crash) override;
+  // In-place recovery's word to the survivors (rendezvous/in_place.h).
+  bool OnReplacing(int restart_count, int rank) override;
   std::string StoreMetrics() override;
+  // A client connection of dtrun's own to the workers' store, opened on
+  // first use; null when it cannot be.
+  rendezvous::TcpStoreClient* Link();
 
   LaunchConfig config_;
   // first: blocks the signals before the store's thread starts
   SignalFd signals_;
   LocalGroup group_;
   std::unique_ptr<rendezvous::StoreServer> store_;
-  // interactive: publishes crashes
+  // publishes crashes (interactive) and in-place recovery's word
   std::unique_ptr<rendezvous::TcpStoreClient> console_link_;
   std::optional<WorkerCrash> last_crash_;
   int64_t crashes_ = 0;

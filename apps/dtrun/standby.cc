@@ -260,4 +260,37 @@ std::unique_ptr<Standby> StartStandby(const LaunchConfig& config,
   return std::move(*standby);
 }
 
+void AwaitWarmStandby(WorkerGroup* workers, SignalFd* signals,
+                      const Clock* clock, const std::vector<int>& handled,
+                      std::vector<int>* deferred) {
+  using std::chrono::milliseconds;
+  const milliseconds wait = workers->standby_wait();
+  if (wait.count() <= 0) return;
+  const TimePoint until = clock->Now() + wait;
+  bool signalled = false;
+  while (!signalled && workers->standby_wait().count() > 0) {
+    auto left =
+        std::chrono::duration_cast<milliseconds>(until - clock->Now()).count();
+    if (left <= 0) break;
+    std::vector<pollfd> fds;
+    if (signals) fds.push_back({signals->fd(), POLLIN, 0});
+    for (int fd : workers->output_fds()) fds.push_back({fd, POLLIN, 0});
+    if (poll(fds.data(), fds.size(), static_cast<int>(left) + 1) < 0)
+      continue;  // EINTR
+    // A signal is kept, not handled: handling it may need the workers
+    // this wait is about to start.
+    for (const pollfd& p : fds) {
+      if (!p.revents) continue;
+      if (signals && p.fd == signals->fd()) {
+        for (int signo : signals->Read()) {
+          deferred->push_back(signo);
+          signalled |= UseOf(signo, handled) != SignalUse::kChildren;
+        }
+      } else {
+        workers->OnReadable(p.fd);
+      }
+    }
+  }
+}
+
 }  // namespace dtrun::agent

@@ -21,7 +21,9 @@
 #include <string>
 #include <vector>
 
+#include "apps/dtrun/clock.h"
 #include "apps/dtrun/launch_config.h"
+#include "apps/dtrun/signals.h"
 #include "apps/dtrun/worker_env.h"
 #include "apps/dtrun/worker_group.h"
 #include "rendezvous/util/status.h"
@@ -104,6 +106,15 @@ class Standby {
 // alone 20 s. Once per standby: a restart that started cold does not wait
 // again.
 std::chrono::milliseconds StandbyWait(const LaunchConfig& config);
+
+// Workers started again whose standby is still starting wait for it a
+// while (StandbyWait) and then start cold, but not deaf: their output goes
+// on being forwarded, and a signal other than SIGCHLD ends the wait at
+// once. The signals read meanwhile go to `deferred`, for the group's loop
+// to handle once the workers are started. `signals` may be null.
+void AwaitWarmStandby(WorkerGroup* workers, SignalFd* signals,
+                      const Clock* clock, const std::vector<int>& handled,
+                      std::vector<int>* deferred);
 
 // The job's standby (--standby-import, or --standby for a program on
 // dtrun's lib), its files in `run_dir`, its

@@ -50,6 +50,13 @@ class Checkpointer {
   int64_t Resume();
   // Where the state came from: "memory", "disk" or "none".
   const std::string& source() const { return source_; }
+  // In-place recovery: a replacement takes the run's epoch from the rank
+  // that gave it its state, instead of resuming.
+  int64_t epoch() const { return epoch_; }
+  void JoinInPlace(int64_t epoch) {
+    epoch_ = epoch;
+    source_ = "peer";
+  }
 
   // The checkpoint after step `done` (the plan's `actions` say whether it
   // persists and where a fault lands). Collective.

@@ -1,10 +1,12 @@
 // The shared-memory all-reduce: one POSIX segment, a region per rank, a
 // barrier of atomic counters (futex words) in the segment's head; a rank
-// that dies or hangs ends the others' waits with a timeout naming it.
+// that dies ends the others' waits as soon as it is gone (in-place
+// recovery waits on that), one that hangs with a timeout naming it.
 #include "lib/parallel/shm_allreduce.h"
 
 #include <fcntl.h>
 #include <linux/futex.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -19,9 +21,11 @@ namespace {
 
 constexpr uint64_t kMagic = 0x6474726e73686d31;  // "dtrnshm1"
 constexpr int kMaxRanks = 512;
-// The control block gets a page of its own, so the regions after it start
+// The control block gets pages of its own, so the regions after it start
 // page-aligned.
-constexpr size_t kHeaderBytes = 4096;
+constexpr size_t kHeaderBytes = 8192;
+// How often a waiting rank looks whether the ranks it waits for still live.
+constexpr int64_t kLivenessSliceNs = 20000000;
 
 std::string Errno(const std::string& what) {
   return what + ": " + std::strerror(errno);
@@ -63,6 +67,7 @@ struct ShmAllreduce::Control {
       64) std::atomic<uint32_t> generation;  // barriers completed (futex word)
   alignas(64) std::atomic<uint32_t> waiting_in[kMaxRanks];  // rank -> barrier
                                                             // it is in, + 1
+  std::atomic<int32_t> pid[kMaxRanks];  // rank -> its process, once mapped
 };
 static_assert(sizeof(ShmAllreduce::Control) <= kHeaderBytes,
               "control block too large");
@@ -97,6 +102,8 @@ Result<std::unique_ptr<ShmAllreduce>> ShmAllreduce::Create(
   c->count.store(0);
   c->generation.store(0);
   for (auto& w : c->waiting_in) w.store(0);
+  for (auto& p : c->pid) p.store(0);
+  c->pid[0].store(getpid());
   // The magic goes in last, after a release fence: a rank that opens the
   // segment early sees no magic rather than half-set counters.
   std::atomic_thread_fence(std::memory_order_release);
@@ -122,6 +129,7 @@ Result<std::unique_ptr<ShmAllreduce>> ShmAllreduce::Open(
     munmap(base, bytes);
     return Status::Invalid(name + " is not this group's all-reduce segment");
   }
+  c->pid[rank].store(getpid());
   return std::unique_ptr<ShmAllreduce>(
       new ShmAllreduce(name, rank, world, floats, base, bytes));
 }
@@ -172,6 +180,7 @@ Status ShmAllreduce::Barrier(std::chrono::steady_clock::time_point deadline) {
       std::this_thread::yield();
       continue;
     }
+    if (Status gone = PeersAlive(gen); !gone.ok()) return gone;
     auto now = std::chrono::steady_clock::now();
     if (now >= deadline) {
       std::string missing;
@@ -184,10 +193,28 @@ Status ShmAllreduce::Barrier(std::chrono::steady_clock::time_point deadline) {
                              " timed out waiting for local rank(s) " + missing);
     }
     int64_t ns = std::min<int64_t>(
-        100000000,
+        kLivenessSliceNs,
         std::chrono::duration_cast<std::chrono::nanoseconds>(deadline - now)
             .count());
     FutexWait(&c->generation, gen, ns);
+  }
+  return Status::Ok();
+}
+
+// A rank that never arrived at barrier `gen` and whose process is gone
+// (reaped: a zombie still counts as alive) will never come: Unavailable,
+// naming it, so that the survivors learn of it within a slice, not at
+// the timeout.
+Status ShmAllreduce::PeersAlive(uint32_t gen) const {
+  auto* c = static_cast<const Control*>(base_);
+  for (int r = 0; r < world_; ++r) {
+    if (c->waiting_in[r].load() == gen + 1) continue;
+    const int32_t pid = c->pid[r].load();
+    if (pid > 0 && kill(pid, 0) != 0 && errno == ESRCH) {
+      return Status::Unavailable("shared-memory all-reduce: local rank " +
+                                 std::to_string(r) + " (pid " +
+                                 std::to_string(pid) + ") died");
+    }
   }
   return Status::Ok();
 }

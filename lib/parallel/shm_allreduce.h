@@ -68,6 +68,7 @@ class ShmAllreduce {
                size_t bytes);
   float* Region(int r);
   Status Barrier(std::chrono::steady_clock::time_point deadline);
+  Status PeersAlive(uint32_t gen) const;
 
   std::string name_;
   int rank_, world_;

@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <optional>
 #include <set>
 #include <sstream>
 
@@ -98,7 +99,9 @@ class DdpStrategy : public Strategy {
   DdpStrategy(Model model, ProcessGroup* pg, const TrainConfig& c)
       : model_(model.module),
         forward_(std::move(model.forward)),
-        ddp_(model_, pg, Options(c)) {}
+        options_(Options(c)) {
+    ddp_.emplace(model_, pg, options_);
+  }
 
   torch::Tensor Forward(const torch::Tensor& x) override { return forward_(x); }
   // Only the step's last micro-batch all-reduces; the others accumulate in
@@ -106,9 +109,9 @@ class DdpStrategy : public Strategy {
   void Backward(const torch::Tensor& loss, bool last) override {
     if (last) {
       loss.backward();
-      TimedSync([this] { ddp_.SyncGradients(); });
+      TimedSync([this] { ddp_->SyncGradients(); });
     } else {
-      DistributedDataParallel::NoSync no_sync(ddp_);
+      DistributedDataParallel::NoSync no_sync(*ddp_);
       loss.backward();
     }
   }
@@ -127,7 +130,17 @@ class DdpStrategy : public Strategy {
     return model_->parameters();
   }
   bool CollectiveEval() const override { return false; }
-  void StartFresh() override { ddp_.BroadcastState(); }
+  void StartFresh() override { ddp_->BroadcastState(); }
+  bool CanRegroup() const override { return true; }
+  // The old DDP goes before its group does (it holds the group), and the
+  // new one broadcasts nothing: the state is the caller's to share.
+  // The gradients go first: they are the failed step's, and the old DDP
+  // would copy them out of its buckets.
+  void Regroup(const std::function<ProcessGroup*()>& regroup) override {
+    for (auto& p : model_->parameters()) p.mutable_grad() = torch::Tensor();
+    ddp_.reset();
+    ddp_.emplace(model_, regroup(), options_);
+  }
   double GradNorm() override {
     return std::sqrt(SquaredNorm(OptimizerParams()));
   }
@@ -193,7 +206,8 @@ class DdpStrategy : public Strategy {
 
   std::shared_ptr<torch::nn::Module> model_;
   std::function<torch::Tensor(const torch::Tensor&)> forward_;
-  DistributedDataParallel ddp_;
+  DdpOptions options_;
+  std::optional<DistributedDataParallel> ddp_;  // re-made by Regroup
 };
 
 // FSDP's checkpoint is sharded (each rank's own file, ckpt_<step>.shard_<r>,
@@ -395,6 +409,12 @@ std::vector<torch::Tensor> Strategy::MatrixMasks() {
     out.push_back(
         torch::scalar_tensor(p.dim() >= 2, torch::kBool).to(p.device()));
   return out;
+}
+
+void Strategy::Regroup(const std::function<ProcessGroup*()>&) {
+  throw Error(
+      "this strategy cannot re-form its group in place (its state is "
+      "sharded across the ranks)");
 }
 
 bool Strategy::ClipGrads(double norm, double max_norm) {

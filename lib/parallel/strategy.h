@@ -109,6 +109,14 @@ class Strategy {
   // memory copy, whose lock they hold while they live.
   virtual void Discard() {}
 
+  // In-place recovery: whether Regroup() can keep this rank's state (every
+  // rank holds all of it: DDP), and Regroup itself: drops what the
+  // strategy holds of its process group (collectives in flight, gradient
+  // buckets), calls `regroup` for the new group and sets up on it again,
+  // the model and the optimizer's state kept (collective on the new group).
+  virtual bool CanRegroup() const { return false; }
+  virtual void Regroup(const std::function<ProcessGroup*()>& regroup);
+
   // Seconds spent waiting for gradient collectives (SyncGradients) since
   // the last call: the loop subtracts them to time its own compute.
   virtual double TakeCollectiveSeconds() {

@@ -50,6 +50,10 @@ class WithNamedState : public Strategy {
     return inner_->TakeCollectiveSeconds();
   }
   void StartFresh() override { inner_->StartFresh(); }
+  bool CanRegroup() const override { return inner_->CanRegroup(); }
+  void Regroup(const std::function<ProcessGroup*()>& regroup) override {
+    inner_->Regroup(regroup);
+  }
   void Discard() override { inner_->Discard(); }
   TensorMap Save(torch::optim::Optimizer& opt, const CheckpointDir& dir,
                  int64_t step) override {

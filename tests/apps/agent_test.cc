@@ -250,6 +250,73 @@ TEST_F(AgentTest, AnUnhealthyGroupThatOutlivesSigkillIsAbandoned) {
 
 // TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT decided on states seen over
 // time: a worker that leaves D state starts its clock over.
+// --restart=in-place: the failed worker alone starts again while the
+// others run on, once at a time, within --max-restarts.
+class AgentInPlaceTest : public ::testing::Test {
+ protected:
+  AgentInPlaceTest() : agent_(Options()) {
+    agent_.Start(now_);
+    agent_.OnGroupStarted();
+  }
+  static AgentOptions Options() {
+    AgentOptions o{3, 2, milliseconds(500)};
+    o.in_place = true;
+    return o;
+  }
+  std::vector<Action> Fail(int local_rank, bool replaceable = true) {
+    WorkerExit e;
+    e.local_rank = local_rank;
+    e.pid = 100 + local_rank;
+    e.signal = SIGKILL;
+    return agent_.OnWorkerExit(e, now_, replaceable);
+  }
+
+  Agent agent_;
+  TimePoint now_{};
+};
+
+TEST_F(AgentInPlaceTest, AFailedWorkerIsReplacedAloneAndCountsAsARestart) {
+  auto a = Fail(1);
+  ASSERT_EQ(a.size(), 1u);
+  EXPECT_EQ(a[0].kind, Kind::kReplaceWorker);
+  EXPECT_EQ(a[0].local_rank, 1);
+  EXPECT_EQ(a[0].restart_count, 1);
+  EXPECT_EQ(agent_.phase(), Phase::kRunning);
+  EXPECT_EQ(agent_.alive(), 3);
+  EXPECT_TRUE(agent_.failures().empty());  // not the attempt's failure
+  EXPECT_TRUE(agent_.replacing());
+}
+
+TEST_F(AgentInPlaceTest, AFailureDuringAReplacementStopsTheGroup) {
+  Fail(1);
+  auto a = Fail(2);
+  ASSERT_EQ(a.size(), 1u);
+  EXPECT_EQ(a[0].kind, Kind::kSignalGroup);
+  EXPECT_EQ(agent_.phase(), Phase::kStopping);
+}
+
+TEST_F(AgentInPlaceTest, TheNextFailureIsReplacedOnceTheReplacementIsBack) {
+  Fail(1);
+  agent_.OnBeat(1);
+  auto a = Fail(0);
+  ASSERT_EQ(a.size(), 1u);
+  EXPECT_EQ(a[0].kind, Kind::kReplaceWorker);
+  EXPECT_EQ(a[0].restart_count, 2);
+  agent_.OnBeat(1);  // not the replacement's beat
+  EXPECT_TRUE(agent_.replacing());
+  agent_.OnBeat(0);
+  // --max-restarts=2 is spent: the group stops, and no restart is left.
+  a = Fail(2);
+  ASSERT_EQ(a.size(), 1u);
+  EXPECT_EQ(a[0].kind, Kind::kSignalGroup);
+}
+
+TEST_F(AgentInPlaceTest, WorkersThatCannotReFormRestartTheGroup) {
+  auto a = Fail(1, /*replaceable=*/false);
+  ASSERT_EQ(a.size(), 1u);
+  EXPECT_EQ(a[0].kind, Kind::kSignalGroup);
+}
+
 TEST(AgentDStateTest, AWorkerInDStateForTheWholeTimeoutMakesTheGroupUnhealthy) {
   AgentOptions o{2, 3, milliseconds(500)};
   o.uninterruptible_timeout = milliseconds(5000);

@@ -269,6 +269,10 @@ TEST(CliTest, ChoicesAreCheckedAsTorchrunChecksThem) {
   EXPECT_EQ(Parse({"--store-proxy=yes", "true"}).exit_code, 2);
   EXPECT_EQ(Parse({"--store-proxy=off", "true"}).config.store_proxy,
             StoreProxyMode::kOff);
+  EXPECT_EQ(Parse({"--restart=process", "true"}).exit_code, 2);
+  EXPECT_EQ(Parse({"--restart=in-place", "true"}).config.restart,
+            RestartMode::kInPlace);
+  EXPECT_EQ(Parse({"true"}).config.restart, RestartMode::kGroup);
   // etcd needs its members named.
   EXPECT_EQ(Parse({"--rdzv-backend=etcd", "true"}).exit_code, 2);
   EXPECT_EQ(Parse({"--rdzv-backend=etcd-v2", "true"}).exit_code, 2);

@@ -15,6 +15,10 @@ checkpoint (the trainer's "read in" figure). Sides:
     network filesystem): the read comes from the device.
   - memory: checkpoint.mode = "memory", nothing persisted before the kill;
     the new group reads the copies in /dev/shm while dtrun persists them.
+  - in-place: the memory side's run under --restart=in-place (DDP only):
+    rank 1 alone starts again, rank 0 keeps its process and re-forms the
+    group around it, and the replacement takes rank 0's state (step 14)
+    over the process group; nothing is read from a checkpoint.
 The sides take turns, repeated; medians and spread. Each dtrun run's
 recovery line ("recovered in ...: detect, regroup, start, init, load,
 first step; time lost") goes to stderr as it is seen.
@@ -61,6 +65,7 @@ CONFIGS = os.path.join(CHECKOUT, "examples", "configs")
 SHIM = os.path.join(CHECKOUT, "apps", "dtrun", "python", "dtrun_torch_shim")
 ROOTS = {"torchrun-2.6": "torch2.sh", "torchrun-2.14": "torch214.sh"}
 READ = re.compile(r"resumed from (memory|\S+) at step (\d+) .*read in ([\d.]+) ms")
+IN_PLACE = re.compile(r"re-forming the group in place after step (\d+)")
 
 p = argparse.ArgumentParser()
 p.add_argument("--dtrun", required=True)
@@ -93,9 +98,11 @@ LOST = re.compile(r"; time lost ([\d.]+) s")
 def run(strategy, side, payload, folder, kill=True):
     if side in ROOTS:
         return run_watched(side, torchrun_command(side, folder), "failed (exitcode: -9)")
-    mode = "memory" if side == "memory" else "async"
+    mode = "memory" if side in ("memory", "in-place") else "async"
     checksum = "xxh3" if payload == "raw" else "sha256"
-    cmd = [ARGS.dtrun, "--nproc-per-node=2", "--max-restarts=1", *ARGS.dtrun_flags.split(),
+    restart = ["--restart=in-place"] if side == "in-place" else []
+    cmd = [ARGS.dtrun, "--nproc-per-node=2", "--max-restarts=1", *restart,
+           *ARGS.dtrun_flags.split(),
            ARGS.train_cfg,
            os.path.join(CONFIGS, f"mlp100m_{strategy}.toml"),
            "--set", f'checkpoint.dir="{folder}"', "--set", f'checkpoint.mode="{mode}"',
@@ -132,6 +139,9 @@ def run_watched(side, cmd, killed_line):
                 m = READ.search(line)
                 marks["source"], marks["step"] = m.group(1), int(m.group(2))
                 marks["read_ms"] = float(m.group(3))
+            elif IN_PLACE.search(line) and "step" not in marks:
+                marks["source"], marks["step"] = "in place", int(IN_PLACE.search(line).group(1))
+                marks["read_ms"] = 0.0
             elif ("step" in marks and line.startswith(f"step {marks['step'] + 1} loss")):
                 marks.setdefault("first_step", now)
             elif "recovered in" in line:  # dtrun's breakdown, to stderr below
@@ -161,7 +171,7 @@ def run_watched(side, cmd, killed_line):
     if "report" in marks:
         print(f"{side}: {marks['report']}", file=sys.stderr, flush=True)
     want_memory = side == "memory"
-    if (marks["source"] == "memory") != want_memory:
+    if side != "in-place" and (marks["source"] == "memory") != want_memory:
         sys.exit(f"{side}: resumed from {marks['source']}")
     lost = LOST.search(marks.get("report", ""))
     return (marks["first_step"] - marks["killed"], marks["read_ms"] / 1000, wall,
@@ -171,13 +181,14 @@ def run_watched(side, cmd, killed_line):
 def cases():
     """(strategy, side, payload) for each run; torchrun's sides once per
     strategy (their payload is DCP's), and only for DDP."""
-    known = {"disk, warm", "disk, cold", "memory", *ROOTS}
+    known = {"disk, warm", "disk, cold", "memory", "in-place", *ROOTS}
     sides, payloads = ARGS.sides.split(";"), ARGS.payloads.split(",")
     for side in sides:
         if side not in known:
             p.error(f"--sides: unknown side '{side}'; choose from {sorted(known)}")
-    if "fsdp" in ARGS.strategies.split(",") and any(side in ROOTS for side in sides):
-        p.error("--sides: torchrun's sides run DDP only; pass --strategies ddp")
+    if "fsdp" in ARGS.strategies.split(",") and any(
+            side in ROOTS or side == "in-place" for side in sides):
+        p.error("--sides: torchrun's and in-place sides run DDP only; pass --strategies ddp")
     return [(s, side, pay) for s in ARGS.strategies.split(",") for side in sides
             for pay in (payloads[:1] if side in ROOTS else payloads)]
 

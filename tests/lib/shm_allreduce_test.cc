@@ -121,6 +121,31 @@ TEST(ShmAllreduceTest, ARankThatNeverComesIsATimeoutNamingIt) {
   EXPECT_EQ(failed, 0);
 }
 
+// In-place recovery waits on this: a rank whose process is gone ends the
+// wait at once (well before the timeout), named with its pid.
+TEST(ShmAllreduceTest, ARankThatDiedEndsTheWaitNamingIt) {
+  const std::string name = UniqueName();
+  auto owner = ShmAllreduce::Create(name, 2, 16);
+  ASSERT_TRUE(owner.ok()) << owner.status().message();
+  pid_t pid = fork();
+  if (pid == 0) {
+    auto opened = ShmAllreduce::Open(name, 1, 2, 16);
+    _exit(opened.ok() ? 0 : 3);  // dies without calling Allreduce
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);  // reaped: gone, not a zombie
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  const auto start = std::chrono::steady_clock::now();
+  Status st = (*owner)->Allreduce(0, 16, std::chrono::seconds(30));
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
+  EXPECT_EQ(st.code(), Status::Code::kUnavailable);
+  EXPECT_NE(
+      st.message().find("local rank 1 (pid " + std::to_string(pid) + ") died"),
+      std::string::npos)
+      << st.message();
+  (*owner)->Unlink();
+}
+
 TEST(ShmAllreduceTest, OpenRefusesAMismatchedOrMissingSegment) {
   const std::string name = UniqueName();
   auto owner = ShmAllreduce::Create(name, 2, 64);

@@ -1,0 +1,71 @@
+// dtrun's half of in-place recovery: files in the run folder and one
+// variable; the decisions are the Agent's.
+#include "apps/dtrun/in_place.h"
+
+#include <unistd.h>
+
+#include "apps/dtrun/run_layout.h"
+#include "rendezvous/in_place.h"
+#include "rendezvous/util/log.h"
+
+namespace dtrun::agent::in_place {
+namespace {
+
+std::string ReadyFile(const std::string& attempt_dir, int local_rank) {
+  return layout::BeatFile(attempt_dir, local_rank) +
+         rendezvous::in_place::kReadySuffix;
+}
+
+}  // namespace
+
+void AddEnv(const LaunchConfig& config, bool elastic, EnvMap* env) {
+  if (config.restart != RestartMode::kInPlace) return;
+  if (!elastic) {
+    (*env)[rendezvous::in_place::kRestartEnv] = rendezvous::in_place::kInPlace;
+    return;
+  }
+  // Said, not refused: the same command line serves one node and many.
+  Logger("dtrun.agent")
+      ->warn(
+          "--restart=in-place: this job meets other nodes through "
+          "rendezvous, where in-place recovery does not run yet; a failure "
+          "restarts the whole group");
+}
+
+// A ready file is written once a worker is set up, so a worker that dies
+// during its start (before its group could re-form) restarts the group.
+bool AllCanReform(const std::string& attempt_dir,
+                  const std::map<int, int>& pids,
+                  const std::map<int, double>& exit_time, int failed_pid) {
+  for (const auto& [lr, pid] : pids) {
+    if (::access(ReadyFile(attempt_dir, lr).c_str(), F_OK) != 0) return false;
+    if (pid != failed_pid && exit_time.count(pid)) return false;
+  }
+  return !pids.empty();
+}
+
+void ForgetRecords(const std::string& attempt_dir,
+                   const std::map<int, int>& pids, int replaced) {
+  // A survivor's old record would pass for its new one, and the recovery
+  // would be reported before it is over.
+  for (const auto& [lr, pid] : pids)
+    ::unlink(layout::ResumeFile(attempt_dir, lr).c_str());
+  ::unlink(ReadyFile(attempt_dir, replaced).c_str());
+}
+
+void SayReplacing(int lr, int rank, int restart_count, int max_restarts,
+                  int others) {
+  Logger("dtrun.agent")
+      ->warn(
+          "replacing worker local_rank {} (rank {}) in place: attempt {} of "
+          "{}; the other {} worker(s) keep running",
+          lr, rank, restart_count + 1, max_restarts + 1, others);
+}
+
+void SayReplaced(int lr, int pid, int restart_count, bool warm) {
+  Logger("dtrun.agent")
+      ->info("attempt {}: replaced local_rank {} with pid {}{}", restart_count,
+             lr, pid, warm ? " (from the standby)" : "");
+}
+
+}  // namespace dtrun::agent::in_place

@@ -1,0 +1,148 @@
+// In-place recovery, the trainer's half (in_place_recovery.h).
+#include "lib/in_place_recovery.h"
+
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+
+#include "lib/checkpointing/checkpointer.h"
+#include "lib/parallel/in_place.h"
+#include "lib/parallel/strategy.h"
+#include "lib/process_group.h"
+#include "rendezvous/heartbeat.h"
+#include "rendezvous/in_place.h"
+
+namespace dtrun::train {
+namespace {
+
+double UnixSeconds() {
+  return std::chrono::duration<double>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+}  // namespace
+
+bool InPlaceRecovery::Possible(const Distributed& dist,
+                               const Strategy& strategy) {
+  return rendezvous::in_place::Wanted() && strategy.CanRegroup() &&
+         dist.backend() == "gloo";
+}
+
+int64_t InPlaceRecovery::Join() {
+  bool received = false;
+  return ShareState(-1, Staged{}, &received);
+}
+
+int64_t InPlaceRecovery::Regroup(const std::string& failure, int64_t held) {
+  const int next = c_.dist->env().restart_count + 1;
+  std::fprintf(stderr,
+               "rank %d: %s\nrank %d: re-forming the group in place after "
+               "step %lld (attempt %d)\n",
+               c_.dist->rank(), failure.c_str(), c_.dist->rank(),
+               (long long)held, next);
+  std::fflush(stderr);
+  std::future<Staged> staging;
+  Staged staged;
+  try {
+    c_.strategy->Regroup([&] {
+      c_.dist->Regroup(
+          next, rendezvous::in_place::kRegroupWait,
+          [&](int replaced) { staging = Stage(replaced, next, held); });
+      return &c_.dist->pg();
+    });
+    if (staging.valid()) staged = staging.get();
+    const double init_unix = UnixSeconds();
+    bool received = false;
+    const int64_t step = ShareState(held, staged, &received);
+    rendezvous::Heartbeat::Resumed(step, received ? "peer" : "kept", init_unix,
+                                   UnixSeconds());
+    return step;
+  } catch (const std::exception& e) {
+    if (staging.valid()) staged = staging.get();
+    if (!staged.name.empty()) Unstage(staged.name);
+    throw Error(failure + "; the group did not re-form in place: " + e.what());
+  }
+}
+
+// What a rank behind needs: the strategy's state (model, optimizer, the
+// user's and the loss scale's) and the loop's own counters, the live
+// tensors. Each step reseeds its generator (Step), so none is sent.
+TensorMap InPlaceRecovery::LiveState() {
+  TensorMap state =
+      c_.strategy
+          ->Copy(*c_.opt, true,
+                 [](const torch::Tensor& t) { return t.detach(); })
+          .parts;
+  state["trainer.skipped"] = torch::tensor({*c_.skipped}, torch::kLong);
+  state["trainer.epoch"] =
+      torch::tensor({c_.ckpt ? c_.ckpt->epoch() : int64_t{0}}, torch::kLong);
+  return state;
+}
+
+// While the replacement starts, the lowest-ranked survivor copies its state
+// into shared memory, where the replacement will read it: on a thread of
+// its own, while this one builds the group again (which only touches the
+// gradients). A /dev/shm too small leaves the process group's sends to do
+// it.
+std::future<InPlaceRecovery::Staged> InPlaceRecovery::Stage(int replaced,
+                                                            int restart_count,
+                                                            int64_t held) {
+  if (c_.dist->rank() != (replaced == 0 ? 1 : 0)) return {};
+  Staged staged{
+      StageName(c_.dist->env().master_port, restart_count, c_.dist->rank()),
+      held};
+  return std::async(std::launch::async,
+                    [this, staged, state = LiveState()]() -> Staged {
+                      Status s = StageState(staged.name, state);
+                      if (s.ok()) return staged;
+                      std::fprintf(stderr,
+                                   "rank %d: %s; the state goes over the "
+                                   "process group\n",
+                                   c_.dist->rank(), s.message().c_str());
+                      return {};
+                    });
+}
+
+// Collective on a re-formed group: the ranks behind take the newest state
+// from a rank that holds it, staged or sent, and restore it as from a
+// checkpoint.
+int64_t InPlaceRecovery::ShareState(int64_t held, const Staged& staged,
+                                    bool* received) {
+  ProcessGroup& pg = c_.dist->pg();
+  const HeldState s = AgreeOnState(pg, held, staged.step);
+  const bool from_stage = s.from_stage();
+  if (c_.dist->rank() == s.source && !from_stage) {
+    const TensorMap state = LiveState();
+    for (int r = 0; r < c_.dist->world_size(); ++r) {
+      if (s.behind(r)) SendState(pg, r, state);
+    }
+  }
+  *received = s.behind(c_.dist->rank());
+  if (*received) {
+    Result<TensorMap> state =
+        from_stage ? MapState(StageName(c_.dist->env().master_port,
+                                        c_.dist->env().restart_count, s.source))
+                   : Result<TensorMap>(ReceiveState(pg, s.source));
+    if (!state.ok()) throw Error(state.status().message());
+    *c_.skipped = state->at("trainer.skipped").item<int64_t>();
+    if (c_.ckpt)
+      c_.ckpt->JoinInPlace(state->at("trainer.epoch").item<int64_t>());
+    state->erase("trainer.skipped");
+    state->erase("trainer.epoch");
+    if (c_.ckpt) c_.ckpt->Fence();
+    Status restored = c_.strategy->Restore(*state, *c_.opt);
+    if (!restored.ok()) throw Error(restored.message());
+  }
+  // The staged copies go once every rank behind has read one.
+  if (std::find_if(s.staged.begin(), s.staged.end(),
+                   [](int64_t v) { return v >= 0; }) != s.staged.end()) {
+    pg.barrier()->wait();
+    if (!staged.name.empty()) Unstage(staged.name);
+  }
+  return s.newest;
+}
+
+}  // namespace dtrun::train

@@ -1,0 +1,68 @@
+#pragma once
+
+// The trainer's half of in-place recovery (rendezvous/in_place.h has the
+// protocol with dtrun): when a rank dies, each survivor's collective fails;
+// it drops its process group, waits for dtrun's word that a replacement is
+// starting, builds the group again around it, and the ranks behind (the
+// replacement, a survivor whose last step did not complete) take the
+// newest state a rank holds (lib/parallel/in_place.h moves it). Nobody
+// stops, restarts or reads a checkpoint. DDP on gloo only: every rank
+// holds the whole state there; FSDP's shards die with their rank.
+
+#include <cstdint>
+#include <future>
+#include <string>
+
+#include "lib/formats/checkpoint_payload.h"
+#include "lib/torch_compat.h"
+
+namespace dtrun::train {
+
+class Checkpointer;
+class Distributed;
+class Strategy;
+
+class InPlaceRecovery {
+ public:
+  // Everything outlives it; `ckpt` may be null (no checkpoint.dir).
+  // `skipped`: the loop's count of skipped steps, part of the state.
+  struct Context {
+    Distributed* dist = nullptr;
+    Strategy* strategy = nullptr;
+    torch::optim::Optimizer* opt = nullptr;
+    Checkpointer* ckpt = nullptr;
+    int64_t* skipped = nullptr;
+  };
+  // Whether dtrun asked for in-place recovery and this run can keep its
+  // state through it (a strategy that can re-form, on gloo).
+  static bool Possible(const Distributed& dist, const Strategy& strategy);
+  explicit InPlaceRecovery(const Context& c) : c_(c) {}
+
+  // A replacement: the newest state from a survivor (collective); the
+  // step it holds.
+  int64_t Join();
+  // After `failure` (a collective failed: a rank died) on a rank that
+  // holds the state of step `held`: the group re-formed and the newest
+  // state shared; the step to go on from, with the resume record written
+  // for dtrun's recovery report. Throws Error naming `failure` when the
+  // group does not re-form (nobody is replaced: it fails as it would have).
+  int64_t Regroup(const std::string& failure, int64_t held);
+
+ private:
+  // A state copied into shared memory for the ranks behind, and its step;
+  // none: an empty name, step -1.
+  struct Staged {
+    std::string name;
+    int64_t step = -1;
+  };
+  std::future<Staged> Stage(int replaced, int restart_count, int64_t held);
+  TensorMap LiveState();
+  // Collective on a re-formed group: the newest state any rank holds
+  // (`held`: this rank's step, -1 for a replacement) to every rank behind
+  // it; returns its step and says whether this rank `received` it.
+  int64_t ShareState(int64_t held, const Staged& staged, bool* received);
+
+  Context c_;
+};
+
+}  // namespace dtrun::train

@@ -1,0 +1,53 @@
+#pragma once
+
+// In-place recovery's collectives (rendezvous/in_place.h has the protocol
+// with dtrun): once the group is re-formed, the ranks agree on the newest
+// state one of them holds, and each rank behind it (the replacement, or a
+// survivor whose last step did not complete) takes that state from a rank
+// holding it, for Strategy::Restore: from the shared-memory segment that
+// rank staged it in while the replacement started (one host), else tensor
+// by tensor over the process group.
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "lib/formats/checkpoint_payload.h"
+#include "lib/torch_compat.h"
+#include "rendezvous/util/status.h"
+
+namespace dtrun::train {
+
+// Who holds what: `held` is each rank's step (-1: nothing, a
+// replacement), `staged` the step it staged in shared memory (-1: none).
+struct HeldState {
+  std::vector<int64_t> held, staged;  // by rank
+  int64_t newest = -1;
+  // The lowest rank that staged `newest`, else the lowest holding it.
+  int source = -1;
+  bool behind(int rank) const { return held[rank] < newest; }
+  bool from_stage() const { return staged[source] == newest; }
+};
+
+// Every rank's `held` and `staged` gathered (collective). Throws Error
+// when no rank holds any state.
+HeldState AgreeOnState(ProcessGroup& pg, int64_t held, int64_t staged);
+
+// The segment rank `rank` stages its state in, unique to the store (its
+// port) and the attempt.
+std::string StageName(int master_port, int restart_count, int rank);
+// Writes `state` into a new segment `name`, copied on up to four threads;
+// Io naming why not (a /dev/shm too small).
+Status StageState(const std::string& name, const TensorMap& state);
+// The staged state as CPU tensors that view the segment, which stays
+// mapped while any of them lives.
+Result<TensorMap> MapState(const std::string& name);
+void Unstage(const std::string& name);
+
+// `state` (any device; sent from host memory) to rank `dst`, which calls
+// ReceiveState: the names, dtypes and shapes first, then each tensor.
+void SendState(ProcessGroup& pg, int dst, const TensorMap& state);
+// What rank `src` sends, in CPU tensors of their own.
+TensorMap ReceiveState(ProcessGroup& pg, int src);
+
+}  // namespace dtrun::train

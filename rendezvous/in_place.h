@@ -1,0 +1,56 @@
+#pragma once
+
+// In-place recovery (dtrun --restart=in-place): what dtrun and a worker
+// that can re-form its process group say to each other. Header-only, so
+// that dtrun (which never links libtorch) and lib's trainer share it.
+//
+//   1. dtrun sets kRestartEnv=in-place in every worker's environment.
+//   2. A worker able to re-form its group writes the file
+//      <DTRUN_HEARTBEAT_FILE>.in_place once it is set up (MarkReady).
+//      dtrun replaces a failed rank in place only when every worker of
+//      the group wrote it; otherwise it restarts the whole group.
+//   3. When a rank fails, dtrun sets RegroupKey(n) (n: the new restart
+//      count) in the store to the failed rank, then starts its
+//      replacement with TORCHELASTIC_RESTART_COUNT=n. The survivors, whose
+//      collectives failed, wait for that key (at most kRegroupWait), then
+//      build their process group again in attempt n's key space, where
+//      the replacement builds its own; the replacement, finding the key,
+//      takes its state from a survivor instead of a checkpoint.
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <string>
+
+namespace dtrun::rendezvous::in_place {
+
+inline constexpr const char* kRestartEnv = "DTRUN_RESTART";
+inline constexpr const char* kInPlace = "in-place";
+inline constexpr const char* kReadySuffix = ".in_place";
+// How long a survivor waits for dtrun's word before it gives up and fails
+// as it would without in-place recovery.
+inline constexpr std::chrono::seconds kRegroupWait{60};
+
+// The store key that announces attempt `restart_count`'s in-place group.
+inline std::string RegroupKey(int restart_count) {
+  return "/worker/attempt_" + std::to_string(restart_count) + "/dtrun_regroup";
+}
+
+// Whether dtrun asked for in-place recovery.
+inline bool Wanted() {
+  const char* v = std::getenv(kRestartEnv);
+  return v && std::string(v) == kInPlace;
+}
+
+// Step 2 above: a no-op without dtrun's beat file.
+inline void MarkReady() {
+  const char* beat = std::getenv("DTRUN_HEARTBEAT_FILE");
+  if (!beat || !*beat) return;
+  const std::string path = std::string(beat) + kReadySuffix;
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd >= 0) ::close(fd);
+}
+
+}  // namespace dtrun::rendezvous::in_place

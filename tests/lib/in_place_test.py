@@ -1,0 +1,153 @@
+"""dtrun --restart=in-place under the real dtrun and train_cfg: a SIGKILLed
+rank is replaced alone while the others keep their processes, re-form the
+group around it and hand it their state, and the run ends bitwise as an
+undisturbed one (through shared memory and through gloo, the replaced rank
+rank 0 or not); what cannot be kept falls back to the whole-group restart
+(FSDP, workers that did not opt in, a failure during a replacement). Labelled
+torch2: the same runs against Torch 2.x."""
+import argparse
+import glob
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import textwrap
+import unittest
+
+p = argparse.ArgumentParser()
+p.add_argument("--dtrun", required=True)
+p.add_argument("--train-cfg", required=True)
+ARGS, REST = p.parse_known_args()
+HERE = os.path.dirname(os.path.abspath(__file__))
+CONFIGS = os.path.join(HERE, "..", "..", "examples", "configs")
+DDP = os.path.join(CONFIGS, "digits_ddp.toml")
+FSDP = os.path.join(CONFIGS, "digits_fsdp.toml")
+DONE = re.compile(r"done: steps=\d+ loss=\S+ eval_accuracy=\S+ params_sha256=([0-9a-f]{64})")
+STARTED = re.compile(r"attempt 0: started 3 worker\(s\), pids ([\d,]+)")
+SHORT = ["train.steps=240", "train.log_every=100", "checkpoint.every=40"]
+KILL_1 = ["fault.kill_rank=1", "fault.kill_at_step=130"]
+
+# A worker that is not lib's trainer: it opts in to in-place recovery
+# (argv[1] == "ready") or not; rank 1 fails on attempt 0 and, opted in,
+# its replacement (attempt 1) fails too; the survivors wait to be stopped.
+PY_WORKER = textwrap.dedent("""\
+    import os, sys, time
+    ready = sys.argv[1] == "ready"
+    rank = int(os.environ["RANK"])
+    attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+    assert os.environ["DTRUN_RESTART"] == "in-place"
+    if ready:
+        open(os.environ["DTRUN_HEARTBEAT_FILE"] + ".in_place", "w").close()
+    if rank == 1 and attempt == 0:
+        time.sleep(1.0)
+        sys.exit(3)
+    if rank == 1 and attempt == 1 and ready:
+        sys.exit(4)
+    if attempt == 0:
+        time.sleep(60)
+    """)
+
+
+def staged_segments():
+    return glob.glob("/dev/shm/dtrun-inplace-*")
+
+
+class InPlaceRecovery(unittest.TestCase):
+    clean = {}  # (config, sets) -> params_sha256 of an undisturbed run
+
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory()
+        self.runs = 0
+
+    def tearDown(self):
+        self.tmp.cleanup()
+
+    def dtrun(self, argv, flags=()):
+        cmd = [ARGS.dtrun, "--nproc-per-node=3", *flags, *argv]
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
+        return p.returncode, p.stdout, p.stderr
+
+    def train(self, config, sets, flags=()):
+        self.runs += 1
+        ckpt = os.path.join(self.tmp.name, f"run{self.runs}")
+        argv = [ARGS.train_cfg, config, "--set", f'checkpoint.dir="{ckpt}"']
+        for s in [*SHORT, *sets]:
+            argv += ["--set", s]
+        return self.dtrun(argv, flags)
+
+    def sha(self, out):
+        m = DONE.search(out)
+        self.assertIsNotNone(m, out)
+        return m.group(1)
+
+    def undisturbed(self, config, sets=()):
+        key = (config, tuple(sets))
+        if key not in self.clean:
+            rc, out, err = self.train(config, sets)
+            self.assertEqual(rc, 0, err)
+            self.clean[key] = self.sha(out)
+        return self.clean[key]
+
+    def assert_replaced_in_place(self, err, local_rank, source):
+        self.assertIn(f"replacing worker local_rank {local_rank} (rank {local_rank}) in "
+                      "place", err)
+        self.assertNotIn("restarting the worker group", err)
+        self.assertRegex(err, rf"recovered in [\d.]+ s: .*\(from step 130, {source}\)")
+        # The survivors re-formed; none of them was started again.
+        started = STARTED.search(err)
+        self.assertIsNotNone(started, err)
+        self.assertEqual(len(re.findall(r"attempt \d+: started", err)), 1, err)
+        self.assertEqual(len(re.findall(r"re-forming the group in place after step 130",
+                                        err)), 2, err)
+        self.assertEqual(staged_segments(), [])
+
+    def test_a_killed_rank_is_replaced_and_the_run_ends_bitwise(self):
+        clean = self.undisturbed(DDP)
+        rc, out, err = self.train(DDP, KILL_1, ["--restart=in-place", "--max-restarts=1"])
+        self.assertEqual(rc, 0, err)
+        self.assert_replaced_in_place(err, 1, "kept")
+        self.assertEqual(self.sha(out), clean)
+
+    def test_rank_0_replaced_over_gloo_takes_a_survivors_state(self):
+        # No shared-memory all-reduce: the survivors learn of the death from
+        # gloo; rank 0's replacement gets rank 1's state, async checkpoints
+        # going on around it.
+        sets = ["strategy.shared_memory=false", 'checkpoint.mode="async"']
+        clean = self.undisturbed(DDP, sets)
+        rc, out, err = self.train(DDP, [*sets, "fault.kill_rank=0", "fault.kill_at_step=130"],
+                                  ["--restart=in-place", "--max-restarts=1"])
+        self.assertEqual(rc, 0, err)
+        self.assert_replaced_in_place(err, 0, "peer")
+        self.assertEqual(self.sha(out), clean)
+
+    def test_fsdp_falls_back_to_the_group_restart(self):
+        rc, out, err = self.train(FSDP, KILL_1, ["--restart=in-place", "--max-restarts=1"])
+        self.assertEqual(rc, 0, err)
+        self.assertNotIn("replacing worker", err)
+        self.assertIn("restarting the worker group: attempt 2 of 2", err)
+        self.assertIsNotNone(DONE.search(out), out)
+
+    def python_job(self, mode):
+        script = os.path.join(self.tmp.name, "worker.py")
+        with open(script, "w") as f:
+            f.write(PY_WORKER)
+        return self.dtrun([sys.executable, script, mode],
+                          ["--restart=in-place", "--max-restarts=2", "--term-timeout=5"])
+
+    def test_workers_that_did_not_opt_in_restart_as_a_group(self):
+        rc, _, err = self.python_job("plain")
+        self.assertEqual(rc, 0, err)
+        self.assertNotIn("replacing worker", err)
+        self.assertIn("restarting the worker group: attempt 2 of 3", err)
+
+    def test_a_failure_during_a_replacement_restarts_the_group(self):
+        rc, _, err = self.python_job("ready")
+        self.assertEqual(rc, 0, err)
+        self.assertIn("replacing worker local_rank 1 (rank 1) in place: attempt 2 of 3", err)
+        self.assertIn("worker local_rank 1", err)
+        self.assertIn("restarting the worker group: attempt 3 of 3", err)
+
+
+if __name__ == "__main__":
+    unittest.main(argv=[sys.argv[0], *REST])
