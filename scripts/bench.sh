@@ -27,7 +27,7 @@ trap 'rm -rf "$tmp"' EXIT
 # DTRUN_BENCH_ONLY=store,launcher,... runs only those parts: store, store-load,
 # launcher, multinode, rdzv-sim, rdzv-scale, etcd, ddp, fsdp, precision, gpt, interactive,
 # hang, status, straggler, checkpoint, auto, torch-versions, wheel, fuzz,
-# partition, soak, detect.
+# partition, soak, detect, in-place, py-restart.
 want() { [[ -z ${DTRUN_BENCH_ONLY:-} || ",$DTRUN_BENCH_ONLY," == *",$1,"* ]]; }
 
 torch2=${DTRUN_BENCH_TORCH2:-1}
@@ -304,6 +304,18 @@ if want detect; then
       --train-cfg $b/examples/train_cfg --strategies ddp --sides "$sides" --payloads raw \
       --repeat 3 --dtrun-flags=--standby
   fi
+fi
+
+if want in-place; then
+  echo
+  echo "== --restart=in-place vs the whole-group restart from memory: a SIGKILLed worker, taking turns"
+  /usr/bin/python3 tests/bench/restart_bench.py --dtrun $b/apps/dtrun \
+    --train-cfg $b/examples/train_cfg --strategies ddp --sides "in-place;memory" --payloads raw \
+    --repeat 3 --dtrun-flags=--standby
+  echo
+  echo "== chaos under --restart=in-place: random workers SIGKILLed from outside, bitwise at the end"
+  /usr/bin/python3 tests/bench/in_place_chaos_bench.py --dtrun $b/apps/dtrun \
+    --train-cfg $b/examples/train_cfg --runs 50 --kills 2
 fi
 
 if want py-restart; then

@@ -1,0 +1,123 @@
+"""Chaos under --restart=in-place: --runs train_cfg jobs (digits, DDP, 3
+ranks on CPU gloo, sync checkpoints every 50 steps), each SIGKILLed from
+outside --kills times at random moments, a random worker each time (found as
+dtrun's children in /proc). A kill may land anywhere: in a step, in a
+checkpoint, in a re-forming group (then the group restarts whole and
+resumes from its checkpoint). Every run must end with exit 0 and the
+params_sha256 of an undisturbed run. Prints, per run, how each failure was
+recovered (in place, or the group restarted) and the time lost dtrun
+reported; then the counts. Usage:
+  in_place_chaos_bench.py --dtrun D --train-cfg T [--runs 50] [--kills 2]
+                          [--seed N] [--strategy-transport shm|gloo]"""
+import argparse
+import os
+import random
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+p = argparse.ArgumentParser()
+p.add_argument("--dtrun", required=True)
+p.add_argument("--train-cfg", required=True)
+p.add_argument("--runs", type=int, default=50)
+p.add_argument("--kills", type=int, default=2)
+p.add_argument("--seed", type=int, default=0)
+p.add_argument("--transport", choices=("shm", "gloo"), default="shm")
+ARGS = p.parse_args()
+ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+DIGITS = os.path.join(ROOT, "examples", "configs", "digits_ddp.toml")
+DONE = re.compile(r"params_sha256=([0-9a-f]{64})")
+LOST = re.compile(r"time lost ([\d.]+) s")
+SETS = ["train.steps=3000", "train.log_every=1000", "train.eval_every=0", "checkpoint.every=50",
+        'optimizer.type="adamw"', "optimizer.lr=0.001"]
+if ARGS.transport == "gloo":
+    SETS.append("strategy.shared_memory=false")
+
+
+def command(ckpt, in_place):
+    cmd = [ARGS.dtrun, "--nproc-per-node=3", f"--max-restarts={ARGS.kills * 2}"]
+    if in_place:
+        cmd.append("--restart=in-place")
+    cmd += [ARGS.train_cfg, DIGITS, "--set", f'checkpoint.dir="{ckpt}"']
+    for s in SETS:
+        cmd += ["--set", s]
+    return cmd
+
+
+def workers(pid):
+    """dtrun's live children (its workers)."""
+    kids = []
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{task}/children") as f:
+                kids += [int(k) for k in f.read().split()]
+        except OSError:
+            pass
+    return kids
+
+
+def run(tmp, n, rng, in_place=True, kills=0):
+    ckpt = os.path.join(tmp, f"run{n}")
+    proc = subprocess.Popen(command(ckpt, in_place), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    out, err = [], []
+    readers = [threading.Thread(target=lambda s=s, into=into: into.extend(s))
+               for s, into in ((proc.stdout, out), (proc.stderr, err))]
+    for t in readers:
+        t.start()
+    killed = 0
+    time.sleep(1.5)  # set up, a few steps in
+    while killed < kills and proc.poll() is None:
+        time.sleep(rng.uniform(0.3, 1.2))
+        kids = workers(proc.pid)
+        if len(kids) == 3:  # not while a group is being stopped or started
+            os.kill(rng.choice(kids), signal.SIGKILL)
+            killed += 1
+    try:
+        proc.wait(timeout=300)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    for t in readers:
+        t.join()
+    text_out, text_err = "".join(out), "".join(err)
+    m = DONE.search(text_out)
+    return (proc.returncode, m.group(1) if m else None, killed,
+            text_err.count("in place: attempt"), text_err.count("restarting the worker group"),
+            [float(x) for x in LOST.findall(text_err)], text_err)
+
+
+def main():
+    rng = random.Random(ARGS.seed)
+    with tempfile.TemporaryDirectory() as tmp:
+        rc, clean, *_ = run(tmp, 0, rng, in_place=False)
+        if rc != 0 or not clean:
+            sys.exit("the undisturbed run failed")
+        bitwise = in_place = group = 0
+        lost = []
+        began = time.monotonic()
+        for n in range(1, ARGS.runs + 1):
+            rc, sha, killed, replaced, restarted, times, err = run(tmp, n, rng, kills=ARGS.kills)
+            same = rc == 0 and sha == clean
+            bitwise += same
+            in_place += replaced
+            group += restarted
+            lost += times
+            print(f"run {n}: exit {rc}, {killed} kill(s), {replaced} replaced in place, "
+                  f"{restarted} group restart(s), time lost {times}, "
+                  f"{'bitwise' if same else 'DIFFERENT'}", flush=True)
+            if not same:
+                print(err[-3000:], file=sys.stderr)
+        print(f"\n{bitwise} of {ARGS.runs} runs bitwise an undisturbed one ({ARGS.transport}); "
+              f"{in_place} failures recovered in place, {group} by a group restart; time lost "
+              f"median {statistics.median(lost) if lost else 0:.2f} s; "
+              f"{time.monotonic() - began:.0f} s")
+        sys.exit(0 if bitwise == ARGS.runs else 1)
+
+
+main()
