@@ -31,6 +31,40 @@ bool InPlaceRecovery::Possible(const Distributed& dist,
          dist.backend() == "gloo";
 }
 
+// A wait in slices, so that the thread notices the end of the run soon
+// (the destructor joins it); each slice costs the store a wait and its
+// cancel.
+constexpr std::chrono::milliseconds kWatchSlice{100};
+
+InPlaceRecovery::InPlaceRecovery(const Context& c)
+    : c_(c),
+      watch_store_(c.dist->ConnectStore(rendezvous::Dialect::kTorch2)),
+      watching_(c.dist->env().restart_count + 1) {
+  SetGroupAttempt(c.dist->env().restart_count);
+  watcher_ = std::thread([this] { Watch(); });
+}
+
+InPlaceRecovery::~InPlaceRecovery() {
+  stop_ = true;
+  watcher_.join();
+}
+
+void InPlaceRecovery::Watch() {
+  while (!stop_) {
+    const int next = watching_.load();
+    Status s = watch_store_->Wait({rendezvous::in_place::RegroupKey(next)},
+                                  kWatchSlice);
+    if (s.ok()) {
+      AnnounceAttempt(next);
+      // Until the group re-formed as `next` (or the run ends).
+      while (!stop_ && watching_.load() == next)
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    } else if (s.code() != Status::Code::kTimeout) {
+      return;  // the store is gone: the job is ending
+    }
+  }
+}
+
 int64_t InPlaceRecovery::Join() {
   bool received = false;
   return ShareState(-1, Staged{}, &received);
@@ -53,6 +87,8 @@ int64_t InPlaceRecovery::Regroup(const std::string& failure, int64_t held) {
           [&](int replaced) { staging = Stage(replaced, next, held); });
       return &c_.dist->pg();
     });
+    SetGroupAttempt(next);
+    watching_ = next + 1;
     if (staging.valid()) staged = staging.get();
     const double init_unix = UnixSeconds();
     bool received = false;

@@ -9,12 +9,16 @@
 // stops, restarts or reads a checkpoint. DDP on gloo only: every rank
 // holds the whole state there; FSDP's shards die with their rank.
 
+#include <atomic>
 #include <cstdint>
+#include <memory>
+#include <thread>
 #include <future>
 #include <string>
 
 #include "lib/formats/checkpoint_payload.h"
 #include "lib/torch_compat.h"
+#include "rendezvous/store_client.h"
 
 namespace dtrun::train {
 
@@ -36,7 +40,10 @@ class InPlaceRecovery {
   // Whether dtrun asked for in-place recovery and this run can keep its
   // state through it (a strategy that can re-form, on gloo).
   static bool Possible(const Distributed& dist, const Strategy& strategy);
-  explicit InPlaceRecovery(const Context& c) : c_(c) {}
+  // Starts watching for dtrun's word (a thread and a store connection of
+  // its own), so that a survivor stops its step as soon as a rank died.
+  explicit InPlaceRecovery(const Context& c);
+  ~InPlaceRecovery();
 
   // A replacement: the newest state from a survivor (collective); the
   // step it holds.
@@ -62,7 +69,15 @@ class InPlaceRecovery {
   // it; returns its step and says whether this rank `received` it.
   int64_t ShareState(int64_t held, const Staged& staged, bool* received);
 
+  // The watcher's loop: waits, in slices, for the word of attempt
+  // watching_ and announces it (lib/parallel/in_place.h's GroupBroken).
+  void Watch();
+
   Context c_;
+  std::unique_ptr<rendezvous::TcpStoreClient> watch_store_;
+  std::atomic<int> watching_{0};
+  std::atomic<bool> stop_{false};
+  std::thread watcher_;  // last: it uses the members above
 };
 
 }  // namespace dtrun::train

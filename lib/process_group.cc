@@ -328,8 +328,11 @@ std::string Distributed::attempt_prefix() const {
   return AttemptPrefix(impl_->env.restart_count);
 }
 
-std::unique_ptr<rendezvous::TcpStoreClient> Distributed::ConnectStore() const {
-  auto client = rendezvous::TcpStoreClient::Connect(impl_->store_options);
+std::unique_ptr<rendezvous::TcpStoreClient> Distributed::ConnectStore(
+    rendezvous::Dialect dialect) const {
+  rendezvous::StoreClientOptions options = impl_->store_options;
+  options.dialect = dialect;
+  auto client = rendezvous::TcpStoreClient::Connect(options);
   if (!client.ok()) {
     throw StoreError("rank " + std::to_string(impl_->env.rank) + ": " +
                      client.status().message());

@@ -62,7 +62,10 @@ class Distributed {
   // A store connection of its own, for a thread other than the one that
   // runs collectives (async checkpoints); keys are the caller's to prefix
   // with attempt_prefix(). Throws StoreError naming the rank.
-  std::unique_ptr<rendezvous::TcpStoreClient> ConnectStore() const;
+  // `dialect`: 2.x's for a store that speaks it (dtrun's), whose timed-out
+  // wait is canceled rather than the connection replaced.
+  std::unique_ptr<rendezvous::TcpStoreClient> ConnectStore(
+      rendezvous::Dialect dialect = rendezvous::Dialect::kTorch113) const;
   // "/worker/attempt_<n>/": this attempt's key space in the store.
   std::string attempt_prefix() const;
   // In-place recovery (rendezvous/in_place.h): drops this group, whose

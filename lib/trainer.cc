@@ -28,6 +28,7 @@
 
 #include "lib/formats/checkpoint_payload.h"
 #include "lib/in_place_recovery.h"
+#include "lib/parallel/in_place.h"
 #include "lib/checkpointing/checkpointer.h"
 #include "lib/models/data.h"
 #include "lib/faults.h"
@@ -340,6 +341,7 @@ void Trainer::DecayMatrices(double lr) {
 // dtrun scores for stragglers): the step's time less the gradient
 // collectives' waits, before the loss's all-reduce.
 double Trainer::Step(int64_t step) {
+  ThrowIfGroupBroken("the step");  // a rank died: no collective will complete
   const auto start = std::chrono::steady_clock::now();
   strategy_->TakeCollectiveSeconds();
   // The step's dropout draws depend on the step alone: a rank that joins

@@ -225,7 +225,7 @@ void JobWatch::NoteRecovery(const GroupView& view, int local_rank) {
     recovery_.first_step[local_rank] = beat.unix_s();
   if (recovery_.reached_step >= 0 && beat.line.step > recovery_.reached_step &&
       !recovery_.back.count(local_rank))
-    recovery_.back[local_rank] = beat.unix_s();
+    recovery_.back[local_rank] = {beat.line.step, beat.unix_s()};
   auto b = Breakdown(recovery_, config_.nproc_per_node);
   // Reported once the job is back where it stood (its time lost known),
   // or as it is when it never will be (FlushRecovery).

@@ -83,10 +83,19 @@ std::optional<RecoveryBreakdown> Breakdown(const RecoveryTimes& t, int ranks) {
   b.first_step = ends[6] - ends[5];
   b.total = ends[6] - ends[0];
   if (t.reached_step >= 0 && static_cast<int>(t.back.size()) >= ranks) {
-    double back = 0;
-    for (const auto& [lr, at] : t.back) back = std::max(back, at);
-    b.lost = std::max(0.0, back - (t.reached_at + t.step_s));
-    b.back_step = t.reached_step + 1;
+    // The latest rank against its own step's undisturbed time.
+    b.lost = 0;
+    for (const auto& [lr, back] : t.back) {
+      const auto [step, at] = back;
+      const double late =
+          at - (t.reached_at +
+                static_cast<double>(step - t.reached_step) * t.step_s);
+      if (late >= b.lost) {
+        b.lost = late;
+        b.back_step = step;
+      }
+    }
+    if (b.back_step < 0) b.back_step = t.reached_step + 1;
   }
   return b;
 }

@@ -63,11 +63,12 @@ struct RecoveryTimes {
   std::map<int, ResumeRecord> resumed;  // by local rank
   std::map<int, double> first_step;     // the first beat past the resume
   // Where the job stood when it failed (StepPace::Reached; -1: unknown),
-  // one undisturbed step then, and when each rank beat past that step
-  // again after the resume.
+  // one undisturbed step then, and each rank's first beat past that step
+  // after the resume (the step, when): a rank that took a survivor's newer
+  // state (in place) comes back past reached_step + 1.
   int64_t reached_step = -1;
   double reached_at = 0, step_s = 0;
-  std::map<int, double> back;
+  std::map<int, std::pair<int64_t, double>> back;
 };
 
 struct RecoveryBreakdown {
@@ -77,8 +78,9 @@ struct RecoveryBreakdown {
   std::string source;  // rank 0's, else the first rank's
   // The time the failure cost the run: when the step after the one it had
   // reached completed again (its last rank's), minus when it would have
-  // undisturbed (reached_at + one step). -1 while the job is not back
-  // there, or when where it stood is unknown.
+  // undisturbed (reached_at + one step; a rank back at a later step: that
+  // many steps). -1 while the job is not back there, or when where it
+  // stood is unknown.
   double lost = -1;
   int64_t back_step = -1;  // the step whose completion measured it
 };

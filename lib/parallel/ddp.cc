@@ -23,6 +23,7 @@
 #include <utility>
 
 #include "lib/process_group.h"
+#include "lib/parallel/in_place.h"
 #include "lib/parallel/shm_allreduce.h"
 #include "rendezvous/util/log_line.h"
 
@@ -285,6 +286,9 @@ struct DistributedDataParallel::Impl {
   // is not (zero_grad(set_to_none), Torch 2.x's default, leaves autograd a
   // fresh tensor to store) is copied in once and pointed back at the bucket.
   void OnAccumulated(size_t k) {
+    // A rank died (in-place recovery): the backward stops here rather than
+    // computing gradients no all-reduce will take.
+    ThrowIfGroupBroken("DDP");
     if (!sync) return;  // NoSync: it accumulates in .grad, which is the bucket
     at::NoGradGuard no_grad;
     std::lock_guard<std::mutex> lock(mu);

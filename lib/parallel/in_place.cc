@@ -11,6 +11,7 @@
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/torch.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <memory>
@@ -104,7 +105,27 @@ std::string Errno(const std::string& what) {
   return what + ": " + std::strerror(errno);
 }
 
+std::atomic<int> group_attempt{0}, announced_attempt{0};
+
 }  // namespace
+
+bool GroupBroken() {
+  return announced_attempt.load(std::memory_order_relaxed) >
+         group_attempt.load(std::memory_order_relaxed);
+}
+void SetGroupAttempt(int attempt) { group_attempt.store(attempt); }
+void AnnounceAttempt(int attempt) {
+  int seen = announced_attempt.load();
+  while (seen < attempt &&
+         !announced_attempt.compare_exchange_weak(seen, attempt)) {
+  }
+}
+void ThrowIfGroupBroken(const char* where) {
+  if (GroupBroken()) {
+    throw Error(std::string(where) +
+                ": a rank died and the group is re-forming in place");
+  }
+}
 
 std::string StageName(int master_port, int restart_count, int rank) {
   return "/dtrun-inplace-" + std::to_string(master_port) + "-" +

@@ -18,6 +18,17 @@
 
 namespace dtrun::train {
 
+// Whether dtrun announced a group past the one this process runs (a rank
+// died; RegroupWatch sees the announcement): the current group's
+// collectives are doomed, so the loop and DDP's gradient hooks throw at
+// their next check instead of computing on. Process-wide.
+bool GroupBroken();
+// The attempt this process's group runs, and one dtrun announced.
+void SetGroupAttempt(int attempt);
+void AnnounceAttempt(int attempt);
+// Throws Error naming `where` when the group is broken.
+void ThrowIfGroupBroken(const char* where);
+
 // Who holds what: `held` is each rank's step (-1: nothing, a
 // replacement), `staged` the step it staged in shared memory (-1: none).
 struct HeldState {

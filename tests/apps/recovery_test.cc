@@ -113,15 +113,21 @@ TEST(RecoveryTest, TimeLostOnceEveryRankIsBackPastWhereTheJobStood) {
   ASSERT_TRUE(b);
   EXPECT_LT(b->lost, 0);
   EXPECT_EQ(RecoveryLine(*b).find("time lost"), std::string::npos);
-  t.back[0] = 102.0;
+  t.back[0] = {153, 102.0};
   EXPECT_LT(Breakdown(t, 2)->lost, 0);
-  t.back[1] = 102.3;
+  t.back[1] = {153, 102.3};
   b = Breakdown(t, 2);
   EXPECT_NEAR(b->lost, 102.3 - (99.9 + 0.5), 1e-9);
   EXPECT_EQ(b->back_step, 153);
   EXPECT_NE(RecoveryLine(*b).find("; time lost 1.90 s (back at step 153)"),
             std::string::npos)
       << RecoveryLine(*b);
+  // In place, a replacement takes a survivor's newer state and comes back
+  // at a later step: it is late against that step's undisturbed time.
+  t.back[1] = {155, 103.2};
+  b = Breakdown(t, 2);
+  EXPECT_NEAR(b->lost, 103.2 - (99.9 + 3 * 0.5), 1e-9);
+  EXPECT_EQ(b->back_step, 155);
 }
 
 }  // namespace
