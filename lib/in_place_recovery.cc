@@ -13,17 +13,9 @@
 #include "lib/process_group.h"
 #include "rendezvous/heartbeat.h"
 #include "rendezvous/in_place.h"
+#include "rendezvous/util/os_util.h"
 
 namespace dtrun::train {
-namespace {
-
-double UnixSeconds() {
-  return std::chrono::duration<double>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
-
-}  // namespace
 
 bool InPlaceRecovery::Possible(const Distributed& dist,
                                const Strategy& strategy) {
@@ -90,11 +82,11 @@ int64_t InPlaceRecovery::Regroup(const std::string& failure, int64_t held) {
     SetGroupAttempt(next);
     watching_ = next + 1;
     if (staging.valid()) staged = staging.get();
-    const double init_unix = UnixSeconds();
+    const double init_unix = os::UnixNow();
     bool received = false;
     const int64_t step = ShareState(held, staged, &received);
     rendezvous::Heartbeat::Resumed(step, received ? "peer" : "kept", init_unix,
-                                   UnixSeconds());
+                                   os::UnixNow());
     return step;
   } catch (const std::exception& e) {
     if (staging.valid()) staged = staging.get();

@@ -41,16 +41,11 @@
 #include "lib/train_plan.h"
 #include "lib/parallel/with_named_state.h"
 #include "rendezvous/heartbeat.h"
+#include "rendezvous/util/os_util.h"
 #include "rendezvous/in_place.h"
 
 namespace dtrun::train {
 namespace {
-
-double UnixSeconds() {
-  return std::chrono::duration<double>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
 
 // Fault injection: stop beating and wait forever, as a wedged rank does.
 [[gnu::noinline]] void HangForever(int rank, int64_t step) {
@@ -238,11 +233,11 @@ Trainer::Trainer(const TrainConfig& c, TrainParts parts,
 int Trainer::Run() {
   // For dtrun's recovery report: when this rank was set up (its process
   // group and model) and when its state was in place.
-  const double init_unix = UnixSeconds();
+  const double init_unix = os::UnixNow();
   std::string source;
   const int64_t start = Resume(&source);
   rendezvous::Heartbeat::Resumed(start, source.c_str(), init_unix,
-                                 UnixSeconds());
+                                 os::UnixNow());
   if (in_place_) rendezvous::in_place::MarkReady();
   if (rank_ == 0 && !c_.metrics_path.empty())
     metrics_.open(c_.metrics_path, std::ios::app);

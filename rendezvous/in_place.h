@@ -38,6 +38,14 @@ inline std::string RegroupKey(int restart_count) {
   return "/worker/attempt_" + std::to_string(restart_count) + "/dtrun_regroup";
 }
 
+// The shared-memory segments in which survivors stage their state for a
+// replacement are named after the store's port (then "<attempt>-<rank>");
+// dtrun removes any left once its group restarts or the job ends (a
+// survivor stopped mid-recovery leaves its own).
+inline std::string StagePrefix(int master_port) {
+  return "dtrun-inplace-" + std::to_string(master_port) + "-";
+}
+
 // Whether dtrun asked for in-place recovery.
 inline bool Wanted() {
   const char* v = std::getenv(kRestartEnv);

@@ -2,6 +2,8 @@
 // variable; the decisions are the Agent's.
 #include "apps/dtrun/in_place.h"
 
+#include <dirent.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include "apps/dtrun/run_layout.h"
@@ -51,6 +53,19 @@ void ForgetRecords(const std::string& attempt_dir,
   for (const auto& [lr, pid] : pids)
     ::unlink(layout::ResumeFile(attempt_dir, lr).c_str());
   ::unlink(ReadyFile(attempt_dir, replaced).c_str());
+}
+
+void RemoveStaged(const LaunchConfig& config, int master_port) {
+  if (config.restart != RestartMode::kInPlace) return;
+  const std::string prefix = rendezvous::in_place::StagePrefix(master_port);
+  DIR* dir = ::opendir("/dev/shm");
+  if (!dir) return;
+  while (dirent* e = ::readdir(dir)) {
+    const std::string name = e->d_name;
+    if (name.compare(0, prefix.size(), prefix) == 0)
+      ::shm_unlink(("/" + name).c_str());
+  }
+  ::closedir(dir);
 }
 
 void SayReplacing(int lr, int rank, int restart_count, int max_restarts,

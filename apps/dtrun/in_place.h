@@ -29,6 +29,10 @@ bool AllCanReform(const std::string& attempt_dir,
 void ForgetRecords(const std::string& attempt_dir,
                    const std::map<int, int>& pids, int replaced);
 
+// Under --restart=in-place, removes the state survivors of the job whose
+// store listens on `master_port` staged for a replacement and left (they
+// were stopped mid-recovery).
+void RemoveStaged(const LaunchConfig& config, int master_port);
 // The log's lines: local rank `lr` (global `rank`) is being replaced as
 // attempt `restart_count` while `others` run on; it started as `pid`.
 void SayReplacing(int lr, int rank, int restart_count, int max_restarts,

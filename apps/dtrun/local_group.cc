@@ -435,6 +435,7 @@ void LocalGroup::StartWorkers(int restart_count) {
     copies_.PersistInBackground("before attempt " +
                                 std::to_string(restart_count));
   attempt_.restart_count = restart_count;
+  in_place::RemoveStaged(config_, attempt_.master_port);
   const double started = clock_->UnixSeconds();
   attempt_dir_ = layout::AttemptDir(run_dir_, restart_count);
   attempt_.error_file_dir = attempt_dir_;
@@ -583,6 +584,7 @@ void LocalGroup::CheckProgress() {
 void LocalGroup::Finish(bool succeeded) {
   watch_.Finish();
   copies_.Finish();  // persisted when the last attempt failed, then removed
+  in_place::RemoveStaged(config_, attempt_.master_port);
   // Workers are gone, but a grandchild holding a pipe open must not keep
   // dtrun alive: forward what is there for up to a second, then close.
   workers_->Drain(milliseconds(1000));

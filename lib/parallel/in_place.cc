@@ -20,6 +20,7 @@
 
 #include "lib/checkpointing/state_copy.h"
 #include "lib/process_group.h"
+#include "rendezvous/in_place.h"
 
 namespace dtrun::train {
 namespace {
@@ -128,7 +129,7 @@ void ThrowIfGroupBroken(const char* where) {
 }
 
 std::string StageName(int master_port, int restart_count, int rank) {
-  return "/dtrun-inplace-" + std::to_string(master_port) + "-" +
+  return "/" + rendezvous::in_place::StagePrefix(master_port) +
          std::to_string(restart_count) + "-" + std::to_string(rank);
 }
 

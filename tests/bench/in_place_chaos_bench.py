@@ -4,12 +4,15 @@ outside --kills times at random moments, a random worker each time (found as
 dtrun's children in /proc). A kill may land anywhere: in a step, in a
 checkpoint, in a re-forming group (then the group restarts whole and
 resumes from its checkpoint). Every run must end with exit 0 and the
-params_sha256 of an undisturbed run. Prints, per run, how each failure was
+params_sha256 of an undisturbed run, and leave no staged state in
+/dev/shm (a survivor stopped mid-recovery leaves its own; dtrun removes
+it). Prints, per run, how each failure was
 recovered (in place, or the group restarted) and the time lost dtrun
 reported; then the counts. Usage:
   in_place_chaos_bench.py --dtrun D --train-cfg T [--runs 50] [--kills 2]
                           [--seed N] [--strategy-transport shm|gloo]"""
 import argparse
+import glob
 import os
 import random
 import re
@@ -103,7 +106,8 @@ def main():
         began = time.monotonic()
         for n in range(1, ARGS.runs + 1):
             rc, sha, killed, replaced, restarted, times, err = run(tmp, n, rng, kills=ARGS.kills)
-            same = rc == 0 and sha == clean
+            left = glob.glob("/dev/shm/dtrun-inplace-*")
+            same = rc == 0 and sha == clean and not left
             bitwise += same
             in_place += replaced
             group += restarted
@@ -112,7 +116,7 @@ def main():
                   f"{restarted} group restart(s), time lost {times}, "
                   f"{'bitwise' if same else 'DIFFERENT'}", flush=True)
             if not same:
-                print(err[-3000:], file=sys.stderr)
+                print(f"left in /dev/shm: {left}\n" + err[-3000:], file=sys.stderr)
         print(f"\n{bitwise} of {ARGS.runs} runs bitwise an undisturbed one ({ARGS.transport}); "
               f"{in_place} failures recovered in place, {group} by a group restart; time lost "
               f"median {statistics.median(lost) if lost else 0:.2f} s; "
