@@ -54,11 +54,21 @@ class Group:
         self.backend, self.timeout = backend, timeout
         self._beat_path = os.environ.get("DTRUN_HEARTBEAT_FILE", "")
         self._beat = None
-        self.store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
-                                   self.world_size, False, timeout)
+        self.store = self._connect()
         self._init()
         if self.wanted and self._beat_path:  # dtrun replaces in place only then
             open(self._beat_path + READY_SUFFIX, "w").close()
+
+    def _connect(self):
+        """A client of the launcher's store. Torch >= 2.4 asks for libuv,
+        which some builds lack (Debian's): then without it."""
+        addr = (os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]))
+        try:
+            return dist.TCPStore(*addr, self.world_size, False, self.timeout)
+        except RuntimeError as e:
+            if "libuv" not in str(e):
+                raise
+            return dist.TCPStore(*addr, self.world_size, False, self.timeout, use_libuv=False)
 
     def _init(self):
         # A key space of its own per attempt: the group a replacement joins
@@ -102,8 +112,7 @@ class Group:
         key = _regroup_key(attempt)
         if hasattr(self.store, "check"):
             return self.store.check([key])
-        probe = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
-                              self.world_size, False, self.timeout)
+        probe = self._connect()
         try:
             probe.wait([key], timedelta(milliseconds=10))
             return True
