@@ -1,5 +1,6 @@
-"""Chaos under --restart=in-place: --runs train_cfg jobs (digits, DDP, 3
-ranks on CPU gloo, sync checkpoints every 50 steps), each SIGKILLed from
+"""Chaos under --restart=in-place: --runs train_cfg jobs (digits, DDP or,
+with --strategy fsdp, FSDP, which restarts whole; 3 ranks on CPU gloo, sync
+checkpoints every 50 steps), each SIGKILLed from
 outside --kills times at random moments, a random worker each time (found as
 dtrun's children in /proc). A kill may land anywhere: in a step, in a
 checkpoint, in a re-forming group (then the group restarts whole and
@@ -10,7 +11,7 @@ it). Prints, per run, how each failure was
 recovered (in place, or the group restarted) and the time lost dtrun
 reported; then the counts. Usage:
   in_place_chaos_bench.py --dtrun D --train-cfg T [--runs 50] [--kills 2]
-                          [--seed N] [--strategy-transport shm|gloo]"""
+                          [--seed N] [--transport shm|gloo] [--strategy ddp|fsdp]"""
 import argparse
 import glob
 import os
@@ -31,9 +32,10 @@ p.add_argument("--runs", type=int, default=50)
 p.add_argument("--kills", type=int, default=2)
 p.add_argument("--seed", type=int, default=0)
 p.add_argument("--transport", choices=("shm", "gloo"), default="shm")
+p.add_argument("--strategy", choices=("ddp", "fsdp"), default="ddp")
 ARGS = p.parse_args()
 ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
-DIGITS = os.path.join(ROOT, "examples", "configs", "digits_ddp.toml")
+DIGITS = os.path.join(ROOT, "examples", "configs", f"digits_{ARGS.strategy}.toml")
 DONE = re.compile(r"params_sha256=([0-9a-f]{64})")
 LOST = re.compile(r"time lost ([\d.]+) s")
 SETS = ["train.steps=3000", "train.log_every=1000", "train.eval_every=0", "checkpoint.every=50",
@@ -117,7 +119,8 @@ def main():
                   f"{'bitwise' if same else 'DIFFERENT'}", flush=True)
             if not same:
                 print(f"left in /dev/shm: {left}\n" + err[-3000:], file=sys.stderr)
-        print(f"\n{bitwise} of {ARGS.runs} runs bitwise an undisturbed one ({ARGS.transport}); "
+        print(f"\n{bitwise} of {ARGS.runs} runs bitwise an undisturbed one ({ARGS.strategy}, "
+              f"{ARGS.transport}); "
               f"{in_place} failures recovered in place, {group} by a group restart; time lost "
               f"median {statistics.median(lost) if lost else 0:.2f} s; "
               f"{time.monotonic() - began:.0f} s")
