@@ -36,14 +36,29 @@ void AddEnv(const LaunchConfig& config, bool elastic, EnvMap* env) {
 
 // A ready file is written once a worker is set up, so a worker that dies
 // during its start (before its group could re-form) restarts the group.
-bool AllCanReform(const std::string& attempt_dir,
-                  const std::map<int, int>& pids,
-                  const std::map<int, double>& exit_time, int failed_pid) {
+bool CanReplace(const LaunchConfig& config, const std::string& attempt_dir,
+                const std::map<int, int>& pids,
+                const std::map<int, double>& exit_time, int failed_pid) {
+  if (config.restart != RestartMode::kInPlace) return false;
+  std::string why;
   for (const auto& [lr, pid] : pids) {
-    if (::access(ReadyFile(attempt_dir, lr).c_str(), F_OK) != 0) return false;
-    if (pid != failed_pid && exit_time.count(pid)) return false;
+    if (::access(ReadyFile(attempt_dir, lr).c_str(), F_OK) != 0) {
+      why = "local_rank " + std::to_string(lr) +
+            " never said it can re-form its group (lib's trainer says so "
+            "for DDP on gloo, a Python worker through dtrun.in_place)";
+      break;
+    }
+    if (pid != failed_pid && exit_time.count(pid)) {
+      why = "local_rank " + std::to_string(lr) + " is gone too";
+      break;
+    }
   }
-  return !pids.empty();
+  if (why.empty()) return true;
+  // Said at each failure: the user asked for in place and gets the whole
+  // group restarted, which costs the survivors their processes.
+  Logger("dtrun.agent")
+      ->warn("--restart=in-place: {}; the whole group restarts", why);
+  return false;
 }
 
 void ForgetRecords(const std::string& attempt_dir,

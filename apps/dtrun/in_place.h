@@ -17,12 +17,13 @@ namespace dtrun::agent::in_place {
 // The workers' environment asks for it (one node); a job that meets other
 // nodes through rendezvous is told it restarts whole there.
 void AddEnv(const LaunchConfig& config, bool elastic, EnvMap* env);
-// Whether every worker of the attempt in `attempt_dir` (`pids`: local rank
-// -> pid, those reaped in `exit_time`) said it can re-form its group, and
-// `failed_pid` is the only one gone.
-bool AllCanReform(const std::string& attempt_dir,
-                  const std::map<int, int>& pids,
-                  const std::map<int, double>& exit_time, int failed_pid);
+// Under --restart=in-place, whether every worker of the attempt in
+// `attempt_dir` (`pids`: local rank -> pid, those reaped in `exit_time`)
+// said it can re-form its group, and `failed_pid` is the only one gone;
+// when not, the log says why the group restarts whole.
+bool CanReplace(const LaunchConfig& config, const std::string& attempt_dir,
+                const std::map<int, int>& pids,
+                const std::map<int, double>& exit_time, int failed_pid);
 // Before local rank `replaced` starts again: every rank's resume record
 // goes (the survivors write new ones once re-formed, which the recovery
 // report waits for), and the replaced rank's word that it can re-form.

@@ -251,8 +251,8 @@ void LocalGroup::OnChildExits() {
     // is gone: the Agent decides from that.
     Apply(agent_.OnWorkerExit(
         e, clock_->Now(),
-        first_failure && config_.restart == RestartMode::kInPlace &&
-            in_place::AllCanReform(attempt_dir_, pids_, exit_time_, e.pid)));
+        first_failure && in_place::CanReplace(config_, attempt_dir_, pids_,
+                                              exit_time_, e.pid)));
     if (first_failure) watch_.OnRestartDecided();
   }
 }

@@ -127,6 +127,7 @@ class InPlaceRecovery(unittest.TestCase):
         rc, out, err = self.train(FSDP, KILL_1, ["--restart=in-place", "--max-restarts=1"])
         self.assertEqual(rc, 0, err)
         self.assertNotIn("replacing worker", err)
+        self.assertIn("--restart=in-place: local_rank 0 never said it can re-form its group", err)
         self.assertIn("restarting the worker group: attempt 2 of 2", err)
         self.assertIsNotNone(DONE.search(out), out)
 
@@ -162,6 +163,7 @@ class InPlaceRecovery(unittest.TestCase):
         rc, _, err = self.python_job("plain")
         self.assertEqual(rc, 0, err)
         self.assertNotIn("replacing worker", err)
+        self.assertIn("never said it can re-form its group", err)
         self.assertIn("restarting the worker group: attempt 2 of 3", err)
 
     def test_a_failure_during_a_replacement_restarts_the_group(self):
