@@ -237,10 +237,12 @@ class TrainCfg(unittest.TestCase):
             "detect", "regroup", "start", "init", "load", "first_step")), delta=1e-6)
         # The time lost: back past where the job stood when rank 1 died (its
         # step 170 or the one before), 20 steps redone from the copy of 150,
-        # so more than the recovery itself.
+        # so more than the recovery itself. The step is the first beat dtrun
+        # read past it: beats are read every 10 ms, so on a fast loop it may
+        # be a few steps on (each step is then set against its own time).
         lost = re.search(r"; time lost ([\d.]+) s \(back at step (\d+)\)", err)
         self.assertIsNotNone(lost, err)
-        self.assertIn(int(lost.group(2)), (170, 171))
+        self.assertGreaterEqual(int(lost.group(2)), 170)
         self.assertGreater(float(lost.group(1)), total - 0.02)
         self.assertAlmostEqual(md["lost"], float(lost.group(1)), delta=0.006)
 
