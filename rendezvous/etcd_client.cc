@@ -16,6 +16,7 @@
 
 #include "rendezvous/etcd_connection.h"
 #include "rendezvous/util/log.h"
+#include "rendezvous/util/socket_util.h"
 
 namespace dtrun::rendezvous {
 namespace framing = etcd_framing;
@@ -186,7 +187,8 @@ Result<nlohmann::json> EtcdClient::CallLocked(const std::string& path,
         return std::move(*reply);
       }
     }
-    std::this_thread::sleep_for(milliseconds(std::min(50 * (pass + 1), 200)));
+    sockets::SleepUntil(SteadyClock::now() +
+                        milliseconds(std::min(50 * (pass + 1), 200)));
   }
   return Failed(path, tries);
 }

@@ -30,7 +30,7 @@ asio::error_code EtcdConnection::Open(TimePoint deadline) {
   asio::ip::tcp::resolver::results_type found;
   asio::error_code ec = Resolve(deadline, &found);
   if (ec) return ec;
-  ec = Run(deadline, [&](auto done) {
+  ec = Run(deadline, POLLOUT, [&](auto done) {
     asio::async_connect(socket_, found,
                         [done](asio::error_code e, const auto&) { done(e); });
   });
@@ -39,7 +39,7 @@ asio::error_code EtcdConnection::Open(TimePoint deadline) {
   tls_->set_verify_callback(asio::ssl::host_name_verification(host_));
   // SNI, for members behind a name
   SSL_set_tlsext_host_name(tls_->native_handle(), host_.c_str());
-  return Run(deadline, [&](auto done) {
+  return Run(deadline, POLLIN | POLLOUT, [&](auto done) {
     tls_->async_handshake(asio::ssl::stream_base::client,
                           [done](asio::error_code e) { done(e); });
   });
@@ -52,6 +52,13 @@ asio::error_code EtcdConnection::Open(TimePoint deadline) {
 // that is late finishes alone and its answer is dropped.
 asio::error_code EtcdConnection::Resolve(
     TimePoint deadline, asio::ip::tcp::resolver::results_type* found) {
+  asio::error_code numeric;
+  const auto address = asio::ip::make_address(host_, numeric);
+  if (!numeric) {  // an address needs no name server, and no thread
+    *found = asio::ip::tcp::resolver::results_type::create(
+        asio::ip::tcp::endpoint(address, port_), host_, std::to_string(port_));
+    return {};
+  }
   struct Lookup {
     std::mutex mu;
     std::condition_variable cv;
@@ -87,7 +94,7 @@ asio::error_code EtcdConnection::Send(const std::string& path,
          (token_.empty() ? "" : "\r\nAuthorization: " + token_) +
          "\r\nContent-Type: application/json\r\nContent-Length: " +
          std::to_string(body.size()) + "\r\n\r\n" + body;
-  return Run(deadline, [&](auto done) {
+  return Run(deadline, POLLOUT, [&](auto done) {
     auto handler = [done](asio::error_code e, size_t) { done(e); };
     if (tls_) {
       asio::async_write(*tls_, asio::buffer(out_), handler);
@@ -141,9 +148,8 @@ bool EtcdConnection::Readable(TimePoint deadline) {
   if (tls_ && SSL_pending(tls_->native_handle()) > 0) return true;
   auto left =
       std::chrono::duration_cast<milliseconds>(deadline - SteadyClock::now());
-  pollfd p{socket_.native_handle(), POLLIN, 0};
-  return ::poll(&p, 1, static_cast<int>(std::max<int64_t>(0, left.count()))) !=
-         0;
+  (void)left;
+  return sockets::PollFor(socket_.native_handle(), POLLIN, deadline);
 }
 
 std::string EtcdConnection::LocalAddress() {
@@ -157,7 +163,7 @@ std::string EtcdConnection::LocalAddress() {
 asio::error_code EtcdConnection::ReadMore(TimePoint deadline) {
   char buf[16384];
   size_t got = 0;
-  auto ec = Run(deadline, [&](auto done) {
+  auto ec = Run(deadline, tls_ ? POLLIN | POLLOUT : POLLIN, [&](auto done) {
     auto handler = [done, &got](asio::error_code e, size_t n) {
       got = n;
       done(e);
@@ -171,6 +177,22 @@ asio::error_code EtcdConnection::ReadMore(TimePoint deadline) {
   in_.append(buf, got);
   if (!ec && got == 0) ec = asio::error::eof;
   return ec;
+}
+
+void EtcdConnection::RunHooked(TimePoint deadline, short events,
+                               const bool* finished) {
+  for (;;) {
+    io_.poll();
+    if (*finished || SteadyClock::now() >= deadline) return;
+    io_.restart();
+    const int fd = socket_.native_handle();
+    if (fd < 0) {
+      sockets::SleepUntil(
+          std::min(deadline, SteadyClock::now() + milliseconds(1)));
+    } else {
+      (void)sockets::PollFor(fd, events, deadline);
+    }
+  }
 }
 
 }  // namespace dtrun::rendezvous

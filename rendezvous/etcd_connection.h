@@ -18,6 +18,7 @@
 #include <string>
 
 #include "rendezvous/etcd_framing.h"
+#include "rendezvous/util/socket_util.h"
 
 namespace dtrun::rendezvous {
 
@@ -96,9 +97,11 @@ class EtcdConnection {
   asio::error_code ReadMore(TimePoint deadline);
   // Starts an operation and runs the context until it completes or the
   // deadline passes; then the socket is closed (the operation completes
-  // with an error) and timed_out returned.
+  // with an error) and timed_out returned. `events` (POLLIN, POLLOUT): what
+  // the operation waits for, where this thread's waits are hooked
+  // (sockets::WaitHooked: an event loop runs many connections on it).
   template <typename Start>
-  asio::error_code Run(TimePoint deadline, Start start) {
+  asio::error_code Run(TimePoint deadline, short events, Start start) {
     std::lock_guard<std::mutex> lock(io_mu_);
     asio::error_code result = asio::error::would_block;
     bool finished = false;
@@ -107,7 +110,11 @@ class EtcdConnection {
       finished = true;
     });
     io_.restart();
-    io_.run_until(deadline);
+    if (sockets::WaitHooked()) {
+      RunHooked(deadline, events, &finished);
+    } else {
+      io_.run_until(deadline);
+    }
     if (!finished) {
       asio::error_code ignored;
       socket_.close(ignored);
@@ -121,6 +128,9 @@ class EtcdConnection {
     }
     return result;
   }
+  // Run's loop where waits are hooked: the context's ready handlers, then a
+  // wait for the socket through sockets::PollFor, until `*finished`.
+  void RunHooked(TimePoint deadline, short events, const bool* finished);
 
   std::string host_;
   uint16_t port_;

@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <thread>
 
+#include "rendezvous/util/socket_util.h"
+
 namespace dtrun::rendezvous {
 namespace {
 
@@ -14,6 +16,7 @@ using etcd_framing::FirstKv;
 using etcd_framing::IntField;
 using nlohmann::json;
 using std::chrono::milliseconds;
+using SteadyClock = std::chrono::steady_clock;
 
 // etcd's default --max-txn-ops.
 constexpr size_t kMaxTxnOps = 128;
@@ -209,7 +212,7 @@ void EtcdStore::WatchFor(const std::string& key, milliseconds left) {
   wait_key_ = key;
   if (!wait_watch_->WatchKey(wait_key_).ok()) {
     wait_watch_.reset();
-    std::this_thread::sleep_for(std::min(left, milliseconds(50)));
+    sockets::SleepUntil(SteadyClock::now() + std::min(left, milliseconds(50)));
   }
 }
 
@@ -279,7 +282,8 @@ Status EtcdStore::Wait(const std::vector<std::string>& keys,
     if (!changed.ok() || !wait_watch_->TakeChanges(&seen).ok()) {
       // Its member went away and no other took the watch: read again.
       wait_watch_.reset();
-      std::this_thread::sleep_for(std::min(left, milliseconds(50)));
+      sockets::SleepUntil(SteadyClock::now() +
+                          std::min(left, milliseconds(50)));
     } else if (Puts(seen, keys[missing])) {
       wait_watch_.reset();  // the last missing key came: no read needed
       return Status::Ok();
@@ -317,7 +321,7 @@ Status EtcdStore::WaitAll(const std::vector<std::string>& keys,
                ? " (nor " + std::to_string(missing.size() - 1) + " more)"
                : ""));
     }
-    std::this_thread::sleep_for(std::min(left, milliseconds(100)));
+    sockets::SleepUntil(SteadyClock::now() + std::min(left, milliseconds(100)));
   }
 }
 
@@ -386,6 +390,65 @@ Status EtcdStore::MultiSet(const std::vector<std::string>& keys,
   return Status::Ok();
 }
 
+// The slot and the record in one consensus round: both puts share the
+// transaction's revision, and transactions are ordered, so the records'
+// creation order is the counter's.
+Result<Store::Enlisted> EtcdStore::Enlist(const Enlistment& e) {
+  json put = PutOp(prefix_ + e.counter, "n");
+  put["request_put"]["prev_kv"] = true;
+  json ops = json::array({put, PutOp(prefix_ + e.records + e.id, e.record)});
+  std::unique_lock<std::mutex> lease_lock(lease_mu_);
+  const bool alive = !e.alive.empty() && EnsureLease(e.alive_ttl).ok();
+  if (alive) {
+    json leased = PutOp(prefix_ + e.alive + e.id, "1");
+    leased["request_put"]["lease"] = std::to_string(lease_->id());
+    ops.push_back(std::move(leased));
+    lease_->Touch();
+  }
+  auto reply = client_->Call("/v3/kv/txn", {{"success", ops}});
+  if (!reply.ok()) return reply.status();
+  if (alive) leased_key_ = e.alive + e.id;
+  lease_lock.unlock();
+  auto responses = reply->find("responses");
+  if (responses == reply->end() || !responses->is_array() || responses->empty())
+    return Malformed("an enlist in " + e.counter);
+  const json& first = (*responses)[0];
+  auto response = first.find("response_put");
+  if (response == first.end()) return Malformed("an enlist in " + e.counter);
+  auto prev = response->find("prev_kv");
+  return Enlisted{prev != response->end() ? IntField(*prev, "version") + 1 : 1,
+                  alive};
+}
+
+// The folder's first `count` records by creation; on etcd a record never
+// trails its slot, so there is nothing to wait for.
+Result<std::vector<std::string>> EtcdStore::ReadEnlisted(
+    const std::string& records, int64_t count, milliseconds wait) {
+  (void)wait;
+  std::vector<std::string> out;
+  if (count <= 0) return out;
+  const std::string from = prefix_ + records;
+  auto reply = client_->Call("/v3/kv/range",
+                             {{"key", Base64Encode(from)},
+                              {"range_end", Base64Encode(PrefixEnd(from))},
+                              {"sort_order", "ASCEND"},
+                              {"sort_target", "CREATE"},
+                              {"limit", count}});
+  if (!reply.ok()) return reply.status();
+  auto kvs = reply->find("kvs");
+  if (kvs != reply->end() && kvs->is_array()) {
+    for (const json& kv : *kvs) {
+      std::string value;
+      auto v = kv.find("value");
+      if (v != kv.end() && v->is_string())
+        (void)Base64Decode(v->get<std::string>(), &value);
+      out.push_back(std::move(value));
+    }
+  }
+  out.resize(static_cast<size_t>(count));
+  return out;
+}
+
 // Detaching puts the key again without a lease, so its end is never read
 // as the node's death.
 Status EtcdStore::LeaseKey(const std::string& key, milliseconds ttl) {
@@ -396,12 +459,7 @@ Status EtcdStore::LeaseKey(const std::string& key, milliseconds ttl) {
     leased_key_.clear();
     return s;
   }
-  if (!lease_ || !lease_->alive() || lease_->asked() != ttl) {
-    lease_.reset();
-    auto granted = EtcdLease::Grant(client_->options(), ttl);
-    if (!granted.ok()) return granted.status();
-    lease_ = std::move(*granted);
-  }
+  if (Status s = EnsureLease(ttl); !s.ok()) return s;
   lease_->Touch();
   json body = {{"key", Base64Encode(prefix_ + key)},
                {"value", Base64Encode("1")},
@@ -409,6 +467,15 @@ Status EtcdStore::LeaseKey(const std::string& key, milliseconds ttl) {
   Status s = client_->Call("/v3/kv/put", body).status();
   if (s.ok()) leased_key_ = key;
   return s;
+}
+
+Status EtcdStore::EnsureLease(milliseconds ttl) {
+  if (lease_ && lease_->alive() && lease_->asked() == ttl) return Status::Ok();
+  lease_.reset();
+  auto granted = EtcdLease::Grant(client_->options(), ttl);
+  if (!granted.ok()) return granted.status();
+  lease_ = std::move(*granted);
+  return Status::Ok();
 }
 
 void EtcdStore::StillAlive() {

@@ -14,6 +14,10 @@
 //                        for a key one node writes, such as its heartbeat).
 //                        Counters only count up.
 //   LeaseKey             a put under a lease of this node's (etcd_lease.h)
+//   Enlist               one transaction: the counter's put (its version
+//                        is the slot) and the record's, under the joiner's
+//                        id; ReadEnlisted reads the records' folder in the
+//                        order they were created, which is the slots' order
 //   CompareSet           a transaction comparing the value (missing: the
 //                        create revision is 0)
 //   Wait                 one key: reads, then waits on a watch of it, kept
@@ -58,6 +62,12 @@ class EtcdStore : public Store {
       const std::vector<std::string>& keys) override;
   Status MultiSet(const std::vector<std::string>& keys,
                   const std::vector<std::string>& values) override;
+  // With `alive`, the lease's key goes in the same transaction (the
+  // lease granted first when there is none yet).
+  Result<Enlisted> Enlist(const Enlistment& e) override;
+  Result<std::vector<std::string>> ReadEnlisted(
+      const std::string& records, int64_t count,
+      std::chrono::milliseconds wait) override;
   std::chrono::milliseconds timeout() const override { return timeout_; }
   // One lease for the node's life (granted again when it lapsed, or when
   // another TTL is asked), revoked when the store goes.
@@ -114,6 +124,8 @@ class EtcdStore : public Store {
   std::string wait_key_;
   // LeaseKey's lease and the key last put under it.
   std::mutex lease_mu_;
+  // A live lease of `ttl`: the one there is, or a new grant. lease_mu_ held.
+  Status EnsureLease(std::chrono::milliseconds ttl);
   std::unique_ptr<EtcdLease> lease_;
   std::string leased_key_;
 };

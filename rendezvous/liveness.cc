@@ -14,6 +14,8 @@
 // neither leaves the heartbeats to tell.
 #include "rendezvous/liveness.h"
 
+#include <algorithm>
+
 #include "rendezvous/util/check.h"
 #include "rendezvous/util/log.h"
 
@@ -30,16 +32,19 @@ Liveness::Liveness(Store* store, const RoundKeys& keys,
 
 // A new round watches a new node (or the same one under new keys): what
 // was seen of the last one must not count against it.
-Status Liveness::Enter(const Assignment& a) {
+Status Liveness::Enter(const Assignment& a, int64_t slot, const std::string& id,
+                       bool bound) {
   next_.Reset();
   next_gone_ = false;
   next_leased_ = false;
   leased_ = false;
-  Status s = store_->BindOnClose(keys_.Round(a.round, "gone", a.group_rank),
-                                 keys_.Round(a.round, "bound", a.group_rank));
   lease_store_ = store_->has_leases();
+  Status s = bound || lease_store_
+                 ? Status::Ok()
+                 : store_->BindOnClose(keys_.Round(a.round, "gone", slot),
+                                       keys_.Round(a.round, "bound", slot));
   if (lease_store_) {
-    s = store_->LeaseKey(keys_.Round(a.round, "alive", a.group_rank), limit_);
+    s = bound ? Status::Ok() : store_->LeaseKey(AliveKey(a.round, id), limit_);
     leased_ = s.ok();
   }
   if (!s.ok() && s.code() != Status::Code::kInvalid) {
@@ -70,12 +75,19 @@ Status Liveness::Beat(const Assignment& current, bool force) {
       .status();
 }
 
-std::vector<std::string> Liveness::WatchedKeys(int round, int next_rank) const {
-  std::vector<std::string> keys = {keys_.Round(round, "hb", next_rank),
-                                   keys_.Round(round, "gone", next_rank),
-                                   keys_.Round(round, "bound", next_rank)};
-  if (lease_store_) keys.push_back(keys_.Round(round, "alive", next_rank));
+// The counter and the lease by group rank, the connections by the slot the
+// node joined in (they were bound as it joined, before it had a rank).
+std::vector<std::string> Liveness::WatchedKeys(const Assignment& a) const {
+  const int next_rank = (a.group_rank + 1) % std::max(1, a.group_world_size);
+  std::vector<std::string> keys = {keys_.Round(a.round, "hb", next_rank),
+                                   keys_.Round(a.round, "gone", a.next_slot),
+                                   keys_.Round(a.round, "bound", a.next_slot)};
+  if (lease_store_) keys.push_back(AliveKey(a.round, a.next_node));
   return keys;
+}
+
+std::string Liveness::AliveKey(int round, const std::string& id) const {
+  return keys_.Round(round, "alive") + "/" + id;
 }
 
 std::string Liveness::ReadWatched(const std::vector<std::string>& values) {

@@ -30,7 +30,11 @@ class Liveness {
   // This node holds group rank `a.group_rank` of round `a.round`: forgets
   // the previous round's watched node, binds this node's connections (or
   // leases its key where the store sees no connection close) and beats.
-  Status Enter(const Assignment& a);
+  // `slot`, `id`: this node's slot in the round and its node id; `bound`:
+  // its connection was bound to the slot's `gone` key, or its `alive` key
+  // put under its lease, as it joined (Store::Enlist).
+  Status Enter(const Assignment& a, int64_t slot, const std::string& id,
+               bool bound);
   // This node leaves on purpose: its connection or lease ending is no news.
   void Leave();
   // A heartbeat when one is due (or `force`); a leased node's renewal.
@@ -40,7 +44,9 @@ class Liveness {
   // watched too.
   bool lease_store() const { return lease_store_; }
   // The watched node's keys of `round` to read, in ReadWatched's order.
-  std::vector<std::string> WatchedKeys(int round, int next_rank) const;
+  std::vector<std::string> WatchedKeys(const Assignment& a) const;
+  // round/<r>/alive/<node id>: under that node's lease (etcd).
+  std::string AliveKey(int round, const std::string& id) const;
   // What a read of WatchedKeys gave (values[0] is the counter); returns it.
   std::string ReadWatched(const std::vector<std::string>& values);
   // The watched node's lease key as read or pushed ("" when missing).

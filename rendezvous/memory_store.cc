@@ -46,6 +46,22 @@ Result<int64_t> MemoryStore::Add(const std::string& key, int64_t delta) {
   return value;
 }
 
+Result<Store::Enlisted> MemoryStore::Enlist(const Enlistment& e) {
+  int64_t slot = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = data_.find(e.counter);
+    if (it != data_.end() && !ParseCounter(it->second, &slot)) {
+      return Status::Invalid("enlist in '" + e.counter +
+                             "': value is not a decimal integer");
+    }
+    data_[e.counter] = std::to_string(++slot);
+    data_[e.records + std::to_string(slot)] = e.record;
+  }
+  changed_.notify_all();
+  return Enlisted{slot, false};
+}
+
 Result<std::string> MemoryStore::CompareSet(const std::string& key,
                                             std::string_view expected,
                                             std::string_view desired) {

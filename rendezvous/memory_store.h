@@ -29,6 +29,8 @@ class MemoryStore : public Store {
   Result<bool> DeleteKey(const std::string& key) override;
   Result<int64_t> NumKeys() override;
   std::chrono::milliseconds timeout() const override { return timeout_; }
+  // The slot and the record at once, as dtstore's one request does.
+  Result<Enlisted> Enlist(const Enlistment& e) override;
 
   using Store::Wait;
 

@@ -67,11 +67,6 @@ std::string JoinIds(const std::vector<std::string>& v) {
   return out.empty() ? "none" : out;
 }
 
-int64_t ToInt(const std::string& text, int64_t fallback) {
-  int64_t v = 0;
-  return ParseCounter(text, &v) ? v : fallback;
-}
-
 }  // namespace
 
 std::string MakeNodeId() {
@@ -96,22 +91,16 @@ Rendezvous::Rendezvous(Store* store, RendezvousOptions options,
 }
 
 Result<StateDoc> Rendezvous::ReadDoc() {
-  // One read for the state and the job's settings (CheckConfig's); only a
-  // missing state costs a write: compare-and-set from "" creates it, so the
-  // first nodes to arrive cannot both create one. On a replicated store a
-  // write is a consensus round and a read is not, and thousands of joiners
-  // read the state at once.
-  auto got = store_->MultiGet({keys_.Job("state"), keys_.Job("config")});
+  // A missing state is round 0, open: nobody writes it until something
+  // must change (the first compare-and-set expects it missing), so the
+  // first nodes to arrive do not all race to create it.
+  auto got = store_->MultiGet({keys_.Job("state")});
   if (!got.ok()) return got.status();
-  DTRUN_CHECK(got->size() == 2) << "MULTI_GET of 2 keys gave " << got->size();
-  std::string text = std::move((*got)[0]);
-  job_config_ = std::move((*got)[1]);
-  if (text.empty()) {
-    auto created =
-        store_->CompareSet(keys_.Job("state"), "", StateDoc().Serialize());
-    if (!created.ok()) return created.status();
-    text = std::move(*created);
-  }
+  DTRUN_CHECK(got->size() == 1) << "MULTI_GET of 1 key gave " << got->size();
+  return ParseDoc((*got)[0]);
+}
+
+Result<StateDoc> Rendezvous::ParseDoc(const std::string& text) {
   StateDoc d;
   if (!StateDoc::Parse(text, &d)) {
     end_reason_ = EndReason::kForeignState;
@@ -176,32 +165,12 @@ Status Rendezvous::ClosedStatus(const StateDoc& doc) {
   return Status::Invalid(doc.closed);
 }
 
-// The first node to arrive fixes the job's settings; any later node that
-// disagrees closes the whole job, since workers with different world sizes
-// or restart budgets would hang or diverge rather than fail cleanly.
-Status Rendezvous::CheckConfig(const StateDoc& doc) {
-  std::string mine = std::to_string(opts_.nproc_per_node) + " " +
-                     std::to_string(opts_.max_restarts);
-  // ReadDoc read the settings; the first node writes them.
-  std::string job = job_config_;
-  if (job.empty()) {
-    auto set = store_->CompareSet(keys_.Job("config"), "", mine);
-    if (!set.ok()) return set.status();
-    job = std::move(*set);
-  }
-  config_checked_ = true;
-  if (job == mine) return Status::Ok();
-  int64_t nproc = 0;
-  std::string restarts;
-  SplitRecord(job, &nproc, &restarts);
-  return CloseJob(
-      doc.round, EndReason::kConfigMismatch,
-      "node " + opts_.node_id +
-          " has --nproc-per-node=" + std::to_string(opts_.nproc_per_node) +
-          " --max-restarts=" + std::to_string(opts_.max_restarts) +
-          " but the job runs with --nproc-per-node=" + std::to_string(nproc) +
-          " --max-restarts=" + restarts +
-          "; every node must pass the same values");
+// A joiner's settings travel in its record and the closer compares them
+// (RoundCloser): workers with different world sizes or restart budgets
+// would hang or diverge rather than fail cleanly, so the job closes.
+Status Rendezvous::MaybeCloseMismatch(int round, const Status& closed) {
+  if (closer_.mismatch().empty()) return closed;
+  return CloseJob(round, EndReason::kConfigMismatch, closer_.mismatch());
 }
 
 // Takes a slot in the doc's round (or, past max_nodes, a place in the queue
@@ -220,10 +189,32 @@ Status Rendezvous::Register(const StateDoc& doc) {
               " (" + *owner + " and " + me + "); give each node its own rank");
     }
   }
-  // The ADD is the join: slots are dense and unique, so the round's size is
-  // simply the counter, with no list to read and merge.
-  auto slot = store_->Add(keys_.Round(r, "n"), 1);
-  if (!slot.ok()) return slot.status();
+  // The join is one request (Store::Enlist): the slot's ADD, the record the
+  // closer reads, and the binding of this node's connection to the slot's
+  // `gone` key. Slots are dense and unique, so the round's size is simply
+  // the counter, with no list to read and merge.
+  JoinRecord record;
+  record.hint = opts_.node_rank >= 0 ? opts_.node_rank
+                                     : (last_round_ == r - 1 ? last_rank_ : -1);
+  record.preferred = opts_.preferred_rank;
+  record.nproc = opts_.nproc_per_node;
+  record.max_restarts = opts_.max_restarts;
+  record.node_id = me;
+  Store::Enlistment e;
+  e.counter = keys_.Round(r, "n");
+  e.records = keys_.Round(r, "node") + "/";
+  e.id = me;
+  e.record = record.Text();
+  e.closes = keys_.Round(r, "gone") + "/";
+  e.rebinds = keys_.Round(r, "bound") + "/";
+  if (store_->has_leases()) {  // etcd: the lease's key in the same write
+    e.alive = keys_.Round(r, "alive") + "/";
+    e.alive_ttl = opts_.keep_alive_interval * opts_.keep_alive_max_attempt;
+  }
+  auto enlisted = store_->Enlist(e);
+  if (!enlisted.ok()) return enlisted.status();
+  const int64_t* slot = &enlisted->slot;
+  bound_ = enlisted->bound;
   joined_round_ = r;
   // One node of each elastic job says the store hosts it (a round that
   // closes short then names the other jobs there); best effort. A job of a
@@ -237,43 +228,41 @@ Status Rendezvous::Register(const StateDoc& doc) {
     waiting_round_ = r;
     return store_->Add(keys_.Round(r, "waiting"), 1).status();
   }
-  // Static ranks, else the previous round's order: newcomers sort after.
-  return Enter(r, opts_.node_rank >= 0
-                      ? opts_.node_rank
-                      : (last_round_ == r - 1 ? last_rank_ : -1));
+  return StartLastCall(r);
 }
 
-Status Rendezvous::Enter(int r, int64_t hint) {
+// Slot min_nodes of an elastic round opens the last call; a later slot
+// takes its own arrival + the last call as its deadline rather than read
+// that node's: it can only be later, and the node at min_nodes closes on
+// time unless it died.
+Status Rendezvous::StartLastCall(int r) {
   const int64_t slot = last_call_.slot;
-  // One request for both, the preference first: WriteRanks waits for the
-  // node key (a store without MULTI_SET sets them in this order).
-  Status s = store_->MultiSet(
-      {keys_.Round(r, "pref", slot), keys_.Round(r, "node", slot)},
-      {std::to_string(opts_.preferred_rank), NodeRecord(hint, opts_.node_id)});
-  if (!s.ok() || slot < opts_.min_nodes || opts_.min_nodes == opts_.max_nodes)
-    return s;
-  if (slot > opts_.min_nodes) {  // the node at slot min_nodes sets it now
-    auto at = store_->Get(keys_.Round(r, "last_call"));
-    if (!at.ok()) return at.status();
-    last_call_.deadline_ms = ToInt(*at, 0);
+  if (slot < opts_.min_nodes || opts_.min_nodes == opts_.max_nodes)
     return Status::Ok();
-  }
   last_call_.deadline_ms =
       clock_.UnixMillis() + opts_.last_call_timeout.count();
+  if (slot > opts_.min_nodes) return Status::Ok();
   return store_->Set(keys_.Round(r, "last_call"),
                      std::to_string(last_call_.deadline_ms));
 }
 
-Result<std::optional<Assignment>> Rendezvous::Outcome(const StateDoc& doc) {
-  const int r = doc.round;
-  // One request for both: the closer writes ranks/ before final, so a set
-  // final means this node's rank is there too.
+Result<std::optional<Assignment>> Rendezvous::Outcome(int r) {
+  // One request for the state and the outcome: the closer writes ranks/
+  // before final, so a set final means this node's rank is there too.
   const int64_t slot = last_call_.slot;
-  auto got = store_->MultiGet(
-      {keys_.Round(r, "final"), keys_.Round(r, "ranks", RankPackOf(slot))});
+  auto got = store_->MultiGet({keys_.Job("state"), keys_.Round(r, "final"),
+                               keys_.Round(r, "ranks", RankPackOf(slot))});
   if (!got.ok()) return got.status();
+  auto doc = ParseDoc((*got)[0]);
+  if (!doc.ok()) return doc.status();
+  round_doc_ = *doc;
+  if (!doc->closed.empty()) return ClosedStatus(*doc);
+  if (doc->round != r) {  // moved on (or joined a round long over): again
+    doc_known_ = true;
+    return std::optional<Assignment>();
+  }
   Assignment a;
-  switch (PlaceInRound(doc, slot, (*got)[0], RecordInPack((*got)[1], slot),
+  switch (PlaceInRound(*doc, slot, (*got)[1], RecordInPack((*got)[2], slot),
                        opts_.nproc_per_node, &a)) {
     case Placement::kOpen:
       return std::optional<Assignment>();
@@ -292,17 +281,13 @@ Result<std::optional<Assignment>> Rendezvous::Outcome(const StateDoc& doc) {
 Status Rendezvous::Timeout(int round, TimePoint started) {
   auto joined = store_->Add(keys_.Round(round, "n"), 0);
   int64_t n = joined.ok() ? std::min<int64_t>(*joined, opts_.max_nodes) : 0;
-  std::vector<std::string> keys;
-  for (int64_t slot = 1; slot <= n; ++slot) {
-    keys.push_back(keys_.Round(round, "node", slot));
-  }
   last_participants_.clear();
-  auto entries = store_->MultiGet(keys);
+  auto entries = store_->ReadEnlisted(keys_.Round(round, "node") + "/", n,
+                                      std::chrono::milliseconds(0));
   for (const auto& e : entries.ok() ? *entries : std::vector<std::string>()) {
-    int64_t hint = 0;
-    std::string id;
-    SplitRecord(e, &hint, &id);
-    if (!id.empty()) last_participants_.push_back(id);
+    JoinRecord record;
+    if (JoinRecord::Parse(e, &record))
+      last_participants_.push_back(record.node_id);
   }
   return Status::Timeout(
       "rendezvous '" + opts_.run_id + "' round " + std::to_string(round) +
@@ -316,42 +301,46 @@ Status Rendezvous::Timeout(int round, TimePoint started) {
 
 Status Rendezvous::MaybeClose() {
   if (!last_call_.MayClose(clock_.UnixMillis())) return Status::Ok();
-  return closer_.TryClose(joined_round_, &last_call_);
+  return MaybeCloseMismatch(joined_round_,
+                            closer_.TryClose(joined_round_, &last_call_));
 }
 
 Result<std::optional<Assignment>> Rendezvous::Look(int* round,
                                                    bool final_written) {
-  // Woken by its round's `final`: the state read before still holds for
-  // the round (it changes only to move the round on or to close the job,
-  // and a job closed first writes final "-"), so one read tells the
-  // outcome. Anything else reads the state again.
-  if (final_written && round_doc_.round == *round && joined_round_ == *round &&
-      waiting_round_ != *round) {
-    auto quick = Outcome(round_doc_);
-    if (!quick.ok() || *quick || waiting_round_ == *round) return quick;
+  // Woken by its round's `final`: one read tells the state and the
+  // outcome. When that finds the state moved on, the state it read is
+  // the one to join.
+  if (final_written && joined_round_ == *round && waiting_round_ != *round) {
+    auto quick = Outcome(*round);
+    if (!quick.ok() || *quick || !doc_known_) return quick;
   }
-  auto doc = ReadDoc();
-  if (!doc.ok()) return doc.status();
-  round_doc_ = *doc;
-  if (!doc->closed.empty()) return ClosedStatus(*doc);
-  if (!config_checked_) {
-    Status s = CheckConfig(*doc);
-    if (!s.ok()) return s;
+  // The state as this node last saw it move (a round it saw start, or
+  // none yet: round 0) is joined without reading it first: the outcome's
+  // read checks it. Anything else reads the state again.
+  if (!doc_known_) {
+    auto doc = ReadDoc();
+    if (!doc.ok()) return doc.status();
+    round_doc_ = *doc;
   }
-  *round = doc->round;
-  const bool registered = joined_round_ != doc->round;
+  doc_known_ = false;
+  const StateDoc doc = round_doc_;
+  if (!doc.closed.empty()) return ClosedStatus(doc);
+  *round = doc.round;
+  const bool registered = joined_round_ != doc.round;
   if (registered) {
-    Status s = Register(*doc);
+    Status s = Register(doc);
     if (!s.ok()) return s;
   }
-  if (waiting_round_ == doc->round) return std::optional<Assignment>();
+  if (waiting_round_ == doc.round) return std::optional<Assignment>();
   Status s = MaybeClose();
   if (!s.ok()) return s;
   // A node that just took its slot and did not close learns the outcome
   // when `final` wakes it (at once if the round closed before it came):
   // a read now would find the round open.
   if (registered && !last_call_.close_tried) return std::optional<Assignment>();
-  return Outcome(*doc);
+  auto outcome = Outcome(doc.round);
+  if (outcome.ok() && !*outcome && doc_known_) return Look(round, false);
+  return outcome;
 }
 
 Result<Assignment> Rendezvous::Join(const std::function<bool()>& interrupted) {
@@ -364,7 +353,6 @@ Result<Assignment> Rendezvous::Join(const std::function<bool()>& interrupted) {
   bool look = true, woken_in_round = false;
   SafetyNet net;
   int polls = 0;  // poll intervals waited, for the safety net
-  int quiet = 0;  // waits in the round in a row that nothing woke
   for (;;) {
     if (interrupted && interrupted())
       return Status::Canceled("rendezvous interrupted");
@@ -374,7 +362,8 @@ Result<Assignment> Rendezvous::Join(const std::function<bool()>& interrupted) {
       if (*outcome) {
         last_round_ = r;
         last_rank_ = (*outcome)->group_rank;
-        (void)liveness_.Enter(**outcome);
+        (void)liveness_.Enter(**outcome, last_call_.slot, opts_.node_id,
+                              bound_);
         return **outcome;
       }
     } else if (waiting_round_ != r) {
@@ -384,9 +373,8 @@ Result<Assignment> Rendezvous::Join(const std::function<bool()>& interrupted) {
     const TimePoint now = clock_.Now();
     if (now >= deadline) return Timeout(r, started);
     bool in_round = waiting_round_ != r;
-    auto woken = WaitForChange(r, in_round, quiet, deadline - now, &polls);
+    auto woken = WaitForChange(r, in_round, deadline - now, &polls);
     if (!woken.ok()) return woken.status();
-    quiet = in_round && !*woken ? quiet + 1 : 0;
     // Woken, something changed; timed out, nothing did (the wakes cover every
     // change), so the state is read again only as a safety net.
     look = *woken || net.Due(polls);
@@ -396,15 +384,14 @@ Result<Assignment> Rendezvous::Join(const std::function<bool()>& interrupted) {
 
 // One wait for round `r`'s `final` (in it) or `over` (not let in): true
 // when the store woke it. In a round the store's wake says when it
-// completes: the waits grow (1, 2, then 4 poll intervals), and so does the
-// time a stop signal waits to be seen. A round of thousands of nodes would
-// otherwise have each of them ask the store twice a second while the
-// others join. Adds the poll intervals waited to *polls.
-Result<bool> Rendezvous::WaitForChange(int r, bool in_round, int quiet,
+// completes, so a wait lasts 4 poll intervals (2 s: a stop signal is seen
+// within that): a round of thousands of nodes costs each of them one wait
+// rather than one every half second. Adds the poll intervals waited to
+// *polls.
+Result<bool> Rendezvous::WaitForChange(int r, bool in_round,
                                        std::chrono::steady_clock::duration left,
                                        int* polls) {
-  const auto poll = in_round ? opts_.poll_interval * (1 << std::min(quiet, 2))
-                             : opts_.poll_interval;
+  const auto poll = in_round ? opts_.poll_interval * 4 : opts_.poll_interval;
   auto wait = last_call_.WaitStep(
       poll, clock_.UnixMillis(), in_round,
       std::chrono::duration_cast<std::chrono::milliseconds>(left));
@@ -435,7 +422,7 @@ Result<RoundEvent> Rendezvous::StartNextRound(const Assignment& current,
   });
   if (!doc.ok()) return doc.status();
   Logger("dtrun.rdzv")->warn("starting round {}: {}", current.round + 1, why);
-  return RoundEvent::kRestart;
+  return Moved(*doc);
 }
 
 Result<RoundEvent> Rendezvous::Check(const Assignment& current) {
@@ -469,10 +456,9 @@ Result<RoundEvent> Rendezvous::ReadRound(const Assignment& current,
                                          std::string* count) {
   const int r = current.round;
   const int n = current.group_world_size;
-  const int next = (current.group_rank + 1) % n;
   std::vector<std::string> keys = {keys_.Job("state")};
   if (n > 1) {
-    for (std::string& k : liveness_.WatchedKeys(r, next))
+    for (std::string& k : liveness_.WatchedKeys(current))
       keys.push_back(std::move(k));
   }
   auto got = store_->MultiGet(keys);
@@ -483,7 +469,7 @@ Result<RoundEvent> Rendezvous::ReadRound(const Assignment& current,
   StateDoc s;
   if (!StateDoc::Parse((*got)[0], &s)) return CorruptState();
   if (!s.closed.empty()) return Ended(s);
-  if (s.round != r) return RoundEvent::kRestart;
+  if (s.round != r) return Moved(s);
   if (n > 1) *count = liveness_.ReadWatched({got->begin() + 1, got->end()});
   return RoundEvent::kNone;
 }
@@ -494,8 +480,7 @@ bool Rendezvous::WatchRound(const Assignment& current) {
   const int n = current.group_world_size;
   std::vector<std::string> watched;
   if (n > 1) {
-    watched =
-        liveness_.WatchedKeys(current.round, (current.group_rank + 1) % n);
+    watched = liveness_.WatchedKeys(current);
     watched.erase(watched.begin() + 2);  // `bound` only matters when read
   }
   return watch_.Follow(current.round, watched);
@@ -505,13 +490,21 @@ bool Rendezvous::NeedsRead(const Assignment& current, std::string* count) {
   const int r = current.round;
   const int next =
       (current.group_rank + 1) % std::max(1, current.group_world_size);
-  RoundWatch::Pushed pushed =
-      watch_.Take(r, keys_.Round(r, "hb", next), keys_.Round(r, "gone", next),
-                  keys_.Round(r, "alive", next));
+  RoundWatch::Pushed pushed = watch_.Take(
+      r, keys_.Round(r, "hb", next), keys_.Round(r, "gone", current.next_slot),
+      liveness_.AliveKey(r, current.next_node));
   for (const auto& [value, deleted] : pushed.lease)
     liveness_.SeeLease(value, deleted);
   if (!pushed.count.empty()) *count = pushed.count;
   return pushed.read;
+}
+
+// The state moved on (or closed) as this node saw it: the next Join takes
+// its slot in that round without reading the state first.
+RoundEvent Rendezvous::Moved(const StateDoc& doc) {
+  round_doc_ = doc;
+  doc_known_ = true;
+  return doc.closed.empty() ? RoundEvent::kRestart : Ended(doc);
 }
 
 RoundEvent Rendezvous::Ended(const StateDoc& doc) {
@@ -603,6 +596,7 @@ Result<int> Rendezvous::ReportFailure(const Assignment& current,
   if (!doc.ok()) return doc.status();
   closed_reason_ = doc->closed;
   end_reason_ = doc->end;
+  (void)Moved(*doc);
   return doc->failures;
 }
 

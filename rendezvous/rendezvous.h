@@ -118,8 +118,9 @@ class Rendezvous {
   std::string DescribeParticipants() const;
 
  private:
-  // The state document, created when missing.
+  // The state document (round 0 while nobody wrote one).
   Result<StateDoc> ReadDoc();
+  Result<StateDoc> ParseDoc(const std::string& text);
   // While the state is still at `round` and open, applies `mutate` with
   // compare-and-set until it sticks, then wakes whoever waits on the round.
   // Returns the state as it is afterwards.
@@ -131,6 +132,8 @@ class Rendezvous {
   Status CorruptState();
   // The event for a closed state document; records why it closed.
   RoundEvent Ended(const StateDoc& doc);
+  // kRestart (or how the job ended) for a state seen moved on; remembers it.
+  RoundEvent Moved(const StateDoc& doc);
   // Check, but for what a failed store request leaves behind.
   Result<RoundEvent> CheckRound(const Assignment& current);
   Result<RoundEvent> WatchCounters(const Assignment& current);
@@ -146,23 +149,25 @@ class Rendezvous {
   // `count` is the watched node's heartbeat counter as just read.
   Result<RoundEvent> WatchNext(const Assignment& current,
                                const std::string& count);
-  Status CheckConfig(const StateDoc& doc);
+  // `closed`, or the job closed when the closer found settings that differ.
+  Status MaybeCloseMismatch(int round, const Status& closed);
   Status Register(const StateDoc& doc);
-  // Writes this node's records in the slot it took; sets the last call.
-  Status Enter(int round, int64_t hint);
+  // The last call of an elastic round, from the slot this node took.
+  Status StartLastCall(int round);
   // TryClose when this node may close its round: it took the last slot, or
   // the last call is over.
   Status MaybeClose();
-  Result<bool> WaitForChange(int r, bool in_round, int quiet,
+  Result<bool> WaitForChange(int r, bool in_round,
                              std::chrono::steady_clock::duration left,
                              int* polls);
   // Reads the state, takes a slot in a round new to this node, closes the
   // round when it may, and returns the assignment once the round is final.
   // `final_written`: woken by the round's `final` key (*round's).
   Result<std::optional<Assignment>> Look(int* round, bool final_written);
-  // The assignment once the round is final, nullopt while it is not (or
-  // when this node did not make it in and now waits for the next round).
-  Result<std::optional<Assignment>> Outcome(const StateDoc& doc);
+  // The assignment once round `r` is final, nullopt while it is not (or
+  // when this node did not make it in and now waits for the next round,
+  // or the state moved past `r`: then doc_known_).
+  Result<std::optional<Assignment>> Outcome(int r);
   Status Timeout(int round, TimePoint started);
   // Moves the state on from `current`'s round, expecting `expect` nodes
   // in the next (StateDoc::expect).
@@ -179,9 +184,9 @@ class Rendezvous {
   std::string closed_reason_;
   EndReason end_reason_ = EndReason::kNone;
   std::vector<std::string> last_participants_;
-  bool config_checked_ = false;
-  std::string job_config_;  // the job's settings as ReadDoc last read them
-  StateDoc round_doc_;      // the state as Look last read it
+  StateDoc round_doc_;      // the state as this node last saw it
+  bool doc_known_ = true;   // round_doc_ is the round to join (no read)
+  bool bound_ = false;      // the slot's Enlist bound this node's connection
   int joined_round_ = -1;   // round this node holds a slot in
   LastCall last_call_;      // its slot and the round's last call
   int waiting_round_ = -1;  // round this node could not get into

@@ -77,24 +77,38 @@ void RoundCloser::SayShortRound(int round, int count) {
   }
 }
 
-// Ranks: the closer reads every joiner's records and writes every rank
-// (OrderRanks decides), 64 to a key, in one MULTI_SET. The heartbeat
-// counters are not written: a node's first beat makes its own, and a
-// counter not there yet reads as empty, as one that does not move.
+// Ranks: the closer reads every joiner's record (Store::ReadEnlisted)
+// and writes every rank (OrderRanks decides), 64 to a key, in one
+// MULTI_SET. The heartbeat counters are not written: a node's first beat
+// makes its own, and a counter not there yet reads as empty, as one that
+// does not move. A joiner whose settings differ from the first slot's
+// stops here: the job is closed instead (mismatch()).
 Status RoundCloser::WriteRanks(int round, int count) {
-  std::vector<std::string> node_keys, pref_keys;
-  for (int slot = 1; slot <= count; ++slot) {
-    node_keys.push_back(keys_.Round(round, "node", slot));
-    pref_keys.push_back(keys_.Round(round, "pref", slot));
-  }
-  // A joiner sets its key right after taking its slot.
-  Status s = store_->Wait(node_keys, opts_.join_timeout);
-  if (!s.ok()) return s;
-  auto entries = store_->MultiGet(node_keys);
+  auto entries = store_->ReadEnlisted(keys_.Round(round, "node") + "/", count,
+                                      opts_.join_timeout);
   if (!entries.ok()) return entries.status();
-  auto prefs = store_->MultiGet(pref_keys);
-  if (!prefs.ok()) return prefs.status();
-  RankTable table = OrderRanks(*entries, *prefs);
+  std::vector<std::string> node_records, prefs;
+  JoinRecord first;
+  for (int slot = 1; slot <= count; ++slot) {
+    JoinRecord r;
+    if (!JoinRecord::Parse((*entries)[slot - 1], &r)) {
+      return Status::Invalid("round " + std::to_string(round) + ": slot " +
+                             std::to_string(slot) +
+                             " holds no joiner's record; is another program "
+                             "using --rdzv-id " +
+                             opts_.run_id + "?");
+    }
+    if (slot == 1) first = r;
+    if (r.nproc != first.nproc || r.max_restarts != first.max_restarts) {
+      mismatch_ = "node " + r.node_id + " has " + r.Settings() +
+                  " but the job runs with " + first.Settings() + " (node " +
+                  first.node_id + "); every node must pass the same values";
+      return Status::Invalid(mismatch_);
+    }
+    node_records.push_back(NodeRecord(r.hint, r.node_id));
+    prefs.push_back(std::to_string(r.preferred));
+  }
+  RankTable table = OrderRanks(node_records, prefs);
   if (!table.by_preference && opts_.preferred_rank >= 0) {
     Logger("dtrun.rdzv")
         ->info(

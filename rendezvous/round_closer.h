@@ -26,6 +26,9 @@ class RoundCloser {
   Status TryClose(int round, LastCall* last_call);
   // This job's run id into the store's list (keys::kRunIds).
   void NoteRunId();
+  // Set when the last TryClose found a joiner whose settings differ from
+  // the first slot's: the message that closes the job ("" otherwise).
+  const std::string& mismatch() const { return mismatch_; }
 
  private:
   Status WriteRanks(int round, int count);
@@ -37,6 +40,7 @@ class RoundCloser {
   const RendezvousOptions& opts_;
   const RoundKeys& keys_;
   const Clock& clock_;
+  std::string mismatch_;
 };
 
 }  // namespace dtrun::rendezvous

@@ -99,6 +99,10 @@ std::string StateDoc::Serialize() const {
 }
 
 bool StateDoc::Parse(const std::string& text, StateDoc* d) {
+  if (text.empty()) {  // nobody wrote one yet: round 0, open
+    *d = StateDoc();
+    return true;
+  }
   auto j = nlohmann::json::parse(text, nullptr, false);
   if (j.is_discarded() || !j.is_object()) return false;
   try {
@@ -194,11 +198,28 @@ std::string NodeRecord(int64_t hint, const std::string& node_id) {
   return std::to_string(hint) + " " + node_id;
 }
 
+std::string JoinRecord::Text() const {
+  return std::to_string(hint) + " " + std::to_string(preferred) + " " +
+         std::to_string(nproc) + " " + std::to_string(max_restarts) + " " +
+         node_id;
+}
+
+bool JoinRecord::Parse(const std::string& text, JoinRecord* r) {
+  std::istringstream in(text);
+  in >> r->hint >> r->preferred >> r->nproc >> r->max_restarts >> r->node_id;
+  return !in.fail() && !r->node_id.empty();
+}
+
+std::string JoinRecord::Settings() const {
+  return "--nproc-per-node=" + std::to_string(nproc) +
+         " --max-restarts=" + std::to_string(max_restarts);
+}
+
 // A reconnect closes one connection and binds the next: gone only when
-// the closes have caught up with the binds.
-bool GoneOf(const std::string& closes, const std::string& binds) {
-  const int64_t c = ToInt(closes, 0), b = ToInt(binds, 0);
-  return c > 0 && c >= b;
+// the closes have caught up with the binds (the first one implied).
+bool GoneOf(const std::string& closes, const std::string& rebinds) {
+  const int64_t c = ToInt(closes, 0), b = ToInt(rebinds, 0);
+  return c > 0 && c >= 1 + b;
 }
 
 void SplitRecord(const std::string& text, int64_t* number, std::string* rest) {
@@ -231,13 +252,17 @@ RankTable OrderRanks(const std::vector<std::string>& node_records,
   for (int g = 0; g < count; ++g) {
     RankEntry& entry = table.by_slot[std::get<1>(order[g]) - 1];
     entry.rank = g;
-    entry.next_node = count > 1 ? std::get<2>(order[(g + 1) % count]) : "";
+    if (count > 1) {
+      entry.next_node = std::get<2>(order[(g + 1) % count]);
+      entry.next_slot = std::get<1>(order[(g + 1) % count]);
+    }
   }
   return table;
 }
 
 std::string RankRecord(const RankEntry& entry) {
-  return std::to_string(entry.rank) + " " + entry.next_node;
+  return std::to_string(entry.rank) + " " + entry.next_node + " " +
+         std::to_string(entry.next_slot);
 }
 
 int64_t RankPackOf(int64_t slot) { return (slot - 1) / kRanksPerKey; }
@@ -275,7 +300,13 @@ Placement PlaceInRound(const StateDoc& doc, int64_t slot,
   int64_t count = ToInt(final_value, 0);
   if (slot > count) return Placement::kLeftOut;
   int64_t rank = 0;
-  SplitRecord(rank_record, &rank, &a->next_node);
+  std::string next;
+  SplitRecord(rank_record, &rank, &next);
+  // "<next node> <its slot>"; a record without the slot names the node only.
+  const size_t space = next.rfind(' ');
+  a->next_node = next.substr(0, space);
+  a->next_slot =
+      space == std::string::npos ? 0 : ToInt(next.substr(space + 1), 0);
   a->round = doc.round;
   a->failures = doc.failures;
   a->group_world_size = static_cast<int>(count);

@@ -27,8 +27,10 @@ struct Assignment {
   int group_world_size = 1;
   int base_rank = 0;  // global rank of this node's local rank 0
   int world_size = 1;
-  // the node whose heartbeat this one watches ("" alone)
+  // the node whose heartbeat this one watches ("" alone), and the slot it
+  // joined the round in (its connection's close is counted by slot)
   std::string next_node;
+  int64_t next_slot = 0;
 };
 
 // Why the job ended, as recorded in the state document so every node reads
@@ -71,7 +73,8 @@ struct StateDoc {
   // Ends the job; the message and the reason always change together.
   void Close(EndReason reason, std::string why);
   std::string Serialize() const;
-  // False for text that is not a state document (another program's key).
+  // False for text that is not a state document (another program's key);
+  // "" (no state written yet) is round 0, open.
   // Records of older versions without "end" get it from the message.
   static bool Parse(const std::string& text, StateDoc* doc);
 };
@@ -105,6 +108,19 @@ std::vector<std::pair<std::string, int64_t>> OtherRunIds(
 
 // A joiner's node record, "<rank hint> <node id>" (hint -1: none).
 std::string NodeRecord(int64_t hint, const std::string& node_id);
+// What a joiner tells the closer in its one request (Store::Enlist):
+// "<rank hint> <--node-rank given, -1> <nproc> <max restarts> <node id>".
+// The closer checks the settings against the first slot's.
+struct JoinRecord {
+  int64_t hint = -1, preferred = -1;
+  int64_t nproc = 0, max_restarts = 0;
+  std::string node_id;
+  std::string Text() const;
+  // False for text that is not a record (a missing one reads as "").
+  static bool Parse(const std::string& text, JoinRecord* record);
+  // "--nproc-per-node=N --max-restarts=M", for messages.
+  std::string Settings() const;
+};
 // "<number> <rest>" -> number (-1 when not a number), rest.
 void SplitRecord(const std::string& text, int64_t* number, std::string* rest);
 
@@ -113,6 +129,7 @@ void SplitRecord(const std::string& text, int64_t* number, std::string* rest);
 struct RankEntry {
   int rank = 0;
   std::string next_node;  // "" for a round of one
+  int64_t next_slot = 0;  // that node's slot
 };
 struct RankTable {
   std::vector<RankEntry> by_slot;
@@ -126,7 +143,7 @@ struct RankTable {
 // Ties and newcomers go by slot, so the order depends on the replies alone.
 RankTable OrderRanks(const std::vector<std::string>& node_records,
                      const std::vector<std::string>& preferences);
-// A slot's rank record: "<group rank> <next node id>".
+// A slot's rank record: "<group rank> <next node id> <its slot>".
 std::string RankRecord(const RankEntry& entry);
 // The records travel in packs: round/<r>/ranks/<k> holds those of slots
 // k * kRanksPerKey + 1 ... (k + 1) * kRanksPerKey, one a line, so that
@@ -191,10 +208,11 @@ class SafetyNet {
 };
 
 // Whether a node is gone by its store connections: `closes` (the store's
-// count of its bound connections that closed) and `binds` (its own count
-// of connections it bound), as read; missing reads as 0. Gone once every
-// connection it bound has closed and at least one has.
-bool GoneOf(const std::string& closes, const std::string& binds);
+// count of its bound connections that closed) and `rebinds` (its own count
+// of connections it bound again after a reconnect; the first binding is
+// implied), as read; missing reads as 0. Gone once every connection it
+// bound has closed.
+bool GoneOf(const std::string& closes, const std::string& rebinds);
 
 // Failure detection: the watched node's heartbeat counter, timed by this
 // node's own steady clock from when its value was last seen to change, so

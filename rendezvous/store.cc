@@ -2,6 +2,8 @@
 // defaults a backend may override with a faster one.
 #include "rendezvous/store.h"
 
+#include <algorithm>
+
 namespace dtrun::rendezvous {
 
 Result<std::vector<std::string>> Store::MultiGet(
@@ -35,6 +37,27 @@ Status Store::MultiSet(const std::vector<std::string>& keys,
     if (!s.ok()) return s;
   }
   return Status::Ok();
+}
+
+Result<Store::Enlisted> Store::Enlist(const Enlistment& e) {
+  auto slot = Add(e.counter, 1);
+  if (!slot.ok()) return slot.status();
+  Status s = Set(e.records + std::to_string(*slot), e.record);
+  if (!s.ok()) return s;
+  return Enlisted{*slot, false};
+}
+
+Result<std::vector<std::string>> Store::ReadEnlisted(
+    const std::string& records, int64_t count, std::chrono::milliseconds wait) {
+  std::vector<std::string> keys;
+  keys.reserve(static_cast<size_t>(std::max<int64_t>(count, 0)));
+  for (int64_t slot = 1; slot <= count; ++slot)
+    keys.push_back(records + std::to_string(slot));
+  if (wait.count() > 0 && !keys.empty()) {
+    Status s = Wait(keys, wait);
+    if (!s.ok()) return s;
+  }
+  return MultiGet(keys);
 }
 
 }  // namespace dtrun::rendezvous

@@ -44,6 +44,38 @@ class Store {
   // Sets several keys in one round trip where the store can.
   virtual Status MultiSet(const std::vector<std::string>& keys,
                           const std::vector<std::string>& values);
+  // A joiner's entry in a round, in one request where the store can
+  // (dtstore's and dtrun's store; etcd: one transaction): takes the next
+  // slot of the counter `counter` (as Add(counter, 1)), stores `record`
+  // where Enlisted finds it by slot, and says how the store will tell that
+  // this client is gone: with `closes` set, binds its connection as
+  // BindOnClose(closes + slot, rebinds + slot) does (c10d); with `alive`
+  // set, puts alive + id under its lease of `alive_ttl` as LeaseKey does
+  // (etcd).
+  struct Enlistment {
+    std::string counter;
+    std::string records;  // prefix of the records' keys
+    std::string id;       // unique among the round's joiners (the node id)
+    std::string record;
+    std::string closes, rebinds;  // prefixes; "" binds nothing
+    std::string alive;            // prefix; "" puts nothing
+    std::chrono::milliseconds alive_ttl{0};
+  };
+  struct Enlisted {
+    int64_t slot = 0;
+    // The store tells when this client is gone, as asked: its connection
+    // is bound (closes) or its key is under its lease (alive).
+    bool bound = false;
+  };
+  // The default: Add, then Set of `records` + slot (two requests, and the
+  // binding, if any, is left to BindOnClose).
+  virtual Result<Enlisted> Enlist(const Enlistment& e);
+  // The records of slots 1..count, in slot order ("" for one not there).
+  // With `wait` > 0, first waits that long for the default's records,
+  // which land a request after their slot.
+  virtual Result<std::vector<std::string>> ReadEnlisted(
+      const std::string& records, int64_t count,
+      std::chrono::milliseconds wait);
   // Default timeout of Get and of Wait(keys).
   virtual std::chrono::milliseconds timeout() const = 0;
   // Asks the store to ADD 1 to `closes` when this client's connection

@@ -56,9 +56,15 @@ class TcpStoreClient : public Store, public KeyWatch {
   Result<bool> DeleteKey(const std::string& key) override;
   Result<int64_t> NumKeys() override;
   std::chrono::milliseconds timeout() const override { return opts_.timeout; }
-  // Through kOnCloseKey (store_state.h), re-sent on every reconnect.
+  // Through kOnCloseKey (store_state.h), re-sent on every reconnect; the
+  // first binding of `closes` is not counted in `binds`, each rebinding
+  // after a reconnect is (GoneOf).
   Status BindOnClose(const std::string& closes,
                      const std::string& binds) override;
+  // One COMPARE_SET of kEnlistKey (store_state.h) where the store knows it
+  // (dtstore, dtrun's store); on one that does not (torch's), the default's
+  // two requests, from then on without asking.
+  Result<Enlisted> Enlist(const Enlistment& e) override;
   // kTorch2: one MULTI_GET / MULTI_SET request (a missing key reads as
   // empty: unlike c10d's client, MultiGet does not wait for the keys).
   Result<std::vector<std::string>> MultiGet(
@@ -137,8 +143,10 @@ class TcpStoreClient : public Store, public KeyWatch {
   bool connected_once_ = false;
   // BindOnClose's keys, bound again on each new connection.
   std::string on_close_, on_bind_;
-  Status Bind();      // mu_ held
-  std::string rbuf_;  // received, not yet consumed
+  // mu_ held; `again`: a rebinding after a reconnect, counted in on_bind_.
+  Status Bind(bool again);
+  bool enlist_known_ = true;  // false once the store answered it as torch's
+  std::string rbuf_;          // received, not yet consumed
   // Watch connections: acknowledgements not yet matched to a WatchKey, and
   // changes not yet taken.
   int acks_ = 0;

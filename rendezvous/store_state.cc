@@ -74,6 +74,11 @@ bool IsOnCloseKey(std::string_view key) {
   return key == kOnCloseKey;
 }
 
+bool IsEnlistKey(std::string_view key) {
+  if (!key.empty() && key[0] == '/') key.remove_prefix(1);
+  return key == kEnlistKey;
+}
+
 Status StoreState::Apply(ConnId conn, const Request& req, ReplySink* sink) {
   // Replies for a connection that is already gone are built into discard_
   // and dropped, so every case below can write unconditionally.
@@ -117,6 +122,8 @@ Status StoreState::Apply(ConnId conn, const Request& req, ReplySink* sink) {
     }
     case Op::kCompareSet: {
       const std::string& key = req.keys[0];
+      if (IsEnlistKey(key))
+        return Enlist(conn, req.values[0], req.values[1], sink, &out);
       const std::string& expected = req.values[0];
       const std::string& desired = req.values[1];
       auto it = data_.find(key);
@@ -250,6 +257,26 @@ Status StoreState::Add(const std::string& key, int64_t delta, int64_t* result,
   }
   Set(key, std::to_string(*result), sink);
   ReleaseBarriers(key, sink);
+  return Status::Ok();
+}
+
+// One joiner's slot, record and binding in one request (kEnlistKey). A
+// payload without its parts is bad input: its connection closes.
+Status StoreState::Enlist(ConnId conn, const std::string& counter,
+                          const std::string& payload, ReplySink* sink,
+                          std::string* out) {
+  const size_t a = payload.find('\n');
+  const size_t b = a == std::string::npos ? a : payload.find('\n', a + 1);
+  if (b == std::string::npos)
+    return Status::Invalid("enlist request without its records and closes");
+  int64_t slot = 0;
+  Status s = Add(counter, 1, &slot, sink);
+  if (!s.ok()) return s;
+  const std::string n = std::to_string(slot);
+  Set(payload.substr(0, a) + n, payload.substr(b + 1), sink);
+  std::string closes = payload.substr(a + 1, b - a - 1);
+  if (!closes.empty()) on_close_[conn] = closes + n;
+  PutBytes(out, n);
   return Status::Ok();
 }
 

@@ -105,6 +105,8 @@ class StoreState {
   void Notify(const std::string& key, uint8_t type, std::string_view old_value,
               std::string_view new_value, ReplySink* sink);
   void QueuePop(ConnId conn, const std::string& key, ReplySink* sink);
+  Status Enlist(ConnId conn, const std::string& counter,
+                const std::string& payload, ReplySink* sink, std::string* out);
 
   std::string discard_;  // replies to a connection that is gone
   std::unordered_map<std::string, StoredValue> data_;
@@ -128,6 +130,16 @@ class StoreState {
 constexpr char kOnCloseKey[] = "dtrun/.on_close";
 // kOnCloseKey, or it after c10d's "/".
 bool IsOnCloseKey(std::string_view key);
+// A COMPARE_SET of this key is a rendezvous joiner's entry in one request
+// (Store::Enlist): `expected` names a counter, `desired` is "<records
+// prefix>\n<closes prefix>\n<record>". The store ADDs 1 to the counter,
+// sets <records prefix><slot> to the record, binds the connection to
+// <closes prefix><slot> as kOnCloseKey does (unless that prefix is empty)
+// and replies the slot in decimal. Nothing is stored under this key. A
+// store without it (torch's) answers `expected` without setting anything,
+// which no decimal slot can be: the client then takes two requests.
+constexpr char kEnlistKey[] = "dtrun/.enlist";
+bool IsEnlistKey(std::string_view key);
 
 // Parses a stored counter the way ADD does, which is torch's std::stoll:
 // leading blanks, an optional sign, decimal digits; text after the digits

@@ -9,6 +9,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <thread>
 
 namespace dtrun::sockets {
 
@@ -20,7 +21,21 @@ int MillisUntil(Deadline deadline) {
                                         : static_cast<int>(left.count()) + 1;
 }
 
+namespace {
+thread_local const WaitHooks* t_hooks = nullptr;
+}  // namespace
+
+void SetWaitHooks(const WaitHooks* hooks) { t_hooks = hooks; }
+
+bool WaitHooked() { return t_hooks != nullptr; }
+
+void SleepUntil(Deadline until) {
+  if (t_hooks && t_hooks->sleep) return t_hooks->sleep(until);
+  std::this_thread::sleep_until(until);
+}
+
 bool PollFor(int fd, short events, Deadline deadline) {
+  if (t_hooks && t_hooks->poll) return t_hooks->poll(fd, events, deadline);
   for (;;) {
     pollfd p{fd, events, 0};
     int r = ::poll(&p, 1, MillisUntil(deadline));

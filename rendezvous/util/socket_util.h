@@ -25,6 +25,23 @@ int MillisUntil(Deadline deadline);
 // next call on the socket to report.
 bool PollFor(int fd, short events, Deadline deadline);
 
+// How this thread waits in PollFor and SleepFor: the kernel's poll(2) and
+// sleep, or, once set, hooks of an event loop that runs many clients on
+// this one thread, each on a stack of its own (the rendezvous simulator,
+// tests/bench/rdzv_sim_bench.cc): a wait there parks the client until its
+// socket is ready and runs the others meanwhile. Null restores the
+// kernel's. The hooks must outlive their use on this thread.
+struct WaitHooks {
+  bool (*poll)(int fd, short events, Deadline deadline) = nullptr;
+  void (*sleep)(Deadline until) = nullptr;
+};
+void SetWaitHooks(const WaitHooks* hooks);
+// Whether this thread's waits go to hooks (a client that waits some other
+// way, asio's etcd connection, then waits through PollFor instead).
+bool WaitHooked();
+// Sleeps until `until` (this thread's hook, when set).
+void SleepUntil(Deadline until);
+
 // One non-blocking connect to one resolved address, within the deadline (a
 // blocking connect() to a black-holed address would wait out the kernel's
 // SYN retries, about two minutes). The socket (non-blocking, close-on-exec,

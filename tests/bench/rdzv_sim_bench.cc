@@ -1,6 +1,9 @@
-// Rendezvous at scale without workers: N agents, one thread each, run the
-// real Rendezvous code over their own TcpStoreClient connection to a real
-// dtstore process on loopback. For each N it reports
+// Rendezvous at scale without workers: N agents run the real Rendezvous
+// code over their own TcpStoreClient connection (one socket each) to a
+// real dtstore process on loopback. The agents are fibers on an event loop
+// (fiber_loop.h, `--loops` threads, 1 by default): where a client would
+// block in the kernel it parks in the loop's epoll, so the simulator costs
+// little beside the store. For each N it reports
 //   round:     all N call Join at once -> the last one has its assignment
 //   requests/bytes through the store for the round (counted at the clients:
 //              requests, and c10d wire bytes both ways)
@@ -8,14 +11,15 @@
 //              heartbeat ADD each keep-alive); the store's CPU (utime+stime
 //              of the dtstore process from /proc) as % of one core, and its
 //              requests per second
-//   calls:     on stderr, the round's store calls per agent in Join, by
-//              operation
+//   per agent: a second table, the round's requests and wire bytes per
+//              agent, by operation, as the agents made them in Join
 //   detection: one agent stops (its connection closes, as when its host
 //              dies); time until a survivor declares it dead, and until the
 //              N-1 survivors hold a new round
 // The process raises its RLIMIT_NOFILE soft limit to the hard limit (each
 // agent holds two sockets, one with --watch 0; dtstore, its child, inherits
-// the limit).
+// the limit). --smoke: one small run that checks the counts and exits 1
+// when a joiner cost more than 4 requests (the suite's test).
 //
 // With --etcd the store is an etcd cluster started by the caller
 // (scripts/bench.sh through tests/bench/etcd_sim_bench.py): each agent has
@@ -52,6 +56,8 @@
 #include "rendezvous/etcd_store.h"
 #include "rendezvous/rendezvous.h"
 #include "rendezvous/store_client.h"
+#include "rendezvous/util/socket_util.h"
+#include "tests/bench/fiber_loop.h"
 #include "tests/helpers/server_process.h"
 
 namespace dtrun::rendezvous {
@@ -73,14 +79,14 @@ enum Op {
   kNumKeys,
   kMultiGet,
   kMultiSet,
+  kEnlist,
   kOps
 };
 const char* const kOpNames[kOps] = {
-    "set",  "get",    "add",     "cas",       "check",
-    "wait", "delete", "numkeys", "multi_get", "multi_set"};
-std::atomic<uint64_t> g_ops[kOps];
-// Whether this agent thread is in Join (only those calls are broken down).
-thread_local bool t_joining = false;
+    "set",    "get",     "add",       "cas",       "check", "wait",
+    "delete", "numkeys", "multi_get", "multi_set", "enlist"};
+// The round's requests and bytes by operation, made in Join.
+std::atomic<uint64_t> g_ops[kOps], g_op_bytes[kOps];
 
 // c10d wire size of a request or reply: opcode, u64 lengths, the bytes.
 uint64_t Wire(const std::vector<std::string>& strings) {
@@ -93,8 +99,14 @@ uint64_t Wire(const std::vector<std::string>& strings) {
 class CountingStore : public Store {
  public:
   // `leases`: false hides the store's leases (agents then beat in it).
-  CountingStore(std::unique_ptr<Store> inner, bool leases)
-      : inner_(std::move(inner)), leases_(leases) {}
+  // `joining`: whether its agent is in Join (only those calls are broken
+  // down by operation).
+  CountingStore(std::unique_ptr<Store> inner, bool leases, const bool* joining,
+                bool etcd)
+      : inner_(std::move(inner)),
+        leases_(leases),
+        joining_(joining),
+        etcd_(etcd) {}
   Status Set(const std::string& key, std::string_view value) override {
     Count(kSet, 1 + Wire({key, std::string(value)}));
     return inner_->Set(key, value);
@@ -145,6 +157,24 @@ class CountingStore : public Store {
     Count(kMultiSet, 1 + 8 + Wire(keys) + Wire(values));
     return inner_->MultiSet(keys, values);
   }
+  // One COMPARE_SET of dtrun's enlist key (one transaction on etcd).
+  Result<Enlisted> Enlist(const Enlistment& e) override {
+    Count(kEnlist, 1 +
+                       Wire({"dtrun/.enlist", e.counter,
+                             e.records + "\n" + e.closes + "\n" + e.record}) +
+                       8 + 4);
+    return inner_->Enlist(e);
+  }
+  // c10d: a wait for the records, then one MULTI_GET; etcd: one range.
+  Result<std::vector<std::string>> ReadEnlisted(const std::string& records,
+                                                int64_t count,
+                                                milliseconds wait) override {
+    if (!etcd_ && wait.count() > 0)
+      Count(kWait, 1 + 8 + 8 + records.size() + 1);
+    auto r = inner_->ReadEnlisted(records, count, wait);
+    Count(kMultiGet, 1 + 8 + Wire({records}) + (r.ok() ? Wire(*r) : 0));
+    return r;
+  }
   milliseconds timeout() const override { return inner_->timeout(); }
   // How a node's death is told, as the product's store does it: dtstore
   // counts a bound connection's close, etcd ends a lease.
@@ -165,13 +195,18 @@ class CountingStore : public Store {
 
  private:
   static constexpr char kOnCloseKey[] = "dtrun/.on_close";
-  static void Count(Op op, uint64_t bytes, uint64_t requests = 1) {
-    if (t_joining) g_ops[op] += 1;
+  void Count(Op op, uint64_t bytes, uint64_t requests = 1) {
+    if (*joining_) {
+      g_ops[op] += requests;
+      g_op_bytes[op] += bytes;
+    }
     g_requests += requests;
     g_bytes += bytes;
   }
   std::unique_ptr<Store> inner_;
   bool leases_;
+  const bool* joining_;
+  bool etcd_;
 };
 
 using Dtstore = dtrun::testing::ServerProcess;
@@ -202,6 +237,8 @@ struct Options {
   std::vector<int> nodes = {64, 256, 1024, 4096};
   int keep_alive_ms = 1000, attempts = 3, steady_s = 10;
   bool watch = true;  // Check's push mode (a second connection per agent)
+  int loops = 1;      // event-loop threads the agents run on
+  bool smoke = false;
   // etcd: each agent's key under a lease of its own (a third connection
   // per agent, as each dtrun has), else heartbeats.
   bool leases = true;
@@ -238,20 +275,19 @@ struct Marks {
   }
 };
 
-// One agent: join, then Check every 0.5 s as dtrun's launcher does; the
-// victim (group rank 1) goes silent when told; survivors rejoin once.
-void Agent(std::unique_ptr<Store> store, RendezvousOptions ro, Marks* m,
-           std::shared_future<void> go) {
-  go.wait();  // all agents connected: join together
-  Rendezvous r(store.get(), ro);
-  t_joining = true;
+// One agent, a fiber: join, then Check every 0.5 s as dtrun's launcher
+// does; the victim (group rank 1) goes silent when told; survivors rejoin
+// once. Its sleeps park it in the loop (sockets::SleepUntil).
+void Agent(Store* store, const RendezvousOptions& ro, bool* joining, Marks* m) {
+  Rendezvous r(store, ro);
+  *joining = true;
   auto a = r.Join(nullptr);
-  t_joining = false;
+  *joining = false;
   if (!a.ok()) return m->Fail(a.status().message());
   m->Max(&m->last_join_ns, m->Since(m->t0));
   ++m->joined;
   auto tick = std::min(milliseconds(500), ro.keep_alive_interval);
-  std::this_thread::sleep_for(milliseconds(std::rand() % tick.count()));
+  sockets::SleepUntil(Clock::now() + milliseconds(std::rand() % tick.count()));
   for (;;) {
     if (a->group_rank == m->victim_rank.load())
       return;  // goes silent; socket closes
@@ -259,10 +295,12 @@ void Agent(std::unique_ptr<Store> store, RendezvousOptions ro, Marks* m,
     if (!ev.ok()) return m->Fail(ev.status().message());
     if (*ev == RoundEvent::kRestart) break;
     if (*ev != RoundEvent::kNone) return m->Fail("unexpected round event");
-    std::this_thread::sleep_for(tick);
+    sockets::SleepUntil(Clock::now() + tick);
   }
   m->Min(&m->detect_ns, m->Since(m->killed));
+  *joining = true;
   auto again = r.Join(nullptr);
+  *joining = false;
   if (!again.ok()) return m->Fail(again.status().message());
   m->Max(&m->last_rejoin_ns, m->Since(m->killed));
   ++m->rejoined;
@@ -304,10 +342,10 @@ double StoreCpu(const Options& o, pid_t dtstore) {
   return sum;
 }
 
-// N agent threads, each with its own connection; they join once `go` is set.
-std::vector<std::thread> StartAgents(const Options& o, int n, const Dtstore& d,
-                                     Marks* m, std::shared_future<void> go) {
-  std::vector<std::thread> agents;
+// N agents, each with its own connection (made here, before the loops
+// run), spread over the loops; each agent's fiber owns its store.
+void SpawnAgents(const Options& o, int n, const Dtstore& d, Marks* m,
+                 std::vector<std::unique_ptr<bench::FiberLoop>>* loops) {
   // etcd keeps what a run wrote: each run has an id of its own there.
   static int runs = 0;
   const std::string run_id =
@@ -327,7 +365,7 @@ std::vector<std::thread> StartAgents(const Options& o, int n, const Dtstore& d,
         kill(d.pid, SIGTERM);
         waitpid(d.pid, nullptr, 0);
       }
-      std::exit(1);  // the agents started so far wait on `go` forever
+      std::exit(1);
     }
     ro.run_id = run_id;
     ro.node_id = "node" + std::to_string(i);
@@ -347,26 +385,37 @@ std::vector<std::thread> StartAgents(const Options& o, int n, const Dtstore& d,
         return ConnectWatch(wopts);
       };
     }
-    agents.emplace_back(
-        Agent, std::make_unique<CountingStore>(std::move(*client), o.leases),
-        ro, m, go);
+    auto joining = std::make_shared<bool>(false);
+    std::shared_ptr<Store> store = std::make_shared<CountingStore>(
+        std::move(*client), o.leases, joining.get(), !o.etcd.empty());
+    (*loops)[i % loops->size()]->Spawn(
+        [store, ro, joining, m] { Agent(store.get(), ro, joining.get(), m); });
   }
-  return agents;
 }
 
 // The round's store calls per agent by operation, on stderr.
-void PrintBreakdown(int n, const uint64_t* before) {
-  std::string line;
+// Returns the requests per agent in all.
+double PrintBreakdown(int n, const uint64_t* before,
+                      const uint64_t* bytes_before) {
+  std::string line, bytes;
+  uint64_t all = 0;
   for (int i = 0; i < kOps; ++i) {
     const uint64_t calls = g_ops[i] - before[i];
     if (calls == 0) continue;
-    char cell[64];
+    all += calls;
+    char cell[96];
     std::snprintf(cell, sizeof cell, " %s %.2f", kOpNames[i],
                   static_cast<double>(calls) / n);
     line += cell;
+    std::snprintf(cell, sizeof cell, " %s %.0f", kOpNames[i],
+                  static_cast<double>(g_op_bytes[i] - bytes_before[i]) / n);
+    bytes += cell;
   }
-  std::fprintf(stderr, "N=%d round, calls per agent in Join:%s\n", n,
-               line.c_str());
+  std::fprintf(stderr,
+               "N=%d round, per agent in Join: requests %.2f:%s; wire "
+               "bytes:%s\n",
+               n, static_cast<double>(all) / n, line.c_str(), bytes.c_str());
+  return static_cast<double>(all) / n;
 }
 
 int RunOne(const Options& o, int n) {
@@ -377,20 +426,30 @@ int RunOne(const Options& o, int n) {
     return 1;
   }
   Marks m;
-  std::promise<void> start;
-  auto agents = StartAgents(o, n, d, &m, start.get_future().share());
+  std::vector<std::unique_ptr<bench::FiberLoop>> loops;
+  for (int i = 0; i < std::max(1, o.loops); ++i)
+    loops.push_back(std::make_unique<bench::FiberLoop>());
+  SpawnAgents(o, n, d, &m, &loops);
   double cpu0 = StoreCpu(o, d.pid);
   uint64_t req0 = g_requests, bytes0 = g_bytes;
-  uint64_t ops0[kOps];
-  for (int i = 0; i < kOps; ++i) ops0[i] = g_ops[i];
+  uint64_t ops0[kOps], opbytes0[kOps];
+  for (int i = 0; i < kOps; ++i) {
+    ops0[i] = g_ops[i];
+    opbytes0[i] = g_op_bytes[i];
+  }
   m.t0 = Clock::now();
-  start.set_value();
+  std::vector<std::thread> agents;
+  for (auto& loop : loops) agents.emplace_back([l = loop.get()] { l->Run(); });
   while (m.joined < n && m.failed == 0)
     std::this_thread::sleep_for(milliseconds(5));
   double round_s = m.last_join_ns / 1e9;
   double round_cpu = StoreCpu(o, d.pid) - cpu0;
   uint64_t round_req = g_requests - req0, round_bytes = g_bytes - bytes0;
-  PrintBreakdown(n, ops0);
+  const double per_agent = PrintBreakdown(n, ops0, opbytes0);
+  for (int i = 0; i < kOps; ++i) {
+    ops0[i] = g_ops[i];
+    opbytes0[i] = g_op_bytes[i];
+  }
   // Steady state: let the agents settle into their Check rhythm, then measure.
   std::this_thread::sleep_for(milliseconds(1000));
   double cpu1 = StoreCpu(o, d.pid);
@@ -406,6 +465,8 @@ int RunOne(const Options& o, int n) {
     std::this_thread::sleep_for(milliseconds(5));
   }
   for (auto& t : agents) t.join();
+  std::fprintf(stderr, "N=%d: the survivors' round; ", n);
+  const double rejoin_per_agent = PrintBreakdown(n - 1, ops0, opbytes0);
   if (d.pid > 0) {
     kill(d.pid, SIGTERM);
     waitpid(d.pid, nullptr, 0);
@@ -413,6 +474,17 @@ int RunOne(const Options& o, int n) {
   if (m.failed > 0) {
     std::fprintf(stderr, "N=%d: %d agent(s) failed: %s\n", n, m.failed.load(),
                  m.error.c_str());
+    return 1;
+  }
+  // Four per joiner, and the closer's few (the count, its claim, the
+  // records, the ranks, `final`, the other jobs' list when the round
+  // closes short) and the last call's, spread over the round.
+  const double budget = 4.0 + 10.0 / (n - 1);
+  if (o.smoke && (per_agent > budget || rejoin_per_agent > budget)) {
+    std::fprintf(stderr,
+                 "N=%d: a joiner cost %.2f requests (%.2f in the survivors' "
+                 "round); at most %.2f expected\n",
+                 n, per_agent, rejoin_per_agent, budget);
     return 1;
   }
   std::printf(
@@ -460,6 +532,10 @@ int main(int argc, char** argv) {
       o.watch = value != "0";
     else if (flag == "--leases")
       o.leases = value != "0";
+    else if (flag == "--loops")
+      o.loops = std::max(1, std::atoi(value.c_str()));
+    else if (flag == "--smoke")
+      o.smoke = value != "0";
     else {
       std::fprintf(stderr, "unknown flag %s\n", flag.c_str());
       return 2;

@@ -120,6 +120,50 @@ TEST_F(EtcdStoreTest, BehavesLikeTheTcpStore) {
   EXPECT_GE(std::chrono::steady_clock::now() - t0, milliseconds(300));
 }
 
+// A joiner's entry is one transaction; the closer reads the records in the
+// slots' order, whichever client wrote them.
+TEST_F(EtcdStoreTest, EnlistTakesSlotsAndRecordsReadInTheirOrder) {
+  auto a = Open(), b = Open();
+  ASSERT_TRUE(a && b);
+  std::vector<std::string> want;
+  for (int i = 0; i < 6; ++i) {
+    Store::Enlistment e;
+    e.counter = "r/n";
+    e.records = "r/node/";
+    e.id = "id" + std::to_string(9 - i);
+    e.record = "rec" + std::to_string(i);
+    auto got = (i % 2 ? b : a)->Enlist(e);
+    ASSERT_TRUE(got.ok()) << got.status().message();
+    EXPECT_EQ(got->slot, i + 1);
+    EXPECT_FALSE(got->bound);
+    want.push_back(e.record);
+  }
+  EXPECT_EQ(*a->Add("r/n", 0), 6);
+  auto records = a->ReadEnlisted("r/node/", 4, milliseconds(0));
+  ASSERT_TRUE(records.ok()) << records.status().message();
+  EXPECT_EQ(*records, std::vector<std::string>(want.begin(), want.begin() + 4));
+  auto more = b->ReadEnlisted("r/node/", 8, milliseconds(0));
+  ASSERT_TRUE(more.ok());
+  EXPECT_EQ(more->size(), 8u);
+  EXPECT_EQ((*more)[5], "rec5");
+  EXPECT_EQ((*more)[6], "");
+  // The lease's key in the same transaction: the store tells when it is gone.
+  Store::Enlistment e;
+  e.counter = "r/n";
+  e.records = "r/node/";
+  e.id = "leased";
+  e.record = "rec6";
+  e.alive = "r/alive/";
+  e.alive_ttl = milliseconds(3000);
+  auto got = a->Enlist(e);
+  ASSERT_TRUE(got.ok()) << got.status().message();
+  EXPECT_EQ(got->slot, 7);
+  EXPECT_TRUE(got->bound);
+  EXPECT_EQ(*b->Get("r/alive/leased"), "1");
+  ASSERT_TRUE(a->LeaseKey("", milliseconds(0)).ok());  // leaves on purpose
+  EXPECT_EQ(*b->Get("r/alive/leased"), "left");
+}
+
 TEST_F(EtcdStoreTest, MultiSetAndMultiGetSplitPastTheTransactionLimit) {
   auto s = Open();
   ASSERT_TRUE(s);

@@ -54,16 +54,28 @@ TEST(RendezvousTest, StaticRanksFollowNodeRank) {
   EXPECT_EQ(ra->round, 0);
 }
 
-// Counts the writes the rendezvous makes (on etcd each is a consensus
-// round; reads are not).
-class WriteCountingStore : public MemoryStore {
+// Counts the requests the rendezvous makes, writes apart (on etcd each is
+// a consensus round; reads are not).
+class RequestCountingStore : public MemoryStore {
  public:
   Status Set(const std::string& key, std::string_view value) override {
     if (!in_multi_) ++sets;
     return MemoryStore::Set(key, value);
   }
+  Result<std::string> Get(const std::string& key) override {
+    if (in_multi_) return MemoryStore::Get(key);
+    ++reads;
+    in_multi_ = true;  // its own wait is not one more request
+    auto r = MemoryStore::Get(key);
+    in_multi_ = false;
+    return r;
+  }
+  Result<bool> Check(const std::vector<std::string>& keys) override {
+    if (!in_multi_) ++reads;
+    return MemoryStore::Check(keys);
+  }
   Result<int64_t> Add(const std::string& key, int64_t delta) override {
-    if (delta > 0) ++adds;
+    ++(delta > 0 ? adds : reads);
     return MemoryStore::Add(key, delta);
   }
   Result<std::string> CompareSet(const std::string& key,
@@ -80,32 +92,62 @@ class WriteCountingStore : public MemoryStore {
     in_multi_ = false;
     return s;
   }
-  std::atomic<int> sets{0}, adds{0}, compare_sets{0}, multi_sets{0};
+  Result<std::vector<std::string>> MultiGet(
+      const std::vector<std::string>& keys) override {
+    ++reads;
+    in_multi_ = true;
+    auto r = MemoryStore::MultiGet(keys);
+    in_multi_ = false;
+    return r;
+  }
+  Status Wait(const std::vector<std::string>& keys,
+              milliseconds timeout) override {
+    if (!in_multi_) ++waits;
+    return MemoryStore::Wait(keys, timeout);
+  }
+  Result<Enlisted> Enlist(const Enlistment& e) override {
+    ++enlists;
+    return MemoryStore::Enlist(e);
+  }
+  int requests() const {
+    return sets + reads + adds + compare_sets + multi_sets + waits + enlists;
+  }
+  std::atomic<int> sets{0}, reads{0}, adds{0}, compare_sets{0}, multi_sets{0},
+      waits{0}, enlists{0};
 
  private:
   static inline thread_local bool in_multi_ = false;
 };
 
-// A joiner writes only what must change: its slot, its records (one
-// request), its first heartbeat. The state and the settings are read, and
-// written once, by the first node; the closer claims, writes the ranks in
-// one request and sets `final`.
-TEST(RendezvousTest, JoinersWriteOnlyWhatMustChange) {
-  WriteCountingStore store;
+// A joiner costs the store four requests: its entry (slot, record and
+// binding in one), the wait that `final` ends, one read of the state and
+// its rank, its first heartbeat. Nobody creates the state; the closer
+// alone does more: it claims, reads the records, writes the ranks in one
+// request and sets `final`.
+TEST(RendezvousTest, AJoinerCostsTheStoreFourRequests) {
+  RequestCountingStore store;
   Rendezvous a(&store, Options("a", 4, 4)), b(&store, Options("b", 4, 4)),
       c(&store, Options("c", 4, 4)), d(&store, Options("d", 4, 4));
   auto fa = JoinAsync(&a);
-  // The first node has created the state and the settings.
   ASSERT_TRUE(store.Wait({"rdzv/job/round/0/node/1"}, milliseconds(5000)).ok());
-  auto fb = JoinAsync(&b), fc = JoinAsync(&c), fd = JoinAsync(&d);
+  auto fb = JoinAsync(&b), fc = JoinAsync(&c);
+  ASSERT_TRUE(store.Wait({"rdzv/job/round/0/node/3"}, milliseconds(5000)).ok());
+  auto fd = JoinAsync(&d);
   for (auto* f : {&fa, &fb, &fc, &fd}) {
     auto r = f->get();
     ASSERT_TRUE(r.ok()) << r.status().message();
   }
-  EXPECT_EQ(store.compare_sets, 4);  // state, config, closing, final
-  EXPECT_EQ(store.multi_sets, 5);    // each joiner's records, the ranks
-  EXPECT_EQ(store.adds, 8);          // each slot, each first heartbeat
+  EXPECT_EQ(store.enlists, 4);
+  EXPECT_EQ(store.compare_sets, 2);  // closing, final
+  EXPECT_EQ(store.multi_sets, 1);    // the ranks
+  EXPECT_EQ(store.adds, 4);          // each first heartbeat
   EXPECT_EQ(store.sets, 0);
+  EXPECT_FALSE(*store.Check({"rdzv/job/state"}));
+  // The test's own two waits and check are not the nodes'. Each of the three
+  // that wait: its wait, its read; the closer: the count, the records (a
+  // wait and a read), its read.
+  EXPECT_EQ(store.requests() - 3, 4 * 4 - 1 + 6)
+      << "reads " << store.reads << " waits " << store.waits;
 }
 
 TEST(RendezvousTest, ElasticRoundClosesAfterLastCallWithMinNodes) {
@@ -137,8 +179,8 @@ TEST(RendezvousTest, JoinTimeoutNamesWhoCame) {
 }
 
 // torchrun's default join timeout, 600 s, as simulated time: the node waits
-// in its round in growing steps (0.5 s, 1 s, then 2 s: the store's wake
-// would end any of them), the whole time, and gives up on the dot.
+// in its round 2 s at a time (the store's wake would end any of them), the
+// whole time, and gives up on the dot.
 TEST(RendezvousTest, DefaultJoinTimeoutRunsOutOnSimulatedTime) {
   MemoryStore store;
   FakeClock clock;
@@ -150,7 +192,7 @@ TEST(RendezvousTest, DefaultJoinTimeoutRunsOutOnSimulatedTime) {
   auto r = a.Join(nullptr);
   ASSERT_EQ(r.status().code(), Status::Code::kTimeout);
   EXPECT_EQ(clock.Elapsed(), std::chrono::minutes(10));
-  EXPECT_EQ(alone.simulated_waits(), 302);  // 0.5 + 1 + 299 x 2 + 0.5 s
+  EXPECT_EQ(alone.simulated_waits(), 300);  // 300 x 2 s
   EXPECT_NE(r.status().message().find("timed out after 600"), std::string::npos)
       << r.status().message();
 }
@@ -162,7 +204,7 @@ TEST(RendezvousTest, DisagreeingSettingsCloseTheJobForEveryone) {
   ob.nproc_per_node = 4;
   Rendezvous b(&store, ob);
   auto fa = JoinAsync(&a);
-  ASSERT_TRUE(store.Wait({"rdzv/job/config"}).ok());  // a fixed the settings
+  ASSERT_TRUE(store.Wait({"rdzv/job/round/0/node/1"}).ok());  // a came first
   auto rb = b.Join(nullptr);
   ASSERT_EQ(rb.status().code(), Status::Code::kInvalid);
   EXPECT_NE(rb.status().message().find("--nproc-per-node=4"),
@@ -515,7 +557,7 @@ TEST(RendezvousEndTest, DisagreeingSettingsAreAConfigMismatchForBoth) {
   ob.max_restarts = 3;
   Rendezvous b(&store, ob);
   auto fa = JoinAsync(&a);
-  ASSERT_TRUE(store.Wait({"rdzv/job/config"}).ok());  // a fixed the settings
+  ASSERT_TRUE(store.Wait({"rdzv/job/round/0/node/1"}).ok());  // a came first
   EXPECT_EQ(b.Join(nullptr).status().code(), Status::Code::kInvalid);
   EXPECT_EQ(fa.get().status().code(), Status::Code::kInvalid);
   EXPECT_EQ(b.end_reason(), EndReason::kConfigMismatch);

@@ -14,14 +14,34 @@ TimePoint At(int64_t ms) { return TimePoint(milliseconds(ms)); }
 
 // A node is gone when every connection it bound has closed: not before
 // any closed, not while a reconnect's bind is ahead of the closes.
+// The first binding is implied (it came with the join); each rebinding
+// after a reconnect is counted.
 TEST(GoneOfTest, EveryBoundConnectionClosed) {
   EXPECT_FALSE(GoneOf("", ""));
+  EXPECT_TRUE(GoneOf("1", ""));
+  EXPECT_FALSE(GoneOf("1", "1"));  // reconnected
+  EXPECT_TRUE(GoneOf("2", "1"));
   EXPECT_FALSE(GoneOf("", "1"));
-  EXPECT_TRUE(GoneOf("1", "1"));
-  EXPECT_FALSE(GoneOf("1", "2"));  // reconnected
-  EXPECT_TRUE(GoneOf("2", "2"));
-  EXPECT_TRUE(GoneOf("1", ""));  // closed before its bind was counted
-  EXPECT_FALSE(GoneOf("x", "1"));
+  EXPECT_FALSE(GoneOf("x", ""));
+}
+
+TEST(JoinRecordTest, RoundTripsAndRefusesOtherText) {
+  JoinRecord r;
+  r.hint = 3;
+  r.preferred = -1;
+  r.nproc = 8;
+  r.max_restarts = 2;
+  r.node_id = "host_12_ab";
+  JoinRecord back;
+  ASSERT_TRUE(JoinRecord::Parse(r.Text(), &back));
+  EXPECT_EQ(back.hint, 3);
+  EXPECT_EQ(back.preferred, -1);
+  EXPECT_EQ(back.nproc, 8);
+  EXPECT_EQ(back.max_restarts, 2);
+  EXPECT_EQ(back.node_id, "host_12_ab");
+  EXPECT_EQ(back.Settings(), "--nproc-per-node=8 --max-restarts=2");
+  for (const char* text : {"", "-1 host_a", "1 2 3 x y", "a b c d e"})
+    EXPECT_FALSE(JoinRecord::Parse(text, &back)) << text;
 }
 
 TEST(EndReasonTest, NamesRoundTrip) {
@@ -55,9 +75,21 @@ TEST(StateDocTest, SerializeParsesBackWithItsText) {
 
 TEST(StateDocTest, ForeignTextIsRefused) {
   StateDoc d;
-  for (const char* text : {"", "someone else's", "[1,2]", "{\"round\":1}",
+  for (const char* text : {"someone else's", "[1,2]", "{\"round\":1}",
                            "{\"round\":\"x\",\"failures\":0,\"closed\":\"\"}"})
     EXPECT_FALSE(StateDoc::Parse(text, &d)) << text;
+}
+
+// Nobody writes the state until something must change: missing, it is
+// round 0, open.
+TEST(StateDocTest, AMissingStateIsRoundZeroOpen) {
+  StateDoc d;
+  d.round = 5;
+  ASSERT_TRUE(StateDoc::Parse("", &d));
+  EXPECT_EQ(d.round, 0);
+  EXPECT_EQ(d.failures, 0);
+  EXPECT_TRUE(d.closed.empty());
+  EXPECT_EQ(d.raw, "");
 }
 
 TEST(StateDocTest, AnOpenDocHasNoEndWhateverItSays) {
@@ -141,7 +173,7 @@ TEST(OrderRanksTest, OneNodeWatchesNobody) {
   auto t = OrderRanks({"-1 a"}, {"-1"});
   EXPECT_EQ(t.by_slot[0].rank, 0);
   EXPECT_EQ(t.by_slot[0].next_node, "");
-  EXPECT_EQ(RankRecord(t.by_slot[0]), "0 ");
+  EXPECT_EQ(RankRecord(t.by_slot[0]), "0  0");
 }
 
 // 130 nodes: three packs (64, 64, 2), each slot's record found in its own.
@@ -181,6 +213,10 @@ TEST(PlaceInRoundTest, OpenAbandonedLeftOutAndAssigned) {
   EXPECT_EQ(a.base_rank, 8);
   EXPECT_EQ(a.world_size, 16);
   EXPECT_EQ(a.next_node, "host_a");
+  ASSERT_EQ(PlaceInRound(doc, 2, "2", "1 host_a 7", 8, &a),
+            Placement::kAssigned);
+  EXPECT_EQ(a.next_node, "host_a");
+  EXPECT_EQ(a.next_slot, 7);
 }
 
 TEST(LastCallTest, TheLastSlotClosesAtOnceOthersAfterTheDeadline) {
