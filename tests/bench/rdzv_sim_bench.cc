@@ -32,8 +32,11 @@
 //                       [--leases 1|0]   (0: agents beat in etcd instead;
 //                       a lease's own connection per agent puts 4,096
 //                       agents past a 20,000-descriptor limit)
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <spawn.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
@@ -250,6 +253,9 @@ struct Marks {
   std::atomic<int> joined{0}, rejoined{0}, failed{0};
   std::atomic<int64_t> last_join_ns{0}, detect_ns{INT64_MAX}, last_rejoin_ns{0};
   std::atomic<bool> steady{true};
+  // Survivors hold their stores (connections, leases) until the round
+  // after is measured.
+  std::atomic<bool> release{false};
   std::atomic<int> victim_rank{-1};
   Clock::time_point killed;
   std::mutex mu;
@@ -304,6 +310,7 @@ void Agent(Store* store, const RendezvousOptions& ro, bool* joining, Marks* m) {
   if (!again.ok()) return m->Fail(again.status().message());
   m->Max(&m->last_rejoin_ns, m->Since(m->killed));
   ++m->rejoined;
+  while (!m->release) sockets::SleepUntil(Clock::now() + milliseconds(20));
 }
 
 // An agent's store: a connection to dtstore, or an EtcdStore (and then,
@@ -340,6 +347,57 @@ double StoreCpu(const Options& o, pid_t dtstore) {
   double sum = 0;
   for (int pid : o.etcd_pids) sum += CpuSeconds(pid);
   return sum;
+}
+
+// etcd's own counters, from the first member's /metrics (one HTTP GET on
+// a socket of its own): writes committed through raft, and the puts,
+// transactions and ranges its key space served. Empty for dtstore.
+struct EtcdCounters {
+  double proposals = 0, puts = 0, txns = 0, ranges = 0;
+};
+EtcdCounters ReadEtcdCounters(const Options& o) {
+  EtcdCounters c;
+  if (o.etcd.empty()) return c;
+  const std::string first = o.etcd.substr(0, o.etcd.find(','));
+  const size_t colon = first.rfind(':');
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port =
+      htons(static_cast<uint16_t>(std::atoi(first.c_str() + colon + 1)));
+  inet_pton(AF_INET, first.substr(0, colon).c_str(), &a.sin_addr);
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0 || ::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+    if (fd >= 0) ::close(fd);
+    return c;
+  }
+  const std::string get = "GET /metrics HTTP/1.0\r\n\r\n";
+  (void)!::write(fd, get.data(), get.size());
+  std::string text;
+  char buf[65536];
+  for (ssize_t n; (n = ::read(fd, buf, sizeof buf)) > 0;) text.append(buf, n);
+  ::close(fd);
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) {
+    const size_t space = line.rfind(' ');
+    if (line.empty() || line[0] == '#' || space == std::string::npos) continue;
+    const std::string name = line.substr(0, space);
+    const double v = std::atof(line.c_str() + space + 1);
+    if (name == "etcd_server_proposals_committed_total") c.proposals = v;
+    if (name == "etcd_mvcc_put_total") c.puts = v;
+    if (name == "etcd_mvcc_txn_total") c.txns = v;
+    if (name == "etcd_mvcc_range_total") c.ranges = v;
+  }
+  return c;
+}
+
+void PrintEtcdCounters(const char* what, int n, const EtcdCounters& a,
+                       const EtcdCounters& b) {
+  std::fprintf(stderr,
+               "N=%d %s, etcd's own counters: %.0f writes committed "
+               "(%.2f per agent), %.0f puts, %.0f txns, %.0f ranges\n",
+               n, what, b.proposals - a.proposals,
+               (b.proposals - a.proposals) / n, b.puts - a.puts,
+               b.txns - a.txns, b.ranges - a.ranges);
 }
 
 // N agents, each with its own connection (made here, before the loops
@@ -431,6 +489,8 @@ int RunOne(const Options& o, int n) {
     loops.push_back(std::make_unique<bench::FiberLoop>());
   SpawnAgents(o, n, d, &m, &loops);
   double cpu0 = StoreCpu(o, d.pid);
+  const double sim0 = CpuSeconds(getpid());
+  const EtcdCounters etcd0 = ReadEtcdCounters(o);
   uint64_t req0 = g_requests, bytes0 = g_bytes;
   uint64_t ops0[kOps], opbytes0[kOps];
   for (int i = 0; i < kOps; ++i) {
@@ -446,6 +506,12 @@ int RunOne(const Options& o, int n) {
   double round_cpu = StoreCpu(o, d.pid) - cpu0;
   uint64_t round_req = g_requests - req0, round_bytes = g_bytes - bytes0;
   const double per_agent = PrintBreakdown(n, ops0, opbytes0);
+  std::fprintf(stderr,
+               "N=%d round: the simulator's own CPU %.2f s, the store's %.2f "
+               "s\n",
+               n, CpuSeconds(getpid()) - sim0, round_cpu);
+  if (!o.etcd.empty())
+    PrintEtcdCounters("round", n, etcd0, ReadEtcdCounters(o));
   for (int i = 0; i < kOps; ++i) {
     ops0[i] = g_ops[i];
     opbytes0[i] = g_op_bytes[i];
@@ -453,20 +519,27 @@ int RunOne(const Options& o, int n) {
   // Steady state: let the agents settle into their Check rhythm, then measure.
   std::this_thread::sleep_for(milliseconds(1000));
   double cpu1 = StoreCpu(o, d.pid);
+  const EtcdCounters etcd_steady = ReadEtcdCounters(o);
   uint64_t req1 = g_requests, bytes1 = g_bytes;
   std::this_thread::sleep_for(std::chrono::seconds(o.steady_s));
   double steady_cpu = (StoreCpu(o, d.pid) - cpu1) / o.steady_s;
   double steady_rps = static_cast<double>(g_requests - req1) / o.steady_s;
   double steady_bps = static_cast<double>(g_bytes - bytes1) / o.steady_s;
+  const EtcdCounters etcd1 = ReadEtcdCounters(o);
+  if (!o.etcd.empty()) PrintEtcdCounters("steady", n, etcd_steady, etcd1);
   m.killed = Clock::now();
   m.victim_rank = 1;
   while (m.rejoined < n - 1 && m.failed == 0 &&
          Clock::now() - m.killed < std::chrono::seconds(120)) {
     std::this_thread::sleep_for(milliseconds(5));
   }
+  const EtcdCounters etcd2 = ReadEtcdCounters(o);
+  m.release = true;
   for (auto& t : agents) t.join();
   std::fprintf(stderr, "N=%d: the survivors' round; ", n);
   const double rejoin_per_agent = PrintBreakdown(n - 1, ops0, opbytes0);
+  if (!o.etcd.empty())
+    PrintEtcdCounters("the survivors' round", n - 1, etcd1, etcd2);
   if (d.pid > 0) {
     kill(d.pid, SIGTERM);
     waitpid(d.pid, nullptr, 0);
