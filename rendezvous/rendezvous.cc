@@ -173,6 +173,31 @@ Status Rendezvous::MaybeCloseMismatch(int round, const Status& closed) {
   return CloseJob(round, EndReason::kConfigMismatch, closer_.mismatch());
 }
 
+// This node's entry in round r: its record (static rank, else the previous
+// round's, as the order's hint; its --node-rank; its settings, which the
+// closer compares) and how the store is to tell that it is gone.
+Store::Enlistment Rendezvous::EntryOf(int r) const {
+  JoinRecord record;
+  record.hint = opts_.node_rank >= 0 ? opts_.node_rank
+                                     : (last_round_ == r - 1 ? last_rank_ : -1);
+  record.preferred = opts_.preferred_rank;
+  record.nproc = opts_.nproc_per_node;
+  record.max_restarts = opts_.max_restarts;
+  record.node_id = opts_.node_id;
+  Store::Enlistment e;
+  e.counter = keys_.Round(r, "n");
+  e.records = keys_.Round(r, "node") + "/";
+  e.id = opts_.node_id;
+  e.record = record.Text();
+  e.closes = keys_.Round(r, "gone") + "/";
+  e.rebinds = keys_.Round(r, "bound") + "/";
+  if (store_->has_leases()) {  // etcd: the lease's key in the same write
+    e.alive = keys_.Round(r, "alive") + "/";
+    e.alive_ttl = opts_.keep_alive_interval * opts_.keep_alive_max_attempt;
+  }
+  return e;
+}
+
 // Takes a slot in the doc's round (or, past max_nodes, a place in the queue
 // for the next one).
 Status Rendezvous::Register(const StateDoc& doc) {
@@ -193,24 +218,7 @@ Status Rendezvous::Register(const StateDoc& doc) {
   // closer reads, and the binding of this node's connection to the slot's
   // `gone` key. Slots are dense and unique, so the round's size is simply
   // the counter, with no list to read and merge.
-  JoinRecord record;
-  record.hint = opts_.node_rank >= 0 ? opts_.node_rank
-                                     : (last_round_ == r - 1 ? last_rank_ : -1);
-  record.preferred = opts_.preferred_rank;
-  record.nproc = opts_.nproc_per_node;
-  record.max_restarts = opts_.max_restarts;
-  record.node_id = me;
-  Store::Enlistment e;
-  e.counter = keys_.Round(r, "n");
-  e.records = keys_.Round(r, "node") + "/";
-  e.id = me;
-  e.record = record.Text();
-  e.closes = keys_.Round(r, "gone") + "/";
-  e.rebinds = keys_.Round(r, "bound") + "/";
-  if (store_->has_leases()) {  // etcd: the lease's key in the same write
-    e.alive = keys_.Round(r, "alive") + "/";
-    e.alive_ttl = opts_.keep_alive_interval * opts_.keep_alive_max_attempt;
-  }
+  const Store::Enlistment e = EntryOf(r);
   auto enlisted = store_->Enlist(e);
   if (!enlisted.ok()) return enlisted.status();
   const int64_t* slot = &enlisted->slot;

@@ -151,6 +151,7 @@ class Rendezvous {
                                const std::string& count);
   // `closed`, or the job closed when the closer found settings that differ.
   Status MaybeCloseMismatch(int round, const Status& closed);
+  Store::Enlistment EntryOf(int round) const;
   Status Register(const StateDoc& doc);
   // The last call of an elastic round, from the slot this node took.
   Status StartLastCall(int round);

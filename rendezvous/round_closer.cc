@@ -98,6 +98,8 @@ Status RoundCloser::WriteRanks(int round, int count) {
                              "using --rdzv-id " +
                              opts_.run_id + "?");
     }
+    // The first slot's settings are the job's: the node that differs is
+    // named, with the one it differs from, so the user knows which to fix.
     if (slot == 1) first = r;
     if (r.nproc != first.nproc || r.max_restarts != first.max_restarts) {
       mismatch_ = "node " + r.node_id + " has " + r.Settings() +

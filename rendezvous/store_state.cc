@@ -274,6 +274,8 @@ Status StoreState::Enlist(ConnId conn, const std::string& counter,
   if (!s.ok()) return s;
   const std::string n = std::to_string(slot);
   Set(payload.substr(0, a) + n, payload.substr(b + 1), sink);
+  // Bound as kOnCloseKey binds: a joiner that dies while it waits for its
+  // round is counted gone before the round even closes.
   std::string closes = payload.substr(a + 1, b - a - 1);
   if (!closes.empty()) on_close_[conn] = closes + n;
   PutBytes(out, n);

@@ -124,6 +124,18 @@ struct Request {
   uint32_t word = 0;                // VALIDATE magic, PING nonce
 };
 
+// A request of `op` with its keys, values and number, for the clients.
+inline Request MakeRequest(Op op, std::vector<std::string> keys,
+                           std::vector<std::string> values = {},
+                           int64_t number = 0) {
+  Request req;
+  req.op = op;
+  req.keys = std::move(keys);
+  req.values = std::move(values);
+  req.number = number;
+  return req;
+}
+
 // Caps applied before anything is allocated from a length on the wire.
 struct WireLimits {
   uint64_t max_value_bytes = 64ull << 20;  // per value; default 64 MiB

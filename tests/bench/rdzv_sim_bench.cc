@@ -23,11 +23,14 @@
 //
 // With --etcd the store is an etcd cluster started by the caller
 // (scripts/bench.sh through tests/bench/etcd_sim_bench.py): each agent has
-// its own EtcdStore, and the store's CPU is the sum over --etcd-pids.
+// its own EtcdStore, the store's CPU is the sum over --etcd-pids, and
+// etcd's own counters (writes committed, puts, txns, ranges) come from the
+// first member's /metrics.
 //
 // Usage: rdzv_sim_bench --dtstore PATH [--nodes 64,256,1024,4096]
 //                       [--keep-alive-ms 1000] [--attempts 3] [--steady-s 10]
 //                       [--watch 1|0]   (0: Check reads the round every call)
+//                       [--loops 1] [--smoke 0|1]
 //        rdzv_sim_bench --etcd H:P,H:P,H:P --etcd-pids P1,P2,P3 [same flags]
 //                       [--leases 1|0]   (0: agents beat in etcd instead;
 //                       a lease's own connection per agent puts 4,096
@@ -619,7 +622,8 @@ int main(int argc, char** argv) {
         stderr,
         "usage: rdzv_sim_bench --dtstore PATH [--nodes 64,256,1024,4096] "
         "[--keep-alive-ms 1000] [--attempts 3] [--steady-s 10] "
-        "[--watch 1|0]\n       rdzv_sim_bench --etcd H:P,... --etcd-pids "
+        "[--watch 1|0] [--loops N] [--smoke 0|1]\n       rdzv_sim_bench "
+        "--etcd H:P,... --etcd-pids "
         "P,... [same flags] [--leases 1|0]\n");
     return 2;
   }
