@@ -29,12 +29,17 @@ Status RoundCloser::TryClose(int round, LastCall* last_call) {
   if (*closer != claim) return Status::Ok();  // another node closes it
   const TimePoint started = clock_.Now();
   Status s = WriteRanks(round, count);
-  if (s.ok()) {
-    s = store_
-            ->CompareSet(keys_.Round(round, "final"), "", std::to_string(count))
-            .status();
+  const std::string final_key = keys_.Round(round, "final");
+  auto final_set =
+      s.ok() ? store_->CompareSet(final_key, "", std::to_string(count))
+             : Result<std::string>(s);
+  if (!final_set.ok()) return final_set.status();
+  // torch's own store without libuv wakes no waiter on a compare-and-set:
+  // the same value SET again does (dtrun's store has woken them already).
+  if (*final_set == std::to_string(count)) {
+    s = store_->Set(final_key, *final_set);
+    if (!s.ok()) return s;
   }
-  if (!s.ok()) return s;
   Logger("dtrun.rdzv")
       ->info("round {}: closed with {} node(s), ranks written in {}", round,
              count, DescribeSeconds(clock_.Now() - started));

@@ -435,25 +435,41 @@ Result<int64_t> TcpStoreClient::NumKeys() {
 
 // One MULTI_GET frame in the 2.x dialect; 1.13's servers have none, so
 // there it is Store's key-by-key default.
+// torch's own server answers MULTI_GET only when every key exists: on a
+// missing one it drops the connection (its client waits for the keys
+// first). A MULTI_GET that loses its connection is read again key by key
+// (Store's default, which reconnects); when that finds a key missing, this
+// is such a server, and the client reads key by key from then on. A
+// connection lost for another reason loses the per-key reads too, so the
+// caller still sees it.
 Result<std::vector<std::string>> TcpStoreClient::MultiGet(
     const std::vector<std::string>& keys) {
-  if (opts_.dialect != Dialect::kTorch2) return Store::MultiGet(keys);
-  std::lock_guard<std::mutex> lock(mu_);
-  std::vector<std::string> wire_keys;
-  wire_keys.reserve(keys.size());
-  for (const auto& k : keys) wire_keys.push_back(K(k));
-  std::string what = "multi_get of keys " + DescribeKeys(keys);
-  auto started = SteadyClock::now();
-  Status s = SendRequest(MakeRequest(Op::kMultiGet, std::move(wire_keys)), what,
-                         started + opts_.timeout);
-  std::vector<std::string> values(keys.size());
-  for (size_t i = 0; s.ok() && i < keys.size(); ++i) {
-    s = ReadBytes(&values[i], what, started + opts_.timeout, started);
+  if (opts_.dialect != Dialect::kTorch2 || !multi_get_missing_) {
+    return Store::MultiGet(keys);
   }
-  // A reply that never came may still arrive: start the next call afresh.
-  if (s.code() == Status::Code::kTimeout) Fail(Status::Ok());
-  if (!s.ok()) return s;
-  return values;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::vector<std::string> wire_keys;
+    wire_keys.reserve(keys.size());
+    for (const auto& k : keys) wire_keys.push_back(K(k));
+    std::string what = "multi_get of keys " + DescribeKeys(keys);
+    auto started = SteadyClock::now();
+    Status s = SendRequest(MakeRequest(Op::kMultiGet, std::move(wire_keys)),
+                           what, started + opts_.timeout);
+    std::vector<std::string> values(keys.size());
+    for (size_t i = 0; s.ok() && i < keys.size(); ++i) {
+      s = ReadBytes(&values[i], what, started + opts_.timeout, started);
+    }
+    // A reply that never came may still arrive: start the next call afresh.
+    if (s.code() == Status::Code::kTimeout) Fail(Status::Ok());
+    if (s.ok()) return values;
+    if (s.code() != Status::Code::kUnavailable) return s;
+  }
+  auto each = Store::MultiGet(keys);
+  if (each.ok() && std::any_of(each->begin(), each->end(),
+                               [](const std::string& v) { return v.empty(); }))
+    multi_get_missing_ = false;
+  return each;
 }
 
 Status TcpStoreClient::MultiSet(const std::vector<std::string>& keys,

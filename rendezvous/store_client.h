@@ -1,5 +1,6 @@
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -66,7 +67,9 @@ class TcpStoreClient : public Store, public KeyWatch {
   // two requests, from then on without asking.
   Result<Enlisted> Enlist(const Enlistment& e) override;
   // kTorch2: one MULTI_GET / MULTI_SET request (a missing key reads as
-  // empty: unlike c10d's client, MultiGet does not wait for the keys).
+  // empty: unlike c10d's client, MultiGet does not wait for the keys); key
+  // by key where a MULTI_GET of a missing key drops the connection
+  // (torch's own server).
   Result<std::vector<std::string>> MultiGet(
       const std::vector<std::string>& keys) override;
   Status MultiSet(const std::vector<std::string>& keys,
@@ -146,7 +149,10 @@ class TcpStoreClient : public Store, public KeyWatch {
   // mu_ held; `again`: a rebinding after a reconnect, counted in on_bind_.
   Status Bind(bool again);
   bool enlist_known_ = true;  // false once the store answered it as torch's
-  std::string rbuf_;          // received, not yet consumed
+  // Whether the store answers a MULTI_GET of a missing key (torch's own
+  // server drops the connection instead).
+  std::atomic<bool> multi_get_missing_{true};
+  std::string rbuf_;  // received, not yet consumed
   // Watch connections: acknowledgements not yet matched to a WatchKey, and
   // changes not yet taken.
   int acks_ = 0;

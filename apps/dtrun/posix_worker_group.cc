@@ -115,14 +115,21 @@ int SpawnTool(const ToolRun& tool) {
 Result<int> PosixWorkerGroup::Spawn(const WorkerSpec& spec) {
   KillLingering();
   int out[2], err[2];
-  if (pipe2(out, O_CLOEXEC | O_NONBLOCK) != 0) {
+  if (pipe2(out, O_CLOEXEC) != 0) {
     return Status::Io(std::string("pipe: ") + std::strerror(errno));
   }
-  if (pipe2(err, O_CLOEXEC | O_NONBLOCK) != 0) {
+  if (pipe2(err, O_CLOEXEC) != 0) {
     close(out[0]);
     close(out[1]);
     return Status::Io(std::string("pipe: ") + std::strerror(errno));
   }
+  // Only dtrun's ends read without blocking. O_NONBLOCK belongs to each
+  // end's open file, so the worker's stdout and stderr stay blocking: a
+  // worker that writes faster than its lines are shown waits, as under
+  // torchrun, instead of getting EAGAIN (Python then drops what it had
+  // buffered, or dies of BlockingIOError).
+  fcntl(out[0], F_SETFL, fcntl(out[0], F_GETFL) | O_NONBLOCK);
+  fcntl(err[0], F_SETFL, fcntl(err[0], F_GETFL) | O_NONBLOCK);
   auto warm = FromStandby(spec, out[1], err[1]);
   Result<int> pid = warm ? std::move(*warm) : ForkExec(spec, out[1], err[1]);
   close(out[1]);

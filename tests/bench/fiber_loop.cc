@@ -14,6 +14,13 @@
 #include <cstdio>
 #include <cstdlib>
 
+// ThreadSanitizer follows a stack switch only when told of it: each fiber
+// is a TSan fiber, and every swapcontext says where it goes.
+#if defined(__SANITIZE_THREAD__)
+#include <sanitizer/tsan_interface.h>
+#define DTRUN_TSAN_FIBERS 1
+#endif
+
 namespace dtrun::bench {
 namespace {
 
@@ -58,6 +65,9 @@ void FiberLoop::Spawn(std::function<void()> body) {
   makecontext(&f->ctx, reinterpret_cast<void (*)()>(&FiberLoop::Start), 2,
               static_cast<unsigned>(p & 0xffffffffu),
               static_cast<unsigned>(static_cast<uint64_t>(p) >> 32));
+#ifdef DTRUN_TSAN_FIBERS
+  f->tsan = __tsan_create_fiber(0);
+#endif
   ready_.push_back(f.get());
   fibers_.push_back(std::move(f));
   ++alive_;
@@ -69,6 +79,9 @@ void FiberLoop::Start(unsigned lo, unsigned hi) {
   f->body();
   f->body = nullptr;  // what it captured goes now, on this thread
   f->done = true;
+#ifdef DTRUN_TSAN_FIBERS
+  __tsan_switch_to_fiber(t_loop->loop_tsan_, 0);
+#endif
   // Returning resumes uc_link: the loop.
 }
 
@@ -110,6 +123,9 @@ void FiberLoop::Sleep(Deadline until) {
 void FiberLoop::Park() {
   Fiber* f = current_;
   f->waiting = true;
+#ifdef DTRUN_TSAN_FIBERS
+  __tsan_switch_to_fiber(loop_tsan_, 0);
+#endif
   if (swapcontext(&f->ctx, &loop_ctx_) != 0) Die("swapcontext");
 }
 
@@ -124,9 +140,15 @@ void FiberLoop::RunReady() {
     Fiber* f = ready_.front();
     ready_.pop_front();
     current_ = f;
+#ifdef DTRUN_TSAN_FIBERS
+    __tsan_switch_to_fiber(f->tsan, 0);
+#endif
     if (swapcontext(&loop_ctx_, &f->ctx) != 0) Die("swapcontext");
     current_ = nullptr;
     if (f->done && f->stack) {
+#ifdef DTRUN_TSAN_FIBERS
+      __tsan_destroy_fiber(f->tsan);
+#endif
       munmap(f->stack, stack_bytes_ + 4096);
       f->stack = nullptr;
       --alive_;
@@ -144,6 +166,9 @@ int FiberLoop::MillisToNextTimer() const {
 
 void FiberLoop::Run() {
   t_loop = this;
+#ifdef DTRUN_TSAN_FIBERS
+  loop_tsan_ = __tsan_get_current_fiber();
+#endif
   sockets::SetWaitHooks(&hooks_);
   std::vector<epoll_event> events(4096);
   while (alive_ > 0) {

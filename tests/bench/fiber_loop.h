@@ -50,8 +50,9 @@ class FiberLoop {
     std::function<void()> body;
     bool done = false;
     bool waiting = false, ready = false;
-    int fd = -1;       // the socket it waits for, -1 asleep
-    uint64_t gen = 0;  // its wait's number: older timers are stale
+    int fd = -1;           // the socket it waits for, -1 asleep
+    uint64_t gen = 0;      // its wait's number: older timers are stale
+    void* tsan = nullptr;  // ThreadSanitizer's fiber, in a TSan build
   };
   struct Timer {
     Deadline at;
@@ -79,6 +80,7 @@ class FiberLoop {
   std::vector<Fiber*> by_fd_;  // the fiber waiting on each descriptor
   std::priority_queue<Timer, std::vector<Timer>, std::greater<Timer>> timers_;
   size_t alive_ = 0;
+  void* loop_tsan_ = nullptr;  // the loop's own, in a TSan build
   sockets::WaitHooks hooks_;
 };
 

@@ -11,9 +11,11 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <future>
 #include <string>
 #include <thread>
 
+#include "rendezvous/rendezvous.h"
 #include "rendezvous/store_client.h"
 #include "tests/testing/raw_conn.h"
 
@@ -217,6 +219,85 @@ TEST_F(OurClientOnTorch2ServerTest,
   EXPECT_NE(s.message().find("barrier on"), std::string::npos) << s.message();
   EXPECT_LT(std::chrono::steady_clock::now() - start, milliseconds(2000));
   EXPECT_EQ(*client_->Add(Key("n"), 2), 2);  // reconnected
+}
+
+// 2.6's server answers MULTI_GET only when every key exists: it drops the
+// connection on a missing one. The client reads that call again key by
+// key, and from then on, losing nothing.
+TEST_F(OurClientOnTorch2ServerTest, MultiGetOfAMissingKeyGoesKeyByKey) {
+  auto fresh = Connect();
+  ASSERT_TRUE(fresh->MultiSet({Key("x"), Key("y")}, {"1", "2"}).ok());
+  EXPECT_EQ(*fresh->MultiGet({Key("x"), Key("y")}),
+            (std::vector<std::string>{"1", "2"}));
+  auto mixed = fresh->MultiGet({Key("x"), Key("absent"), Key("y")});
+  ASSERT_TRUE(mixed.ok()) << mixed.status().message();
+  EXPECT_EQ(*mixed, (std::vector<std::string>{"1", "", "2"}));
+  EXPECT_EQ(*fresh->MultiGet({Key("absent"), Key("x")}),
+            (std::vector<std::string>{"", "1"}));
+}
+
+TEST_F(OurClientOnTorch2ServerTest, MultiGetAndMultiSetGoKeyByKeyWhereMissing) {
+  ASSERT_TRUE(
+      client_->MultiSet({Key("a"), Key("b")}, {"1", std::string("2\0", 2)})
+          .ok());
+  auto got = client_->MultiGet({Key("a"), Key("missing"), Key("b")});
+  ASSERT_TRUE(got.ok()) << got.status().message();
+  EXPECT_EQ(*got, (std::vector<std::string>{"1", "", std::string("2\0", 2)}));
+  EXPECT_EQ(*Connect()->MultiGet({Key("b")}),
+            std::vector<std::string>{std::string("2\0", 2)});
+}
+
+// A rendezvous joiner's entry: this server answers dtrun's enlist key with
+// the counter's name and stores nothing, so the client takes the slot and
+// writes the record in two requests, and slots stay dense.
+TEST_F(OurClientOnTorch2ServerTest, ARendezvousEntryTakesTwoRequestsHere) {
+  Store::Enlistment e;
+  e.counter = Key("n");
+  e.records = Key("node/");
+  e.id = "a";
+  e.record = "rec a";
+  e.closes = Key("gone/");
+  auto other = Connect();
+  auto first = client_->Enlist(e);
+  ASSERT_TRUE(first.ok()) << first.status().message();
+  e.record = "rec b";
+  auto second = other->Enlist(e);
+  ASSERT_TRUE(second.ok()) << second.status().message();
+  EXPECT_EQ(first->slot, 1);
+  EXPECT_EQ(second->slot, 2);
+  EXPECT_FALSE(first->bound);  // no binding here: heartbeats tell
+  auto records = client_->ReadEnlisted(Key("node/"), 2, milliseconds(2000));
+  ASSERT_TRUE(records.ok()) << records.status().message();
+  EXPECT_EQ(*records, (std::vector<std::string>{"rec a", "rec b"}));
+  EXPECT_FALSE(*client_->Check({"dtrun/.enlist"}));
+}
+
+// Two nodes meet in a round on torch's own store: the entry in two
+// requests, the outcome's read key by key, and `final` set again so that
+// the waiter wakes (this server wakes none on a compare-and-set) well
+// within its 2 s wait.
+TEST_F(OurClientOnTorch2ServerTest, TwoNodesMeetOnTorchsOwnStore) {
+  auto store_a = Connect(), store_b = Connect();
+  ASSERT_TRUE(store_a && store_b);
+  auto options = [](const std::string& id) {
+    RendezvousOptions o;
+    o.run_id = Key("job");
+    o.node_id = id;
+    o.min_nodes = o.max_nodes = 2;
+    o.join_timeout = std::chrono::seconds(20);
+    return o;
+  };
+  Rendezvous a(store_a.get(), options("a")), b(store_b.get(), options("b"));
+  const auto start = std::chrono::steady_clock::now();
+  auto fa = std::async(std::launch::async, [&] { return a.Join(nullptr); });
+  std::this_thread::sleep_for(milliseconds(100));
+  auto rb = b.Join(nullptr);
+  auto ra = fa.get();
+  ASSERT_TRUE(ra.ok()) << ra.status().message();
+  ASSERT_TRUE(rb.ok()) << rb.status().message();
+  EXPECT_EQ(ra->group_rank + rb->group_rank, 1);
+  EXPECT_EQ(ra->group_world_size, 2);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, milliseconds(1500));
 }
 
 TEST_F(OurClientOnTorch2ServerTest, ConcurrentClientsCountEveryAdd) {

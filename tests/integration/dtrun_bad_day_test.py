@@ -181,6 +181,16 @@ while True:
             child = int(f.read())
         self.assertTrue(wait_for(lambda: not alive(child), 10), "the child outlived the job")
 
+    def test_a_workers_stdout_and_stderr_block_as_under_torchrun(self):
+        # Only dtrun's ends of the pipes read without blocking: a worker that
+        # writes faster than its lines are shown waits, rather than getting
+        # EAGAIN (Python then drops what it buffered: lines lost mid-stream).
+        worker = ("import fcntl, os, sys; sys.exit(sum(1 for fd in (1, 2) "
+                  "if fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_NONBLOCK))")
+        p = subprocess.run([DTRUN, PY, "-c", worker], capture_output=True,
+                           text=True, timeout=60, cwd=self.dir)
+        self.assertEqual(p.returncode, 0, p.stderr)
+
     def test_a_full_log_folder_is_said_and_the_console_keeps_every_line(self):
         logs = os.path.join(self.dir, "logs")
         os.mkdir(logs)

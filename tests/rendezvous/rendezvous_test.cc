@@ -141,12 +141,12 @@ TEST(RendezvousTest, AJoinerCostsTheStoreFourRequests) {
   EXPECT_EQ(store.compare_sets, 2);  // closing, final
   EXPECT_EQ(store.multi_sets, 1);    // the ranks
   EXPECT_EQ(store.adds, 4);          // each first heartbeat
-  EXPECT_EQ(store.sets, 0);
+  EXPECT_EQ(store.sets, 1);          // `final` again, for torch's store
   EXPECT_FALSE(*store.Check({"rdzv/job/state"}));
   // The test's own two waits and check are not the nodes'. Each of the three
-  // that wait: its wait, its read; the closer: the count, the records (a
-  // wait and a read), its read.
-  EXPECT_EQ(store.requests() - 3, 4 * 4 - 1 + 6)
+  // that wait: its wait, its read; the closer: the count, its claim, the
+  // records (a wait and a read), the ranks, `final` (twice), its read.
+  EXPECT_EQ(store.requests() - 3, 4 * 4 - 1 + 7)
       << "reads " << store.reads << " waits " << store.waits;
 }
 
