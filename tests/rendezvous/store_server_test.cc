@@ -32,14 +32,10 @@ std::string Encode(Request req, Dialect d) {
   return out;
 }
 
+// wire.h's, with no keys by default.
 Request Req(Op op, std::vector<std::string> keys = {},
             std::vector<std::string> values = {}, int64_t number = 0) {
-  Request r;
-  r.op = op;
-  r.keys = std::move(keys);
-  r.values = std::move(values);
-  r.number = number;
-  return r;
+  return MakeRequest(op, std::move(keys), std::move(values), number);
 }
 
 std::string Validate() {
