@@ -56,6 +56,11 @@ struct FsdpOptions {
   // How long a shared-memory collective waits for the other ranks before
   // it fails naming them.
   std::chrono::milliseconds timeout{30 * 60 * 1000};
+  // Rank 0's values into every rank's shards, frozen parameters and
+  // buffers at construction (collective). false: each rank cuts its shard
+  // from its own values, for a state restored right after (a replacement
+  // in in-place recovery, whose survivors broadcast nothing in Regroup).
+  bool broadcast_at_start = true;
 };
 
 // Fully sharded data parallelism for a torch::nn::Sequential (FSDP runs
@@ -139,6 +144,12 @@ class FullyShardedDataParallel {
       const std::vector<std::map<std::string, at::Tensor>>& dicts,
       torch::optim::Optimizer& opt);
 
+  // This rank's shards, the frozen parameters and the buffers cut from a
+  // whole model's tensors, by the names named_parameters() and
+  // named_buffers() give them (a model as first made). Throws Error naming
+  // one missing.
+  void LoadWhole(const std::map<std::string, at::Tensor>& named);
+
   // Where each model parameter lies in its unit's flat tensor, names as
   // the model's named_parameters() has them. Checkpoints carry it
   // ("fsdp_layout"), so a reader (dtrun.checkpoint in Python) rebuilds the
@@ -150,6 +161,14 @@ class FullyShardedDataParallel {
     std::vector<std::vector<int64_t>> shapes;
   };
   std::vector<UnitLayout> Layout() const;
+
+  // In-place recovery (lib/in_place_recovery.h): drops every collective
+  // in flight on the old group (a rank died mid-step: they fail as its
+  // sockets close), calls `regroup` for the new group of the same size and
+  // moves to it. The shards, gradients cleared, are the caller's to
+  // restore (LoadStateDicts); a replacement joins with broadcast_at_start
+  // false. Collective on the new group (its shared memory).
+  void Regroup(const std::function<ProcessGroup*()>& regroup);
 
   size_t num_units() const;
   // Bytes of every tensor FSDP holds now: shards, their gradients, the

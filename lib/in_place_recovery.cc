@@ -18,9 +18,29 @@
 namespace dtrun::train {
 
 bool InPlaceRecovery::Possible(const Distributed& dist,
-                               const Strategy& strategy) {
-  return rendezvous::in_place::Wanted() && strategy.CanRegroup() &&
-         dist.backend() == "gloo";
+                               const Strategy& strategy,
+                               const Checkpointer* ckpt) {
+  return rendezvous::in_place::Wanted() && WhyNot(dist, strategy, ckpt).empty();
+}
+
+std::string InPlaceRecovery::WhyNot(const Distributed& dist,
+                                    const Strategy& strategy,
+                                    const Checkpointer* ckpt) {
+  if (!rendezvous::in_place::Wanted()) return "";
+  if (!strategy.CanRegroup())
+    return "this strategy cannot re-form its process group";
+  if (dist.backend() != "gloo")
+    return "it re-forms gloo groups only, this one runs " + dist.backend();
+  if (!strategy.EveryRankHoldsAll() && !ckpt) {
+    return "FSDP's shards die with their rank, and without checkpoint.dir "
+           "there is no checkpoint to go back to";
+  }
+  return "";
+}
+
+bool InPlaceRecovery::JoinsFromPeer(Distributed& dist,
+                                    const Strategy& strategy) {
+  return strategy.EveryRankHoldsAll() && dist.JoinsInPlace();
 }
 
 // A wait in slices, so that the thread notices the end of the run soon
@@ -70,6 +90,7 @@ int64_t InPlaceRecovery::Regroup(const std::string& failure, int64_t held) {
                c_.dist->rank(), failure.c_str(), c_.dist->rank(),
                (long long)held, next);
   std::fflush(stderr);
+  if (!c_.strategy->EveryRankHoldsAll()) return Rewind(failure, held);
   std::future<Staged> staging;
   Staged staged;
   try {
@@ -91,6 +112,41 @@ int64_t InPlaceRecovery::Regroup(const std::string& failure, int64_t held) {
   } catch (const std::exception& e) {
     if (staging.valid()) staged = staging.get();
     if (!staged.name.empty()) Unstage(staged.name);
+    throw Error(failure + "; the group did not re-form in place: " + e.what());
+  }
+}
+
+// The write in flight ends first (its thread reads the shards the resume
+// overwrites); then the group as above, with nothing staged, and the
+// resume every rank makes, the replacement at its start.
+int64_t InPlaceRecovery::Rewind(const std::string& failure, int64_t held) {
+  const int next = c_.dist->env().restart_count + 1;
+  int replaced = 0;
+  try {
+    c_.ckpt->Settle();
+    c_.strategy->Regroup([&] {
+      c_.dist->Regroup(next, rendezvous::in_place::kRegroupWait,
+                       [&](int r) { replaced = r; });
+      return &c_.dist->pg();
+    });
+    SetGroupAttempt(next);
+    watching_ = next + 1;
+    const double init_unix = os::UnixNow();
+    const int64_t step = c_.ckpt->Resume();
+    if (step == 0) c_.start_over();  // the replacement starts fresh too
+    if (c_.dist->rank() == (replaced == 0 ? 1 : 0)) {
+      std::printf(
+          "in place: back to step %lld from %s (%lld step(s) to do "
+          "again)\n",
+          (long long)step,
+          step == 0 ? "the start (no checkpoint yet)"
+                    : c_.ckpt->source().c_str(),
+          (long long)(held - step));
+    }
+    rendezvous::Heartbeat::Resumed(step, c_.ckpt->source().c_str(), init_unix,
+                                   os::UnixNow());
+    return step;
+  } catch (const std::exception& e) {
     throw Error(failure + "; the group did not re-form in place: " + e.what());
   }
 }

@@ -6,13 +6,17 @@
 // starting, builds the group again around it, and the ranks behind (the
 // replacement, a survivor whose last step did not complete) take the
 // newest state a rank holds (lib/parallel/in_place.h moves it). Nobody
-// stops, restarts or reads a checkpoint. DDP on gloo only: every rank
-// holds the whole state there; FSDP's shards die with their rank.
+// stops, restarts or reads a checkpoint. That is DDP's, where every rank
+// holds the whole state. FSDP's shards die with their rank: there every
+// rank, the replacement too, goes back to the newest checkpoint (the
+// node's memory copies first), the survivors in their processes. Gloo
+// only.
 
 #include <atomic>
 #include <cstdint>
 #include <memory>
 #include <thread>
+#include <functional>
 #include <future>
 #include <string>
 
@@ -36,15 +40,26 @@ class InPlaceRecovery {
     torch::optim::Optimizer* opt = nullptr;
     Checkpointer* ckpt = nullptr;
     int64_t* skipped = nullptr;
+    // Going back before the first checkpoint (FSDP): the strategy's state
+    // made the model's as first made (Strategy::StartOver).
+    std::function<void()> start_over;
   };
   // Whether dtrun asked for in-place recovery and this run can keep its
-  // state through it (a strategy that can re-form, on gloo).
-  static bool Possible(const Distributed& dist, const Strategy& strategy);
+  // state through it (a strategy that can re-form, on gloo; FSDP with
+  // checkpoints to go back to: `ckpt` non-null).
+  static bool Possible(const Distributed& dist, const Strategy& strategy,
+                       const Checkpointer* ckpt);
+  // Why not, when dtrun asked for it ("" when possible or not asked).
+  static std::string WhyNot(const Distributed& dist, const Strategy& strategy,
+                            const Checkpointer* ckpt);
   // Starts watching for dtrun's word (a thread and a store connection of
   // its own), so that a survivor stops its step as soon as a rank died.
   explicit InPlaceRecovery(const Context& c);
   ~InPlaceRecovery();
 
+  // Whether this process replaces a rank and takes a survivor's state
+  // through Join() (DDP); an FSDP replacement resumes as any restart does.
+  static bool JoinsFromPeer(Distributed& dist, const Strategy& strategy);
   // A replacement: the newest state from a survivor (collective); the
   // step it holds.
   int64_t Join();
@@ -63,6 +78,9 @@ class InPlaceRecovery {
     int64_t step = -1;
   };
   std::future<Staged> Stage(int replaced, int restart_count, int64_t held);
+  // FSDP's Regroup: the group re-formed, every rank back at the newest
+  // checkpoint.
+  int64_t Rewind(const std::string& failure, int64_t held);
   TensorMap LiveState();
   // Collective on a re-formed group: the newest state any rank holds
   // (`held`: this rank's step, -1 for a replacement) to every rank behind

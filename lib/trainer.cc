@@ -139,6 +139,8 @@ class Trainer {
     return parts_.evaluate && (rank_ == 0 || strategy_->CollectiveEval());
   }
   void DrawInitialWeights();
+  void StartOver();
+  void SetUpInPlace();
   void DecayMatrices(double lr);
   // train.precision's dtype for autocast (float32: none).
   torch::ScalarType ComputeDtype() const {
@@ -207,7 +209,11 @@ Trainer::Trainer(const TrainConfig& c, TrainParts parts,
                   "model.init_from '" + c_.init_from + "'");
   }
   model_.module->to(device_);
-  strategy_ = MakeStrategy(model_, &dist_->pg(), c_);
+  // A replacement in place restores a checkpoint right after (FSDP),
+  // with survivors that broadcast nothing.
+  strategy_ =
+      MakeStrategy(model_, &dist_->pg(), c_,
+                   rendezvous::in_place::Wanted() && dist_->JoinsInPlace());
   if (parts_.save_state && parts_.load_state) {
     strategy_ = std::make_unique<WithNamedState>(
         std::move(strategy_), "user.", parts_.save_state, parts_.load_state);
@@ -219,14 +225,30 @@ Trainer::Trainer(const TrainConfig& c, TrainParts parts,
   torch::manual_seed(RankSeed(c_, rank_, 0));
   ckpt_ = Checkpointer::Make(CheckpointContext{
       &c_, dist_.get(), strategy_.get(), opt_.get(), device_});
-  if (InPlaceRecovery::Possible(*dist_, *strategy_)) {
-    in_place_ = std::make_unique<InPlaceRecovery>(InPlaceRecovery::Context{
-        dist_.get(), strategy_.get(), opt_.get(), ckpt_.get(), &skipped_});
-  }
+  SetUpInPlace();
   if (rank_ == 0) {
     std::printf("training on %s (backend %s, %d rank%s)\n",
                 device_.str().c_str(), dist_->backend().c_str(), world_,
                 world_ == 1 ? "" : "s");
+  }
+}
+
+// With dtrun's --restart=in-place: the watcher that lets this rank outlive
+// a dead peer, when the run can keep its state through that; otherwise
+// rank 0 says why a failure will restart the whole group (dtrun says it
+// too, once a worker fails, but the user reads this at the start).
+void Trainer::SetUpInPlace() {
+  if (InPlaceRecovery::Possible(*dist_, *strategy_, ckpt_.get())) {
+    in_place_ = std::make_unique<InPlaceRecovery>(InPlaceRecovery::Context{
+        dist_.get(), strategy_.get(), opt_.get(), ckpt_.get(), &skipped_,
+        [this] { StartOver(); }});
+  } else if (const std::string why =
+                 InPlaceRecovery::WhyNot(*dist_, *strategy_, ckpt_.get());
+             !why.empty() && rank_ == 0) {
+    std::fprintf(stderr,
+                 "in-place recovery is off for this run: %s; a failure "
+                 "restarts the whole group\n",
+                 why.c_str());
   }
 }
 
@@ -258,9 +280,10 @@ int Trainer::Run() {
 }
 
 // A replacement in a group re-formed in place takes its state from a
-// survivor; any other rank from the newest checkpoint, or starts fresh.
+// survivor (DDP); any other rank, and FSDP's replacement with the
+// survivors, from the newest checkpoint, or starts fresh.
 int64_t Trainer::Resume(std::string* source) {
-  if (in_place_ && dist_->JoinsInPlace()) {
+  if (in_place_ && InPlaceRecovery::JoinsFromPeer(*dist_, *strategy_)) {
     *source = "peer";
     return in_place_->Join();
   }
@@ -309,6 +332,20 @@ void Trainer::DrawInitialWeights() {
   torch::manual_seed(c_.seed);
   Model drawn = parts_.model();
   CopyTensors(model_.module->parameters(), drawn.module->parameters());
+  torch::manual_seed(RankSeed(c_, rank_, 0));
+}
+
+// In place before the first checkpoint (FSDP): every rank back to the
+// model model() first drew, as the replacement starts from.
+void Trainer::StartOver() {
+  torch::NoGradGuard no_grad;
+  torch::manual_seed(c_.seed);
+  Model drawn = parts_.model();
+  if (!c_.init_from.empty()) {
+    LoadStateDict(*drawn.module, c_.init_from,
+                  "model.init_from '" + c_.init_from + "'");
+  }
+  strategy_->StartOver(*drawn.module, *opt_);
   torch::manual_seed(RankSeed(c_, rank_, 0));
 }
 

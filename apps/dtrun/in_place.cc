@@ -45,7 +45,8 @@ bool CanReplace(const LaunchConfig& config, const std::string& attempt_dir,
     if (::access(ReadyFile(attempt_dir, lr).c_str(), F_OK) != 0) {
       why = "local_rank " + std::to_string(lr) +
             " never said it can re-form its group (lib's trainer says so "
-            "for DDP on gloo, a Python worker through dtrun.in_place)";
+            "for DDP on gloo and for FSDP on gloo with checkpoint.dir, a "
+            "Python worker through dtrun.in_place)";
       break;
     }
     if (pid != failed_pid && exit_time.count(pid)) {

@@ -181,6 +181,8 @@ void BackgroundCheckpointer::Save(int64_t done, const StepActions& actions) {
       InjectedFaults().kill_in == KillPoint::kCopy)
     KillSelf(rank_, done, "once it copied the checkpoint");
   job.step = done;
+  job.durable_key = dist_.attempt_prefix() + "dtrun_ckpt/" +
+                    std::to_string(done) + "/durable/";
   job.persist = actions.persist;
   job.kill = actions.kill_in_checkpoint;  // kill_in = "write"
   StartSave(std::move(job));
@@ -227,6 +229,33 @@ void BackgroundCheckpointer::Wait(int64_t due) {
   } else {
     std::printf("checkpoint step %lld: written in the background in %.1f ms\n",
                 (long long)f.step, f.write_s * 1000);
+  }
+}
+
+void BackgroundCheckpointer::Settle() {
+  abandon_ = true;
+  AsyncSave::Finished f = saver_.Wait();
+  abandon_ = false;
+  unpersisted_.clear();
+  if (f.step >= 0 && !f.status.ok()) {
+    std::fprintf(stderr,
+                 "rank %d: checkpoint step %lld not finished: %s (the group "
+                 "re-forms in place)\n",
+                 rank_, (long long)f.step, f.status.message().c_str());
+  }
+}
+
+// The other ranks' shards durable, in slices, so that Settle() ends the
+// wait for one whose rank died.
+Status BackgroundCheckpointer::WaitForShards(
+    const std::vector<std::string>& keys) {
+  const auto deadline =
+      std::chrono::steady_clock::now() + save_store_->timeout();
+  for (;;) {
+    Status s = save_store_->Wait(keys, std::chrono::milliseconds(100));
+    if (s.code() != Status::Code::kTimeout) return s;
+    if (abandon_) return Status::Unavailable("a rank's shard never came");
+    if (std::chrono::steady_clock::now() >= deadline) return s;
   }
 }
 
@@ -329,8 +358,7 @@ Status BackgroundCheckpointer::WriteCopies(
 Status BackgroundCheckpointer::WriteToDisk(
     const SaveJob& job, const Encoded& e,
     const std::function<void()>& halfway) {
-  const std::string key = dist_.attempt_prefix() + "dtrun_ckpt/" +
-                          std::to_string(job.step) + "/durable/";
+  const std::string& key = job.durable_key;
   // fault.kill_in = "write": once half of this rank's first file is out
   auto half = [&halfway](size_t total) -> std::function<void(size_t)> {
     if (!halfway) return nullptr;
@@ -353,7 +381,7 @@ Status BackgroundCheckpointer::WriteToDisk(
   if (job.shard) {
     std::vector<std::string> keys;
     for (int r = 0; r < world_; ++r) keys.push_back(key + std::to_string(r));
-    Status s = save_store_->Wait(keys, save_store_->timeout());
+    Status s = WaitForShards(keys);
     if (!s.ok()) return s;
     for (int r = 0; r < world_; ++r) {
       Result<std::string> v = save_store_->Get(keys[static_cast<size_t>(r)]);

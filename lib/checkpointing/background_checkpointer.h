@@ -5,6 +5,7 @@
 // first to the node's shared-memory copies (NodeCopies), and to disk every
 // persist_every-th checkpoint. Only checkpointer.cc makes one.
 
+#include <atomic>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -24,6 +25,7 @@ class BackgroundCheckpointer : public Checkpointer {
 
   void Save(int64_t done, const StepActions& actions) override;
   void Wait(int64_t due) override;
+  void Settle() override;
   void Fence() override { staging_.Fence(); }
   void Reserve() override;
 
@@ -31,9 +33,10 @@ class BackgroundCheckpointer : public Checkpointer {
   // What the saver's thread writes.
   struct SaveJob {
     int64_t step = 0;
-    bool persist = true;  // to disk too (memory mode: not every time)
-    bool kill = false;    // fault.kill_in = "write"
-    bool whole = false;   // this rank writes a step's file
+    bool persist = true;      // to disk too (memory mode: not every time)
+    bool kill = false;        // fault.kill_in = "write"
+    bool whole = false;       // this rank writes a step's file
+    std::string durable_key;  // the attempt's, when the job was made
     StepFile file;
     std::optional<TensorMap> shard;
     std::function<TensorMap()> encode;
@@ -66,6 +69,7 @@ class BackgroundCheckpointer : public Checkpointer {
   Status WriteSave(SaveJob& job);
   Status WriteCopies(const SaveJob& job, const Encoded& e,
                      const std::function<void()>& halfway);
+  Status WaitForShards(const std::vector<std::string>& keys);
   Status WriteToDisk(const SaveJob& job, const Encoded& e,
                      const std::function<void()>& halfway);
 
@@ -77,6 +81,8 @@ class BackgroundCheckpointer : public Checkpointer {
   // disk (it is in memory); written by the saver's thread, read by the
   // loop after it joined
   std::string unpersisted_;
+  // Settle(): rank 0's saver stops waiting for the other shards.
+  std::atomic<bool> abandon_{false};
   AsyncSave saver_;  // last, so that it is joined first
 };
 

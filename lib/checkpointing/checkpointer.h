@@ -65,6 +65,11 @@ class Checkpointer {
   // at the run's end or a stop (due < 0), when the last one must be on
   // disk. A write that failed throws, naming what still loads.
   virtual void Wait(int64_t /*due*/) {}
+  // In-place recovery going back to a checkpoint: the write in flight
+  // ends, done or given up (rank 0 stops waiting for the shard of a rank
+  // that died), without throwing: the Resume() that follows takes the
+  // newest checkpoint every rank can read.
+  virtual void Settle() {}
   // Before the optimizer changes the state: the last checkpoint's copies
   // have read it.
   virtual void Fence() {}

@@ -14,6 +14,7 @@
 #include <set>
 
 #include "lib/parallel/fsdp_impl.h"
+#include "lib/parallel/in_place.h"
 #include "lib/process_group.h"
 #include "rendezvous/util/check.h"
 
@@ -144,6 +145,7 @@ void Impl::Free(Unit& u) {
 // A unit's forward begins: its parameters gathered, and the unit the last
 // forward ran next prefetched. Returns its place in this forward.
 size_t Impl::EnterUnit(size_t k) {
+  ThrowIfGroupBroken("FSDP");  // a rank died: no gather will complete
   std::lock_guard<std::mutex> lock(mu);
   const size_t pos = order.size();
   order.push_back(k);
@@ -211,6 +213,7 @@ void Impl::ClearParamGrads() {
 // next. Once the unit's last gradient is in, it is reduce-scattered (in
 // the order every rank keeps) or, without sync, just freed.
 void Impl::OnGrad(size_t k, size_t i, const at::Tensor& grad) {
+  ThrowIfGroupBroken("FSDP");
   at::NoGradGuard no_grad;
   std::lock_guard<std::mutex> lock(mu);
   ClearParamGrads();
@@ -311,7 +314,7 @@ void Impl::Shard() {
       flat.narrow(0, u.offsets[i], u.params[i].numel())
           .copy_(u.params[i].reshape({-1}));
     }
-    if (world > 1) BroadcastFromRank0(pg, flat);
+    if (world > 1 && opts.broadcast_at_start) BroadcastFromRank0(pg, flat);
     at::Tensor shard =
         flat.narrow(0, rank * u.shard_size, u.shard_size).clone();
     if (opts.cpu_offload) shard = shard.to(at::kCPU);
@@ -324,7 +327,7 @@ void Impl::Shard() {
     FreeStorage(u.full);
     ResetBackward(u);
   }
-  if (world > 1) {
+  if (world > 1 && opts.broadcast_at_start) {
     for (auto& f : frozen) BroadcastFromRank0(pg, f.detach());
     for (auto& b : buffers) BroadcastFromRank0(pg, b.second);
   }
@@ -526,6 +529,58 @@ void FullyShardedDataParallel::SyncGradients() {
   d.ClearParamGrads();
   for (auto& u : d.units) d.Free(u);
   d.next_rs = static_cast<int>(d.units.size()) - 1;
+}
+
+// The collectives in flight are kept, not waited for (one may wait on a
+// survivor that stopped elsewhere), until the old transport and group are
+// gone: their threads end with them, and only then is the memory they
+// write into freed.
+void FullyShardedDataParallel::Regroup(
+    const std::function<ProcessGroup*()>& regroup) {
+  Impl& d = *impl_;
+  std::vector<c10::intrusive_ptr<c10d::Work>> in_flight;
+  for (auto& u : d.units) {
+    if (u.gather_work) in_flight.push_back(std::move(u.gather_work));
+    if (u.rs_work) in_flight.push_back(std::move(u.rs_work));
+    u.gather_work.reset();
+    u.rs_work.reset();
+  }
+  d.net.reset();  // its queue's jobs fail on the dead rank's absence
+  ProcessGroup* pg = regroup();
+  in_flight.clear();
+  if (pg->getSize() != d.world) {
+    throw Error("FSDP regroup: the new group has " +
+                std::to_string(pg->getSize()) +
+                " ranks, the shards were cut "
+                "for " +
+                std::to_string(d.world));
+  }
+  at::NoGradGuard no_grad;
+  for (auto& u : d.units) {
+    FreeStorage(u.full);
+    u.gathered = false;
+    u.gather_input = u.rs_out = u.grad_full = at::Tensor();
+    for (at::Tensor& p : u.params) p.mutable_grad() = at::Tensor();
+    u.shard.mutable_grad() = at::Tensor();
+    u.clear_param_grads = false;
+    d.ResetBackward(u);
+  }
+  // As a replacement's first forward runs (a Sequential's in its
+  // children's order; a tree's with every unit gathered up front, nothing
+  // prefetched), so that both launch the same collectives in the same
+  // order.
+  d.order.clear();
+  d.prev_order.clear();
+  if (d.seq) {
+    for (size_t k = 0; k < d.units.size(); ++k) d.prev_order.push_back(k);
+  }
+  d.discovered = false;
+  d.gradient_sync = true;
+  d.next_rs = static_cast<int>(d.units.size()) - 1;
+  d.pg = pg;
+  d.rank = pg->getRank();
+  d.net = std::make_unique<FsdpTransport>(pg, d.opts.timeout);
+  d.OpenSharedMemory();
 }
 
 std::vector<at::Tensor> FullyShardedDataParallel::ShardParameters() const {

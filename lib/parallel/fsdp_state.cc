@@ -171,6 +171,32 @@ std::map<std::string, at::Tensor> FullyShardedDataParallel::StateDict(
 // is an error rather than zeros in the model. Frozen parameters and buffers
 // come from the first dict that has them (checkpoints from before they were
 // saved have none: the model keeps its own).
+// Each rank lays the whole unit out as Shard() did, padding included, and
+// keeps its own slice: every rank's slices fit together as the first ones
+// did, with no collective.
+void FullyShardedDataParallel::LoadWhole(
+    const std::map<std::string, at::Tensor>& named) {
+  Impl& d = *impl_;
+  at::NoGradGuard no_grad;
+  auto take = [&](const std::string& name) -> const at::Tensor& {
+    auto it = named.find(name);
+    if (it == named.end())
+      throw Error("FSDP: no tensor named '" + name + "' to load");
+    return it->second;
+  };
+  for (auto& u : d.units) {
+    at::Tensor flat = at::zeros({u.padded}, at::kFloat);
+    for (size_t i = 0; i < u.names.size(); ++i) {
+      flat.narrow(0, u.offsets[i], u.params[i].numel())
+          .copy_(take(u.names[i]).reshape({-1}));
+    }
+    u.shard.detach().copy_(flat.narrow(0, d.rank * u.shard_size, u.shard_size));
+  }
+  for (size_t i = 0; i < d.frozen.size(); ++i)
+    d.frozen[i].detach().copy_(take(d.frozen_names[i]));
+  for (auto& [name, b] : d.buffers) b.copy_(take(name));
+}
+
 void FullyShardedDataParallel::LoadStateDicts(
     const std::vector<std::map<std::string, at::Tensor>>& dicts,
     torch::optim::Optimizer& opt) {

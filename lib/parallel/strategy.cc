@@ -216,20 +216,22 @@ class DdpStrategy : public Strategy {
 class FsdpStrategy : public Strategy {
  public:
   FsdpStrategy(std::shared_ptr<torch::nn::SequentialImpl> model,
-               ProcessGroup* pg, const TrainConfig& c)
+               ProcessGroup* pg, const TrainConfig& c, bool restore_follows)
       : pg_(pg),
         full_format_(c.checkpoint_format == CheckpointFormat::kFull),
         checksum_(c.checksum),
         payload_format_(c.payload_format),
-        fsdp_(std::move(model), pg, Options(c, {})) {}
-  FsdpStrategy(Model model, ProcessGroup* pg, const TrainConfig& c)
+        fsdp_(std::move(model), pg, Options(c, {}, restore_follows)) {}
+  FsdpStrategy(Model model, ProcessGroup* pg, const TrainConfig& c,
+               bool restore_follows)
       : pg_(pg),
         full_format_(c.checkpoint_format == CheckpointFormat::kFull),
         checksum_(c.checksum),
         payload_format_(c.payload_format),
-        fsdp_(model.module, model.forward, pg,
-              Options(c, c.unit_types.empty() ? model.shard_units
-                                              : c.unit_types)) {}
+        fsdp_(
+            model.module, model.forward, pg,
+            Options(c, c.unit_types.empty() ? model.shard_units : c.unit_types,
+                    restore_follows)) {}
 
   torch::Tensor Forward(const torch::Tensor& x) override {
     return fsdp_.Forward(x);
@@ -248,6 +250,21 @@ class FsdpStrategy : public Strategy {
     return fsdp_.FullParameters();
   }
   bool CollectiveEval() const override { return true; }
+  // In place, the group goes back to the newest checkpoint: each rank's
+  // shards are all there is of them.
+  bool CanRegroup() const override { return true; }
+  bool EveryRankHoldsAll() const override { return false; }
+  void Regroup(const std::function<ProcessGroup*()>& regroup) override {
+    fsdp_.Regroup([&] { return pg_ = regroup(); });
+  }
+  void StartOver(torch::nn::Module& drawn,
+                 torch::optim::Optimizer& opt) override {
+    std::map<std::string, torch::Tensor> named;
+    for (const auto& p : drawn.named_parameters()) named[p.key()] = p.value();
+    for (const auto& b : drawn.named_buffers()) named[b.key()] = b.value();
+    fsdp_.LoadWhole(named);
+    opt.state().clear();
+  }
   // From the layout: the elements of this rank's shard of each unit that
   // lie in a parameter of 2 or more dimensions.
   std::vector<torch::Tensor> MatrixMasks() override {
@@ -359,8 +376,10 @@ class FsdpStrategy : public Strategy {
 
  private:
   static FsdpOptions Options(const TrainConfig& c,
-                             std::vector<std::string> unit_types) {
+                             std::vector<std::string> unit_types,
+                             bool restore_follows) {
     FsdpOptions o;
+    o.broadcast_at_start = !restore_follows;
     o.min_unit_params = c.min_unit_params;
     o.unit_types = std::move(unit_types);
     o.reshard_after_forward = c.reshard_after_forward;
@@ -417,6 +436,10 @@ void Strategy::Regroup(const std::function<ProcessGroup*()>&) {
       "sharded across the ranks)");
 }
 
+void Strategy::StartOver(torch::nn::Module&, torch::optim::Optimizer&) {
+  throw Error("this strategy cannot go back to the model as first made");
+}
+
 bool Strategy::ClipGrads(double norm, double max_norm) {
   const double coef = max_norm / (norm + 1e-6);
   if (!(coef < 1)) return false;
@@ -437,15 +460,17 @@ void Strategy::ScaleGrads(double factor) {
 // The one place that picks a concrete strategy: the trainer sees only the
 // interface.
 std::unique_ptr<Strategy> MakeStrategy(Model model, ProcessGroup* pg,
-                                       const TrainConfig& c) {
+                                       const TrainConfig& c,
+                                       bool restore_follows) {
   if (c.strategy == StrategyKind::kFsdp) {
     // A Sequential's units are its children; any other model's, the
     // modules of the types the policy names.
     auto seq =
         std::dynamic_pointer_cast<torch::nn::SequentialImpl>(model.module);
     if (seq && c.unit_types.empty())
-      return std::make_unique<FsdpStrategy>(seq, pg, c);
-    return std::make_unique<FsdpStrategy>(std::move(model), pg, c);
+      return std::make_unique<FsdpStrategy>(seq, pg, c, restore_follows);
+    return std::make_unique<FsdpStrategy>(std::move(model), pg, c,
+                                          restore_follows);
   }
   return std::make_unique<DdpStrategy>(std::move(model), pg, c);
 }

@@ -109,12 +109,20 @@ class Strategy {
   // memory copy, whose lock they hold while they live.
   virtual void Discard() {}
 
-  // In-place recovery: whether Regroup() can keep this rank's state (every
-  // rank holds all of it: DDP), and Regroup itself: drops what the
-  // strategy holds of its process group (collectives in flight, gradient
-  // buckets), calls `regroup` for the new group and sets up on it again,
-  // the model and the optimizer's state kept (collective on the new group).
+  // In-place recovery: whether Regroup() can keep this rank's state, and
+  // Regroup itself: drops what the strategy holds of its process group
+  // (collectives in flight, gradient buckets), calls `regroup` for the new
+  // group and sets up on it again, the model and the optimizer's state
+  // kept (collective on the new group).
   virtual bool CanRegroup() const { return false; }
+  // Whether every rank holds the whole state (DDP), so that a survivor's
+  // is the replacement's; else (FSDP: a dead rank's shards died with it)
+  // the re-formed group goes back to the newest checkpoint, in place.
+  virtual bool EveryRankHoldsAll() const { return true; }
+  // In place before the first checkpoint (FSDP): the state back to
+  // `drawn`'s, the model as first made, and the optimizer's dropped.
+  virtual void StartOver(torch::nn::Module& drawn,
+                         torch::optim::Optimizer& opt);
   virtual void Regroup(const std::function<ProcessGroup*()>& regroup);
 
   // Seconds spent waiting for gradient collectives (SyncGradients) since
@@ -145,8 +153,12 @@ class Strategy {
 // rank 0's parameters; FSDP shards them (`model` keeps no full copy): a
 // Sequential's children as units, any other model's the modules its
 // shard_units (or strategy.unit_types) name.
+// `restore_follows`: a checkpoint's state is restored right after, on a
+// group whose other ranks broadcast nothing (a replacement in in-place
+// recovery): FSDP then cuts its shards without rank 0's broadcast.
 std::unique_ptr<Strategy> MakeStrategy(Model model, ProcessGroup* pg,
-                                       const TrainConfig& config);
+                                       const TrainConfig& config,
+                                       bool restore_follows = false);
 std::unique_ptr<Strategy> MakeStrategy(
     std::shared_ptr<torch::nn::SequentialImpl> model, ProcessGroup* pg,
     const TrainConfig& config);

@@ -51,6 +51,13 @@ class WithNamedState : public Strategy {
   }
   void StartFresh() override { inner_->StartFresh(); }
   bool CanRegroup() const override { return inner_->CanRegroup(); }
+  bool EveryRankHoldsAll() const override {
+    return inner_->EveryRankHoldsAll();
+  }
+  void StartOver(torch::nn::Module& drawn,
+                 torch::optim::Optimizer& opt) override {
+    inner_->StartOver(drawn, opt);
+  }
   void Regroup(const std::function<ProcessGroup*()>& regroup) override {
     inner_->Regroup(regroup);
   }

@@ -40,8 +40,9 @@ def corpus(folder):
     return path
 
 
-def train(data, ckpt, *sets, restarts=0, extra=(), nproc=2):
-    cmd = [ARGS.dtrun, f"--nproc-per-node={nproc}", f"--max-restarts={restarts}", ARGS.train_cfg,
+def train(data, ckpt, *sets, restarts=0, extra=(), nproc=2, flags=()):
+    cmd = [ARGS.dtrun, f"--nproc-per-node={nproc}", f"--max-restarts={restarts}", *flags,
+           ARGS.train_cfg,
            CONFIG, "--set", f'data.path="{data}"', "--set", f'checkpoint.dir="{ckpt}"']
     for s in SMALL + list(sets):
         cmd += ["--set", s]
@@ -98,6 +99,21 @@ class GptTrain(unittest.TestCase):
             got = DONE.search(out)
             self.assertIsNotNone(got, out)
             self.assertEqual(got.group(2), self.ddp.group(2), strategy)
+
+    def test_fsdp_in_place_goes_back_to_its_memory_copy_onto_the_unbroken_bits(self):
+        # The survivors keep their processes; every rank, the replacement
+        # too, goes back to step 20 (the tied head and embedding in the
+        # root unit, a unit per block).
+        folder = os.path.join(self.tmp.name, "in-place-fsdp")
+        rc, out, err = train(self.data, folder, 'strategy.type="fsdp"',
+                             'checkpoint.mode="memory"', "fault.kill_rank=1",
+                             "fault.kill_at_step=25", restarts=1, flags=["--restart=in-place"])
+        self.assertEqual(rc, 0, err)
+        self.assertIn("replacing worker local_rank 1 (rank 1) in place", err)
+        self.assertIn("in place: back to step 20 from memory", out)
+        got = DONE.search(out)
+        self.assertIsNotNone(got, out)
+        self.assertEqual(got.group(2), self.ddp.group(2))
 
     def test_fsdp_resumes_on_another_number_of_ranks_as_ddp_does(self):
         # Stopped after step 20 on 2 ranks, resumed on 4: FSDP's sharded

@@ -2,9 +2,11 @@
 rank is replaced alone while the others keep their processes, re-form the
 group around it and hand it their state, and the run ends bitwise as an
 undisturbed one (through shared memory and through gloo, the replaced rank
-rank 0 or not); the same for a Python worker under PyTorch's own DDP through
-dtrun.in_place; what cannot be kept falls back to the whole-group restart
-(FSDP, workers that did not opt in, a failure during a replacement).
+rank 0 or not); FSDP's ranks all go back to the newest checkpoint (the
+node's memory copy) or to the start, in place; the same for a Python worker
+under PyTorch's own DDP through dtrun.in_place; what cannot be kept falls
+back to the whole-group restart (FSDP without checkpoints, workers that did
+not opt in, a failure during a replacement).
 Labelled torch2: the same runs against Torch 2.x."""
 import argparse
 import glob
@@ -123,10 +125,40 @@ class InPlaceRecovery(unittest.TestCase):
         self.assert_replaced_in_place(err, 0, "peer")
         self.assertEqual(self.sha(out), clean)
 
-    def test_fsdp_falls_back_to_the_group_restart(self):
-        rc, out, err = self.train(FSDP, KILL_1, ["--restart=in-place", "--max-restarts=1"])
+    def test_fsdp_goes_back_to_the_nodes_memory_copy_in_place(self):
+        # A dead rank's shards died with it: every rank goes back to the
+        # newest checkpoint, the survivors in their processes, the
+        # replacement from the memory copy its predecessor left.
+        sets = ['checkpoint.mode="memory"']
+        clean = self.undisturbed(FSDP, sets)
+        rc, out, err = self.train(FSDP, [*sets, *KILL_1],
+                                  ["--restart=in-place", "--max-restarts=1"])
+        self.assertEqual(rc, 0, err)
+        self.assertIn("replacing worker local_rank 1 (rank 1) in place", err)
+        self.assertNotIn("restarting the worker group", err)
+        self.assertIn("in place: back to step 120 from memory (10 step(s) to do again)", out)
+        self.assertEqual(len(re.findall(r"attempt \d+: started", err)), 1, err)
+        self.assertEqual(self.sha(out), clean)
+
+    def test_fsdp_before_its_first_checkpoint_starts_over_in_place(self):
+        clean = self.undisturbed(FSDP)
+        rc, out, err = self.train(FSDP, ["fault.kill_rank=0", "fault.kill_at_step=20"],
+                                  ["--restart=in-place", "--max-restarts=1"])
+        self.assertEqual(rc, 0, err)
+        self.assertIn("replacing worker local_rank 0 (rank 0) in place", err)
+        self.assertIn("in place: back to step 0 from the start (no checkpoint yet)", out)
+        self.assertEqual(self.sha(out), clean)
+
+    def test_fsdp_without_checkpoints_falls_back_to_the_group_restart(self):
+        argv = [ARGS.train_cfg, FSDP, "--set", 'checkpoint.dir=""']
+        for s in [*SHORT, *KILL_1]:
+            argv += ["--set", s]
+        rc, out, err = self.dtrun(argv, ["--restart=in-place", "--max-restarts=1"])
         self.assertEqual(rc, 0, err)
         self.assertNotIn("replacing worker", err)
+        self.assertIn("in-place recovery is off for this run: FSDP's shards die with their "
+                      "rank, and without checkpoint.dir there is no checkpoint to go back to",
+                      err)
         self.assertIn("--restart=in-place: local_rank 0 never said it can re-form its group", err)
         self.assertIn("restarting the worker group: attempt 2 of 2", err)
         self.assertIsNotNone(DONE.search(out), out)

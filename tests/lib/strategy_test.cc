@@ -1,6 +1,8 @@
 // Each strategy on its own, in a process group of one rank (gloo over an
 // in-process store on loopback): what it saves is what it restores, into a
-// fresh model and optimizer, and it refuses the other strategy's folder.
+// fresh model and optimizer, and it refuses the other strategy's folder;
+// FSDP goes back to the model as first made (in place, before any
+// checkpoint).
 #include "lib/parallel/strategy.h"
 
 #include <gtest/gtest.h>
@@ -188,6 +190,35 @@ TEST_F(StrategyTest, FsdpNamesAShardThatDoesNotLoad) {
   Status garbage = f->Complete(parts, Strategy::FolderShards(dir), 5);
   EXPECT_NE(garbage.message().find("not a tensor archive"), std::string::npos)
       << garbage.message();
+}
+
+// In place before the first checkpoint: a trained FSDP rank goes back to
+// the model as first made, its optimizer's state dropped, and then trains
+// as a fresh one does; DDP keeps its state another way and refuses.
+TEST_F(StrategyTest, FsdpStartsOverFromTheModelAsFirstMade) {
+  TrainConfig c;
+  c.strategy = StrategyKind::kFsdp;
+  auto trained = MakeStrategy(Model(1), &dist_->pg(), c);
+  auto opt = Sgd(trained->OptimizerParams());
+  TrainStep(*trained, *opt);
+  TrainStep(*trained, *opt);
+  auto fresh = MakeStrategy(Model(1), &dist_->pg(), c);
+  auto opt_fresh = Sgd(fresh->OptimizerParams());
+  trained->StartOver(*Model(1), *opt);
+  auto pa = trained->FullParams(), pb = fresh->FullParams();
+  ASSERT_EQ(pa.size(), pb.size());
+  for (size_t i = 0; i < pa.size(); ++i)
+    EXPECT_TRUE(torch::equal(pa[i], pb[i])) << "parameter " << i;
+  TrainStep(*trained, *opt);  // no momentum left from before
+  TrainStep(*fresh, *opt_fresh);
+  pa = trained->FullParams();
+  pb = fresh->FullParams();
+  for (size_t i = 0; i < pa.size(); ++i)
+    EXPECT_TRUE(torch::equal(pa[i], pb[i])) << "after a step, " << i;
+  EXPECT_FALSE(trained->EveryRankHoldsAll());
+  auto ddp = MakeStrategy(Model(1), &dist_->pg(), TrainConfig{});
+  EXPECT_TRUE(ddp->EveryRankHoldsAll());
+  EXPECT_THROW(ddp->StartOver(*Model(1), *opt), Error);
 }
 
 }  // namespace
