@@ -315,12 +315,15 @@ if want in-place; then
   echo
   echo "== --restart=in-place vs the whole-group restart from memory: a SIGKILLed worker, taking turns"
   /usr/bin/python3 tests/bench/restart_bench.py --dtrun $b/apps/dtrun \
-    --train-cfg $b/examples/train_cfg --strategies ddp --sides "in-place;memory" --payloads raw \
-    --repeat 3 --dtrun-flags=--standby
+    --train-cfg $b/examples/train_cfg --strategies ddp,fsdp --sides "in-place;memory" \
+    --payloads raw --repeat 3 --dtrun-flags=--standby
   echo
   echo "== chaos under --restart=in-place: random workers SIGKILLed from outside, bitwise at the end"
   /usr/bin/python3 tests/bench/in_place_chaos_bench.py --dtrun $b/apps/dtrun \
     --train-cfg $b/examples/train_cfg --runs 50 --kills 2
+  /usr/bin/python3 tests/bench/in_place_chaos_bench.py --dtrun $b/apps/dtrun \
+    --train-cfg $b/examples/train_cfg --strategy fsdp --mode memory --steps 600 --runs 30 \
+    --kills 2 --seed 1
 fi
 
 if want py-restart; then

@@ -95,6 +95,7 @@ std::vector<Action> Agent::OnWorkerExit(const WorkerExit& exit, TimePoint now,
       // Until it beats, a second failure stops the group: the survivors
       // may be half-way through re-forming around this one.
       replacing_ = exit.local_rank;
+      replaced_exit_ = exit;
       Action replace{Action::Kind::kReplaceWorker, restart_count_};
       replace.local_rank = exit.local_rank;
       return {replace};
@@ -104,6 +105,15 @@ std::vector<Action> Agent::OnWorkerExit(const WorkerExit& exit, TimePoint now,
     // worker has exited 0.
     if (exit.failed()) {
       failures_.push_back(exit);
+      if (alive_ > 0) return Stop(Phase::kStopping, SIGTERM, now);
+    }
+    // A survivor that ends (its last collective done before the death)
+    // while the others re-form around a replacement leaves it a group that
+    // never forms: the death it replaced is then the attempt's failure,
+    // and the group restarts from its checkpoint.
+    if (replacing_ >= 0 && exit.local_rank != replacing_) {
+      failures_.push_back(replaced_exit_);
+      replacing_ = -1;
       if (alive_ > 0) return Stop(Phase::kStopping, SIGTERM, now);
     }
     return alive_ == 0 ? GroupGone() : std::vector<Action>{};

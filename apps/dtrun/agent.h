@@ -176,7 +176,8 @@ class Agent {
   bool hung_ = false;
   bool unhealthy_ = false;
   bool give_up_ = false;
-  int replacing_ = -1;  // the local rank being replaced in place
+  int replacing_ = -1;        // the local rank being replaced in place
+  WorkerExit replaced_exit_;  // and how its predecessor failed
   TimePoint kill_at_{};
   TimePoint abandon_at_{};
   std::vector<WorkerExit> failures_;

@@ -311,6 +311,28 @@ TEST_F(AgentInPlaceTest, TheNextFailureIsReplacedOnceTheReplacementIsBack) {
   EXPECT_EQ(a[0].kind, Kind::kSignalGroup);
 }
 
+// The death came after the survivors' last collective: they end (exit 0)
+// while the replacement waits for a group that never forms.
+TEST_F(AgentInPlaceTest, ASurvivorEndingDuringAReplacementRestartsTheGroup) {
+  Fail(1);
+  WorkerExit done;
+  done.local_rank = 0;
+  done.pid = 100;
+  auto a = agent_.OnWorkerExit(done, now_);
+  ASSERT_EQ(a.size(), 1u);
+  EXPECT_EQ(a[0].kind, Kind::kSignalGroup);
+  ASSERT_EQ(agent_.failures().size(), 1u);
+  EXPECT_EQ(agent_.failures()[0].local_rank, 1);  // the death, not the end
+  done.local_rank = 2;
+  EXPECT_TRUE(agent_.OnWorkerExit(done, now_).empty());
+  WorkerExit stopped;
+  stopped.local_rank = 1;
+  stopped.signal = SIGTERM;
+  a = agent_.OnWorkerExit(stopped, now_);
+  ASSERT_EQ(a.size(), 1u);
+  EXPECT_EQ(a[0].kind, Kind::kStartGroup);
+}
+
 TEST_F(AgentInPlaceTest, WorkersThatCannotReFormRestartTheGroup) {
   auto a = Fail(1, /*replaceable=*/false);
   ASSERT_EQ(a.size(), 1u);

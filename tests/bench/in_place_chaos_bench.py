@@ -1,6 +1,7 @@
 """Chaos under --restart=in-place: --runs train_cfg jobs (digits, DDP or,
-with --strategy fsdp, FSDP, which restarts whole; 3 ranks on CPU gloo, sync
-checkpoints every 50 steps), each SIGKILLed from
+with --strategy fsdp, FSDP, whose ranks all go back to the newest
+checkpoint in place; 3 ranks on CPU gloo, --mode checkpoints (sync by
+default) every 50 steps, --steps steps), each SIGKILLed from
 outside --kills times at random moments, a random worker each time (found as
 dtrun's children in /proc). A kill may land anywhere: in a step, in a
 checkpoint, in a re-forming group (then the group restarts whole and
@@ -11,7 +12,8 @@ it). Prints, per run, how each failure was
 recovered (in place, or the group restarted) and the time lost dtrun
 reported; then the counts. Usage:
   in_place_chaos_bench.py --dtrun D --train-cfg T [--runs 50] [--kills 2]
-                          [--seed N] [--transport shm|gloo] [--strategy ddp|fsdp]"""
+                          [--seed N] [--transport shm|gloo] [--strategy ddp|fsdp]
+                          [--mode sync|async|memory] [--steps 3000]"""
 import argparse
 import glob
 import os
@@ -33,13 +35,16 @@ p.add_argument("--kills", type=int, default=2)
 p.add_argument("--seed", type=int, default=0)
 p.add_argument("--transport", choices=("shm", "gloo"), default="shm")
 p.add_argument("--strategy", choices=("ddp", "fsdp"), default="ddp")
+p.add_argument("--mode", choices=("sync", "async", "memory"), default="sync")
+p.add_argument("--steps", type=int, default=3000)
 ARGS = p.parse_args()
 ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 DIGITS = os.path.join(ROOT, "examples", "configs", f"digits_{ARGS.strategy}.toml")
 DONE = re.compile(r"params_sha256=([0-9a-f]{64})")
 LOST = re.compile(r"time lost ([\d.]+) s")
-SETS = ["train.steps=3000", "train.log_every=1000", "train.eval_every=0", "checkpoint.every=50",
-        'optimizer.type="adamw"', "optimizer.lr=0.001"]
+SETS = [f"train.steps={ARGS.steps}", "train.log_every=1000", "train.eval_every=0",
+        "checkpoint.every=50", f'checkpoint.mode="{ARGS.mode}"', 'optimizer.type="adamw"',
+        "optimizer.lr=0.001"]
 if ARGS.transport == "gloo":
     SETS.append("strategy.shared_memory=false")
 

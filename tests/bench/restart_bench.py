@@ -15,10 +15,12 @@ checkpoint (the trainer's "read in" figure). Sides:
     network filesystem): the read comes from the device.
   - memory: checkpoint.mode = "memory", nothing persisted before the kill;
     the new group reads the copies in /dev/shm while dtrun persists them.
-  - in-place: the memory side's run under --restart=in-place (DDP only):
-    rank 1 alone starts again, rank 0 keeps its process and re-forms the
-    group around it, and the replacement takes rank 0's state (step 14)
-    over the process group; nothing is read from a checkpoint.
+  - in-place: the memory side's run under --restart=in-place: rank 1
+    alone starts again, rank 0 keeps its process and re-forms the group
+    around it. DDP: the replacement takes rank 0's state (step 14) from
+    shared memory; nothing is read from a checkpoint. FSDP: both ranks go
+    back to the newest memory copy, rank 0 in its process, the replacement
+    from its predecessor's copy.
 The sides take turns, repeated; medians and spread. Each dtrun run's
 recovery line ("recovered in ...: detect, regroup, start, init, load,
 first step; time lost") goes to stderr as it is seen.
@@ -186,9 +188,8 @@ def cases():
     for side in sides:
         if side not in known:
             p.error(f"--sides: unknown side '{side}'; choose from {sorted(known)}")
-    if "fsdp" in ARGS.strategies.split(",") and any(
-            side in ROOTS or side == "in-place" for side in sides):
-        p.error("--sides: torchrun's and in-place sides run DDP only; pass --strategies ddp")
+    if "fsdp" in ARGS.strategies.split(",") and any(side in ROOTS for side in sides):
+        p.error("--sides: torchrun's sides run DDP only; pass --strategies ddp")
     return [(s, side, pay) for s in ARGS.strategies.split(",") for side in sides
             for pay in (payloads[:1] if side in ROOTS else payloads)]
 
