@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 
 #include "lib/checkpointing/checkpointer.h"
 #include "lib/parallel/in_place.h"
@@ -68,12 +69,30 @@ void InPlaceRecovery::Watch() {
                                   kWatchSlice);
     if (s.ok()) {
       AnnounceAttempt(next);
-      // Until the group re-formed as `next` (or the run ends).
-      while (!stop_ && watching_.load() == next)
-        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      AwaitRegroup(next);
     } else if (s.code() != Status::Code::kTimeout) {
       return;  // the store is gone: the job is ending
     }
+  }
+}
+
+void InPlaceRecovery::AwaitRegroup(int next) {
+  const auto stuck = rendezvous::in_place::StuckLimit();
+  const auto limit = std::chrono::steady_clock::now() + stuck;
+  // Until the group re-formed as `next` (or the run ends).
+  while (!stop_ && watching_.load() == next) {
+    if (!regrouping_ && std::chrono::steady_clock::now() >= limit) {
+      std::fprintf(stderr,
+                   "rank %d: still in a collective %lld s after dtrun said a "
+                   "rank died (a peer that will not answer it): exiting, so "
+                   "that the whole group restarts\n",
+                   c_.dist->rank(), (long long)stuck.count());
+      std::fflush(stderr);
+      // Not exit(): its destructors would join the process group's
+      // threads, blocked in the very collective this gets out of.
+      std::_Exit(75);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
 }
 
@@ -90,6 +109,11 @@ int64_t InPlaceRecovery::Regroup(const std::string& failure, int64_t held) {
                c_.dist->rank(), failure.c_str(), c_.dist->rank(),
                (long long)held, next);
   std::fflush(stderr);
+  regrouping_ = true;
+  struct Done {
+    std::atomic<bool>& flag;
+    ~Done() { flag = false; }
+  } done{regrouping_};
   if (!c_.strategy->EveryRankHoldsAll()) return Rewind(failure, held);
   std::future<Staged> staging;
   Staged staged;

@@ -90,10 +90,14 @@ class InPlaceRecovery {
   // The watcher's loop: waits, in slices, for the word of attempt
   // watching_ and announces it (lib/parallel/in_place.h's GroupBroken).
   void Watch();
+  // After the word of attempt `next`: waits for Regroup() to begin, and
+  // ends the process when it does not within kStuckLimit.
+  void AwaitRegroup(int next);
 
   Context c_;
   std::unique_ptr<rendezvous::TcpStoreClient> watch_store_;
   std::atomic<int> watching_{0};
+  std::atomic<bool> regrouping_{false};  // Regroup() has begun
   std::atomic<bool> stop_{false};
   std::thread watcher_;  // last: it uses the members above
 };

@@ -32,6 +32,18 @@ inline constexpr const char* kReadySuffix = ".in_place";
 // How long a survivor waits for dtrun's word before it gives up and fails
 // as it would without in-place recovery.
 inline constexpr std::chrono::seconds kRegroupWait{60};
+// How long after dtrun's word a survivor may go on before it starts to
+// re-form: one that has not is stuck in a collective with another
+// survivor (gloo cannot abort one), and exits, so that dtrun restarts
+// the whole group instead of waiting on it. kStuckEnv (seconds) sets
+// another.
+inline constexpr std::chrono::seconds kStuckLimit{30};
+inline constexpr const char* kStuckEnv = "DTRUN_IN_PLACE_STUCK_S";
+inline std::chrono::seconds StuckLimit() {
+  const char* v = std::getenv(kStuckEnv);
+  const int s = v ? std::atoi(v) : 0;
+  return s > 0 ? std::chrono::seconds(s) : kStuckLimit;
+}
 
 // The store key that announces attempt `restart_count`'s in-place group.
 inline std::string RegroupKey(int restart_count) {

@@ -163,6 +163,23 @@ class InPlaceRecovery(unittest.TestCase):
         self.assertIn("restarting the worker group: attempt 2 of 2", err)
         self.assertIsNotNone(DONE.search(out), out)
 
+    def test_a_survivor_stuck_in_its_step_exits_and_the_group_restarts(self):
+        # Rank 0 stops in place after the step rank 1 dies in, as one
+        # blocked in a collective with a live peer would: it never re-forms,
+        # so it ends itself once the stuck limit passes, and the whole group
+        # restarts from its checkpoint.
+        clean = self.undisturbed(DDP)
+        argv = [ARGS.train_cfg, DDP, "--set", f'checkpoint.dir="{self.tmp.name}/stuck"']
+        for s in [*SHORT, *KILL_1, "fault.hang_rank=0", "fault.hang_at_step=130"]:
+            argv += ["--set", s]
+        rc, out, err = self.dtrun(argv, ["--restart=in-place", "--max-restarts=2"],
+                                  env=dict(os.environ, DTRUN_IN_PLACE_STUCK_S="2"))
+        self.assertEqual(rc, 0, err)
+        self.assertIn("replacing worker local_rank 1 (rank 1) in place", err)
+        self.assertIn("rank 0: still in a collective 2 s after dtrun said a rank died", err)
+        self.assertIn("restarting the worker group: attempt 3 of 3", err)
+        self.assertEqual(self.sha(out), clean)
+
     def torch_job(self, kill_at, flags):
         env = dict(os.environ, PYTHONPATH=os.path.abspath(PY_PACKAGE))
         # 2 ranks: PyTorch's DDP built again lays out its buckets anew, and
