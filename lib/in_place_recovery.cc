@@ -118,14 +118,7 @@ int64_t InPlaceRecovery::Regroup(const std::string& failure, int64_t held) {
   std::future<Staged> staging;
   Staged staged;
   try {
-    c_.strategy->Regroup([&] {
-      c_.dist->Regroup(
-          next, rendezvous::in_place::kRegroupWait,
-          [&](int replaced) { staging = Stage(replaced, next, held); });
-      return &c_.dist->pg();
-    });
-    SetGroupAttempt(next);
-    watching_ = next + 1;
+    ReForm(next, [&](int replaced) { staging = Stage(replaced, next, held); });
     if (staging.valid()) staged = staging.get();
     const double init_unix = os::UnixNow();
     bool received = false;
@@ -140,6 +133,19 @@ int64_t InPlaceRecovery::Regroup(const std::string& failure, int64_t held) {
   }
 }
 
+// The strategy's group dropped and built again as attempt `next` once
+// dtrun named the replaced rank (`meanwhile` runs then); the watcher then
+// waits for the attempt after it.
+void InPlaceRecovery::ReForm(int next,
+                             const std::function<void(int)>& meanwhile) {
+  c_.strategy->Regroup([&] {
+    c_.dist->Regroup(next, rendezvous::in_place::kRegroupWait, meanwhile);
+    return &c_.dist->pg();
+  });
+  SetGroupAttempt(next);
+  watching_ = next + 1;
+}
+
 // The write in flight ends first (its thread reads the shards the resume
 // overwrites); then the group as above, with nothing staged, and the
 // resume every rank makes, the replacement at its start.
@@ -148,13 +154,7 @@ int64_t InPlaceRecovery::Rewind(const std::string& failure, int64_t held) {
   int replaced = 0;
   try {
     c_.ckpt->Settle();
-    c_.strategy->Regroup([&] {
-      c_.dist->Regroup(next, rendezvous::in_place::kRegroupWait,
-                       [&](int r) { replaced = r; });
-      return &c_.dist->pg();
-    });
-    SetGroupAttempt(next);
-    watching_ = next + 1;
+    ReForm(next, [&](int r) { replaced = r; });
     const double init_unix = os::UnixNow();
     const int64_t step = c_.ckpt->Resume();
     if (step == 0) c_.start_over();  // the replacement starts fresh too

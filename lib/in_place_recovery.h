@@ -81,6 +81,7 @@ class InPlaceRecovery {
   // FSDP's Regroup: the group re-formed, every rank back at the newest
   // checkpoint.
   int64_t Rewind(const std::string& failure, int64_t held);
+  void ReForm(int next, const std::function<void(int)>& meanwhile);
   TensorMap LiveState();
   // Collective on a re-formed group: the newest state any rank holds
   // (`held`: this rank's step, -1 for a replacement) to every rank behind
