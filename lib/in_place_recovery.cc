@@ -190,15 +190,23 @@ TensorMap InPlaceRecovery::LiveState() {
   return state;
 }
 
-// While the replacement starts, the lowest-ranked survivor copies its state
-// into shared memory, where the replacement will read it: on a thread of
-// its own, while this one builds the group again (which only touches the
-// gradients). A /dev/shm too small leaves the process group's sends to do
-// it.
+// The node rank `rank` runs on: every node runs as many ranks, in a row.
+int InPlaceRecovery::NodeOf(int rank) const {
+  return rank / std::max(1, c_.dist->env().local_world_size);
+}
+
+// While the replacement starts, the lowest-ranked survivor on its node
+// copies its state into shared memory, where the replacement will read it:
+// on a thread of its own, while this one builds the group again (which
+// only touches the gradients). Where no survivor shares the replacement's
+// node, or /dev/shm is too small, the process group's sends do it.
 std::future<InPlaceRecovery::Staged> InPlaceRecovery::Stage(int replaced,
                                                             int restart_count,
                                                             int64_t held) {
-  if (c_.dist->rank() != (replaced == 0 ? 1 : 0)) return {};
+  const int first = NodeOf(replaced) * c_.dist->env().local_world_size;
+  const int stager = replaced == first ? first + 1 : first;
+  if (c_.dist->rank() != stager || NodeOf(stager) != NodeOf(replaced))
+    return {};
   Staged staged{
       StageName(c_.dist->env().master_port, restart_count, c_.dist->rank()),
       held};
@@ -215,25 +223,30 @@ std::future<InPlaceRecovery::Staged> InPlaceRecovery::Stage(int replaced,
 }
 
 // Collective on a re-formed group: the ranks behind take the newest state
-// from a rank that holds it, staged or sent, and restore it as from a
-// checkpoint.
+// from a rank that holds it, staged (on its node) or sent, and restore it
+// as from a checkpoint.
 int64_t InPlaceRecovery::ShareState(int64_t held, const Staged& staged,
                                     bool* received) {
   ProcessGroup& pg = c_.dist->pg();
   const HeldState s = AgreeOnState(pg, held, staged.step);
-  const bool from_stage = s.from_stage();
-  if (c_.dist->rank() == s.source && !from_stage) {
-    const TensorMap state = LiveState();
+  auto staged_for = [&](int r) {
+    return s.from_stage() && NodeOf(r) == NodeOf(s.source);
+  };
+  if (c_.dist->rank() == s.source) {
+    TensorMap state;
     for (int r = 0; r < c_.dist->world_size(); ++r) {
-      if (s.behind(r)) SendState(pg, r, state);
+      if (!s.behind(r) || staged_for(r)) continue;
+      if (state.empty()) state = LiveState();
+      SendState(pg, r, state);
     }
   }
   *received = s.behind(c_.dist->rank());
   if (*received) {
     Result<TensorMap> state =
-        from_stage ? MapState(StageName(c_.dist->env().master_port,
-                                        c_.dist->env().restart_count, s.source))
-                   : Result<TensorMap>(ReceiveState(pg, s.source));
+        staged_for(c_.dist->rank())
+            ? MapState(StageName(c_.dist->env().master_port,
+                                 c_.dist->env().restart_count, s.source))
+            : Result<TensorMap>(ReceiveState(pg, s.source));
     if (!state.ok()) throw Error(state.status().message());
     *c_.skipped = state->at("trainer.skipped").item<int64_t>();
     if (c_.ckpt)

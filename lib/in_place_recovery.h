@@ -77,6 +77,7 @@ class InPlaceRecovery {
     std::string name;
     int64_t step = -1;
   };
+  int NodeOf(int rank) const;
   std::future<Staged> Stage(int replaced, int restart_count, int64_t held);
   // FSDP's Regroup: the group re-formed, every rank back at the newest
   // checkpoint.

@@ -16,6 +16,7 @@
 //      build their process group again in attempt n's key space, where
 //      the replacement builds its own; the replacement, finding the key,
 //      takes its state from a survivor instead of a checkpoint.
+//      On many nodes the failed worker's node claims n first (kClaimKey).
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -44,6 +45,12 @@ inline std::chrono::seconds StuckLimit() {
   const int s = v ? std::atoi(v) : 0;
   return s > 0 ? std::chrono::seconds(s) : kStuckLimit;
 }
+
+// On many nodes, the workers' store holds which attempt the newest
+// replacement runs as, and whether it is under way ("busy N") or beat its
+// first step ("idle N"): a node claims the next attempt with a
+// compare-and-set, so that two nodes never replace a worker each at once.
+inline constexpr const char* kClaimKey = "/worker/dtrun_in_place_claim";
 
 // The store key that announces attempt `restart_count`'s in-place group.
 inline std::string RegroupKey(int restart_count) {

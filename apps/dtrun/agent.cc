@@ -80,17 +80,26 @@ std::vector<Action> Agent::OnDState(const std::vector<int>& local_ranks,
   return {};
 }
 
+bool Agent::CouldReplace() const {
+  const bool left = opts_.in_place_limit < 0
+                        ? restart_count_ < opts_.max_restarts
+                        : replaced_count_ < opts_.in_place_limit;
+  return opts_.in_place && phase_ == Phase::kRunning && replacing_ < 0 &&
+         alive_ > 1 && left && !give_up_;
+}
+
 std::vector<Action> Agent::OnWorkerExit(const WorkerExit& exit, TimePoint now,
-                                        bool replaceable) {
+                                        bool replaceable, int attempt) {
+  const bool could_replace = CouldReplace();
   if (alive_ > 0) --alive_;
   if (phase_ == Phase::kRunning) {
     // In place: the survivors keep their processes and state; only the
     // failed worker starts again, into the group they re-form.
-    if (exit.failed() && opts_.in_place && replaceable && replacing_ < 0 &&
-        alive_ > 0 && restart_count_ < opts_.max_restarts && !give_up_) {
+    if (exit.failed() && replaceable && could_replace) {
       // A restart like any other against --max-restarts; the replacement
       // counts as alive from now, as a restarted group's workers do.
-      ++restart_count_;
+      restart_count_ = attempt >= 0 ? attempt : restart_count_ + 1;
+      ++replaced_count_;
       ++alive_;
       // Until it beats, a second failure stops the group: the survivors
       // may be half-way through re-forming around this one.

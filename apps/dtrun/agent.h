@@ -25,6 +25,10 @@ struct AgentOptions {
   // --restart=in-place: a failed worker is replaced alone while the others
   // run on, when they can (OnWorkerExit's `replaceable`).
   bool in_place = false;
+  // Multi-node, where the rendezvous counts group restarts: how many
+  // in-place replacements this node may make (-1: they share max_restarts
+  // with the group's restarts, as on one node).
+  int in_place_limit = -1;
 };
 
 // How one worker ended, as the spawner saw it.
@@ -103,9 +107,15 @@ class Agent {
   // worker can re-form its group) while restarts are left and no other
   // replacement is under way -> ReplaceWorker(n+1) instead: it counts as a
   // restart, not as the attempt's failure. A failure while a replacement
-  // is under way stops the group as any other.
+  // is under way stops the group as any other. `attempt` (multi-node: the
+  // one the job claimed for it) numbers the replacement's attempt; -1:
+  // the next of this node's.
   std::vector<Action> OnWorkerExit(const WorkerExit& exit, TimePoint now,
-                                   bool replaceable = false);
+                                   bool replaceable = false, int attempt = -1);
+  // Whether a failure now, of a worker of the running group, could be
+  // replaced in place (the restarts left, no replacement under way),
+  // asked before the exit is given to OnWorkerExit.
+  bool CouldReplace() const;
   // Local rank `local_rank` beat a step. The replacement's first beat: it
   // is back in step, and the next failure may be replaced too.
   void OnBeat(int local_rank) {
@@ -177,6 +187,7 @@ class Agent {
   bool unhealthy_ = false;
   bool give_up_ = false;
   int replacing_ = -1;        // the local rank being replaced in place
+  int replaced_count_ = 0;    // replacements made (against in_place_limit)
   WorkerExit replaced_exit_;  // and how its predecessor failed
   TimePoint kill_at_{};
   TimePoint abandon_at_{};

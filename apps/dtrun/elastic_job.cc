@@ -78,6 +78,8 @@ Status ElasticJob::SetUpWorkerStore() {
       group_.attempt().master_port = worker_proxy_->port();
     }
   }
+  node_watch_.set_worker_store(group_.attempt().master_addr,
+                               group_.attempt().master_port);
   return Status::Ok();
 }
 

@@ -7,6 +7,7 @@
 #include <map>
 #include <thread>
 
+#include "apps/dtrun/in_place.h"
 #include "apps/dtrun/job.h"
 #include "apps/dtrun/interactive_protocol.h"
 #include "apps/dtrun/job_status.h"
@@ -43,6 +44,38 @@ void ElasticWatch::TakeRound(const rendezvous::Assignment& assignment) {
   assignment_ = assignment;
   joined_ = true;
   store_answers_ = true;
+}
+
+void ElasticWatch::set_worker_store(const std::string& host, uint16_t port) {
+  worker_host_ = host;
+  worker_port_ = port;
+  worker_link_.reset();
+}
+
+rendezvous::TcpStoreClient* ElasticWatch::WorkerLink() {
+  if (!worker_link_ && worker_port_ != 0) {
+    rendezvous::StoreClientOptions opts;
+    opts.host = worker_host_;
+    opts.port = worker_port_;
+    opts.timeout = std::chrono::seconds(5);
+    opts.connect_timeout = std::chrono::seconds(5);
+    auto client = rendezvous::TcpStoreClient::Connect(opts);
+    if (client.ok()) worker_link_ = std::move(*client);
+  }
+  return worker_link_.get();
+}
+
+int ElasticWatch::ClaimReplacement(int current) {
+  return in_place::Claim(WorkerLink(), current,
+                         "node " + std::to_string(assignment_.group_rank));
+}
+
+bool ElasticWatch::OnReplacing(int restart_count, int rank) {
+  return in_place::Announce(WorkerLink(), restart_count, rank);
+}
+
+void ElasticWatch::OnReplaced(int restart_count) {
+  in_place::Release(WorkerLink(), restart_count);
 }
 
 void ElasticWatch::OnWorkerCrash(const WorkerCrash& crash) {

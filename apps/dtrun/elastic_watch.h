@@ -12,6 +12,7 @@
 // the job's thread calls it.
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -20,6 +21,7 @@
 #include "apps/dtrun/launch_config.h"
 #include "rendezvous/round_state.h"
 #include "rendezvous/store.h"
+#include "rendezvous/store_client.h"
 
 namespace dtrun::rendezvous {
 class StoreServer;
@@ -42,6 +44,9 @@ class ElasticWatch : public GroupObserver {
                   rendezvous::StoreProxy* proxy);
   // This node holds `assignment` (status is published from now on).
   void TakeRound(const rendezvous::Assignment& assignment);
+  // The round's workers' store, as this node's workers reach it (its own
+  // proxy on a node that has one): in-place recovery's claims go there.
+  void set_worker_store(const std::string& host, uint16_t port);
   // Whether the last check of the round reached the store. While it does
   // not, nothing is published (each try would hold the loop for an
   // operation's deadline).
@@ -61,6 +66,11 @@ class ElasticWatch : public GroupObserver {
   // or before every node of the round published one.
   std::vector<nlohmann::json> JobView() override;
   std::string StoreMetrics() override;
+  // In-place recovery through the round's workers' store (claimed there,
+  // one replacement at a time across the nodes).
+  int ClaimReplacement(int current) override;
+  bool OnReplacing(int restart_count, int rank) override;
+  void OnReplaced(int restart_count) override;
   bool StacksWanted() override;
   void AnswerStacks(const std::string& json) override;
 
@@ -76,6 +86,12 @@ class ElasticWatch : public GroupObserver {
   rendezvous::StoreServer* worker_server_ = nullptr;
   rendezvous::StoreProxy* proxy_ = nullptr;
   rendezvous::Assignment assignment_;
+  std::string worker_host_;
+  uint16_t worker_port_ = 0;
+  // A connection of its own to the workers' store, opened at the first
+  // claim of the round.
+  std::unique_ptr<rendezvous::TcpStoreClient> worker_link_;
+  rendezvous::TcpStoreClient* WorkerLink();
   bool joined_ = false;
   bool store_answers_ = true;
   int64_t stacks_served_ = -1;  // the last `dtrun --stacks` request answered

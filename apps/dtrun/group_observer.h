@@ -41,6 +41,14 @@ class GroupObserver {
   virtual bool OnReplacing(int /*restart_count*/, int /*rank*/) {
     return false;
   }
+  // In-place recovery, before OnReplacing: the attempt the replacement of
+  // a worker may run as, this node's newest being `current`; -1 when it
+  // may not (another node's replacement is under way: the group restarts
+  // whole). One node owns its numbers: the next.
+  virtual int ClaimReplacement(int current) { return current + 1; }
+  // The replacement of attempt `restart_count` beat its first step: the
+  // next failure may be replaced too.
+  virtual void OnReplaced(int /*restart_count*/) {}
   // Whether OnWorkerCrash is wanted (reading a crash's last lines costs
   // the group a moment).
   virtual bool wants_crashes() const { return false; }

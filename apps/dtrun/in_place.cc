@@ -3,6 +3,7 @@
 #include "apps/dtrun/in_place.h"
 
 #include <dirent.h>
+#include <cstdio>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -20,18 +21,9 @@ std::string ReadyFile(const std::string& attempt_dir, int local_rank) {
 
 }  // namespace
 
-void AddEnv(const LaunchConfig& config, bool elastic, EnvMap* env) {
-  if (config.restart != RestartMode::kInPlace) return;
-  if (!elastic) {
+void AddEnv(const LaunchConfig& config, EnvMap* env) {
+  if (config.restart == RestartMode::kInPlace)
     (*env)[rendezvous::in_place::kRestartEnv] = rendezvous::in_place::kInPlace;
-    return;
-  }
-  // Said, not refused: the same command line serves one node and many.
-  Logger("dtrun.agent")
-      ->warn(
-          "--restart=in-place: this job meets other nodes through "
-          "rendezvous, where in-place recovery does not run yet; a failure "
-          "restarts the whole group");
 }
 
 // A ready file is written once a worker is set up, so a worker that dies
@@ -71,8 +63,50 @@ void ForgetRecords(const std::string& attempt_dir,
   ::unlink(ReadyFile(attempt_dir, replaced).c_str());
 }
 
+// First the claim of an attempt's first replacement, then, when the key
+// holds another's, the next after an idle one's. The value names the node
+// (`who`): a compare-and-set answers the value it finds, which is the one
+// asked for when another node asked for the same.
+int Claim(rendezvous::Store* store, int current, const std::string& who) {
+  using rendezvous::in_place::kClaimKey;
+  if (!store) return -1;
+  auto busy = [&](int attempt) {
+    return "busy " + std::to_string(attempt) + " " + who;
+  };
+  auto seen = store->CompareSet(kClaimKey, "", busy(current + 1));
+  if (seen.ok() && *seen == busy(current + 1)) return current + 1;
+  int idle = -1;
+  if (seen.ok() && std::sscanf(seen->c_str(), "idle %d", &idle) == 1) {
+    auto claimed = store->CompareSet(kClaimKey, *seen, busy(idle + 1));
+    if (claimed.ok() && *claimed == busy(idle + 1)) return idle + 1;
+    if (!claimed.ok()) seen = claimed;
+  }
+  if (!seen.ok())
+    Logger("dtrun.agent")
+        ->error("in-place recovery: the workers' store: {}",
+                seen.status().message());
+  return -1;
+}
+
+bool Announce(rendezvous::Store* store, int restart_count, int rank) {
+  Status s = store ? store->Set(rendezvous::in_place::RegroupKey(restart_count),
+                                std::to_string(rank))
+                   : Status::Unavailable("no connection to the workers' store");
+  if (!s.ok())
+    Logger("dtrun.agent")->error("in-place recovery: {}", s.message());
+  return s.ok();
+}
+
+void Release(rendezvous::Store* store, int restart_count) {
+  if (!store) return;
+  Status s = store->Set(rendezvous::in_place::kClaimKey,
+                        "idle " + std::to_string(restart_count));
+  if (!s.ok())
+    Logger("dtrun.agent")->warn("in-place recovery: {}", s.message());
+}
+
 void RemoveStaged(const LaunchConfig& config, int master_port) {
-  if (config.restart != RestartMode::kInPlace) return;
+  if (config.restart != RestartMode::kInPlace || master_port <= 0) return;
   const std::string prefix = rendezvous::in_place::StagePrefix(master_port);
   DIR* dir = ::opendir("/dev/shm");
   if (!dir) return;

@@ -11,12 +11,12 @@
 
 #include "apps/dtrun/launch_config.h"
 #include "apps/dtrun/worker_env.h"
+#include "rendezvous/store.h"
 
 namespace dtrun::agent::in_place {
 
-// The workers' environment asks for it (one node); a job that meets other
-// nodes through rendezvous is told it restarts whole there.
-void AddEnv(const LaunchConfig& config, bool elastic, EnvMap* env);
+// The workers' environment asks for it.
+void AddEnv(const LaunchConfig& config, EnvMap* env);
 // Under --restart=in-place, whether every worker of the attempt in
 // `attempt_dir` (`pids`: local rank -> pid, those reaped in `exit_time`)
 // said it can re-form its group, and `failed_pid` is the only one gone;
@@ -29,6 +29,16 @@ bool CanReplace(const LaunchConfig& config, const std::string& attempt_dir,
 // report waits for), and the replaced rank's word that it can re-form.
 void ForgetRecords(const std::string& attempt_dir,
                    const std::map<int, int>& pids, int replaced);
+
+// The workers' store's side (rendezvous/in_place.h). Claim: the attempt a
+// node's replacement runs as, after this node's newest `current`; -1 when
+// another node's replacement is under way or the store does not answer
+// (said); `who` names this node. Announce: the survivors are told.
+// Release: the replacement of `restart_count` is back in step; another
+// may start.
+int Claim(rendezvous::Store* store, int current, const std::string& who);
+bool Announce(rendezvous::Store* store, int restart_count, int rank);
+void Release(rendezvous::Store* store, int restart_count);
 
 // Under --restart=in-place, removes the state survivors of the job whose
 // store listens on `master_port` staged for a replacement and left (they

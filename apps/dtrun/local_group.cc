@@ -39,8 +39,10 @@ AgentOptions AgentOptionsOf(const LaunchConfig& c, bool elastic) {
                  c.term_timeout};
   o.uninterruptible_timeout = c.uninterruptible_timeout;
   o.max_restarts_without_progress = c.max_restarts_without_progress;
-  // In-place recovery needs the one store this node hosts (single node).
-  o.in_place = c.restart == RestartMode::kInPlace && !elastic;
+  // On many nodes, each node's replacements count against its
+  // --max-restarts.
+  o.in_place = c.restart == RestartMode::kInPlace;
+  if (elastic) o.in_place_limit = c.max_restarts;
   return o;
 }
 
@@ -78,7 +80,7 @@ Status LocalGroup::Prepare(const std::string& run_id) {
     base_env_["PYTHONFAULTHANDLER"] = "1";
   copies_.PersistOrphans();
   copies_.AddEnv(&base_env_);
-  in_place::AddEnv(config_, elastic_, &base_env_);
+  in_place::AddEnv(config_, &base_env_);
   if (config_.nproc_per_node > 1 && !base_env_.count("OMP_NUM_THREADS")) {
     Logger("dtrun.agent")
         ->warn(
@@ -247,12 +249,8 @@ void LocalGroup::OnChildExits() {
       PublishCrash(e, how);
       CheckProgress();
     }
-    // In place only when every worker said it can re-form and only this one
-    // is gone: the Agent decides from that.
-    Apply(agent_.OnWorkerExit(
-        e, clock_->Now(),
-        first_failure && in_place::CanReplace(config_, attempt_dir_, pids_,
-                                              exit_time_, e.pid)));
+    const int attempt = first_failure ? ReplacementAttempt(e) : -1;
+    Apply(agent_.OnWorkerExit(e, clock_->Now(), attempt >= 0, attempt));
     if (first_failure) watch_.OnRestartDecided();
   }
 }
@@ -435,6 +433,11 @@ void LocalGroup::StartWorkers(int restart_count) {
     copies_.PersistInBackground("before attempt " +
                                 std::to_string(restart_count));
   attempt_.restart_count = restart_count;
+  // A round of its own store (many nodes) names its segments after its
+  // port: the last round's go as well.
+  if (staged_port_ != attempt_.master_port)
+    in_place::RemoveStaged(config_, staged_port_);
+  staged_port_ = attempt_.master_port;
   in_place::RemoveStaged(config_, attempt_.master_port);
   const double started = clock_->UnixSeconds();
   attempt_dir_ = layout::AttemptDir(run_dir_, restart_count);
@@ -461,34 +464,6 @@ void LocalGroup::StartWorkers(int restart_count) {
   log->info("attempt {}: started {} worker(s), pids {}{}", restart_count,
             config_.nproc_per_node, pid_list,
             warm ? " (" + std::to_string(warm) + " from the standby)" : "");
-}
-
-// The survivors learn of the replacement from the job (the store) before
-// it starts, so that the group they re-form is the one it joins; the
-// recovery report then reads their new resume records as it reads a
-// restarted group's.
-void LocalGroup::ReplaceWorker(int lr, int restart_count) {
-  watch_.OnRestartDecided();
-  const int rank = assignment_.base_rank + lr;
-  in_place::ForgetRecords(attempt_dir_, pids_, lr);
-  // Unheard, the survivors fail after in_place::kRegroupWait, and the
-  // group restarts whole then.
-  if (!observer_->OnReplacing(restart_count, rank))
-    Logger("dtrun.agent")
-        ->error("the survivors were not told of the replacement");
-  in_place::SayReplacing(lr, rank, restart_count, config_.max_restarts,
-                         static_cast<int>(pids_.size()) - 1);
-  watch_.OnSpawning(restart_count);
-  attempt_.restart_count = restart_count;
-  const double started = clock_->UnixSeconds();
-  AwaitWarmStandby(workers_, signals_, clock_, config_.handled_signals,
-                   &deferred_signals_);
-  const int pid = SpawnRank(lr);
-  hang_.Reset(config_.nproc_per_node, attempt_dir_, restart_count);
-  beats_.Reset(attempt_dir_, config_.nproc_per_node);
-  watch_.OnSpawned(started);
-  if (pid)
-    in_place::SayReplaced(lr, pid, restart_count, workers_->spawned_warm());
 }
 
 // A worker that cannot be spawned is reported as that rank's failure when
@@ -545,7 +520,10 @@ void LocalGroup::ReadBeats() {
   std::vector<int> fresh = beats_.ReadNew();
   for (int lr : fresh) {
     hang_.OnBeat(lr, beats_.last(lr));
+    const bool replacing = agent_.replacing();
     agent_.OnBeat(lr);  // a replacement back in step
+    if (replacing && !agent_.replacing())
+      observer_->OnReplaced(agent_.restart_count());
   }
   if (!fresh.empty()) watch_.OnBeats(View(), fresh);
 }
@@ -584,6 +562,7 @@ void LocalGroup::CheckProgress() {
 void LocalGroup::Finish(bool succeeded) {
   watch_.Finish();
   copies_.Finish();  // persisted when the last attempt failed, then removed
+  in_place::RemoveStaged(config_, staged_port_);
   in_place::RemoveStaged(config_, attempt_.master_port);
   // Workers are gone, but a grandchild holding a pipe open must not keep
   // dtrun alive: forward what is there for up to a second, then close.

@@ -108,8 +108,11 @@ class LocalGroup {
   FailedAttempt Facts() const;
   void Apply(const std::vector<Action>& actions);
   void StartWorkers(int restart_count);
-  // In-place recovery: spawns local rank `lr` alone for `restart_count`
-  // into the running group (its survivors re-form around it).
+  // In place (local_group_in_place.cc): the attempt failed worker `e`'s
+  // replacement runs as, -1 when the group restarts whole; then local rank
+  // `lr` spawned alone for `restart_count` into the running group (its
+  // survivors re-form around it).
+  int ReplacementAttempt(const WorkerExit& e);
   void ReplaceWorker(int lr, int restart_count);
   // Spawns local rank `lr` of the current attempt: its pid, or 0 when it
   // could not be (spawn_error_ says why).
@@ -170,9 +173,10 @@ class LocalGroup {
   std::map<int, int> pids_;          // local rank -> pid of this attempt
   std::map<int, double> exit_time_;  // pid -> unix seconds its exit was seen
   std::map<int, std::string> spawn_error_;  // local rank -> why exec failed
-  std::map<int, bool> abandoned_;           // pids that outlived SIGKILL
-  std::map<int, std::string> cause_;        // pid -> what the kernel said of it
-  std::vector<std::string> gpu_errors_;     // this attempt's Xid lines
+  int staged_port_ = 0;  // the workers' store port of the last attempt
+  std::map<int, bool> abandoned_;        // pids that outlived SIGKILL
+  std::map<int, std::string> cause_;     // pid -> what the kernel said of it
+  std::vector<std::string> gpu_errors_;  // this attempt's Xid lines
   // [checkpoint] mode = "memory": the workers' copies in shared memory
   CheckpointCopies copies_;
 };

@@ -6,12 +6,12 @@
 #include <unistd.h>
 
 #include "apps/dtrun/exit_code.h"
+#include "apps/dtrun/in_place.h"
 #include "apps/dtrun/interactive_protocol.h"
 #include "apps/dtrun/job_status.h"
 #include "rendezvous/util/log.h"
 #include "rendezvous/util/os_util.h"
 #include "apps/dtrun/metrics.h"
-#include "rendezvous/in_place.h"
 #include "rendezvous/store_client.h"
 #include "rendezvous/store_server.h"
 #include "rendezvous/store_state.h"
@@ -122,13 +122,7 @@ rendezvous::TcpStoreClient* SingleNodeJob::Link() {
 // Through a client connection, so that the survivors' waits on the key
 // wake as they would for a worker's write.
 bool SingleNodeJob::OnReplacing(int restart_count, int rank) {
-  rendezvous::TcpStoreClient* link = Link();
-  Status s = link ? link->Set(rendezvous::in_place::RegroupKey(restart_count),
-                              std::to_string(rank))
-                  : Status::Unavailable("no connection to the workers' store");
-  if (!s.ok())
-    Logger("dtrun.agent")->error("in-place recovery: {}", s.message());
-  return s.ok();
+  return in_place::Announce(Link(), restart_count, rank);
 }
 
 // A failure is logged and the job goes on.

@@ -5,8 +5,8 @@
 // state one of them holds, and each rank behind it (the replacement, or a
 // survivor whose last step did not complete) takes that state from a rank
 // holding it, for Strategy::Restore: from the shared-memory segment that
-// rank staged it in while the replacement started (one host), else tensor
-// by tensor over the process group.
+// rank staged it in while the replacement started (a rank on the same
+// node), else tensor by tensor over the process group.
 
 #include <cstdint>
 #include <string>

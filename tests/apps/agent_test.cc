@@ -339,6 +339,34 @@ TEST_F(AgentInPlaceTest, WorkersThatCannotReFormRestartTheGroup) {
   EXPECT_EQ(a[0].kind, Kind::kSignalGroup);
 }
 
+// On many nodes the rendezvous counts group restarts (max_restarts 0
+// here) and a node's replacements count against in_place_limit; the job
+// numbers each replacement's attempt (claimed in the workers' store).
+TEST(AgentInPlaceNodesTest, ReplacementsRunAsTheClaimedAttemptWithinTheLimit) {
+  AgentOptions o{2, 0, milliseconds(500)};
+  o.in_place = true;
+  o.in_place_limit = 1;
+  Agent agent(o);
+  agent.StartRound(3, TimePoint{});
+  agent.OnGroupStarted();
+  WorkerExit e;
+  e.local_rank = 1;
+  e.pid = 101;
+  e.signal = SIGKILL;
+  ASSERT_TRUE(agent.CouldReplace());
+  auto a = agent.OnWorkerExit(e, TimePoint{}, true, /*attempt=*/5);
+  ASSERT_EQ(a.size(), 1u);
+  EXPECT_EQ(a[0].kind, Kind::kReplaceWorker);
+  EXPECT_EQ(a[0].restart_count, 5);
+  EXPECT_FALSE(agent.CouldReplace());  // under way
+  agent.OnBeat(1);
+  EXPECT_FALSE(agent.CouldReplace());  // the limit is spent
+  e.pid = 102;
+  a = agent.OnWorkerExit(e, TimePoint{}, true, 6);
+  ASSERT_EQ(a.size(), 1u);
+  EXPECT_EQ(a[0].kind, Kind::kSignalGroup);
+}
+
 TEST(AgentDStateTest, AWorkerInDStateForTheWholeTimeoutMakesTheGroupUnhealthy) {
   AgentOptions o{2, 3, milliseconds(500)};
   o.uninterruptible_timeout = milliseconds(5000);

@@ -12,6 +12,7 @@ import argparse
 import glob
 import os
 import re
+import socket
 import subprocess
 import sys
 import tempfile
@@ -179,6 +180,59 @@ class InPlaceRecovery(unittest.TestCase):
         self.assertIn("rank 0: still in a collective 2 s after dtrun said a rank died", err)
         self.assertIn("restarting the worker group: attempt 3 of 3", err)
         self.assertEqual(self.sha(out), clean)
+
+    def two_nodes(self, config, sets, flags=()):
+        """Two loopback nodes of 2 ranks each (c10d rendezvous, two dtrun
+        processes); their returncodes, joined stdout and stderr."""
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        self.runs += 1
+        ckpt = os.path.join(self.tmp.name, f"nodes{self.runs}")
+        fast = ("keep_alive_interval=0.2,keep_alive_max_attempt=3,last_call_timeout=0.5,"
+                "join_timeout=30")
+        procs = []
+        for node in (0, 1):
+            cmd = [ARGS.dtrun, "--nnodes=2", "--nproc-per-node=2", "--rdzv-backend=c10d",
+                   f"--rdzv-endpoint=127.0.0.1:{port}", f"--rdzv-id=inplace{self.runs}",
+                   f"--rdzv-conf={fast}", f"--local-addr=127.0.0.{2 + node}", *flags,
+                   ARGS.train_cfg, config, "--set", f'checkpoint.dir="{ckpt}"']
+            for s in [*SHORT, *sets]:
+                cmd += ["--set", s]
+            procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE,
+                                          stderr=subprocess.PIPE, text=True))
+        results = []
+        for proc in procs:
+            try:
+                results.append(proc.communicate(timeout=240))
+            finally:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.communicate()
+        return ([p.returncode for p in procs], results[0][0] + results[1][0],
+                results[0][1] + results[1][1])
+
+    def test_on_two_nodes_the_other_nodes_ranks_re_form_around_a_replacement(self):
+        # Rank 3 (node 1's second) dies: node 1 replaces it, every other
+        # rank of both nodes keeps its process. DDP takes its state from its
+        # node's survivor, FSDP goes back to the memory copies, both bitwise.
+        for config, sets, source in ((DDP, ["strategy.shared_memory=false"], "kept"),
+                                     (FSDP, ['checkpoint.mode="memory"'], "memory")):
+            with self.subTest(config=os.path.basename(config)):
+                _, clean_out, clean_err = self.two_nodes(config, sets)
+                clean = self.sha(clean_out)
+                rcs, out, err = self.two_nodes(
+                    config, [*sets, "fault.kill_rank=3", "fault.kill_at_step=130"],
+                    ["--restart=in-place", "--max-restarts=1"])
+                self.assertEqual(rcs, [0, 0], err)
+                self.assertIn("replacing worker local_rank 1 (rank 3) in place", err)
+                self.assertNotIn("failed here", err)  # no new round
+                self.assertEqual(len(re.findall(r"re-forming the group in place after "
+                                                r"step 130", err)), 3, err)
+                self.assertRegex(err, rf"recovered in [\d.]+ s: .*\(from step 1[23]0, "
+                                      rf"{source}\)")
+                self.assertEqual(self.sha(out), clean)
+                self.assertEqual(staged_segments(), [])
 
     def torch_job(self, kill_at, flags):
         env = dict(os.environ, PYTHONPATH=os.path.abspath(PY_PACKAGE))
