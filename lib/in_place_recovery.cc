@@ -7,6 +7,8 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <map>
+#include <unistd.h>
 
 #include "lib/checkpointing/checkpointer.h"
 #include "lib/parallel/in_place.h"
@@ -52,7 +54,9 @@ constexpr std::chrono::milliseconds kWatchSlice{100};
 InPlaceRecovery::InPlaceRecovery(const Context& c)
     : c_(c),
       watch_store_(c.dist->ConnectStore(rendezvous::Dialect::kTorch2)),
-      watching_(c.dist->env().restart_count + 1) {
+      watching_(c.dist->env().restart_count + 1),
+      round_file_(rendezvous::in_place::BeatFileWith(
+          rendezvous::in_place::kRoundSuffix)) {
   SetGroupAttempt(c.dist->env().restart_count);
   watcher_ = std::thread([this] { Watch(); });
 }
@@ -62,16 +66,31 @@ InPlaceRecovery::~InPlaceRecovery() {
   watcher_.join();
 }
 
+// Two words: the store's key (a replacement in this group) and the round
+// file (a new round elsewhere). A store that is gone (its node lost, or
+// the job ending) leaves the round file to watch.
 void InPlaceRecovery::Watch() {
+  bool store_answers = true;
   while (!stop_) {
     const int next = watching_.load();
+    if (!round_file_.empty() && ::access(round_file_.c_str(), F_OK) == 0) {
+      new_round_ = true;
+      AnnounceAttempt(next);
+      AwaitRegroup(next);
+      return;  // the new round's trainer watches for itself
+    }
+    if (!store_answers) {
+      std::this_thread::sleep_for(kWatchSlice);
+      continue;
+    }
     Status s = watch_store_->Wait({rendezvous::in_place::RegroupKey(next)},
                                   kWatchSlice);
     if (s.ok()) {
+      key_seen_ = next;
       AnnounceAttempt(next);
       AwaitRegroup(next);
     } else if (s.code() != Status::Code::kTimeout) {
-      return;  // the store is gone: the job is ending
+      store_answers = false;
     }
   }
 }
@@ -79,8 +98,9 @@ void InPlaceRecovery::Watch() {
 void InPlaceRecovery::AwaitRegroup(int next) {
   const auto stuck = rendezvous::in_place::StuckLimit();
   const auto limit = std::chrono::steady_clock::now() + stuck;
-  // Until the group re-formed as `next` (or the run ends).
-  while (!stop_ && watching_.load() == next) {
+  // Until the group re-formed as `next` (or the run ends, or this rank
+  // left for a new round).
+  while (!stop_ && !leaving_ && watching_.load() == next) {
     if (!regrouping_ && std::chrono::steady_clock::now() >= limit) {
       std::fprintf(stderr,
                    "rank %d: still in a collective %lld s after dtrun said a "
@@ -101,8 +121,79 @@ int64_t InPlaceRecovery::Join() {
   return ShareState(-1, Staged{}, &received);
 }
 
+bool InPlaceRecovery::TakesNewestAtStart(Distributed& dist,
+                                         const Strategy& strategy) {
+  return dist.env().restart_count > 0 && strategy.EveryRankHoldsAll();
+}
+
+int64_t InPlaceRecovery::TakeNewest(int64_t held, bool* received) {
+  return ShareState(held, Staged{}, received, /*none_held_ok=*/true);
+}
+
+bool InPlaceRecovery::AwaitWord(int next, const std::string& failure) {
+  const auto until =
+      std::chrono::steady_clock::now() + rendezvous::in_place::kRegroupWait;
+  while (std::chrono::steady_clock::now() < until) {
+    if (new_round_) {
+      leaving_ = true;
+      throw NewRound(failure);
+    }
+    if (key_seen_.load() >= next) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return false;
+}
+
+// What the survivor holds, taken once its writes in flight ended: views of
+// its tensors, which outlive the trainer they came from.
+Carried InPlaceRecovery::Carry(int64_t held) {
+  if (c_.ckpt) c_.ckpt->Settle();
+  Carried k;
+  k.state = c_.strategy
+                ->Copy(*c_.opt, true,
+                       [](const torch::Tensor& t) { return t.detach(); })
+                .parts;
+  k.step = held;
+  k.skipped = *c_.skipped;
+  k.epoch = c_.ckpt ? c_.ckpt->epoch() : 0;
+  return k;
+}
+
+void InPlaceRecovery::EnterNewRound() {
+  const std::string path =
+      rendezvous::in_place::BeatFileWith(rendezvous::in_place::kRoundSuffix);
+  std::FILE* f = path.empty() ? nullptr : std::fopen(path.c_str(), "r");
+  if (!f) throw Error("the new round's variables: cannot read " + path);
+  std::map<std::string, std::string> vars;
+  char line[4096];
+  while (std::fgets(line, sizeof(line), f)) {
+    std::string kv(line);
+    while (!kv.empty() && (kv.back() == '\n' || kv.back() == '\r'))
+      kv.pop_back();
+    const size_t eq = kv.find('=');
+    if (eq != std::string::npos) vars[kv.substr(0, eq)] = kv.substr(eq + 1);
+  }
+  std::fclose(f);
+  ::unlink(path.c_str());
+  for (const char* const* name = rendezvous::in_place::RoundVariables(); *name;
+       ++name) {
+    auto it = vars.find(*name);
+    if (it == vars.end())
+      throw Error(path + " does not name " + std::string(*name));
+    ::setenv(*name, it->second.c_str(), 1);
+  }
+  ResetGroupAttempts(std::atoi(vars["TORCHELASTIC_RESTART_COUNT"].c_str()));
+}
+
 int64_t InPlaceRecovery::Regroup(const std::string& failure, int64_t held) {
   const int next = c_.dist->env().restart_count + 1;
+  if (!AwaitWord(next, failure)) {
+    throw Error(failure +
+                "; no word from dtrun of a replacement or a new "
+                "round within " +
+                std::to_string(rendezvous::in_place::kRegroupWait.count()) +
+                " s");
+  }
   std::fprintf(stderr,
                "rank %d: %s\nrank %d: re-forming the group in place after "
                "step %lld (attempt %d)\n",
@@ -226,9 +317,16 @@ std::future<InPlaceRecovery::Staged> InPlaceRecovery::Stage(int replaced,
 // from a rank that holds it, staged (on its node) or sent, and restore it
 // as from a checkpoint.
 int64_t InPlaceRecovery::ShareState(int64_t held, const Staged& staged,
-                                    bool* received) {
+                                    bool* received, bool none_held_ok) {
   ProcessGroup& pg = c_.dist->pg();
   const HeldState s = AgreeOnState(pg, held, staged.step);
+  *received = false;
+  if (s.newest < 0 && none_held_ok) return -1;
+  if (s.newest < 0) {
+    throw Error("rank " + std::to_string(c_.dist->rank()) +
+                ": the group re-formed in place, but no rank holds the run's "
+                "state (every rank is new)");
+  }
   auto staged_for = [&](int r) {
     return s.from_stage() && NodeOf(r) == NodeOf(s.source);
   };

@@ -26,6 +26,23 @@
 
 namespace dtrun::train {
 
+// A survivor's state carried into a new round of a multi-node job (another
+// rank, another world size; rendezvous/in_place.h step 4), across the
+// trainer built again in the same process.
+struct Carried {
+  TensorMap state;  // the strategy's, as Strategy::Restore takes it
+  int64_t step = 0;
+  int64_t skipped = 0;
+  int64_t epoch = 0;
+};
+
+// Thrown out of the loop when dtrun's word is a new round: the trainer is
+// built again there (Train) with what Carry() took.
+class NewRound : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
 class Checkpointer;
 class Distributed;
 class Strategy;
@@ -63,6 +80,21 @@ class InPlaceRecovery {
   // A replacement: the newest state from a survivor (collective); the
   // step it holds.
   int64_t Join();
+  // Whether every rank of this attempt begins by agreeing on the newest
+  // state one holds (TakeNewest): a restarted DDP attempt, whose ranks may
+  // include survivors of the last round, kept in their processes.
+  static bool TakesNewestAtStart(Distributed& dist, const Strategy& strategy);
+  // Collective: the newest state any rank holds (`held`: this rank's
+  // step, -1 for none) to every rank behind it; -1 when no rank holds one
+  // (every rank then resumes from its checkpoint). `received`: this rank
+  // took it.
+  int64_t TakeNewest(int64_t held, bool* received);
+  // After NewRound: this rank's state, to carry into the new round.
+  Carried Carry(int64_t held);
+  // After NewRound: the new round's variables (dtrun's round file) into
+  // this process's environment, for Distributed::FromEnv; the file goes.
+  // Throws Error when it cannot be read.
+  static void EnterNewRound();
   // After `failure` (a collective failed: a rank died) on a rank that
   // holds the state of step `held`: the group re-formed and the newest
   // state shared; the step to go on from, with the resume record written
@@ -87,7 +119,11 @@ class InPlaceRecovery {
   // Collective on a re-formed group: the newest state any rank holds
   // (`held`: this rank's step, -1 for a replacement) to every rank behind
   // it; returns its step and says whether this rank `received` it.
-  int64_t ShareState(int64_t held, const Staged& staged, bool* received);
+  int64_t ShareState(int64_t held, const Staged& staged, bool* received,
+                     bool none_held_ok = false);
+  // Until dtrun's word of attempt `next` (a replacement: true) or of a new
+  // round (throws NewRound naming `failure`); false after kRegroupWait.
+  bool AwaitWord(int next, const std::string& failure);
 
   // The watcher's loop: waits, in slices, for the word of attempt
   // watching_ and announces it (lib/parallel/in_place.h's GroupBroken).
@@ -100,6 +136,10 @@ class InPlaceRecovery {
   std::unique_ptr<rendezvous::TcpStoreClient> watch_store_;
   std::atomic<int> watching_{0};
   std::atomic<bool> regrouping_{false};  // Regroup() has begun
+  std::atomic<int> key_seen_{0};         // the newest attempt's key seen
+  std::atomic<bool> new_round_{false};   // dtrun's round file seen
+  std::atomic<bool> leaving_{false};     // NewRound thrown
+  std::string round_file_;               // its path ("" without dtrun)
   std::atomic<bool> stop_{false};
   std::thread watcher_;  // last: it uses the members above
 };

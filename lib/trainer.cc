@@ -4,6 +4,7 @@
 // (lib/checkpointing/checkpointer.h); what differs between DDP and FSDP is the
 // Strategy.
 #include "lib/trainer.h"
+#include "lib/trainer_loop.h"
 
 #include <malloc.h>
 #include <signal.h>
@@ -111,85 +112,18 @@ torch::Device DeviceOf(const Distributed& dist, const TrainConfig& c) {
   return device;
 }
 
-// One rank's training run: set up from the config, the parts and the
-// launcher's environment, then Run() steps through resume, step,
-// checkpoint, log, eval and fault injection; what differs between DDP and
-// FSDP is the Strategy. Owns the process group and everything built on it.
-// Single-threaded.
-class Trainer {
- public:
-  Trainer(const TrainConfig& c, TrainParts parts,
-          std::unique_ptr<Distributed> dist);
-  // The process exit code.
-  int Run();
-
- private:
-  // The state every rank starts from, and where it came from.
-  int64_t Resume(std::string* source);
-  // One step and what follows it; true when the run stops there.
-  bool RunStep(int64_t step, rendezvous::Heartbeat& heartbeat);
-  double Step(int64_t step);
-  double MicroBatch(int64_t micro, bool last);
-  void Log(int64_t done, double lr);
-  void Eval(int64_t done);
-  void InjectFaults(const StepActions& actions, int64_t done);
-  int Finish();
-  std::map<std::string, double> Evaluate();
-  bool Evaluates() const {
-    return parts_.evaluate && (rank_ == 0 || strategy_->CollectiveEval());
-  }
-  void DrawInitialWeights();
-  void StartOver();
-  void SetUpInPlace();
-  void DecayMatrices(double lr);
-  // train.precision's dtype for autocast (float32: none).
-  torch::ScalarType ComputeDtype() const {
-    if (c_.precision == "fp16") return torch::kHalf;
-    return c_.precision == "bf16" ? torch::kBFloat16 : torch::kFloat32;
-  }
-  void UseLossScaler();
-  bool CheckGradients(int64_t step);
-
-  const TrainConfig& c_;
-  TrainParts parts_;
-  std::unique_ptr<Distributed> dist_;
-  const int rank_, world_;
-  const torch::Device device_;
-  // The model was made without its initial draws (a restart, which
-  // resumes; TrainParts::model_for_resume).
-  bool blank_ = false;
-  // dtrun asked for in-place recovery and this run can keep its state
-  // through it (rendezvous/in_place.h); else null.
-  std::unique_ptr<InPlaceRecovery> in_place_;
-  int64_t held_ = 0;  // steps whose update is in this rank's model
-  bool reserved_ = false;
-  Model model_;
-  std::unique_ptr<Strategy> strategy_;
-  std::unique_ptr<torch::optim::Optimizer> opt_;
-  std::ofstream metrics_;  // rank 0, with metrics_path
-  double loss_ = 0;        // the last step's, averaged over ranks
-  double grad_norm_ = -1;  // the last step's, before clipping; -1: not taken
-  int64_t skipped_ = 0;    // steps not applied: their gradients not finite
-  bool applied_ = true;    // the last step's
-  std::map<std::string, double> metrics_last_;  // the last evaluation's
-  double compute_s_ = 0;  // the last step's time outside collectives
-  std::vector<torch::Tensor> matrix_masks_;  // optimizer.decay = "matrices"
-  std::optional<LossScaler> scaler_;         // train.precision = "fp16"
-  // Throughput since the last progress line.
-  std::chrono::steady_clock::time_point window_start_;
-  int64_t window_samples_ = 0;
-  // null without checkpoint.dir; last, so that its saver is joined first
-  std::unique_ptr<Checkpointer> ckpt_;
-};
+}  // namespace
 
 Trainer::Trainer(const TrainConfig& c, TrainParts parts,
-                 std::unique_ptr<Distributed> dist)
+                 std::unique_ptr<Distributed> dist,
+                 std::optional<Carried> carried)
     : c_(c),
       parts_(std::move(parts)),
       dist_(std::move(dist)),
       rank_(dist_->rank()),
       world_(dist_->world_size()),
-      device_(DeviceOf(*dist_, c_)) {
+      device_(DeviceOf(*dist_, c_)),
+      carried_(std::move(carried)) {
   if (!parts_.model || !parts_.batch)
     throw Error("TrainParts needs a model and a batch source");
   // Every rank starts from the same weights (seeded with train.seed)
@@ -199,6 +133,7 @@ Trainer::Trainer(const TrainConfig& c, TrainParts parts,
   blank_ = dist_->env().restart_count > 0 && !c_.checkpoint_dir.empty() &&
            c_.init_from.empty() && parts_.model_for_resume &&
            c_.strategy == StrategyKind::kDdp && device_.is_cpu();
+  blank_ = blank_ || (carried_ && parts_.model_for_resume);
   torch::manual_seed(c_.seed);
   model_ = blank_ ? parts_.model_for_resume() : parts_.model();
   if (!model_.module || !model_.forward)
@@ -260,7 +195,8 @@ int Trainer::Run() {
   const int64_t start = Resume(&source);
   rendezvous::Heartbeat::Resumed(start, source.c_str(), init_unix,
                                  os::UnixNow());
-  if (in_place_) rendezvous::in_place::MarkReady();
+  if (in_place_)
+    rendezvous::in_place::MarkReady(strategy_->EveryRankHoldsAll());
   if (rank_ == 0 && !c_.metrics_path.empty())
     metrics_.open(c_.metrics_path, std::ios::app);
   window_start_ = std::chrono::steady_clock::now();
@@ -287,6 +223,7 @@ int64_t Trainer::Resume(std::string* source) {
     *source = "peer";
     return in_place_->Join();
   }
+  if (const int64_t step = ResumeFromPeers(source); step >= 0) return step;
   const int64_t start = ckpt_ ? ckpt_->Resume() : 0;
   if (start == 0) {
     if (blank_) DrawInitialWeights();
@@ -294,6 +231,34 @@ int64_t Trainer::Resume(std::string* source) {
   }
   *source = ckpt_ ? ckpt_->source() : "none";
   return start;
+}
+
+// A rank kept from the last round restores what it carried; then every
+// rank of the attempt agrees (collective), the ranks behind taking the
+// newest state. Before the step loop the state is whole again, whatever
+// the world size: each step's batches are cut for this round's ranks.
+int64_t Trainer::ResumeFromPeers(std::string* source) {
+  if (!in_place_ || !InPlaceRecovery::TakesNewestAtStart(*dist_, *strategy_))
+    return -1;
+  int64_t held = -1;
+  if (carried_) {
+    Status s = strategy_->Restore(carried_->state, *opt_);
+    if (!s.ok()) throw Error(s.message());
+    held = carried_->step;
+    skipped_ = carried_->skipped;
+    if (ckpt_) ckpt_->JoinInPlace(carried_->epoch);
+    carried_.reset();
+  }
+  bool received = false;
+  const int64_t step = in_place_->TakeNewest(held, &received);
+  if (step < 0) return -1;
+  *source = received ? "peer" : "kept";
+  if (rank_ == 0) {
+    std::printf("in place: round %d goes on from step %lld with %d rank%s\n",
+                dist_->env().restart_count, (long long)step, world_,
+                world_ == 1 ? "" : "s");
+  }
+  return step;
 }
 
 bool Trainer::RunStep(int64_t step, rendezvous::Heartbeat& heartbeat) {
@@ -599,8 +564,6 @@ std::map<std::string, double> Trainer::Evaluate() {
   return metrics;
 }
 
-}  // namespace
-
 // A CPU step frees and allocates the same activation-sized blocks over and
 // over; glibc gives each block over its mmap threshold back to the kernel
 // at free and maps it again, zeroed, at the next allocation, so a GPT's
@@ -628,19 +591,33 @@ int Train(const TrainConfig& c, TrainParts parts) {
   // "auto" picks NCCL when a GPU is visible; asked to train on the CPU, it
   // means gloo (NCCL moves GPU tensors only).
   if (c.backend == "auto" && c.device == "cpu") popts.backend = "gloo";
-  Trainer trainer(c, std::move(parts), Distributed::FromEnv(popts));
-  try {
-    return trainer.Run();
-  } catch (const std::exception& e) {
-    // Before the unwinding closes the process group: the peers' errors
-    // (a closed connection) come after this one, in time and in the
-    // launcher's choice of the root cause.
-    const char* path = std::getenv("TORCHELASTIC_ERROR_FILE");
-    WriteWorkerErrorFile(path ? path : "",
-                         dynamic_cast<const Error*>(&e) ? "dtrun::train::Error"
-                                                        : "std::exception",
-                         e.what());
-    throw;
+  // A rank dtrun keeps for a new round (rendezvous/in_place.h, step 4)
+  // leaves its trainer with its state, and builds it again there.
+  std::optional<Carried> carried;
+  for (;;) {
+    Trainer trainer(c, parts, Distributed::FromEnv(popts), std::move(carried));
+    try {
+      return trainer.Run();
+    } catch (const NewRound& e) {
+      carried = trainer.Carry();
+      std::fprintf(stderr,
+                   "rank %s: %s\nrank %s: kept for a new round, with step "
+                   "%lld\n",
+                   std::getenv("RANK"), e.what(), std::getenv("RANK"),
+                   (long long)carried->step);
+      InPlaceRecovery::EnterNewRound();
+    } catch (const std::exception& e) {
+      // Before the unwinding closes the process group: the peers' errors
+      // (a closed connection) come after this one, in time and in the
+      // launcher's choice of the root cause.
+      const char* path = std::getenv("TORCHELASTIC_ERROR_FILE");
+      WriteWorkerErrorFile(path ? path : "",
+                           dynamic_cast<const Error*>(&e)
+                               ? "dtrun::train::Error"
+                               : "std::exception",
+                           e.what());
+      throw;
+    }
   }
 }
 

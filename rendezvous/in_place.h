@@ -17,6 +17,14 @@
 //      the replacement builds its own; the replacement, finding the key,
 //      takes its state from a survivor instead of a checkpoint.
 //      On many nodes the failed worker's node claims n first (kClaimKey).
+//   4. Many nodes, a new round (a node lost or joining) while this node's
+//      workers run: a worker that can carry its state into another group
+//      (another rank and world size) says so in its ready file (kRounds).
+//      When all did, dtrun keeps them: it writes <beat file>.round, the
+//      variables of their place in the new round (RoundVariables(), one
+//      KEY=VALUE a line), and each builds its group there with the state
+//      it holds, which the round's new workers take from it. Otherwise
+//      dtrun stops them as for any new round.
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -30,6 +38,18 @@ namespace dtrun::rendezvous::in_place {
 inline constexpr const char* kRestartEnv = "DTRUN_RESTART";
 inline constexpr const char* kInPlace = "in-place";
 inline constexpr const char* kReadySuffix = ".in_place";
+inline constexpr const char* kRoundSuffix = ".round";
+inline constexpr const char* kRounds = "rounds";
+// The variables a new round changes, which a kept worker takes from its
+// round file.
+inline const char* const* RoundVariables() {
+  static const char* const names[] = {
+      "RANK",        "WORLD_SIZE",       "GROUP_RANK",
+      "ROLE_RANK",   "GROUP_WORLD_SIZE", "ROLE_WORLD_SIZE",
+      "MASTER_ADDR", "MASTER_PORT",      "TORCHELASTIC_RESTART_COUNT",
+      nullptr};
+  return names;
+}
 // How long a survivor waits for dtrun's word before it gives up and fails
 // as it would without in-place recovery.
 inline constexpr std::chrono::seconds kRegroupWait{60};
@@ -71,13 +91,24 @@ inline bool Wanted() {
   return v && std::string(v) == kInPlace;
 }
 
-// Step 2 above: a no-op without dtrun's beat file.
-inline void MarkReady() {
+// dtrun's beat file with `suffix`; "" without one.
+inline std::string BeatFileWith(const char* suffix) {
   const char* beat = std::getenv("DTRUN_HEARTBEAT_FILE");
-  if (!beat || !*beat) return;
-  const std::string path = std::string(beat) + kReadySuffix;
+  return beat && *beat ? std::string(beat) + suffix : std::string();
+}
+
+// Step 2 above (`across_rounds`: step 4's word too): a no-op without
+// dtrun's beat file.
+inline void MarkReady(bool across_rounds = false) {
+  const std::string path = BeatFileWith(kReadySuffix);
+  if (path.empty()) return;
   int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd >= 0) ::close(fd);
+  if (fd < 0) return;
+  if (across_rounds) {
+    const std::string word = std::string(kRounds) + "\n";
+    (void)!::write(fd, word.data(), word.size());
+  }
+  ::close(fd);
 }
 
 }  // namespace dtrun::rendezvous::in_place

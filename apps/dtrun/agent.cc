@@ -18,6 +18,12 @@ std::vector<Action> Agent::StartRound(int restart_count, TimePoint) {
   return {{Action::Kind::kStartGroup, restart_count_}};
 }
 
+bool Agent::ContinueRound(int restart_count) {
+  if (phase_ != Phase::kRunning || replacing_ >= 0) return false;
+  restart_count_ = restart_count;
+  return true;
+}
+
 std::vector<Action> Agent::StopForNewRound(TimePoint now) {
   // A stop signal outranks a new round: the user asked for the job to end.
   if (phase_ == Phase::kShuttingDown) return {};

@@ -94,6 +94,10 @@ class Agent {
   // Multi-node: start the group of a rendezvous round (after kFinish or
   // kGroupStopped). -> StartGroup(restart_count).
   std::vector<Action> StartRound(int restart_count, TimePoint now);
+  // Multi-node, --restart=in-place: the running group goes on into the
+  // round `restart_count` (its workers kept, re-forming there). False
+  // when it is not running.
+  bool ContinueRound(int restart_count);
   // Multi-node: the rendezvous moved on; stop the group without counting a
   // failure. -> SignalGroup(SIGTERM) ... GroupStopped, or GroupStopped now.
   std::vector<Action> StopForNewRound(TimePoint now);

@@ -231,6 +231,7 @@ bool ElasticJob::StoreTrouble(const Status& status) const {
 // then follows the round (FollowRound) until it ends or a new one starts.
 int ElasticJob::JoinRounds() {
   auto log = Logger("dtrun.rdzv");
+  bool kept = false;
   for (;;) {
     RecordRdzv("next_rendezvous", "INIT", "joining the next round");
     auto joined = UntilStoreAnswers([this] {
@@ -244,6 +245,7 @@ int ElasticJob::JoinRounds() {
       } else {
         log->error("{}", joined.status().message());
       }
+      if (kept) group_.StopAndWait();
       return JoinFailedExitCode(joined.status(), rdzv_->end_reason(),
                                 group_.stop_signal());
     }
@@ -254,6 +256,7 @@ int ElasticJob::JoinRounds() {
     if (!s.ok()) {
       log->error("round {}: cannot set up the workers' store: {}",
                  assignment_.round, s.message());
+      if (kept) group_.StopAndWait();
       return kExitRendezvous;
     }
     log->info(
@@ -265,7 +268,8 @@ int ElasticJob::JoinRounds() {
         assignment_.world_size, group_.attempt().master_addr,
         group_.attempt().master_port,
         worker_proxy_ ? " (this node's proxy to it)" : "");
-    RoundEnd end = FollowRound();
+    RoundEnd end = FollowRound(kept);
+    kept = end.kept;
     if (!end.rejoin) {
       RecordRdzv(
           "shutdown", end.exit_code == kExitSuccess ? "SUCCEEDED" : "FAILED",
@@ -389,10 +393,16 @@ void ElasticJob::WaitTurn(const RoundPolicy& policy, TimePoint* next_check) {
 
 // Runs the local group of one round, until the job is over or the node
 // must join the next round.
-ElasticJob::RoundEnd ElasticJob::FollowRound() {
+ElasticJob::RoundEnd ElasticJob::FollowRound(bool kept) {
   RoundPolicy policy(config_.rdzv_conf.silent_limit(), clock_->Now(),
                      backend_->replicated());
-  group_.StartRound(assignment_.round);
+  if (!kept || !group_.ContinueRound(assignment_.round)) {
+    if (kept) {  // a worker ended meanwhile: the others stop first
+      group_.StopForNewRound();
+      while (group_.alive() > 0) group_.PollOnce(100);
+    }
+    group_.StartRound(assignment_.round);
+  }
   // Check the round at least twice a second (more often with a faster
   // keep-alive), and ten times a second while the store pushes the round's
   // changes: a check then reads nothing from the store, and a node whose
@@ -480,6 +490,13 @@ std::optional<ElasticJob::RoundEnd> ElasticJob::Carry(const RoundStep& step,
       return Carry(policy->OnFailureReported(ReportFailure()), policy,
                    next_check);
     case RoundStep::Kind::kStopWorkers:
+      if (group_.KeepForNewRound()) {
+        log->warn(
+            "round {}: the round is over elsewhere; keeping the local "
+            "workers in place to rejoin",
+            assignment_.round);
+        return RoundEnd{true, 0, true};
+      }
       log->warn("round {}: {}", assignment_.round, step.why);
       group_.StopForNewRound();
       return std::nullopt;

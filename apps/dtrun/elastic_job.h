@@ -37,12 +37,14 @@ class ElasticJob : public Job {
   struct RoundEnd {
     bool rejoin = false;
     int exit_code = 0;  // when not rejoining
+    bool kept = false;  // rejoining with the workers kept (in place)
   };
   // Servers, store and run folder; 0, or the exit code.
   int Start();
   int JoinRounds();
   void TakeRound(const rendezvous::Assignment& assignment);
-  RoundEnd FollowRound();
+  // `kept`: the workers of the last round go on into this one.
+  RoundEnd FollowRound(bool kept);
   // Carries out `step`; returns how the round ended, or nothing to go on.
   std::optional<RoundEnd> Carry(const RoundStep& step, RoundPolicy* policy,
                                 TimePoint* next_check);

@@ -3,13 +3,16 @@
 #include "apps/dtrun/in_place.h"
 
 #include <dirent.h>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <sys/mman.h>
 #include <unistd.h>
 
 #include "apps/dtrun/run_layout.h"
 #include "rendezvous/in_place.h"
 #include "rendezvous/util/log.h"
+#include "rendezvous/util/os_util.h"
 
 namespace dtrun::agent::in_place {
 namespace {
@@ -54,13 +57,45 @@ bool CanReplace(const LaunchConfig& config, const std::string& attempt_dir,
   return false;
 }
 
+bool CanKeepForRound(const LaunchConfig& config, const std::string& attempt_dir,
+                     const std::map<int, int>& pids,
+                     const std::map<int, double>& exit_time) {
+  if (config.restart != RestartMode::kInPlace || pids.empty()) return false;
+  for (const auto& [lr, pid] : pids) {
+    const std::string word = os::ReadFileOrEmpty(ReadyFile(attempt_dir, lr));
+    if (exit_time.count(pid) ||
+        word.compare(0, std::strlen(rendezvous::in_place::kRounds),
+                     rendezvous::in_place::kRounds) != 0)
+      return false;
+  }
+  return true;
+}
+
+// Written whole, then renamed: the worker never reads half of it.
+Status WriteRound(const std::string& attempt_dir, int local_rank,
+                  const EnvMap& env) {
+  std::string text;
+  for (const char* const* name = rendezvous::in_place::RoundVariables(); *name;
+       ++name) {
+    auto it = env.find(*name);
+    if (it != env.end()) text += it->first + "=" + it->second + "\n";
+  }
+  const std::string path = layout::BeatFile(attempt_dir, local_rank) +
+                           rendezvous::in_place::kRoundSuffix;
+  const std::string tmp = path + ".tmp";
+  Status s = os::WriteFile(tmp, text);
+  if (s.ok() && ::rename(tmp.c_str(), path.c_str()) != 0)
+    s = Status::Io("renaming " + tmp + ": " + std::strerror(errno));
+  return s;
+}
+
 void ForgetRecords(const std::string& attempt_dir,
                    const std::map<int, int>& pids, int replaced) {
   // A survivor's old record would pass for its new one, and the recovery
   // would be reported before it is over.
   for (const auto& [lr, pid] : pids)
     ::unlink(layout::ResumeFile(attempt_dir, lr).c_str());
-  ::unlink(ReadyFile(attempt_dir, replaced).c_str());
+  if (replaced >= 0) ::unlink(ReadyFile(attempt_dir, replaced).c_str());
 }
 
 // First the claim of an attempt's first replacement, then, when the key

@@ -24,8 +24,16 @@ void AddEnv(const LaunchConfig& config, EnvMap* env);
 bool CanReplace(const LaunchConfig& config, const std::string& attempt_dir,
                 const std::map<int, int>& pids,
                 const std::map<int, double>& exit_time, int failed_pid);
-// Before local rank `replaced` starts again: every rank's resume record
-// goes (the survivors write new ones once re-formed, which the recovery
+// Many nodes, a new round: whether every worker of `pids` is alive and
+// said it can carry its state into another group (rendezvous/in_place.h,
+// step 4); then each one's place there, written to its round file.
+bool CanKeepForRound(const LaunchConfig& config, const std::string& attempt_dir,
+                     const std::map<int, int>& pids,
+                     const std::map<int, double>& exit_time);
+Status WriteRound(const std::string& attempt_dir, int local_rank,
+                  const EnvMap& env);
+// Before local rank `replaced` (-1: none) starts again: every rank's resume
+// record goes (the survivors write new ones once re-formed, which the recovery
 // report waits for), and the replaced rank's word that it can re-form.
 void ForgetRecords(const std::string& attempt_dir,
                    const std::map<int, int>& pids, int replaced);

@@ -67,6 +67,13 @@ class LocalGroup {
   void StartRound(int round);
   // Elastic: the rendezvous moved on; stop without counting a failure.
   void StopForNewRound();
+  // Elastic, --restart=in-place (local_group_in_place.cc): whether the
+  // workers can be kept for the next round (every one alive and able to
+  // carry its state into another group), and then, once it is joined,
+  // their places in `round` given to them instead of new workers; false
+  // when they could not be (then StartRound).
+  bool KeepForNewRound();
+  bool ContinueRound(int round);
   // Stops every worker (SIGTERM, then SIGKILL after --term-timeout) and
   // returns once none is alive.
   void StopAndWait();

@@ -52,4 +52,49 @@ void LocalGroup::ReplaceWorker(int lr, int restart_count) {
     in_place::SayReplaced(lr, pid, restart_count, workers_->spawned_warm());
 }
 
+// The recovery report counts from here, as from a round that stops them.
+bool LocalGroup::KeepForNewRound() {
+  if (!elastic_ || agent_.phase() != Phase::kRunning || agent_.replacing() ||
+      !in_place::CanKeepForRound(config_, attempt_dir_, pids_, exit_time_))
+    return false;
+  watch_.OnRoundOver(View(), clock_->UnixSeconds());
+  return true;
+}
+
+// Each kept worker finds its place in its round file, re-forms there and
+// goes on with the state it holds; the new workers of other nodes take it.
+bool LocalGroup::ContinueRound(int round) {
+  if (!agent_.ContinueRound(round)) return false;
+  outcome_ = Outcome::kRunning;
+  attempt_.restart_count = round;
+  if (staged_port_ != attempt_.master_port)
+    in_place::RemoveStaged(config_, staged_port_);
+  staged_port_ = attempt_.master_port;
+  for (const auto& [lr, pid] : pids_) {
+    const EnvMap env =
+        WorkerEnv(base_env_, attempt_,
+                  PlaceOf(lr, config_.nproc_per_node, assignment_.base_rank,
+                          assignment_.group_rank, assignment_.group_world_size,
+                          assignment_.world_size));
+    Status s = in_place::WriteRound(attempt_dir_, lr, env);
+    if (!s.ok()) {
+      Logger("dtrun.agent")->error("in-place recovery: {}", s.message());
+      return false;
+    }
+  }
+  // Their resume records of this round, not the last one's, are the
+  // recovery's (the report waits for them).
+  in_place::ForgetRecords(attempt_dir_, pids_, -1);
+  watch_.OnSpawning(round);
+  hang_.Reset(config_.nproc_per_node, attempt_dir_, round);
+  beats_.Reset(attempt_dir_, config_.nproc_per_node);
+  watch_.OnSpawned(clock_->UnixSeconds());
+  Logger("dtrun.agent")
+      ->info("round {}: kept the {} worker(s) in place as ranks {}..{} of {}",
+             round, pids_.size(), assignment_.base_rank,
+             assignment_.base_rank + config_.nproc_per_node - 1,
+             assignment_.world_size);
+  return true;
+}
+
 }  // namespace dtrun::agent

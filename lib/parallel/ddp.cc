@@ -69,6 +69,7 @@ std::unique_ptr<ShmAllreduce> OpenSharedMemoryAllreduce(ProcessGroup& pg,
   pg.allreduce(ok, min)->wait();
   if (rank == 0 && seg) seg->Unlink();  // everyone has it mapped, or gave up
   if (ok[0].item<int>() == 0) return nullptr;
+  seg->set_abandoned(&GroupBroken);
   return seg;
 }
 

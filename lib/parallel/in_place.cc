@@ -115,6 +115,10 @@ bool GroupBroken() {
          group_attempt.load(std::memory_order_relaxed);
 }
 void SetGroupAttempt(int attempt) { group_attempt.store(attempt); }
+void ResetGroupAttempts(int attempt) {
+  group_attempt.store(attempt);
+  announced_attempt.store(attempt);
+}
 void AnnounceAttempt(int attempt) {
   int seen = announced_attempt.load();
   while (seen < attempt &&
@@ -124,7 +128,8 @@ void AnnounceAttempt(int attempt) {
 void ThrowIfGroupBroken(const char* where) {
   if (GroupBroken()) {
     throw Error(std::string(where) +
-                ": a rank died and the group is re-forming in place");
+                ": the group is re-forming in place (a rank died, or dtrun "
+                "began a new round)");
   }
 }
 
@@ -210,11 +215,6 @@ HeldState AgreeOnState(ProcessGroup& pg, int64_t held, int64_t staged) {
   }
   for (int r = 0; r < world && s.source < 0; ++r) {
     if (s.held[r] == s.newest) s.source = r;
-  }
-  if (s.newest < 0) {
-    throw Error("rank " + std::to_string(pg.getRank()) +
-                ": the group re-formed in place, but no rank holds the run's "
-                "state (every rank is new)");
   }
   return s;
 }

@@ -26,6 +26,8 @@ bool GroupBroken();
 // The attempt this process's group runs, and one dtrun announced.
 void SetGroupAttempt(int attempt);
 void AnnounceAttempt(int attempt);
+// A new round (numbered afresh): both, the group not broken.
+void ResetGroupAttempts(int attempt);
 // Throws Error naming `where` when the group is broken.
 void ThrowIfGroupBroken(const char* where);
 
@@ -40,7 +42,7 @@ struct HeldState {
   bool from_stage() const { return staged[source] == newest; }
 };
 
-// Every rank's `held` and `staged` gathered (collective). Throws Error
+// Every rank's `held` and `staged` gathered (collective); `newest` is -1
 // when no rank holds any state.
 HeldState AgreeOnState(ProcessGroup& pg, int64_t held, int64_t staged);
 

@@ -181,6 +181,13 @@ Status ShmAllreduce::Barrier(std::chrono::steady_clock::time_point deadline) {
       continue;
     }
     if (Status gone = PeersAlive(gen); !gone.ok()) return gone;
+    // A new group's word (in-place recovery): a peer may have left for it
+    // alive, and will not come.
+    if (abandoned_ && abandoned_()) {
+      return Status::Unavailable("shared-memory all-reduce: rank " +
+                                 std::to_string(rank_) +
+                                 ": the group is re-forming in place");
+    }
     auto now = std::chrono::steady_clock::now();
     if (now >= deadline) {
       std::string missing;

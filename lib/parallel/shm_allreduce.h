@@ -44,6 +44,10 @@ class ShmAllreduce {
 
   // Removes the name (rank 0, once every rank has opened the segment).
   void Unlink();
+  // A barrier also ends (Unavailable) once `abandoned` says the group is
+  // given up (lib/parallel/in_place.h's GroupBroken): a peer that left it
+  // alive would never come.
+  void set_abandoned(bool (*abandoned)()) { abandoned_ = abandoned; }
 
   float* region() { return Region(rank_); }
   int rank() const { return rank_; }
@@ -75,6 +79,7 @@ class ShmAllreduce {
   size_t floats_;
   void* base_;
   size_t bytes_;
+  bool (*abandoned_)() = nullptr;
 };
 
 // Runs jobs on a ShmAllreduce from a thread of its own, one at a time in
