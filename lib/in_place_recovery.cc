@@ -130,6 +130,9 @@ int64_t InPlaceRecovery::TakeNewest(int64_t held, bool* received) {
   return ShareState(held, Staged{}, received, /*none_held_ok=*/true);
 }
 
+// The watcher reads both words; this rank's collective failed already, so
+// whichever comes first decides: a replacement re-forms this group, a
+// new round builds another one (NewRound leaves the trainer).
 bool InPlaceRecovery::AwaitWord(int next, const std::string& failure) {
   const auto until =
       std::chrono::steady_clock::now() + rendezvous::in_place::kRegroupWait;
@@ -159,6 +162,11 @@ Carried InPlaceRecovery::Carry(int64_t held) {
   return k;
 }
 
+// Every variable the round changes must be there: a worker that went on
+// with the last round's MASTER_PORT or RANK would wait in a store or a
+// group nobody else joins. The file goes once read, so that the next
+// round's word is a new file. The attempt counters start again at the
+// round's number: the old round's announcements mean nothing in it.
 void InPlaceRecovery::EnterNewRound() {
   const std::string path =
       rendezvous::in_place::BeatFileWith(rendezvous::in_place::kRoundSuffix);

@@ -127,13 +127,8 @@ Trainer::Trainer(const TrainConfig& c, TrainParts parts,
   if (!parts_.model || !parts_.batch)
     throw Error("TrainParts needs a model and a batch source");
   // Every rank starts from the same weights (seeded with train.seed)
-  // before the strategy broadcasts or shards them. A restarted DDP worker
-  // on the CPU nearly always resumes: a model's initial draws wait until
-  // the resume finds nothing, when the parts can make it without them.
-  blank_ = dist_->env().restart_count > 0 && !c_.checkpoint_dir.empty() &&
-           c_.init_from.empty() && parts_.model_for_resume &&
-           c_.strategy == StrategyKind::kDdp && device_.is_cpu();
-  blank_ = blank_ || (carried_ && parts_.model_for_resume);
+  // before the strategy broadcasts or shards them.
+  blank_ = StartsBlank();
   torch::manual_seed(c_.seed);
   model_ = blank_ ? parts_.model_for_resume() : parts_.model();
   if (!model_.module || !model_.forward)
@@ -166,6 +161,18 @@ Trainer::Trainer(const TrainConfig& c, TrainParts parts,
                 device_.str().c_str(), dist_->backend().c_str(), world_,
                 world_ == 1 ? "" : "s");
   }
+}
+
+// A restarted DDP worker on the CPU nearly always resumes: a model's
+// initial draws wait until the resume finds nothing, when the parts can
+// make it without them. A rank carrying its state into a new round never
+// needs them.
+bool Trainer::StartsBlank() const {
+  if (!parts_.model_for_resume) return false;
+  if (carried_) return true;
+  return dist_->env().restart_count > 0 && !c_.checkpoint_dir.empty() &&
+         c_.init_from.empty() && c_.strategy == StrategyKind::kDdp &&
+         device_.is_cpu();
 }
 
 // With dtrun's --restart=in-place: the watcher that lets this rank outlive

@@ -60,6 +60,7 @@ class Trainer {
   bool Evaluates() const {
     return parts_.evaluate && (rank_ == 0 || strategy_->CollectiveEval());
   }
+  bool StartsBlank() const;
   void DrawInitialWeights();
   void StartOver();
   void SetUpInPlace();

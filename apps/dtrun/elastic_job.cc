@@ -472,6 +472,24 @@ ElasticJob::RoundEnd ElasticJob::Fence(const std::string& why) {
   return RoundEnd{true, 0};
 }
 
+// The round is over elsewhere: the workers stop, or under
+// --restart=in-place stay for the next round when they can (a rejoin now,
+// with them running).
+std::optional<ElasticJob::RoundEnd> ElasticJob::StopForNewRound(
+    const std::string& why) {
+  auto log = Logger("dtrun.rdzv");
+  if (group_.KeepForNewRound()) {
+    log->warn(
+        "round {}: the round is over elsewhere; keeping the local workers in "
+        "place to rejoin",
+        assignment_.round);
+    return RoundEnd{true, 0, true};
+  }
+  log->warn("round {}: {}", assignment_.round, why);
+  group_.StopForNewRound();
+  return std::nullopt;
+}
+
 std::optional<ElasticJob::RoundEnd> ElasticJob::Carry(const RoundStep& step,
                                                       RoundPolicy* policy,
                                                       TimePoint* next_check) {
@@ -490,16 +508,7 @@ std::optional<ElasticJob::RoundEnd> ElasticJob::Carry(const RoundStep& step,
       return Carry(policy->OnFailureReported(ReportFailure()), policy,
                    next_check);
     case RoundStep::Kind::kStopWorkers:
-      if (group_.KeepForNewRound()) {
-        log->warn(
-            "round {}: the round is over elsewhere; keeping the local "
-            "workers in place to rejoin",
-            assignment_.round);
-        return RoundEnd{true, 0, true};
-      }
-      log->warn("round {}: {}", assignment_.round, step.why);
-      group_.StopForNewRound();
-      return std::nullopt;
+      return StopForNewRound(step.why);
     case RoundStep::Kind::kFence:
       return Fence(step.why);
     case RoundStep::Kind::kRejoin:

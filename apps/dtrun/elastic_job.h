@@ -51,6 +51,7 @@ class ElasticJob : public Job {
   bool ReportFailure();
   // Stops the workers of a node cut off from the store; the round's end.
   RoundEnd Fence(const std::string& why);
+  std::optional<RoundEnd> StopForNewRound(const std::string& why);
   void WaitTurn(const RoundPolicy& policy, TimePoint* next_check);
   void Linger();
   // Says when the store stops and starts answering (`status` of a
