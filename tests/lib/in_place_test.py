@@ -12,11 +12,13 @@ import argparse
 import glob
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
 import tempfile
 import textwrap
+import time
 import unittest
 
 p = argparse.ArgumentParser()
@@ -233,6 +235,106 @@ class InPlaceRecovery(unittest.TestCase):
                                       rf"{source}\)")
                 self.assertEqual(self.sha(out), clean)
                 self.assertEqual(staged_segments(), [])
+
+    # Elastic jobs of two loopback nodes (--nnodes=1:2), each dtrun's output
+    # in files that the test reads as the run goes.
+    FAST = ("keep_alive_interval=0.2,keep_alive_max_attempt=3,last_call_timeout=1,"
+            "join_timeout=30")
+
+    def start_node(self, node, port, run_id, ckpt, sets, nnodes="1:2"):
+        out = open(os.path.join(self.tmp.name, f"{run_id}.out{node}"), "w+")
+        err = open(os.path.join(self.tmp.name, f"{run_id}.err{node}"), "w+")
+        cmd = [ARGS.dtrun, f"--nnodes={nnodes}", "--nproc-per-node=2", "--rdzv-backend=c10d",
+               f"--rdzv-endpoint=127.0.0.1:{port}", f"--rdzv-id={run_id}",
+               f"--rdzv-conf={self.FAST}", f"--local-addr=127.0.0.{2 + node}",
+               "--restart=in-place", "--max-restarts=2", ARGS.train_cfg, DDP,
+               "--set", f'checkpoint.dir="{ckpt}"']
+        for s in ["train.log_every=50", "checkpoint.every=40", *sets]:
+            cmd += ["--set", s]
+        proc = subprocess.Popen(cmd, stdout=out, stderr=err, text=True)
+        self.addCleanup(lambda: proc.poll() is None and (proc.kill(), proc.wait()))
+        return proc, out.name, err.name
+
+    def wait_for(self, path, pattern, proc):
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            with open(path) as f:
+                m = re.search(pattern, f.read())
+            if m:
+                return m
+            self.assertIsNone(proc.poll(), f"ended before {pattern!r}")
+            time.sleep(0.05)
+        self.fail(f"no {pattern!r} in {path}")
+
+    def finish(self, proc, out, err):
+        proc.wait(timeout=240)
+        with open(out) as o, open(err) as e:
+            return proc.returncode, o.read(), e.read()
+
+    def schedule(self, first_nodes, then_nodes, step, steps):
+        """params_sha256 of a run on `first_nodes` nodes (2 ranks each)
+        stopped after `step`, resumed on `then_nodes` to `steps`."""
+        ckpt = os.path.join(self.tmp.name, f"schedule{step}")
+        for i, (nodes, sets) in enumerate(((first_nodes, [f"train.stop_after_step={step}",
+                                                          f"checkpoint.every={step}"]),
+                                           (then_nodes, []))):
+            with socket.socket() as sock:
+                sock.bind(("127.0.0.1", 0))
+                port = sock.getsockname()[1]
+            run = [self.start_node(n, port, f"sched{step}x{i}", ckpt,
+                                   [f"train.steps={steps}", *sets], nnodes=str(nodes))
+                   for n in range(nodes)]
+            results = [self.finish(*r) for r in run]
+            self.assertEqual([r[0] for r in results], [0] * nodes, results[0][2])
+        return self.sha("".join(r[1] for r in results))
+
+    def test_a_lost_node_leaves_the_others_running_on_fewer_ranks(self):
+        # Node 1 of two is SIGKILLed whole (its dtrun and workers): node 0's
+        # workers keep their processes, re-form as the 2 ranks of the next
+        # round and go on from the step they hold, bitwise as a run that
+        # went from 4 ranks to 2 at that step.
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        ckpt = os.path.join(self.tmp.name, "lost")
+        sets = ["train.steps=900"]
+        node0 = self.start_node(0, port, "lost", ckpt, sets)
+        self.wait_for(node0[2], r"joining rendezvous", node0[0])
+        node1 = self.start_node(1, port, "lost", ckpt, sets)
+        pids = self.wait_for(node1[2], r"attempt 0: started 2 worker\(s\), pids (\d+),(\d+)",
+                             node1[0])
+        self.wait_for(node0[1], r"step 200 loss", node0[0])
+        for pid in (node1[0].pid, *map(int, pids.groups())):
+            os.kill(pid, signal.SIGKILL)
+        node1[0].wait()
+        rc, out, err = self.finish(*node0)
+        self.assertEqual(rc, 0, err)
+        self.assertRegex(err, r"round \d+: kept the 2 worker\(s\) in place as ranks 0\.\.1 of 2")
+        self.assertEqual(len(re.findall(r"attempt \d+: started", err)), 1, err)
+        step = int(re.search(r"in place: round \d+ goes on from step (\d+) with 2 ranks",
+                             out).group(1))
+        self.assertRegex(err, rf"recovered in [\d.]+ s: .*\(from step {step}, kept\)")
+        self.assertEqual(self.sha(out), self.schedule(2, 1, step, 900))
+
+    def test_a_node_joining_takes_the_state_of_the_running_ones(self):
+        # Node 0 trains alone; node 1 joins: node 0's workers stay, re-form
+        # as ranks 0..1 of 4, and node 1's new workers take their state.
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        ckpt = os.path.join(self.tmp.name, "grow")
+        sets = ["train.steps=700"]
+        node0 = self.start_node(0, port, "grow", ckpt, sets)
+        self.wait_for(node0[1], r"step 100 loss", node0[0])
+        node1 = self.start_node(1, port, "grow", ckpt, sets)
+        results = [self.finish(*node0), self.finish(*node1)]
+        self.assertEqual([r[0] for r in results], [0, 0], results[0][2] + results[1][2])
+        rc, out, err = results[0]
+        self.assertRegex(err, r"round 1: kept the 2 worker\(s\) in place as ranks 0\.\.1 of 4")
+        self.assertEqual(len(re.findall(r"attempt \d+: started", err)), 1, err)
+        step = int(re.search(r"in place: round 1 goes on from step (\d+) with 4 ranks",
+                             out).group(1))
+        self.assertEqual(self.sha(out), self.schedule(1, 2, step, 700))
 
     def torch_job(self, kill_at, flags):
         env = dict(os.environ, PYTHONPATH=os.path.abspath(PY_PACKAGE))
