@@ -17,6 +17,11 @@ step after the resume (each output line timed as it arrives), with dtrun's
 own recovery line beside it. The faults take turns, repeated; medians and
 spread.
 
+--sides dtrun-in-place: dtrun with --restart=in-place, the survivor's
+worker kept in its process for the next round (DDP), going on from the
+step it holds. Beside the next step, the time lost: the signal to step 16
+(past the failure on every side) less two undisturbed steps.
+
 --sides adds PyTorch's own launcher on the same failure: torchrun 2.6 or
 2.14 (from the Debian roots, dtrun's torch shim on PYTHONPATH as their
 builds lack libuv) with the same model under PyTorch's DDP in Python
@@ -29,7 +34,8 @@ waiting for its 30 min timeout). Sides and faults take turns.
 
 Usage: node_loss_bench.py --dtrun PATH --train-cfg PATH [--repeat N]
          [--faults kill,stop] [--rdzv-conf K=V,...] [--dtrun-flags=--standby]
-         [--sides dtrun,torchrun-2.6,torchrun-2.14] [--torchrun-cap S]"""
+         [--sides dtrun,dtrun-in-place,torchrun-2.6,torchrun-2.14]
+         [--torchrun-cap S]"""
 import argparse
 import os
 import re
@@ -49,7 +55,8 @@ CHECKOUT = os.path.normpath(os.path.join(HERE, "..", ".."))
 CONFIG = os.path.join(CHECKOUT, "examples", "configs", "mlp100m_ddp.toml")
 SHIM = os.path.join(CHECKOUT, "apps", "dtrun", "python", "dtrun_torch_shim")
 ROOTS = {"torchrun-2.6": "torch2.sh", "torchrun-2.14": "torch214.sh"}
-RESUMED = re.compile(r"resumed from (memory|\S+) at step (\d+)")
+RESUMED = re.compile(r"resumed from (memory|\S+) at step (\d+)"
+                     r"|in place: round \d+ goes on from (step) (\d+)")
 RECOVERED = re.compile(r"recovered in ([\d.]+) s: (.*)")
 
 p = argparse.ArgumentParser()
@@ -59,12 +66,14 @@ p.add_argument("--dtrun-flags", default="", help="more dtrun flags, e.g. --stand
 p.add_argument("--repeat", type=int, default=3)
 p.add_argument("--faults", default="kill,stop")
 p.add_argument("--rdzv-conf", default="")
-p.add_argument("--sides", default="dtrun", help="dtrun,torchrun-2.6,torchrun-2.14")
+p.add_argument("--sides", default="dtrun",
+               help="dtrun,dtrun-in-place,torchrun-2.6,torchrun-2.14")
 p.add_argument("--torchrun-cap", type=float, default=60)
 ARGS = p.parse_args()
 for _side in ARGS.sides.split(","):
-    if _side != "dtrun" and _side not in ROOTS:
-        p.error(f"--sides: unknown side '{_side}'; choose from dtrun, {', '.join(ROOTS)}")
+    if _side not in ("dtrun", "dtrun-in-place") and _side not in ROOTS:
+        p.error(f"--sides: unknown side '{_side}'; choose from dtrun, dtrun-in-place, "
+                f"{', '.join(ROOTS)}")
 
 
 def free_port():
@@ -89,12 +98,14 @@ def torchrun_node(side, survivor, port, folder, run_id):
 
 
 def node(side, rank, port, folder, run_id):
-    if side != "dtrun":
+    if not side.startswith("dtrun"):
         return torchrun_node(side, rank == 0, port, folder, run_id)
+    in_place = ["--restart=in-place", "--max-restarts=3"] if side == "dtrun-in-place" else []
     conf = "last_call_timeout=1,join_timeout=60" + (f",{ARGS.rdzv_conf}" if ARGS.rdzv_conf else "")
     cmd = [ARGS.dtrun, "--nnodes=1:2", "--nproc-per-node=1", f"--node-rank={rank}",
            "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", f"--rdzv-id={run_id}",
-           f"--rdzv-conf={conf}", f"--log-dir={folder}/logs{rank}", *ARGS.dtrun_flags.split(),
+           f"--rdzv-conf={conf}", f"--log-dir={folder}/logs{rank}", *in_place,
+           *ARGS.dtrun_flags.split(),
            ARGS.train_cfg, CONFIG,
            "--set", f'checkpoint.dir="{folder}/ckpt"', "--set", 'checkpoint.mode="memory"',
            "--set", "checkpoint.persist_every=100", "--set", "checkpoint.every=4",
@@ -105,7 +116,8 @@ def node(side, rank, port, folder, run_id):
 
 def once(side, fault, run_id):
     # The roots see the host's /tmp, not /var/tmp.
-    tmp = os.environ.get("DTRUN_BENCH_TMP", "/tmp") if side == "dtrun" else "/tmp"
+    dtrun = side.startswith("dtrun")
+    tmp = os.environ.get("DTRUN_BENCH_TMP", "/tmp") if dtrun else "/tmp"
     with tempfile.TemporaryDirectory(dir=tmp) as folder:
         port = free_port()
         survivor = node(side, 0, port, folder, run_id)
@@ -123,13 +135,20 @@ def once(side, fault, run_id):
             for line in stream:
                 now = time.monotonic()
                 lines.append(line)
+                step = re.match(r"step (\d+) loss", line)
+                if step and "lost" not in marks:
+                    marks.setdefault("steps", []).append(now)
+                if step and int(step.group(1)) == 16 and "lost" in marks:
+                    marks.setdefault("past", now)  # both sides past the failure
                 if line.startswith("step 14 loss") and "lost" not in marks:
                     lose_the_other_node()
                 elif ("declared dead" in line or "failed (exitcode" in line) and "lost" in marks:
                     marks.setdefault("declared", now)
                 elif RESUMED.search(line) and "lost" in marks:
                     m = RESUMED.search(line)
-                    marks["source"], marks["step"] = m.group(1), int(m.group(2))
+                    kept = m.group(3) is not None
+                    marks["source"] = "kept" if kept else m.group(1)
+                    marks["step"] = int(m.group(4) if kept else m.group(2))
                 elif "step" in marks and line.startswith(f"step {marks['step'] + 1} loss"):
                     marks.setdefault("first_step", now)
                 elif RECOVERED.search(line) and "lost" in marks:
@@ -141,7 +160,7 @@ def once(side, fault, run_id):
         threading.Thread(target=lambda: [None for _ in victim.stdout], daemon=True).start()
         threading.Thread(target=lambda: [None for _ in victim.stderr], daemon=True).start()
         try:
-            if side == "dtrun":
+            if dtrun:
                 survivor.wait(timeout=900)
             else:
                 wait_capped(survivor, marks)
@@ -152,17 +171,23 @@ def once(side, fault, run_id):
             kill_holding(folder)  # a worker its launcher lost
         for t in threads:
             t.join()
-        if side != "dtrun" and "first_step" not in marks and "lost" in marks:
+        if not dtrun and "first_step" not in marks and "lost" in marks:
             # no next step within the cap: counted, not fatal
             print(f"{side} {fault}: no next step (exit {survivor.returncode}); its last lines:\n"
                   + "".join(lines[-12:]), file=sys.stderr, flush=True)
             return None
         # torchrun's survivor is killed once its next step is seen
-        ok_exits = (0,) if side == "dtrun" else (0, -signal.SIGKILL)
+        ok_exits = (0,) if dtrun else (0, -signal.SIGKILL)
         if survivor.returncode not in ok_exits or "first_step" not in marks:
             sys.exit(f"{side} {fault}: exit {survivor.returncode}\n" + "".join(lines))
+        # Time lost: to step 16 (past the failure on both sides: a restart
+        # redoes the steps since its copy) less the two steps an undisturbed
+        # run takes from step 14 to 16, timed on this run's steps 9..14.
+        gaps = [b - a for a, b in zip(marks["steps"][-6:], marks["steps"][-5:])]
+        step_s = statistics.median(gaps)
+        lost = marks["past"] - marks["lost"] - 2 * step_s if "past" in marks else float("nan")
         return (marks["first_step"] - marks["lost"], marks.get("declared", marks["lost"]) - marks["lost"],
-                marks.get("report", "-"), marks["source"], marks["step"])
+                marks.get("report", "-"), marks["source"], marks["step"], lost, step_s)
 
 
 def wait_capped(proc, marks):
@@ -176,7 +201,7 @@ def wait_capped(proc, marks):
 
 
 def where(source):
-    return "memory" if source == "memory" else "the folder"
+    return {"memory": "memory", "kept": "kept in place"}.get(source, "the folder")
 
 
 def row(side, fault, all_runs):
@@ -189,7 +214,10 @@ def row(side, fault, all_runs):
     declared = [r[1] for r in runs]
     median_run = sorted(runs)[len(runs) // 2]
     missing = f"; {none} of {len(all_runs)} none within {ARGS.torchrun_cap:.0f} s" if none else ""
+    lost = [r[5] for r in runs]
+    step_s = statistics.median(r[6] for r in runs)
     return (f"| {side} | {label} | {statistics.median(total):.2f} s ({min(total):.2f}-{max(total):.2f}){missing} "
+            f"| {statistics.median(lost):.2f} s ({min(lost):.2f}-{max(lost):.2f}; a step {step_s:.2f} s) "
             f"| {statistics.median(declared):.2f} s ({min(declared):.2f}-{max(declared):.2f}) "
             f"| {', '.join(sorted(set(f'{where(r[3])} (step {r[4]})' for r in runs)))} "
             f"| `{median_run[2]}` |")
@@ -204,9 +232,10 @@ def main():
             got[(side, fault)].append(once(side, fault, run_id))
     print(f"dtrun's keep-alive: {ARGS.rdzv_conf or 'the default (1 s x 3)'}")
     print("| launcher | fault of the other node | signal to the survivor's next step, median "
-          "(min-max) | of which declared dead (dtrun) or the worker failed (torchrun) after "
+          "(min-max) | time lost: signal to step 16 less two undisturbed steps "
+          "| of which declared dead (dtrun) or the worker failed (torchrun) after "
           "| resumed from | dtrun's recovery line (the median run) |")
-    print("|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|")
     for (side, fault), runs in got.items():
         print(row(side, fault, runs))
 
