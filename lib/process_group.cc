@@ -290,6 +290,8 @@ void Distributed::Shutdown() {
   if (impl_->nccl) impl_->nccl->shutdown();
 #endif
 }
+void Distributed::Abandon() { (void)impl_->pg.release(); }
+
 void Distributed::Regroup(int restart_count, std::chrono::milliseconds wait,
                           const std::function<void(int replaced)>& meanwhile) {
   const std::string who = "rank " + std::to_string(impl_->env.rank) + ": ";

@@ -85,6 +85,11 @@ class Distributed {
   // destroy_process_group does; collectives fail after it. The destructor
   // calls it; calling it earlier, at the end of a run, is the same.
   void Shutdown();
+  // Lets go of the group without destroying it: a collective stuck on a
+  // peer that will never answer (a SIGSTOPped or cut-off node) would hold
+  // its destructor forever. Its threads and buffers stay until the process
+  // ends. Before this object goes, when a new round leaves the group.
+  void Abandon();
 
   struct Impl;
 

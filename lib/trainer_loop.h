@@ -40,7 +40,13 @@ class Trainer {
   // The process exit code. Throws NewRound when dtrun keeps this rank for
   // a new round: then Carry() what it holds into the next trainer.
   int Run();
-  Carried Carry() { return in_place_->Carry(held_); }
+  // ...and its group is abandoned (Distributed::Abandon) before the
+  // trainer goes: gloo's threads may wait on the lost node for good.
+  Carried Carry() {
+    Carried k = in_place_->Carry(held_);
+    dist_->Abandon();
+    return k;
+  }
 
  private:
   // The state every rank starts from, and where it came from.

@@ -22,6 +22,11 @@ std::string ReadyFile(const std::string& attempt_dir, int local_rank) {
          rendezvous::in_place::kReadySuffix;
 }
 
+std::string RoundFile(const std::string& attempt_dir, int local_rank) {
+  return layout::BeatFile(attempt_dir, local_rank) +
+         rendezvous::in_place::kRoundSuffix;
+}
+
 }  // namespace
 
 void AddEnv(const LaunchConfig& config, EnvMap* env) {
@@ -80,13 +85,29 @@ Status WriteRound(const std::string& attempt_dir, int local_rank,
     auto it = env.find(*name);
     if (it != env.end()) text += it->first + "=" + it->second + "\n";
   }
-  const std::string path = layout::BeatFile(attempt_dir, local_rank) +
-                           rendezvous::in_place::kRoundSuffix;
+  const std::string path = RoundFile(attempt_dir, local_rank);
   const std::string tmp = path + ".tmp";
   Status s = os::WriteFile(tmp, text);
   if (s.ok() && ::rename(tmp.c_str(), path.c_str()) != 0)
     s = Status::Io("renaming " + tmp + ": " + std::strerror(errno));
   return s;
+}
+
+bool RoundUnread(const std::string& attempt_dir, int local_rank) {
+  return ::access(RoundFile(attempt_dir, local_rank).c_str(), F_OK) == 0;
+}
+
+bool AllResumed(const std::string& attempt_dir,
+                const std::map<int, int>& pids) {
+  for (const auto& [lr, pid] : pids) {
+    if (::access(layout::ResumeFile(attempt_dir, lr).c_str(), F_OK) != 0)
+      return false;
+  }
+  return true;
+}
+
+void ForgetRound(const std::string& attempt_dir, int local_rank) {
+  ::unlink(RoundFile(attempt_dir, local_rank).c_str());
 }
 
 void ForgetRecords(const std::string& attempt_dir,

@@ -6,6 +6,7 @@
 // that a replacement makes stale. The Agent decides (agent.h); the local
 // group spawns the replacement and the job tells the survivors.
 
+#include <chrono>
 #include <map>
 #include <string>
 
@@ -32,6 +33,18 @@ bool CanKeepForRound(const LaunchConfig& config, const std::string& attempt_dir,
                      const std::map<int, double>& exit_time);
 Status WriteRound(const std::string& attempt_dir, int local_rank,
                   const EnvMap& env);
+// Whether local rank `local_rank` has not read its round file yet (it
+// removes it then); ForgetRound removes it for a worker that never will.
+bool RoundUnread(const std::string& attempt_dir, int local_rank);
+// Whether every worker of `pids` wrote its resume record.
+bool AllResumed(const std::string& attempt_dir, const std::map<int, int>& pids);
+void ForgetRound(const std::string& attempt_dir, int local_rank);
+// How long a kept worker may take to read its round file: a healthy one
+// reads it within 0.1 s and leaves its step at the next collective; one
+// stuck in a collective with a SIGSTOPped or cut-off node never does. A
+// healthy one taken for stuck costs its own restart, which takes the
+// state from the others.
+inline constexpr std::chrono::seconds kKeptStuck{2};
 // Before local rank `replaced` (-1: none) starts again: every rank's resume
 // record goes (the survivors write new ones once re-formed, which the recovery
 // report waits for), and the replaced rank's word that it can re-form.

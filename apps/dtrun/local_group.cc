@@ -155,6 +155,7 @@ int LocalGroup::PollTimeout(int timeout_ms) const {
     sooner(static_cast<int>(kDStateCheck.count()));
   sooner(watch_.NextMs(agent_.phase()));
   if (running) by(next_beat_read_);
+  if (keep_check_at_) by(*keep_check_at_);
   return timeout;
 }
 
@@ -274,6 +275,7 @@ void LocalGroup::OnTick() {
     Apply(agent_.OnHang(signo, clock_->Now()));
   }
   if (outcome_ == Outcome::kRunning) CheckUninterruptible();
+  if (outcome_ == Outcome::kRunning) CheckKeptWorkers();
   if (outcome_ == Outcome::kRunning)
     timer_.Check(pids_, PythonWorkers(config_));
 }

@@ -1,5 +1,9 @@
 // The local group's half of in-place recovery (--restart=in-place): whether
 // a failed worker is replaced alone, and its replacement's start.
+#include <signal.h>
+
+#include <map>
+
 #include "apps/dtrun/in_place.h"
 #include "apps/dtrun/local_group.h"
 #include "apps/dtrun/standby.h"
@@ -11,7 +15,11 @@ namespace dtrun::agent {
 // gone, and the job gives the replacement an attempt (on many nodes, one
 // replacement at a time): the Agent decides from that.
 int LocalGroup::ReplacementAttempt(const WorkerExit& e) {
-  if (!agent_.CouldReplace() ||
+  // Until every kept worker re-formed in the new round (its resume record
+  // written), a replacement's group would not be theirs.
+  if (round_settling_)
+    round_settling_ = !in_place::AllResumed(attempt_dir_, pids_);
+  if (round_settling_ || !agent_.CouldReplace() ||
       !in_place::CanReplace(config_, attempt_dir_, pids_, exit_time_, e.pid))
     return -1;
   const int attempt = observer_->ClaimReplacement(agent_.restart_count());
@@ -89,12 +97,42 @@ bool LocalGroup::ContinueRound(int round) {
   hang_.Reset(config_.nproc_per_node, attempt_dir_, round);
   beats_.Reset(attempt_dir_, config_.nproc_per_node);
   watch_.OnSpawned(clock_->UnixSeconds());
+  keep_check_at_ = clock_->Now() + in_place::kKeptStuck;
+  round_settling_ = true;
   Logger("dtrun.agent")
       ->info("round {}: kept the {} worker(s) in place as ranks {}..{} of {}",
              round, pids_.size(), assignment_.base_rank,
              assignment_.base_rank + config_.nproc_per_node - 1,
              assignment_.world_size);
   return true;
+}
+
+// Its exit is then no failure (abandoned_), and the new worker, of this
+// round from its start, takes the state from the others as new workers of
+// other nodes do.
+void LocalGroup::CheckKeptWorkers() {
+  if (!keep_check_at_ || clock_->Now() < *keep_check_at_) return;
+  keep_check_at_.reset();
+  if (agent_.phase() != Phase::kRunning) return;
+  for (const auto& [lr, pid] : std::map<int, int>(pids_)) {
+    if (exit_time_.count(pid) || !in_place::RoundUnread(attempt_dir_, lr))
+      continue;
+    Logger("dtrun.agent")
+        ->warn(
+            "local_rank {} (pid {}) did not take its place in round {} "
+            "within {} s (stuck in a collective with a lost node?): a new "
+            "worker takes it",
+            lr, pid, attempt_.restart_count,
+            std::chrono::duration_cast<std::chrono::seconds>(
+                in_place::kKeptStuck)
+                .count());
+    abandoned_[pid] = true;
+    ::kill(pid, SIGKILL);
+    in_place::ForgetRound(attempt_dir_, lr);
+    AwaitWarmStandby(workers_, signals_, clock_, config_.handled_signals,
+                     &deferred_signals_);
+    SpawnRank(lr);
+  }
 }
 
 }  // namespace dtrun::agent
