@@ -167,7 +167,7 @@ Carried InPlaceRecovery::Carry(int64_t held) {
 // group nobody else joins. The file goes once read, so that the next
 // round's word is a new file. The attempt counters start again at the
 // round's number: the old round's announcements mean nothing in it.
-void InPlaceRecovery::EnterNewRound() {
+int InPlaceRecovery::EnterNewRound() {
   const std::string path =
       rendezvous::in_place::BeatFileWith(rendezvous::in_place::kRoundSuffix);
   std::FILE* f = path.empty() ? nullptr : std::fopen(path.c_str(), "r");
@@ -190,7 +190,7 @@ void InPlaceRecovery::EnterNewRound() {
       throw Error(path + " does not name " + std::string(*name));
     ::setenv(*name, it->second.c_str(), 1);
   }
-  ResetGroupAttempts(std::atoi(vars["TORCHELASTIC_RESTART_COUNT"].c_str()));
+  return std::atoi(vars["TORCHELASTIC_RESTART_COUNT"].c_str());
 }
 
 int64_t InPlaceRecovery::Regroup(const std::string& failure, int64_t held) {

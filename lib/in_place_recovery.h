@@ -93,8 +93,11 @@ class InPlaceRecovery {
   Carried Carry(int64_t held);
   // After NewRound: the new round's variables (dtrun's round file) into
   // this process's environment, for Distributed::FromEnv; the file goes.
-  // Throws Error when it cannot be read.
-  static void EnterNewRound();
+  // The round's restart count; the group attempt counters start again
+  // there (ResetGroupAttempts) once the old trainer is gone: until then
+  // its threads must see their group given up. Throws Error when the
+  // file cannot be read.
+  static int EnterNewRound();
   // After `failure` (a collective failed: a rank died) on a rank that
   // holds the state of step `held`: the group re-formed and the newest
   // state shared; the step to go on from, with the resume record written

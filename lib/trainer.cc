@@ -601,7 +601,8 @@ int Train(const TrainConfig& c, TrainParts parts) {
   // A rank dtrun keeps for a new round (rendezvous/in_place.h, step 4)
   // leaves its trainer with its state, and builds it again there.
   std::optional<Carried> carried;
-  for (;;) {
+  for (int round = -1;;) {
+    if (round >= 0) ResetGroupAttempts(round);  // the old trainer is gone
     Trainer trainer(c, parts, Distributed::FromEnv(popts), std::move(carried));
     try {
       return trainer.Run();
@@ -612,7 +613,7 @@ int Train(const TrainConfig& c, TrainParts parts) {
                    "%lld\n",
                    std::getenv("RANK"), e.what(), std::getenv("RANK"),
                    (long long)carried->step);
-      InPlaceRecovery::EnterNewRound();
+      round = InPlaceRecovery::EnterNewRound();
     } catch (const std::exception& e) {
       // Before the unwinding closes the process group: the peers' errors
       // (a closed connection) come after this one, in time and in the

@@ -252,6 +252,8 @@ class InPlaceRecovery(unittest.TestCase):
         for s in ["train.log_every=50", "checkpoint.every=40", *sets]:
             cmd += ["--set", s]
         proc = subprocess.Popen(cmd, stdout=out, stderr=err, text=True)
+        out.close()
+        err.close()
         self.addCleanup(lambda: proc.poll() is None and (proc.kill(), proc.wait()))
         return proc, out.name, err.name
 
@@ -288,32 +290,52 @@ class InPlaceRecovery(unittest.TestCase):
             self.assertEqual([r[0] for r in results], [0] * nodes, results[0][2])
         return self.sha("".join(r[1] for r in results))
 
+    def lose_node(self, signo, run_id):
+        """Node 1 of two gets `signo` (its dtrun and workers) after step 200:
+        node 0's output and the step its 2 ranks went on from."""
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        ckpt = os.path.join(self.tmp.name, run_id)
+        sets = ["train.steps=900"]
+        node0 = self.start_node(0, port, run_id, ckpt, sets)
+        self.wait_for(node0[2], r"joining rendezvous", node0[0])
+        node1 = self.start_node(1, port, run_id, ckpt, sets)
+        pids = self.wait_for(node1[2], r"attempt 0: started 2 worker\(s\), pids (\d+),(\d+)",
+                             node1[0])
+        self.wait_for(node0[1], r"step 200 loss", node0[0])
+        lost = (node1[0].pid, *map(int, pids.groups()))
+        for pid in lost:
+            os.kill(pid, signo)
+        rc, out, err = self.finish(*node0)
+        for pid in lost:  # a stopped node is killed once the test is done
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        node1[0].wait()
+        self.assertEqual(rc, 0, err)
+        self.assertRegex(err, r"round \d+: kept the 2 worker\(s\) in place as ranks 0\.\.1 of 2")
+        self.assertEqual(len(re.findall(r"attempt \d+: started", err)), 1, err)
+        step = int(re.search(r"recovered in [\d.]+ s: .*\(from step (\d+), \w+\)", err).group(1))
+        return out, err, step
+
     def test_a_lost_node_leaves_the_others_running_on_fewer_ranks(self):
         # Node 1 of two is SIGKILLed whole (its dtrun and workers): node 0's
         # workers keep their processes, re-form as the 2 ranks of the next
         # round and go on from the step they hold, bitwise as a run that
         # went from 4 ranks to 2 at that step.
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = sock.getsockname()[1]
-        ckpt = os.path.join(self.tmp.name, "lost")
-        sets = ["train.steps=900"]
-        node0 = self.start_node(0, port, "lost", ckpt, sets)
-        self.wait_for(node0[2], r"joining rendezvous", node0[0])
-        node1 = self.start_node(1, port, "lost", ckpt, sets)
-        pids = self.wait_for(node1[2], r"attempt 0: started 2 worker\(s\), pids (\d+),(\d+)",
-                             node1[0])
-        self.wait_for(node0[1], r"step 200 loss", node0[0])
-        for pid in (node1[0].pid, *map(int, pids.groups())):
-            os.kill(pid, signal.SIGKILL)
-        node1[0].wait()
-        rc, out, err = self.finish(*node0)
-        self.assertEqual(rc, 0, err)
-        self.assertRegex(err, r"round \d+: kept the 2 worker\(s\) in place as ranks 0\.\.1 of 2")
-        self.assertEqual(len(re.findall(r"attempt \d+: started", err)), 1, err)
-        step = int(re.search(r"in place: round \d+ goes on from step (\d+) with 2 ranks",
-                             out).group(1))
+        out, err, step = self.lose_node(signal.SIGKILL, "lost")
+        self.assertIn(f"in place: round 1 goes on from step {step} with 2 ranks", out)
         self.assertRegex(err, rf"recovered in [\d.]+ s: .*\(from step {step}, kept\)")
+        self.assertEqual(self.sha(out), self.schedule(2, 1, step, 900))
+
+    def test_a_stopped_node_leaves_no_kept_worker_stuck(self):
+        # Node 1 is SIGSTOPped: a worker of node 0 blocked in a collective
+        # with it (gloo cannot abort one) never reads its round file, and a
+        # new worker of the round takes its place after 2 s, from the state
+        # a kept one holds or the checkpoint; bitwise as 4 ranks, then 2.
+        out, err, step = self.lose_node(signal.SIGSTOP, "stopped")
         self.assertEqual(self.sha(out), self.schedule(2, 1, step, 900))
 
     def test_a_node_joining_takes_the_state_of_the_running_ones(self):
