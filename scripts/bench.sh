@@ -273,6 +273,11 @@ if want detect; then
   /usr/bin/python3 tests/bench/node_loss_bench.py --dtrun $b/apps/dtrun \
     --train-cfg $b/examples/train_cfg
   echo
+  echo "== the same, the survivor kept in place (--restart=in-place) beside the whole group"
+  /usr/bin/python3 tests/bench/node_loss_bench.py --dtrun $b/apps/dtrun \
+    --train-cfg $b/examples/train_cfg --repeat 3 --faults kill,stop \
+    --sides dtrun-in-place,dtrun --dtrun-flags=--standby
+  echo
   echo "== the same, and one worker of two SIGKILLed: cold vs --standby (the program's own),"
   echo "   under each BLAS installed (one thread), taking turns"
   restart_blas=(/usr/lib/x86_64-linux-gnu/blas)
