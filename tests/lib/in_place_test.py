@@ -6,7 +6,10 @@ rank 0 or not); FSDP's ranks all go back to the newest checkpoint (the
 node's memory copy) or to the start, in place; the same for a Python worker
 under PyTorch's own DDP through dtrun.in_place; what cannot be kept falls
 back to the whole-group restart (FSDP without checkpoints, workers that did
-not opt in, a failure during a replacement).
+not opt in, a failure during a replacement). On loopback nodes
+(InPlaceOnNodes): a worker replaced across nodes; a node lost, SIGSTOPped
+or joining keeps the other nodes' workers, bitwise as a run with the same
+world-size schedule.
 Labelled torch2: the same runs against Torch 2.x."""
 import argparse
 import glob
@@ -56,11 +59,17 @@ PY_WORKER = textwrap.dedent("""\
     """)
 
 
+def free_port():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 def staged_segments():
     return glob.glob("/dev/shm/dtrun-inplace-*")
 
 
-class InPlaceRecovery(unittest.TestCase):
+class Runs(unittest.TestCase):
     clean = {}  # (config, sets) -> params_sha256 of an undisturbed run
 
     def setUp(self):
@@ -108,6 +117,10 @@ class InPlaceRecovery(unittest.TestCase):
         self.assertEqual(len(re.findall(r"re-forming the group in place after step 130",
                                         err)), 2, err)
         self.assertEqual(staged_segments(), [])
+
+
+class InPlaceRecovery(Runs):
+    """One node."""
 
     def test_a_killed_rank_is_replaced_and_the_run_ends_bitwise(self):
         clean = self.undisturbed(DDP)
@@ -183,36 +196,64 @@ class InPlaceRecovery(unittest.TestCase):
         self.assertIn("restarting the worker group: attempt 3 of 3", err)
         self.assertEqual(self.sha(out), clean)
 
+    def torch_job(self, kill_at, flags):
+        env = dict(os.environ, PYTHONPATH=os.path.abspath(PY_PACKAGE))
+        # 2 ranks: PyTorch's DDP built again lays out its buckets anew, and
+        # with 3 or more ranks a gradient's sum then adds in another order.
+        rc, out, err = self.dtrun(
+            [sys.executable, os.path.join(HERE, "in_place_py_worker.py"), str(kill_at)],
+            flags, env, nproc=2)
+        self.assertEqual(rc, 0, err)
+        m = re.search(r"params_sha256=([0-9a-f]{64})", out)
+        self.assertIsNotNone(m, out + err)
+        return m.group(1), err
+
+    def test_a_python_ddp_worker_opts_in_through_dtrun_in_place(self):
+        clean, _ = self.torch_job(0, [])
+        sha, err = self.torch_job(20, ["--restart=in-place", "--max-restarts=1"])
+        self.assertIn("replacing worker local_rank 1 (rank 1) in place", err)
+        self.assertNotIn("restarting the worker group", err)
+        self.assertIn("rank 0: re-forming the group in place after step 20", err)
+        self.assertRegex(err, r"recovered in [\d.]+ s: .*\(from step 20, kept\); time lost")
+        self.assertEqual(sha, clean)
+
+    def python_job(self, mode):
+        script = os.path.join(self.tmp.name, "worker.py")
+        with open(script, "w") as f:
+            f.write(PY_WORKER)
+        return self.dtrun([sys.executable, script, mode],
+                          ["--restart=in-place", "--max-restarts=2", "--term-timeout=5"])
+
+    def test_workers_that_did_not_opt_in_restart_as_a_group(self):
+        rc, _, err = self.python_job("plain")
+        self.assertEqual(rc, 0, err)
+        self.assertNotIn("replacing worker", err)
+        self.assertIn("never said it can re-form its group", err)
+        self.assertIn("restarting the worker group: attempt 2 of 3", err)
+
+    def test_a_failure_during_a_replacement_restarts_the_group(self):
+        rc, _, err = self.python_job("ready")
+        self.assertEqual(rc, 0, err)
+        self.assertIn("replacing worker local_rank 1 (rank 1) in place: attempt 2 of 3", err)
+        self.assertIn("worker local_rank 1", err)
+        self.assertIn("restarting the worker group: attempt 3 of 3", err)
+
+
+class InPlaceOnNodes(Runs):
+    """Loopback nodes: a worker replaced, a node lost, stopped or joining
+    (integration.in_place_nodes)."""
+
     def two_nodes(self, config, sets, flags=()):
         """Two loopback nodes of 2 ranks each (c10d rendezvous, two dtrun
         processes); their returncodes, joined stdout and stderr."""
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = sock.getsockname()[1]
         self.runs += 1
         ckpt = os.path.join(self.tmp.name, f"nodes{self.runs}")
-        fast = ("keep_alive_interval=0.2,keep_alive_max_attempt=3,last_call_timeout=0.5,"
-                "join_timeout=30")
-        procs = []
-        for node in (0, 1):
-            cmd = [ARGS.dtrun, "--nnodes=2", "--nproc-per-node=2", "--rdzv-backend=c10d",
-                   f"--rdzv-endpoint=127.0.0.1:{port}", f"--rdzv-id=inplace{self.runs}",
-                   f"--rdzv-conf={fast}", f"--local-addr=127.0.0.{2 + node}", *flags,
-                   ARGS.train_cfg, config, "--set", f'checkpoint.dir="{ckpt}"']
-            for s in [*SHORT, *sets]:
-                cmd += ["--set", s]
-            procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE,
-                                          stderr=subprocess.PIPE, text=True))
-        results = []
-        for proc in procs:
-            try:
-                results.append(proc.communicate(timeout=240))
-            finally:
-                if proc.poll() is None:
-                    proc.kill()
-                    proc.communicate()
-        return ([p.returncode for p in procs], results[0][0] + results[1][0],
-                results[0][1] + results[1][1])
+        port = free_port()
+        run = [self.start_node(n, port, f"inplace{self.runs}", ckpt, [*SHORT, *sets],
+                               nnodes="2", config=config, flags=flags) for n in (0, 1)]
+        results = [self.finish(*r) for r in run]
+        return ([r[0] for r in results], results[0][1] + results[1][1],
+                results[0][2] + results[1][2])
 
     def test_on_two_nodes_the_other_nodes_ranks_re_form_around_a_replacement(self):
         # Rank 3 (node 1's second) dies: node 1 replaces it, every other
@@ -241,14 +282,14 @@ class InPlaceRecovery(unittest.TestCase):
     FAST = ("keep_alive_interval=0.2,keep_alive_max_attempt=3,last_call_timeout=1,"
             "join_timeout=30")
 
-    def start_node(self, node, port, run_id, ckpt, sets, nnodes="1:2"):
+    def start_node(self, node, port, run_id, ckpt, sets, nnodes="1:2", config=DDP,
+                   flags=("--restart=in-place", "--max-restarts=2")):
         out = open(os.path.join(self.tmp.name, f"{run_id}.out{node}"), "w+")
         err = open(os.path.join(self.tmp.name, f"{run_id}.err{node}"), "w+")
         cmd = [ARGS.dtrun, f"--nnodes={nnodes}", "--nproc-per-node=2", "--rdzv-backend=c10d",
                f"--rdzv-endpoint=127.0.0.1:{port}", f"--rdzv-id={run_id}",
-               f"--rdzv-conf={self.FAST}", f"--local-addr=127.0.0.{2 + node}",
-               "--restart=in-place", "--max-restarts=2", ARGS.train_cfg, DDP,
-               "--set", f'checkpoint.dir="{ckpt}"']
+               f"--rdzv-conf={self.FAST}", f"--local-addr=127.0.0.{2 + node}", *flags,
+               ARGS.train_cfg, config, "--set", f'checkpoint.dir="{ckpt}"']
         for s in ["train.log_every=50", "checkpoint.every=40", *sets]:
             cmd += ["--set", s]
         proc = subprocess.Popen(cmd, stdout=out, stderr=err, text=True)
@@ -280,9 +321,7 @@ class InPlaceRecovery(unittest.TestCase):
         for i, (nodes, sets) in enumerate(((first_nodes, [f"train.stop_after_step={step}",
                                                           f"checkpoint.every={step}"]),
                                            (then_nodes, []))):
-            with socket.socket() as sock:
-                sock.bind(("127.0.0.1", 0))
-                port = sock.getsockname()[1]
+            port = free_port()
             run = [self.start_node(n, port, f"sched{step}x{i}", ckpt,
                                    [f"train.steps={steps}", *sets], nnodes=str(nodes))
                    for n in range(nodes)]
@@ -293,9 +332,7 @@ class InPlaceRecovery(unittest.TestCase):
     def lose_node(self, signo, run_id):
         """Node 1 of two gets `signo` (its dtrun and workers) after step 200:
         node 0's output and the step its 2 ranks went on from."""
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = sock.getsockname()[1]
+        port = free_port()
         ckpt = os.path.join(self.tmp.name, run_id)
         sets = ["train.steps=900"]
         node0 = self.start_node(0, port, run_id, ckpt, sets)
@@ -341,9 +378,7 @@ class InPlaceRecovery(unittest.TestCase):
     def test_a_node_joining_takes_the_state_of_the_running_ones(self):
         # Node 0 trains alone; node 1 joins: node 0's workers stay, re-form
         # as ranks 0..1 of 4, and node 1's new workers take their state.
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = sock.getsockname()[1]
+        port = free_port()
         ckpt = os.path.join(self.tmp.name, "grow")
         sets = ["train.steps=700"]
         node0 = self.start_node(0, port, "grow", ckpt, sets)
@@ -357,48 +392,6 @@ class InPlaceRecovery(unittest.TestCase):
         step = int(re.search(r"in place: round 1 goes on from step (\d+) with 4 ranks",
                              out).group(1))
         self.assertEqual(self.sha(out), self.schedule(1, 2, step, 700))
-
-    def torch_job(self, kill_at, flags):
-        env = dict(os.environ, PYTHONPATH=os.path.abspath(PY_PACKAGE))
-        # 2 ranks: PyTorch's DDP built again lays out its buckets anew, and
-        # with 3 or more ranks a gradient's sum then adds in another order.
-        rc, out, err = self.dtrun(
-            [sys.executable, os.path.join(HERE, "in_place_py_worker.py"), str(kill_at)],
-            flags, env, nproc=2)
-        self.assertEqual(rc, 0, err)
-        m = re.search(r"params_sha256=([0-9a-f]{64})", out)
-        self.assertIsNotNone(m, out + err)
-        return m.group(1), err
-
-    def test_a_python_ddp_worker_opts_in_through_dtrun_in_place(self):
-        clean, _ = self.torch_job(0, [])
-        sha, err = self.torch_job(20, ["--restart=in-place", "--max-restarts=1"])
-        self.assertIn("replacing worker local_rank 1 (rank 1) in place", err)
-        self.assertNotIn("restarting the worker group", err)
-        self.assertIn("rank 0: re-forming the group in place after step 20", err)
-        self.assertRegex(err, r"recovered in [\d.]+ s: .*\(from step 20, kept\); time lost")
-        self.assertEqual(sha, clean)
-
-    def python_job(self, mode):
-        script = os.path.join(self.tmp.name, "worker.py")
-        with open(script, "w") as f:
-            f.write(PY_WORKER)
-        return self.dtrun([sys.executable, script, mode],
-                          ["--restart=in-place", "--max-restarts=2", "--term-timeout=5"])
-
-    def test_workers_that_did_not_opt_in_restart_as_a_group(self):
-        rc, _, err = self.python_job("plain")
-        self.assertEqual(rc, 0, err)
-        self.assertNotIn("replacing worker", err)
-        self.assertIn("never said it can re-form its group", err)
-        self.assertIn("restarting the worker group: attempt 2 of 3", err)
-
-    def test_a_failure_during_a_replacement_restarts_the_group(self):
-        rc, _, err = self.python_job("ready")
-        self.assertEqual(rc, 0, err)
-        self.assertIn("replacing worker local_rank 1 (rank 1) in place: attempt 2 of 3", err)
-        self.assertIn("worker local_rank 1", err)
-        self.assertIn("restarting the worker group: attempt 3 of 3", err)
 
 
 if __name__ == "__main__":
