@@ -279,7 +279,9 @@ class InPlaceOnNodes(Runs):
 
     # Elastic jobs of two loopback nodes (--nnodes=1:2), each dtrun's output
     # in files that the test reads as the run goes.
-    FAST = ("keep_alive_interval=0.2,keep_alive_max_attempt=3,last_call_timeout=1,"
+    # A SIGKILLed node's connection closes at once; a silent one is declared
+    # dead after 3 s, which a loaded machine does not reach by mistake.
+    FAST = ("keep_alive_interval=0.5,keep_alive_max_attempt=6,last_call_timeout=1,"
             "join_timeout=30")
 
     def start_node(self, node, port, run_id, ckpt, sets, nnodes="1:2", config=DDP,
