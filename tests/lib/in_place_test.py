@@ -65,8 +65,12 @@ def free_port():
         return sock.getsockname()[1]
 
 
-def staged_segments():
-    return glob.glob("/dev/shm/dtrun-inplace-*")
+def staged_segments(err):
+    """The segments left by the run that logged `err` (named after its
+    workers' store port: other runs may stage theirs meanwhile)."""
+    ports = set(re.findall(r"(?:store at|workers' store) [\d.]+:(\d+)", err))
+    assert ports, "no workers' store port in the log"
+    return [p for p in glob.glob("/dev/shm/dtrun-inplace-*") if p.split("-")[2] in ports]
 
 
 class Runs(unittest.TestCase):
@@ -116,7 +120,7 @@ class Runs(unittest.TestCase):
         self.assertEqual(len(re.findall(r"attempt \d+: started", err)), 1, err)
         self.assertEqual(len(re.findall(r"re-forming the group in place after step 130",
                                         err)), 2, err)
-        self.assertEqual(staged_segments(), [])
+        self.assertEqual(staged_segments(err), [])
 
 
 class InPlaceRecovery(Runs):
@@ -275,7 +279,7 @@ class InPlaceOnNodes(Runs):
                 self.assertRegex(err, rf"recovered in [\d.]+ s: .*\(from step 1[23]0, "
                                       rf"{source}\)")
                 self.assertEqual(self.sha(out), clean)
-                self.assertEqual(staged_segments(), [])
+                self.assertEqual(staged_segments(err), [])
 
     # Elastic jobs of two loopback nodes (--nnodes=1:2), each dtrun's output
     # in files that the test reads as the run goes.
