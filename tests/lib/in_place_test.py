@@ -370,7 +370,9 @@ class InPlaceOnNodes(Runs):
         # went from 4 ranks to 2 at that step.
         out, err, step = self.lose_node(signal.SIGKILL, "lost")
         self.assertIn(f"in place: round 1 goes on from step {step} with 2 ranks", out)
-        self.assertRegex(err, rf"recovered in [\d.]+ s: .*\(from step {step}, kept\)")
+        # "peer": a kept worker slower than 2 s to leave its step (a loaded
+        # machine) was replaced by a new one, which took the step held.
+        self.assertRegex(err, rf"recovered in [\d.]+ s: .*\(from step {step}, (kept|peer)\)")
         self.assertEqual(self.sha(out), self.schedule(2, 1, step, 900))
 
     def test_a_stopped_node_leaves_no_kept_worker_stuck(self):
