@@ -26,7 +26,8 @@ int LocalGroup::ReplacementAttempt(const WorkerExit& e) {
   if (attempt < 0) {
     Logger("dtrun.agent")
         ->warn(
-            "--restart=in-place: another node's worker is being replaced; the "
+            "--restart=in-place: no attempt for a replacement (another "
+            "node's is under way, or the workers' store did not answer); the "
             "whole group restarts");
   }
   return attempt;
