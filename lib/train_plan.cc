@@ -259,13 +259,14 @@ StepActions ActionsAfterStep(const TrainConfig& c, const Faults& f,
   return a;
 }
 
-// Linear warmup from lr/warmup to lr over the first warmup_steps, then
-// constant or a half cosine from lr down to min_lr at decay_steps (the
-// last step by default), min_lr after.
+// nanoGPT's get_lr (and torchtitan's warmup): linear warmup, lr (step + 1)
+// / (warmup_steps + 1) over the first warmup_steps, then constant or a
+// half cosine from lr down to min_lr at decay_steps (the last step by
+// default), min_lr after.
 double LearningRate(const TrainConfig& c, int64_t step) {
   double lr = c.lr;
   if (c.warmup_steps > 0 && step < c.warmup_steps)
-    return lr * (step + 1) / c.warmup_steps;
+    return lr * (step + 1) / (c.warmup_steps + 1);
   if (c.schedule == Schedule::kCosine) {
     const int64_t end = c.decay_steps > 0 ? c.decay_steps : c.steps;
     double t = double(step - c.warmup_steps) /

@@ -33,6 +33,7 @@
 #include "lib/checkpointing/checkpointer.h"
 #include "lib/models/data.h"
 #include "lib/faults.h"
+#include "lib/optimizer.h"
 #include "lib/loss_scaler.h"
 #include "lib/precision.h"
 #include "lib/process_group.h"
@@ -53,32 +54,6 @@ namespace {
   std::fprintf(stderr, "fault injection: rank %d hangs after step %lld\n", rank,
                (long long)step);
   for (;;) pause();
-}
-
-std::unique_ptr<torch::optim::Optimizer> MakeOptimizer(
-    const TrainConfig& c, std::vector<torch::Tensor> params) {
-  if (c.optimizer == OptimizerKind::kSgd) {
-    return std::make_unique<torch::optim::SGD>(
-        params, torch::optim::SGDOptions(c.lr)
-                    .momentum(c.momentum)
-                    .weight_decay(c.weight_decay));
-  }
-  if (c.optimizer == OptimizerKind::kAdam) {
-    return std::make_unique<torch::optim::Adam>(
-        params, torch::optim::AdamOptions(c.lr)
-                    .betas({c.beta1, c.beta2})
-                    .weight_decay(c.weight_decay));
-  }
-  // optimizer.decay = "matrices": the loop applies the decay (DecayMatrices)
-  const double decay = c.decay == "matrices" ? 0.0 : c.weight_decay;
-  return std::make_unique<torch::optim::AdamW>(  // kAdamW
-      params, torch::optim::AdamWOptions(c.lr)
-                  .betas({c.beta1, c.beta2})
-                  .weight_decay(decay));
-}
-
-void SetLearningRate(torch::optim::Optimizer& opt, double lr) {
-  for (auto& group : opt.param_groups()) group.options().set_lr(lr);
 }
 
 // The hash of the parameters' bytes: runs that should be bitwise equal
@@ -321,21 +296,23 @@ void Trainer::StartOver() {
   torch::manual_seed(RankSeed(c_, rank_, 0));
 }
 
-// AdamW's decoupled weight decay (p *= 1 - lr * weight_decay, before its
-// update, on parameters that have a gradient), applied only to the
-// elements of matrices: the same bits as AdamW's own on a parameter group
-// of the matrices, under DDP and FSDP alike.
-void Trainer::DecayMatrices(double lr) {
-  torch::NoGradGuard no_grad;
-  if (matrix_masks_.empty()) matrix_masks_ = strategy_->MatrixMasks();
-  const auto params = strategy_->OptimizerParams();
-  const double factor = 1 - lr * c_.weight_decay;
-  for (size_t i = 0; i < params.size(); ++i) {
-    at::Tensor p = params[i];
-    if (!p.grad().defined()) continue;
-    auto options = p.options().requires_grad(false);
-    p.mul_(torch::where(matrix_masks_[i], torch::scalar_tensor(factor, options),
-                        torch::scalar_tensor(1.0, options)));
+// The optimizer's step, with the clipping's factor and the decay of
+// matrices: one pass per parameter for AdamW on the CPU (optimizer.h),
+// torch's own step otherwise (the gradients already clipped).
+void Trainer::Update(int64_t step, const std::vector<torch::Tensor>& params) {
+  StepArgs args;
+  args.lr = LearningRate(c_, step);
+  args.grad_scale = clip_factor_;
+  if (c_.decay == "matrices") {
+    if (matrix_masks_.empty()) matrix_masks_ = strategy_->MatrixMasks();
+    args.decay_masks = &matrix_masks_;
+    args.weight_decay = c_.weight_decay;
+  }
+  if (fused_) {
+    FusedAdamWStep(*opt_, params, args);
+  } else {
+    if (args.decay_masks) DecayMatrices(params, args);
+    opt_->step();
   }
 }
 
@@ -358,12 +335,11 @@ double Trainer::Step(int64_t step) {
   for (int m = 0; m < c_.accumulate; ++m) {
     step_loss += MicroBatch(step * c_.accumulate + m, m + 1 == c_.accumulate);
   }
+  const auto params = strategy_->OptimizerParams();
+  fused_ = FusedAdamWApplies(*opt_, params);
   applied_ = CheckGradients(step);
   if (ckpt_) ckpt_->Fence();  // the last checkpoint's copies read it first
-  if (applied_) {
-    if (c_.decay == "matrices") DecayMatrices(LearningRate(c_, step));
-    opt_->step();
-  }
+  if (applied_) Update(step, params);
   held_ = step + 1;
   compute_s_ =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
@@ -421,8 +397,12 @@ bool Trainer::CheckGradients(int64_t step) {
   const double norm = strategy_->GradNorm();
   if (c_.max_grad_norm > 0) grad_norm_ = norm;
   const bool finite = std::isfinite(norm);
-  if (finite && c_.max_grad_norm > 0)
+  clip_factor_ = 1;
+  if (finite && c_.max_grad_norm > 0 && fused_) {  // applied in its pass
+    clip_factor_ = Strategy::ClipFactor(norm, c_.max_grad_norm);
+  } else if (finite && c_.max_grad_norm > 0) {
     strategy_->ClipGrads(norm, c_.max_grad_norm);
+  }
   if (!finite && ++skipped_ == 1 && rank_ == 0) {
     std::printf(
         "step %lld: gradient norm %g: step skipped, not applied (each skip "

@@ -70,7 +70,7 @@ class Trainer {
   void DrawInitialWeights();
   void StartOver();
   void SetUpInPlace();
-  void DecayMatrices(double lr);
+  void Update(int64_t step, const std::vector<torch::Tensor>& params);
   // train.precision's dtype for autocast (float32: none).
   torch::ScalarType ComputeDtype() const {
     if (c_.precision == "fp16") return torch::kHalf;
@@ -96,11 +96,13 @@ class Trainer {
   Model model_;
   std::unique_ptr<Strategy> strategy_;
   std::unique_ptr<torch::optim::Optimizer> opt_;
-  std::ofstream metrics_;  // rank 0, with metrics_path
-  double loss_ = 0;        // the last step's, averaged over ranks
-  double grad_norm_ = -1;  // the last step's, before clipping; -1: not taken
-  int64_t skipped_ = 0;    // steps not applied: their gradients not finite
-  bool applied_ = true;    // the last step's
+  std::ofstream metrics_;   // rank 0, with metrics_path
+  double loss_ = 0;         // the last step's, averaged over ranks
+  double grad_norm_ = -1;   // the last step's, before clipping; -1: not taken
+  int64_t skipped_ = 0;     // steps not applied: their gradients not finite
+  bool applied_ = true;     // the last step's
+  bool fused_ = false;      // the last step's: FusedAdamWStep applies
+  double clip_factor_ = 1;  // the last step's, for FusedAdamWStep
   std::map<std::string, double> metrics_last_;  // the last evaluation's
   double compute_s_ = 0;  // the last step's time outside collectives
   std::vector<torch::Tensor> matrix_masks_;  // optimizer.decay = "matrices"

@@ -440,9 +440,14 @@ void Strategy::StartOver(torch::nn::Module&, torch::optim::Optimizer&) {
   throw Error("this strategy cannot go back to the model as first made");
 }
 
-bool Strategy::ClipGrads(double norm, double max_norm) {
+double Strategy::ClipFactor(double norm, double max_norm) {
   const double coef = max_norm / (norm + 1e-6);
-  if (!(coef < 1)) return false;
+  return coef < 1 ? coef : 1.0;
+}
+
+bool Strategy::ClipGrads(double norm, double max_norm) {
+  const double coef = ClipFactor(norm, max_norm);
+  if (coef == 1.0) return false;
   torch::NoGradGuard no_grad;
   for (auto& p : OptimizerParams()) {
     if (p.grad().defined()) p.mutable_grad().mul_(coef);

@@ -40,6 +40,8 @@ class Strategy {
   // max_norm / (norm + 1e-6) when that is under 1. Returns whether it
   // scaled them.
   bool ClipGrads(double norm, double max_norm);
+  // That rule's factor: max_norm / (norm + 1e-6), or 1 when not under 1.
+  static double ClipFactor(double norm, double max_norm);
   // Every gradient the optimizer steps on times `factor` (fp16's unscale).
   void ScaleGrads(double factor);
   // For each OptimizerParams() tensor, which of its elements belong to a

@@ -133,11 +133,13 @@ TEST_F(TrainPlanTest, StopsAfterTheGivenStepOnEveryRankEvenOnARestart) {
             std::vector<int64_t>{10});
 }
 
-TEST_F(TrainPlanTest, WarmupRisesLinearlyThenStaysConstant) {
+// nanoGPT's get_lr: learning_rate * (it + 1) / (warmup_iters + 1).
+TEST_F(TrainPlanTest, WarmupRisesLinearlyThenStaysConstantAsNanoGpts) {
   c_.lr = 0.1;
   c_.warmup_steps = 4;
-  EXPECT_DOUBLE_EQ(LearningRate(c_, 0), 0.025);
-  EXPECT_DOUBLE_EQ(LearningRate(c_, 3), 0.1);
+  EXPECT_DOUBLE_EQ(LearningRate(c_, 0), 0.1 * 1 / 5);
+  EXPECT_DOUBLE_EQ(LearningRate(c_, 3), 0.1 * 4 / 5);
+  EXPECT_DOUBLE_EQ(LearningRate(c_, 4), 0.1);
   EXPECT_DOUBLE_EQ(LearningRate(c_, 50), 0.1);
 }
 
