@@ -138,16 +138,16 @@ Trainer::Trainer(const TrainConfig& c, TrainParts parts,
   }
 }
 
-// A restarted DDP worker on the CPU nearly always resumes: a model's
-// initial draws wait until the resume finds nothing, when the parts can
-// make it without them. A rank carrying its state into a new round never
-// needs them.
+// A restarted worker on the CPU (DDP or FSDP, replaced in place or
+// restarted with its group) nearly always resumes: a model's initial draws
+// wait until the resume finds nothing, when the parts can make it without
+// them (FSDP shards the blank model, and StartOver loads the drawn one into
+// its shards). A rank carrying its state into a new round never needs them.
 bool Trainer::StartsBlank() const {
   if (!parts_.model_for_resume) return false;
   if (carried_) return true;
   return dist_->env().restart_count > 0 && !c_.checkpoint_dir.empty() &&
-         c_.init_from.empty() && c_.strategy == StrategyKind::kDdp &&
-         device_.is_cpu();
+         c_.init_from.empty() && device_.is_cpu();
 }
 
 // With dtrun's --restart=in-place: the watcher that lets this rank outlive
@@ -273,8 +273,10 @@ bool Trainer::RunStep(int64_t step, rendezvous::Heartbeat& heartbeat) {
 
 // What a first attempt's model starts from (model()'s draws from the seed)
 // into the blank one, and the generator left where the constructor leaves
-// it: the run goes on bitwise as one that drew them at the start.
+// it: the run goes on bitwise as one that drew them at the start. FSDP's
+// module holds no whole parameters once sharded: its shards take them.
 void Trainer::DrawInitialWeights() {
+  if (c_.strategy == StrategyKind::kFsdp) return StartOver();
   torch::NoGradGuard no_grad;
   torch::manual_seed(c_.seed);
   Model drawn = parts_.model();

@@ -129,6 +129,8 @@ def main():
     ap.add_argument("--eval-iters", type=int, default=20)
     ap.add_argument("--seeds", type=int, nargs="+", default=[1337, 1338, 1339])
     ap.add_argument("--strategies", nargs="+", default=["ddp", "fsdp"])
+    ap.add_argument("--no-malloc-side", action="store_true",
+                    help="leave out nanoGPT+malloc (nanoGPT given our malloc settings)")
     ap.add_argument("--blas", default="/usr/lib/x86_64-linux-gnu/openblas-pthread",
                     help="a folder with libblas.so.3 for both sides ('' : the system's)")
     args = ap.parse_args()
@@ -137,7 +139,8 @@ def main():
     work = tempfile.mkdtemp(prefix="gpt-bench-")
     try:
         tree = prepare_nanogpt(args.nanogpt, args.text, work)
-        curves = {s: [] for s in ["nanoGPT", "nanoGPT+malloc"] + args.strategies}
+        nano = ["nanoGPT"] + ([] if args.no_malloc_side else ["nanoGPT+malloc"])
+        curves = {s: [] for s in nano + args.strategies}
         ms = {s: [] for s in curves}
         for seed in args.seeds:
             for side in curves:  # alternating, seed by seed

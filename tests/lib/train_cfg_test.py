@@ -187,16 +187,20 @@ class TrainCfg(unittest.TestCase):
         # The kill lands before the first checkpoint: the restarted workers,
         # made without their initial draws (a restart nearly always
         # resumes), draw them once the folder holds nothing, and the run
-        # ends bitwise where an unbroken one does.
-        rc, out, err = train(2, self.ckpt("clean"))
-        self.assertEqual(rc, 0, err)
-        clean = self.done(out)
-        rc, out, err = train(2, self.ckpt("early"), "fault.kill_rank=1", "fault.kill_at_step=5",
-                             restarts=1)
-        self.assertEqual(rc, 0, err)
-        self.assertIn("SIGKILL", err)
-        self.assertNotIn("resumed from", out)
-        self.assertEqual(self.done(out), clean)
+        # ends bitwise where an unbroken one does. FSDP's shard the blank
+        # model first and then load the drawn one into their shards.
+        for strategy in ("ddp", "fsdp"):
+            with self.subTest(strategy=strategy):
+                kind = f'strategy.type="{strategy}"'
+                rc, out, err = train(2, self.ckpt(f"clean-{strategy}"), kind)
+                self.assertEqual(rc, 0, err)
+                clean = self.done(out)
+                rc, out, err = train(2, self.ckpt(f"early-{strategy}"), kind,
+                                     "fault.kill_rank=1", "fault.kill_at_step=5", restarts=1)
+                self.assertEqual(rc, 0, err)
+                self.assertIn("SIGKILL", err)
+                self.assertNotIn("resumed from", out)
+                self.assertEqual(self.done(out), clean)
 
     def test_restarted_workers_forked_from_the_standby_resume_bitwise(self):
         # --standby: the program's own standby (libtorch loaded) forks the
