@@ -46,7 +46,7 @@ fatal (2.6's new group at times ends in gloo's connectFullMesh).
 
 Usage: restart_bench.py --dtrun PATH --train-cfg PATH [--repeat N]
          [--strategies ddp,fsdp] [--sides "disk, warm;disk, cold;memory"]
-         [--payloads raw[,torch]] [--dtrun-flags "--standby"]"""
+         [--payloads raw[,torch]] [--dtrun-flags "--standby"] [--every 4]"""
 import argparse
 import os
 import re
@@ -77,6 +77,7 @@ p.add_argument("--repeat", type=int, default=3)
 p.add_argument("--strategies", default="ddp,fsdp")
 p.add_argument("--sides", default="disk, warm;disk, cold;memory")
 p.add_argument("--payloads", default="raw")
+p.add_argument("--every", type=int, default=4, help="checkpoint.every (steps)")
 p.add_argument("--undisturbed", type=int, default=1,
                help="1: time each dtrun side's run without the kill too")
 ARGS = p.parse_args()
@@ -109,7 +110,7 @@ def run(strategy, side, payload, folder, kill=True):
            os.path.join(CONFIGS, f"mlp100m_{strategy}.toml"),
            "--set", f'checkpoint.dir="{folder}"', "--set", f'checkpoint.mode="{mode}"',
            *(["--set", "checkpoint.persist_every=100"] if mode == "memory" else []),
-           "--set", "checkpoint.every=4",
+           "--set", f"checkpoint.every={ARGS.every}",
            "--set", f'checkpoint.payload="{payload}"', "--set", f'checkpoint.checksum="{checksum}"',
            "--set", "train.steps=16", "--set", "train.log_every=1"]
     if not kill:
