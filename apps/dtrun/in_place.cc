@@ -3,6 +3,7 @@
 #include "apps/dtrun/in_place.h"
 
 #include <dirent.h>
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -91,6 +92,13 @@ Status WriteRound(const std::string& attempt_dir, int local_rank,
   if (s.ok() && ::rename(tmp.c_str(), path.c_str()) != 0)
     s = Status::Io("renaming " + tmp + ": " + std::strerror(errno));
   return s;
+}
+
+std::chrono::milliseconds KeptStuckLimit(double slowest_step_s) {
+  const auto base = std::chrono::milliseconds(kKeptStuck);
+  if (!(slowest_step_s > 0)) return base;
+  return base + std::chrono::milliseconds(static_cast<int64_t>(
+                    2 * 1000 * std::min(slowest_step_s, 3600.0)));
 }
 
 bool RoundUnread(const std::string& attempt_dir, int local_rank) {

@@ -45,6 +45,11 @@ void ForgetRound(const std::string& attempt_dir, int local_rank);
 // healthy one taken for stuck costs its own restart, which takes the
 // state from the others.
 inline constexpr std::chrono::seconds kKeptStuck{2};
+// That wait for workers whose slowest last step computed `slowest_step_s`
+// seconds (-1: not known): a kept worker in the middle of a step reads its
+// round file at the step's next collective, so a model whose step takes
+// longer than kKeptStuck gets twice its step on top. Pure.
+std::chrono::milliseconds KeptStuckLimit(double slowest_step_s);
 // Before local rank `replaced` (-1: none) starts again: every rank's resume
 // record goes (the survivors write new ones once re-formed, which the recovery
 // report waits for), and the replaced rank's word that it can re-form.

@@ -75,7 +75,7 @@ class LocalGroup {
   // when they could not be (then StartRound).
   bool KeepForNewRound();
   bool ContinueRound(int round);
-  // A kept worker that has not read its round file kKeptStuck after it
+  // A kept worker that has not read its round file KeptStuckLimit after it
   // was written is stuck in a collective with a lost node (gloo cannot
   // abort one): it is killed and a new worker takes its place.
   void CheckKeptWorkers();
@@ -186,11 +186,12 @@ class LocalGroup {
   std::map<int, double> exit_time_;  // pid -> unix seconds its exit was seen
   std::map<int, std::string> spawn_error_;  // local rank -> why exec failed
   int staged_port_ = 0;  // the workers' store port of the last attempt
-  std::optional<TimePoint> keep_check_at_;  // CheckKeptWorkers' time
-  bool round_settling_ = false;             // kept workers not yet re-formed
-  std::map<int, bool> abandoned_;           // pids that outlived SIGKILL
-  std::map<int, std::string> cause_;        // pid -> what the kernel said of it
-  std::vector<std::string> gpu_errors_;     // this attempt's Xid lines
+  std::optional<TimePoint> keep_check_at_;   // CheckKeptWorkers' time
+  std::chrono::milliseconds keep_limit_{0};  // its wait (KeptStuckLimit)
+  bool round_settling_ = false;              // kept workers not yet re-formed
+  std::map<int, bool> abandoned_;            // pids that outlived SIGKILL
+  std::map<int, std::string> cause_;     // pid -> what the kernel said of it
+  std::vector<std::string> gpu_errors_;  // this attempt's Xid lines
   // [checkpoint] mode = "memory": the workers' copies in shared memory
   CheckpointCopies copies_;
 };

@@ -2,6 +2,7 @@
 // a failed worker is replaced alone, and its replacement's start.
 #include <signal.h>
 
+#include <algorithm>
 #include <map>
 
 #include "apps/dtrun/in_place.h"
@@ -96,9 +97,16 @@ bool LocalGroup::ContinueRound(int round) {
   in_place::ForgetRecords(attempt_dir_, pids_, -1);
   watch_.OnSpawning(round);
   hang_.Reset(config_.nproc_per_node, attempt_dir_, round);
+  // The kept workers' last steps, read before the reset: a slow model's
+  // worker may be a whole step away from its next collective when its
+  // round file lands, and is not stuck for that (KeptStuckLimit).
+  double slowest = -1;
+  for (int lr = 0; lr < beats_.size(); ++lr)
+    slowest = std::max(slowest, beats_.last(lr).line.compute_s);
+  keep_limit_ = in_place::KeptStuckLimit(slowest);
   beats_.Reset(attempt_dir_, config_.nproc_per_node);
   watch_.OnSpawned(clock_->UnixSeconds());
-  keep_check_at_ = clock_->Now() + in_place::kKeptStuck;
+  keep_check_at_ = clock_->Now() + keep_limit_;
   round_settling_ = true;
   Logger("dtrun.agent")
       ->info("round {}: kept the {} worker(s) in place as ranks {}..{} of {}",
@@ -121,12 +129,9 @@ void LocalGroup::CheckKeptWorkers() {
     Logger("dtrun.agent")
         ->warn(
             "local_rank {} (pid {}) did not take its place in round {} "
-            "within {} s (stuck in a collective with a lost node?): a new "
-            "worker takes it",
-            lr, pid, attempt_.restart_count,
-            std::chrono::duration_cast<std::chrono::seconds>(
-                in_place::kKeptStuck)
-                .count());
+            "within {:.1f} s (stuck in a collective with a lost node?): a "
+            "new worker takes it",
+            lr, pid, attempt_.restart_count, keep_limit_.count() / 1000.0);
     abandoned_[pid] = true;
     ::kill(pid, SIGKILL);
     in_place::ForgetRound(attempt_dir_, lr);

@@ -13,6 +13,20 @@ namespace {
 // group restarts whole), and once the replacement is back in step the
 // next claim gets the attempt after it, whichever node's restart count
 // it starts from.
+// A kept worker reads its round file at its step's next collective: a slow
+// model's step adds to the wait, a fast or unknown one does not.
+TEST(InPlaceKeptTest, TheWaitForAKeptWorkerGrowsWithItsStep) {
+  using std::chrono::milliseconds;
+  EXPECT_EQ(in_place::KeptStuckLimit(-1), milliseconds(in_place::kKeptStuck));
+  EXPECT_EQ(in_place::KeptStuckLimit(0), milliseconds(in_place::kKeptStuck));
+  EXPECT_EQ(in_place::KeptStuckLimit(0.05),
+            milliseconds(in_place::kKeptStuck) + milliseconds(100));
+  EXPECT_EQ(in_place::KeptStuckLimit(1.9),
+            milliseconds(in_place::kKeptStuck) + milliseconds(3800));
+  EXPECT_EQ(in_place::KeptStuckLimit(1e9),
+            milliseconds(in_place::kKeptStuck) + milliseconds(7200000));
+}
+
 TEST(InPlaceClaimTest, OneReplacementAtATimeAcrossTheNodes) {
   rendezvous::MemoryStore store;
   EXPECT_EQ(in_place::Claim(&store, 0, "node 1"), 1);
