@@ -102,12 +102,14 @@ void SetLearningRate(torch::optim::Optimizer& opt, double lr) {
 
 bool FusedAdamWApplies(const torch::optim::Optimizer& opt,
                        const std::vector<torch::Tensor>& params) {
-  if (!dynamic_cast<const torch::optim::AdamW*>(&opt)) return false;
-  for (const auto& group : opt.param_groups()) {
-    const auto& o =
-        static_cast<const torch::optim::AdamWOptions&>(group.options());
-    if (o.amsgrad()) return false;
-  }
+  // one group: its options are every parameter's (the loop makes one)
+  if (!dynamic_cast<const torch::optim::AdamW*>(&opt) ||
+      opt.param_groups().size() != 1)
+    return false;
+  if (static_cast<const torch::optim::AdamWOptions&>(
+          opt.param_groups()[0].options())
+          .amsgrad())
+    return false;
   for (const auto& p : params) {
     if (!Fits(p, p.numel())) return false;
     if (p.grad().defined() && !Fits(p.grad(), p.numel())) return false;

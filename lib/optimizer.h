@@ -33,7 +33,7 @@ struct StepArgs {
 };
 
 // Whether FusedAdamWStep can run on these parameters: float32, contiguous,
-// on the CPU, with an AdamW without amsgrad.
+// on the CPU, with an AdamW of one parameter group, without amsgrad.
 bool FusedAdamWApplies(const torch::optim::Optimizer& opt,
                        const std::vector<torch::Tensor>& params);
 

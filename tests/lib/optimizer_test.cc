@@ -117,6 +117,14 @@ TEST(FusedAdamWTest, DoesNotApplyToOtherTypesOrOptimizers) {
   EXPECT_FALSE(FusedAdamWApplies(c, strided));
   torch::optim::AdamW d(ps, Options(0).amsgrad(true));
   EXPECT_FALSE(FusedAdamWApplies(d, ps));
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  groups.emplace_back(
+      std::vector<torch::Tensor>{ps[0]},
+      std::make_unique<torch::optim::AdamWOptions>(Options(0.1)));
+  groups.emplace_back(std::vector<torch::Tensor>{ps[1]},
+                      std::make_unique<torch::optim::AdamWOptions>(Options(0)));
+  torch::optim::AdamW two_groups(groups, Options(0));
+  EXPECT_FALSE(FusedAdamWApplies(two_groups, ps));
 }
 
 }  // namespace
