@@ -262,7 +262,10 @@ class SilentNodeLoss(EtcdCase):
             self.assertEqual(n.wait(), 0, n.err())
             self.assertRegex(n.err(), r"round 1: group rank \d of 2")
         self.assertIn("declared dead", "".join(n.err() for n in rest))
-        self.assertLess(detected, 2 + 3)  # silent limit + a round
+        # The silent limit (2 s) and a round, with room for a loaded 2-core
+        # machine (6.1 s seen there beside a parallel suite); the default
+        # limit (5 s x 3) would take 15 s or more.
+        self.assertLess(detected, 2 + 8)
         self.assertNotIn("pid_2_1", os.listdir(pid_dir))
 
 
