@@ -43,29 +43,43 @@ CausalSelfAttentionImpl::CausalSelfAttentionImpl(const GptConfig& c)
 // itself on a torch without it).
 torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
   const int64_t B = x.size(0), T = x.size(1), C = x.size(2);
-  auto qkv = c_attn(x).split(C, 2);
-  auto heads = [&](const torch::Tensor& t) {
-    return t.view({B, T, n_head_, C / n_head_}).transpose(1, 2);
-  };
-  torch::Tensor q = heads(qkv[0]), k = heads(qkv[1]), v = heads(qkv[2]);
+  const int64_t hs = C / n_head_;
   torch::Tensor y;
 #if TORCH_VERSION_MAJOR >= 2
-  y = at::scaled_dot_product_attention(q, k, v, c10::nullopt,
+  auto qkv = c_attn(x).split(C, 2);
+  auto heads = [&](const torch::Tensor& t) {
+    return t.view({B, T, n_head_, hs}).transpose(1, 2);
+  };
+  y = at::scaled_dot_product_attention(heads(qkv[0]), heads(qkv[1]),
+                                       heads(qkv[2]), c10::nullopt,
                                        is_training() ? dropout_ : 0.0, true);
+  y = y.transpose(1, 2);
 #else
-  if (!mask_.defined() || mask_.size(0) < T || mask_.device() != x.device()) {
-    mask_ = torch::ones({T, T}, torch::TensorOptions().device(x.device()))
-                .tril()
-                .eq(0);
+  // nanoGPT's q k^T * scale, masked_fill and softmax, in fewer passes: one
+  // copy lays q, k and v out head by head ([3, B*heads, T, hs]; unbind's
+  // backward is one stack), and one baddbmm adds the scaled scores to the
+  // causal mask as a bias (0 on and below the diagonal, -inf above), where
+  // the product, the scaling and the fill each made a new tensor.
+  auto qkv = c_attn(x)
+                 .view({B, T, 3, n_head_, hs})
+                 .permute({2, 0, 3, 1, 4})
+                 .contiguous()
+                 .view({3, B * n_head_, T, hs})
+                 .unbind(0);
+  if (!mask_.defined() || mask_.size(0) < T || mask_.device() != x.device() ||
+      mask_.scalar_type() != x.scalar_type()) {
+    mask_ = torch::full({T, T}, -std::numeric_limits<float>::infinity(),
+                        x.options().requires_grad(false))
+                .triu(1);
   }
-  auto att = torch::matmul(q, k.transpose(-2, -1)) *
-             (1.0 / std::sqrt(static_cast<double>(k.size(-1))));
-  att = att.masked_fill(mask_.narrow(0, 0, T).narrow(1, 0, T),
-                        -std::numeric_limits<float>::infinity());
+  auto att = torch::baddbmm(
+      mask_.narrow(0, 0, T).narrow(1, 0, T).expand({B * n_head_, T, T}), qkv[0],
+      qkv[1].transpose(1, 2), /*beta=*/1.0,
+      /*alpha=*/1.0 / std::sqrt(static_cast<double>(hs)));
   att = attn_dropout(torch::softmax(att, -1));
-  y = torch::matmul(att, v);
+  y = torch::bmm(att, qkv[2]).view({B, n_head_, T, hs}).transpose(1, 2);
 #endif
-  y = y.transpose(1, 2).contiguous().view({B, T, C});
+  y = y.contiguous().view({B, T, C});
   return resid_dropout(c_proj(y));
 }
 

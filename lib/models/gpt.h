@@ -45,7 +45,8 @@ class CausalSelfAttentionImpl : public torch::nn::Module {
  private:
   int64_t n_head_;
   double dropout_;
-  torch::Tensor mask_;  // [T, T] causal (not a buffer: not saved)
+  torch::Tensor
+      mask_;  // [T, T] causal bias, 0 / -inf (not a buffer: not saved)
 };
 TORCH_MODULE(CausalSelfAttention);
 

@@ -311,9 +311,10 @@ struct DistributedDataParallel::Impl {
       if (shm) {
         const size_t offset = static_cast<size_t>(b.shm_offset),
                      n = static_cast<size_t>(b.flat.numel());
-        b.shm_work =
-            shm->Launch([offset, n, timeout = opts.timeout](ShmAllreduce& seg) {
-              return seg.Allreduce(offset, n, timeout);
+        const float world = static_cast<float>(pg->getSize());
+        b.shm_work = shm->Launch(
+            [offset, n, world, timeout = opts.timeout](ShmAllreduce& seg) {
+              return seg.Allreduce(offset, n, timeout, world);
             });
       } else if (Staged(b)) {
         b.staged = b.flat.to(at::kFloat);
@@ -432,13 +433,14 @@ void DistributedDataParallel::SyncGradients() {
   // The sum divided by the world size: the mean gradient, as PyTorch's DDP.
   // .grad is the bucket's memory, so the mean is made in place, with no
   // copy; the next backward accumulates into it after zero_grad(), and no
-  // other rank reads this rank's region between all-reduces.
+  // other rank reads this rank's region between all-reduces. The shared
+  // memory's all-reduce divides as it sums (the same bits).
   for (auto& b : d.buckets) {
     d.Wait(b);
     if (b.staged.defined()) {  // the mean in float32, rounded once
       b.flat.copy_(b.staged.div_(world));
       b.staged = at::Tensor();
-    } else {
+    } else if (!d.shm) {
       b.flat.div_(world);
     }
     b.pending = b.params.size();

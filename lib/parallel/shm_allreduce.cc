@@ -227,7 +227,8 @@ Status ShmAllreduce::PeersAlive(uint32_t gen) const {
 }
 
 Status ShmAllreduce::Allreduce(size_t offset, size_t n,
-                               std::chrono::milliseconds timeout) {
+                               std::chrono::milliseconds timeout,
+                               float divisor) {
   if (offset + n > floats_)
     return Status::Invalid("shared-memory all-reduce: range out of bounds");
   const auto deadline = std::chrono::steady_clock::now() + timeout;
@@ -251,6 +252,9 @@ Status ShmAllreduce::Allreduce(size_t offset, size_t n,
     for (int r = 1; r < world_; ++r) {
       const float* src = Region(r) + at;
       for (size_t i = 0; i < len; ++i) acc[i] += src[i];
+    }
+    if (divisor != 1.0f) {
+      for (size_t i = 0; i < len; ++i) acc[i] /= divisor;
     }
     std::memcpy(Region(rank_) + at, acc, len * sizeof(float));
   }

@@ -54,8 +54,11 @@ class ShmAllreduce {
   int world() const { return world_; }
 
   // Blocks until every rank has called it for the same range; Status::Timeout
-  // naming the ranks missing when `timeout` passes first.
-  Status Allreduce(size_t offset, size_t n, std::chrono::milliseconds timeout);
+  // naming the ranks missing when `timeout` passes first. Each sum is divided
+  // by `divisor` in the same pass (DDP's mean: the world size), with the
+  // bits of the sum's division by it afterwards.
+  Status Allreduce(size_t offset, size_t n, std::chrono::milliseconds timeout,
+                   float divisor = 1.0f);
   // FSDP's two collectives, with the same rules. AllGather: every rank's
   // region()[0, n) lands in `out` (n * world floats, in rank order).
   // ReduceScatter: `out` (n floats) gets the sum, in rank order, of

@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <set>
 
 #include "lib/models/text_data.h"
@@ -97,6 +98,42 @@ TEST(GptTest, TheHeadIsTheTokenEmbeddingAndAttentionIsCausal) {
       break;
     }
   }
+}
+
+// The attention, written as nanoGPT's model.py writes it (split, heads,
+// q k^T * scale, masked_fill, softmax, @ v), gives the same output and the
+// same gradients as the module's (a fused product and mask on 1.13,
+// scaled_dot_product_attention on 2.x), up to float rounding.
+TEST(GptTest, AttentionIsNanoGptsFormula) {
+  torch::manual_seed(6);
+  const GptConfig c = Small(true);
+  CausalSelfAttention attn(c);
+  attn->train();
+  const int64_t B = 3, T = 20, C = c.n_embd, nh = c.n_head;
+  auto x = torch::randn({B, T, C}, torch::requires_grad());
+  auto ours = attn->forward(x);
+  auto g = torch::randn_like(ours);
+  auto ours_grads = torch::autograd::grad(
+      {ours}, {x, attn->c_attn->weight, attn->c_proj->weight}, {g});
+
+  auto qkv = attn->c_attn(x).split(C, 2);
+  auto heads = [&](const torch::Tensor& t) {
+    return t.view({B, T, nh, C / nh}).transpose(1, 2);
+  };
+  auto q = heads(qkv[0]), k = heads(qkv[1]), v = heads(qkv[2]);
+  auto att = torch::matmul(q, k.transpose(-2, -1)) *
+             (1.0 / std::sqrt(static_cast<double>(C / nh)));
+  auto future = torch::ones({T, T}).tril().eq(0);
+  att = torch::softmax(
+      att.masked_fill(future, -std::numeric_limits<float>::infinity()), -1);
+  auto ref = attn->c_proj(
+      torch::matmul(att, v).transpose(1, 2).contiguous().view({B, T, C}));
+  auto ref_grads = torch::autograd::grad(
+      {ref}, {x, attn->c_attn->weight, attn->c_proj->weight}, {g});
+
+  EXPECT_TRUE(torch::allclose(ours, ref, 1e-5, 1e-6));
+  for (size_t i = 0; i < ref_grads.size(); ++i)
+    EXPECT_TRUE(torch::allclose(ours_grads[i], ref_grads[i], 1e-4, 1e-5)) << i;
 }
 
 TEST(GptTest, GenerateExtendsThePrompt) {

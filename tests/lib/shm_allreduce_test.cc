@@ -76,6 +76,29 @@ TEST(ShmAllreduceTest, SumsEveryRanksValuesIntoEachRegion) {
   }
 }
 
+// DDP's mean: the division in the all-reduce's pass gives the bits of the
+// sum divided afterwards, on every rank.
+TEST(ShmAllreduceTest, TheDivisorGivesTheMeanWithTheBitsOfDividingTheSum) {
+  constexpr size_t kFloats = 30011;
+  for (int world : {2, 3}) {
+    int failed = InProcesses(world, kFloats, [&](ShmAllreduce& s) {
+      auto value = [](int r, size_t i) {
+        return 1.0f / float(r + 7) + float(i % 83) * 0.37f;
+      };
+      float* x = s.region();
+      for (size_t i = 0; i < kFloats; ++i) x[i] = value(s.rank(), i);
+      if (!s.Allreduce(0, kFloats, std::chrono::seconds(20)).ok()) return false;
+      std::vector<float> mean(x, x + kFloats);
+      for (float& m : mean) m /= float(world);
+      for (size_t i = 0; i < kFloats; ++i) x[i] = value(s.rank(), i);
+      if (!s.Allreduce(0, kFloats, std::chrono::seconds(20), float(world)).ok())
+        return false;
+      return std::memcmp(x, mean.data(), kFloats * sizeof(float)) == 0;
+    });
+    EXPECT_EQ(failed, 0) << "world " << world;
+  }
+}
+
 // FSDP's collectives: each rank's shard of n floats gathered in rank order;
 // each rank's chunk of everyone's n * world floats summed in rank order,
 // with the same bits as Allreduce's sum of the same values.
