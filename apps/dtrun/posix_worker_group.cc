@@ -31,6 +31,7 @@
 
 #include "apps/dtrun/error_report.h"
 #include "rendezvous/util/log.h"
+#include "rendezvous/util/memory_checkpoint.h"
 
 namespace dtrun::agent {
 namespace {
@@ -382,6 +383,10 @@ std::vector<WorkerExit> PosixWorkerGroup::Reap() {
       lingering_.insert(pid);
     }
     local_rank_of_.erase(it);
+    // A collectives' segment it made but had not yet unnamed (it died while
+    // its peers were opening it).
+    memory_checkpoint::RemoveMemoryCopies(
+        memory_checkpoint::CollectiveSegmentPrefix(pid));
     out.push_back(e);
   }
   return out;

@@ -26,6 +26,7 @@
 #include "lib/parallel/in_place.h"
 #include "lib/parallel/shm_allreduce.h"
 #include "rendezvous/util/log_line.h"
+#include "rendezvous/util/memory_checkpoint.h"
 
 namespace dtrun::train {
 
@@ -33,7 +34,9 @@ namespace dtrun::train {
 // random bits: two jobs on one host never open each other's) and broadcasts
 // it; an empty name means it could not. The MIN all-reduce makes the verdict
 // unanimous: if any rank failed to open it, all use the process group, or
-// some would wait in shared-memory barriers that others never enter.
+// some would wait in shared-memory barriers that others never enter. Rank 0
+// removes the name once all have it mapped, or when a peer's failure breaks
+// the collectives (a survivor in in-place recovery makes another).
 std::unique_ptr<ShmAllreduce> OpenSharedMemoryAllreduce(ProcessGroup& pg,
                                                         size_t floats,
                                                         std::string* why) {
@@ -41,8 +44,8 @@ std::unique_ptr<ShmAllreduce> OpenSharedMemoryAllreduce(ProcessGroup& pg,
   std::unique_ptr<ShmAllreduce> seg;
   at::Tensor name = at::zeros({128}, at::kByte);
   if (rank == 0) {
-    std::string n = "/dtrun-ddp-" + std::to_string(getpid()) + "-" +
-                    std::to_string(std::random_device{}()) +
+    std::string n = "/" + memory_checkpoint::CollectiveSegmentPrefix(getpid()) +
+                    "-" + std::to_string(std::random_device{}()) +
                     std::to_string(std::random_device{}());
     auto created = ShmAllreduce::Create(n, world, floats);
     if (created.ok()) {
@@ -52,21 +55,27 @@ std::unique_ptr<ShmAllreduce> OpenSharedMemoryAllreduce(ProcessGroup& pg,
       *why = created.status().message();
     }
   }
-  std::vector<at::Tensor> v{name};
-  pg.broadcast(v)->wait();
-  std::string n(static_cast<const char*>(name.data_ptr()));
-  if (rank != 0 && !n.empty()) {
-    auto opened = ShmAllreduce::Open(n, rank, world, floats);
-    if (opened.ok()) {
-      seg = std::move(*opened);
-    } else {
-      *why = opened.status().message();
+  std::vector<at::Tensor> ok{at::zeros({1}, at::kInt)};
+  try {
+    std::vector<at::Tensor> v{name};
+    pg.broadcast(v)->wait();
+    std::string n(static_cast<const char*>(name.data_ptr()));
+    if (rank != 0 && !n.empty()) {
+      auto opened = ShmAllreduce::Open(n, rank, world, floats);
+      if (opened.ok()) {
+        seg = std::move(*opened);
+      } else {
+        *why = opened.status().message();
+      }
     }
+    ok[0].fill_(seg ? 1 : 0);
+    c10d::AllreduceOptions min;
+    min.reduceOp = c10d::ReduceOp::MIN;
+    pg.allreduce(ok, min)->wait();
+  } catch (...) {
+    if (rank == 0 && seg) seg->Unlink();
+    throw;
   }
-  std::vector<at::Tensor> ok{at::tensor({seg ? 1 : 0}, at::kInt)};
-  c10d::AllreduceOptions min;
-  min.reduceOp = c10d::ReduceOp::MIN;
-  pg.allreduce(ok, min)->wait();
   if (rank == 0 && seg) seg->Unlink();  // everyone has it mapped, or gave up
   if (ok[0].item<int>() == 0) return nullptr;
   seg->set_abandoned(&GroupBroken);

@@ -310,6 +310,10 @@ std::string PrefixOf(int pid) {
   return "dtrun-" + std::to_string(pid) + "-ckpt";
 }
 
+std::string CollectiveSegmentPrefix(int pid) {
+  return "dtrun-ddp-" + std::to_string(pid);
+}
+
 const MemoryFile* MemoryCopy::Find(const std::string& name) const {
   for (const MemoryFile& f : files) {
     if (f.name == name) return &f;

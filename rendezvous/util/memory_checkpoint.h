@@ -41,6 +41,11 @@ constexpr int kMaxFiles = 4;
 
 // The prefix of dtrun process `pid`'s segments.
 std::string PrefixOf(int pid);
+// The prefix of the segment a worker of `pid` creates for its group's
+// collectives on one host (lib's DDP and FSDP: "<prefix>-<random>"). It
+// removes the name once every rank has the segment mapped; dtrun removes
+// one left by a worker that died before (RemoveMemoryCopies).
+std::string CollectiveSegmentPrefix(int pid);
 
 // One file of a copy, as it lies in its segment.
 struct MemoryFile {

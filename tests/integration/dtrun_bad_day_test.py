@@ -3,12 +3,13 @@ in a memory cgroup of the test's own (named, with the cgroup's limit; the
 same as a user without the kernel log's read access, who is told what could
 not be checked), an NVIDIA Xid line the test writes to the kernel log
 (quoted with its meaning), SIGSEGV in a native and in a Python worker (the
-signal's meaning, the core, the Python stack), a SIGTERM that leaves a
-worker's child alive for its handler, and a log folder on a full tmpfs
+signal's meaning, the core, the Python stack), a dead worker's leftover
+shared-memory segment removed, a SIGTERM that leaves a worker's child alive for its handler, and a log folder on a full tmpfs
 (these need root: cgroups, /dev/kmsg, mounts; skipped without it); and two
 nodes meant as one job that each form a world of one (different
 --rdzv-id's on one store)."""
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -149,6 +150,28 @@ class FirstScreen(unittest.TestCase):
         self.assertIn("Fatal Python error: Segmentation fault", err)  # faulthandler
         self.assertIn('line 3 in crash', err)
         self.assertIn("cause     : invalid memory access", err)
+
+    def test_a_dead_workers_collectives_segment_is_removed(self):
+        # A rank 0 that dies while its peers open the shared memory of its
+        # group's collectives leaves the segment's name; dtrun removes those
+        # of the worker it reaped, and no one else's.
+        script = os.path.join(self.dir, "segment.py")
+        with open(script, "w") as f:
+            f.write("import os\n"
+                    "open(f'/dev/shm/dtrun-ddp-{os.getpid()}-1234', 'w').close()\n"
+                    "os._exit(1)\n")
+        other = f"/dev/shm/dtrun-ddp-{os.getpid()}-5678"
+        open(other, "w").close()
+        try:
+            rc, _, err = run(DTRUN, ["--nproc-per-node=2", "--python", PY, script])
+            self.assertEqual(rc, 1, err)
+            pids = re.search(r"started 2 worker\(s\), pids (\d+),(\d+)", err)
+            self.assertIsNotNone(pids, err)
+            for pid in pids.groups():
+                self.assertFalse(os.path.exists(f"/dev/shm/dtrun-ddp-{pid}-1234"), err)
+            self.assertTrue(os.path.exists(other))
+        finally:
+            os.unlink(other)
 
     def test_sigterm_leaves_the_workers_child_to_its_handler(self):
         child_pid = os.path.join(self.dir, "child")
