@@ -126,6 +126,7 @@ Trainer::Trainer(const TrainConfig& c, TrainParts parts,
     throw Error("TrainParts: save_state and load_state go together");
   }
   if (c_.precision == "fp16") UseLossScaler();
+  KeepSkippedInState();
   opt_ = MakeOptimizer(c_, strategy_->OptimizerParams());
   torch::manual_seed(RankSeed(c_, rank_, 0));
   ckpt_ = Checkpointer::Make(CheckpointContext{
@@ -385,6 +386,25 @@ void Trainer::UseLossScaler() {
                      tracker->second.item<int64_t>());
   };
   strategy_ = std::make_unique<WithNamedState>(std::move(strategy_), "scaler.",
+                                               save, load);
+}
+
+// The count of skipped steps belongs to the state it was counted in: a
+// resume (from disk, a memory copy or a peer) takes the saved step's
+// count, so steps redone after a failure are not counted twice. Saved as
+// "trainer.skipped_steps" (int64) once a step was skipped; the checkpoints
+// of runs that skipped none are unchanged.
+void Trainer::KeepSkippedInState() {
+  auto save = [this] {
+    UserState s;
+    if (skipped_ > 0) s["skipped_steps"] = torch::scalar_tensor(skipped_);
+    return s;
+  };
+  auto load = [this](const UserState& s) {
+    auto it = s.find("skipped_steps");
+    skipped_ = it == s.end() ? 0 : it->second.item<int64_t>();
+  };
+  strategy_ = std::make_unique<WithNamedState>(std::move(strategy_), "trainer.",
                                                save, load);
 }
 

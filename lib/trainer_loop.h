@@ -77,6 +77,7 @@ class Trainer {
     return c_.precision == "bf16" ? torch::kBFloat16 : torch::kFloat32;
   }
   void UseLossScaler();
+  void KeepSkippedInState();
   bool CheckGradients(int64_t step);
 
   const TrainConfig& c_;

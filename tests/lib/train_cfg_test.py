@@ -457,6 +457,15 @@ class TrainCfg(unittest.TestCase):
         self.assertIn("step 2: gradient norm", out)
         self.assertIn("step skipped, not applied", out)
         self.assertIn("skipped_steps=5", out)
+        # The count is part of the state: resumed from step 4 after a
+        # kill, the run counts steps 5 and 6 on top of step 4's count.
+        rc, out, err = train(2, "optimizer.max_grad_norm=1", "optimizer.lr=1e30",
+                             "train.steps=6", self.ckpt("skips"), "checkpoint.every=2",
+                             "train.eval_every=0", "fault.kill_rank=1",
+                             "fault.kill_at_step=5", restarts=1)
+        self.assertEqual(rc, 0, err)
+        self.assertIn("resumed from", out)
+        self.assertIn("skipped_steps=5", out)
 
     def test_bad_values_exit_2_naming_them(self):
         for bad, says in [("strategy.type=zero", "strategy.type 'zero': use \"ddp\" or \"fsdp\""),
