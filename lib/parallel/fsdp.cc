@@ -309,14 +309,18 @@ void Impl::Shard() {
     u.padded = (u.numel + world - 1) / world * world;
     u.shard_size = u.padded / world;
     auto fopts = at::TensorOptions().dtype(at::kFloat).device(device);
-    at::Tensor flat = at::zeros({u.padded}, fopts);
-    for (size_t i = 0; i < u.params.size(); ++i) {
-      flat.narrow(0, u.offsets[i], u.params[i].numel())
-          .copy_(u.params[i].reshape({-1}));
+    at::Tensor shard;
+    if (world > 1 && opts.broadcast_at_start) {
+      at::Tensor flat = at::zeros({u.padded}, fopts);
+      for (size_t i = 0; i < u.params.size(); ++i) {
+        flat.narrow(0, u.offsets[i], u.params[i].numel())
+            .copy_(u.params[i].reshape({-1}));
+      }
+      BroadcastFromRank0(pg, flat);
+      shard = flat.narrow(0, rank * u.shard_size, u.shard_size).clone();
+    } else {
+      shard = CutShard(u, fopts);
     }
-    if (world > 1 && opts.broadcast_at_start) BroadcastFromRank0(pg, flat);
-    at::Tensor shard =
-        flat.narrow(0, rank * u.shard_size, u.shard_size).clone();
     if (opts.cpu_offload) shard = shard.to(at::kCPU);
     u.shard = shard.set_requires_grad(true);
     u.full = at::empty({u.padded}, fopts.dtype(param_dtype));

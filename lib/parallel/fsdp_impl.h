@@ -81,6 +81,7 @@ struct FullyShardedDataParallel::Impl {
   void BuildUnits();
   void BuildTreeUnits();
   void Shard();
+  at::Tensor CutShard(const Unit& u, const at::TensorOptions& o) const;
   void OpenSharedMemory();
   void Wait(const c10::intrusive_ptr<c10d::Work>& work);
   void LaunchGather(Unit& u);

@@ -4,6 +4,7 @@
 // for what no unit holds.
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <functional>
 #include <map>
 #include <set>
@@ -175,6 +176,28 @@ void Impl::BuildTreeUnits() {
     if (j > 0) unit_of[walk.unit_modules[j - 1].second] = units.size();
     units.push_back(std::move(built[j]));
   }
+}
+
+// This rank's elements of the unit's flattened parameters (and zeros for
+// the padding in them), copied from the parameters directly: without a
+// broadcast from rank 0, the unit's whole flat buffer is never made, so a
+// replacement's shards cost their own size, not the model's.
+at::Tensor Impl::CutShard(const Unit& u, const at::TensorOptions& o) const {
+  at::NoGradGuard no_grad;
+  const int64_t lo = rank * u.shard_size, hi = lo + u.shard_size;
+  at::Tensor shard = at::empty({u.shard_size}, o);
+  for (size_t i = 0; i < u.params.size(); ++i) {
+    const int64_t begin = u.offsets[i], end = begin + u.params[i].numel();
+    const int64_t a = std::max(begin, lo), b = std::min(end, hi);
+    if (a >= b) continue;
+    shard.narrow(0, a - lo, b - a)
+        .copy_(u.params[i].reshape({-1}).narrow(0, a - begin, b - a));
+  }
+  if (u.numel < hi) {
+    const int64_t pad = std::max(u.numel, lo);
+    shard.narrow(0, pad - lo, hi - pad).zero_();
+  }
+  return shard;
 }
 
 }  // namespace dtrun::train
