@@ -228,6 +228,7 @@ int64_t InPlaceRecovery::Regroup(const std::string& failure, int64_t held) {
   } catch (const std::exception& e) {
     if (staging.valid()) staged = staging.get();
     if (!staged.name.empty()) Unstage(staged.name);
+    FollowNewRound(failure);
     throw Error(failure + "; the group did not re-form in place: " + e.what());
   }
 }
@@ -270,8 +271,26 @@ int64_t InPlaceRecovery::Rewind(const std::string& failure, int64_t held) {
                                    os::UnixNow());
     return step;
   } catch (const std::exception& e) {
+    FollowNewRound(failure);
     throw Error(failure + "; the group did not re-form in place: " + e.what());
   }
+}
+
+// dtrun writes the round file when the new round closes, and closes the
+// old round's store about then: either may come first.
+constexpr std::chrono::seconds kRoundFileWait{2};
+
+void InPlaceRecovery::FollowNewRound(const std::string& failure) {
+  if (round_file_.empty()) return;
+  const auto until = std::chrono::steady_clock::now() + kRoundFileWait;
+  do {
+    if (::access(round_file_.c_str(), F_OK) == 0) {
+      new_round_ = true;
+      leaving_ = true;
+      throw NewRound(failure);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  } while (std::chrono::steady_clock::now() < until);
 }
 
 // What a rank behind needs: the strategy's state (model, optimizer, the

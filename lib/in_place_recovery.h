@@ -102,7 +102,9 @@ class InPlaceRecovery {
   // holds the state of step `held`: the group re-formed and the newest
   // state shared; the step to go on from, with the resume record written
   // for dtrun's recovery report. Throws Error naming `failure` when the
-  // group does not re-form (nobody is replaced: it fails as it would have).
+  // group does not re-form (nobody is replaced: it fails as it would have),
+  // or NewRound when the regroup failed because dtrun went to a new round
+  // meanwhile and kept this rank for it.
   int64_t Regroup(const std::string& failure, int64_t held);
 
  private:
@@ -127,6 +129,11 @@ class InPlaceRecovery {
   // Until dtrun's word of attempt `next` (a replacement: true) or of a new
   // round (throws NewRound naming `failure`); false after kRegroupWait.
   bool AwaitWord(int next, const std::string& failure);
+  // A regroup that failed: throws NewRound naming `failure` when dtrun's
+  // round file comes within kRoundFileWait (the store the regroup waited
+  // in closed as this node's dtrun went to a new round, keeping this
+  // rank); returns otherwise.
+  void FollowNewRound(const std::string& failure);
 
   // The watcher's loop: waits, in slices, for the word of attempt
   // watching_ and announces it (lib/parallel/in_place.h's GroupBroken).

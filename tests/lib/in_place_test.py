@@ -383,6 +383,38 @@ class InPlaceOnNodes(Runs):
         out, err, step = self.lose_node(signal.SIGSTOP, "stopped")
         self.assertEqual(self.sha(out), self.schedule(2, 1, step, 900))
 
+    def test_a_replacement_dying_in_its_set_up_leaves_the_other_nodes_ranks_kept(self):
+        # Node 1's first worker dies, and its replacement dies too while it
+        # sets up: node 1's round fails. Node 0's workers, re-forming around
+        # the replacement in the round's store, follow the new round in
+        # their processes (that store closing is not a failure of theirs):
+        # one failed round, bitwise as an undisturbed run of 4 ranks.
+        sets = ["train.steps=1500"]
+        port = free_port()
+        clean = [self.start_node(n, port, "dies2clean", os.path.join(self.tmp.name, "d2c"),
+                                 sets, nnodes="2") for n in (0, 1)]
+        clean = [self.finish(*r) for r in clean]
+        self.assertEqual([r[0] for r in clean], [0, 0], clean[0][2] + clean[1][2])
+        port = free_port()
+        ckpt = os.path.join(self.tmp.name, "dies2")
+        node0, node1 = (self.start_node(n, port, "dies2", ckpt, sets, nnodes="2")
+                        for n in (0, 1))
+        pids = self.wait_for(node1[2], r"attempt 0: started 2 worker\(s\), pids (\d+),",
+                             node1[0])
+        time.sleep(1.5)  # some steps in
+        os.kill(int(pids.group(1)), signal.SIGKILL)
+        new = self.wait_for(node1[2], r"replaced local_rank 0 with pid (\d+)", node1[0])
+        time.sleep(0.1)
+        os.kill(int(new.group(1)), signal.SIGKILL)
+        results = [self.finish(*node0), self.finish(*node1)]
+        err = results[0][2] + results[1][2]
+        self.assertEqual([r[0] for r in results], [0, 0], err)
+        self.assertEqual(len(re.findall(r"failed here", err)), 1, err)
+        self.assertRegex(err, r"kept the 2 worker\(s\) in place as ranks")
+        self.assertEqual(len(re.findall(r"kept for a new round", err)), 2, err)
+        self.assertEqual(self.sha(results[0][1] + results[1][1]),
+                         self.sha(clean[0][1] + clean[1][1]))
+
     def test_a_node_joining_takes_the_state_of_the_running_ones(self):
         # Node 0 trains alone; node 1 joins: node 0's workers stay, re-form
         # as ranks 0..1 of 4, and node 1's new workers take their state.
