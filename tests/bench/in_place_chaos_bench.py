@@ -44,6 +44,7 @@ p.add_argument("--mode", choices=("sync", "async", "memory"), default="sync")
 p.add_argument("--steps", type=int, default=3000)
 p.add_argument("--nodes", type=int, default=1)
 p.add_argument("--nproc", type=int, default=0, help="ranks per node (3 on one, else 2)")
+p.add_argument("--verbose", action="store_true", help="each run's recovery lines")
 ARGS = p.parse_args()
 NPROC = ARGS.nproc or (3 if ARGS.nodes == 1 else 2)
 # On several nodes, a silent node is declared dead within seconds.
@@ -53,6 +54,7 @@ ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)),
 DIGITS = os.path.join(ROOT, "examples", "configs", f"digits_{ARGS.strategy}.toml")
 DONE = re.compile(r"params_sha256=([0-9a-f]{64})")
 LOST = re.compile(r"time lost ([\d.]+) s")
+RECOVERY = re.compile(r"replacing worker|failed here|restarting the worker group|recovered in")
 SETS = [f"train.steps={ARGS.steps}", "train.log_every=1000", "train.eval_every=0",
         "checkpoint.every=50", f'checkpoint.mode="{ARGS.mode}"', 'optimizer.type="adamw"',
         "optimizer.lr=0.001"]
@@ -127,7 +129,9 @@ def run(tmp, n, rng, in_place=True, kills=0):
     m = DONE.search(text_out)
     rc = max(abs(proc.returncode) for proc in procs)
     return (rc, m.group(1) if m else None, killed,
-            text_err.count("in place: attempt"), text_err.count("restarting the worker group"),
+            text_err.count("in place: attempt"),
+            # one node's group restart; on several, a new round
+            text_err.count("restarting the worker group") + text_err.count("failed here;"),
             [float(x) for x in LOST.findall(text_err)], text_err)
 
 
@@ -162,6 +166,9 @@ def main():
                   f"{'bitwise' if same else 'DIFFERENT'}", flush=True)
             if not same:
                 print(f"left in /dev/shm: {left}\n" + err[-3000:], file=sys.stderr)
+            elif ARGS.verbose:
+                print("".join(f"  {line}\n" for line in err.splitlines()
+                              if RECOVERY.search(line)), end="", flush=True)
         print(f"\n{bitwise} of {ARGS.runs} runs bitwise an undisturbed one ({ARGS.strategy}, "
               f"{ARGS.transport}, {ARGS.nodes} node(s) of {NPROC}); "
               f"{in_place} failures recovered in place, {group} by a group restart; time lost "
