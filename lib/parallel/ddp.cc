@@ -346,7 +346,7 @@ struct DistributedDataParallel::Impl {
   // as a failed gloo collective does, so the trainer fails the same way.
   void Wait(Bucket& b) {
     if (!shm) {
-      b.work->wait();
+      WaitUnlessGroupBroken(b.work, pg->getBackendName() != "nccl", "DDP");
       b.work.reset();
       return;
     }

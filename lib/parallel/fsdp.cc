@@ -82,7 +82,7 @@ void Impl::OpenSharedMemory() {
 // communication (TakeCommStats).
 void Impl::Wait(const c10::intrusive_ptr<c10d::Work>& work) {
   auto t0 = SteadyClock::now();
-  work->wait();
+  WaitUnlessGroupBroken(work, !nccl, "FSDP");
   stats.wait_s +=
       std::chrono::duration<double>(SteadyClock::now() - t0).count();
 }
@@ -538,16 +538,18 @@ void FullyShardedDataParallel::SyncGradients() {
 // The collectives in flight are kept, not waited for (one may wait on a
 // survivor that stopped elsewhere), until the old transport and group are
 // gone: their threads end with them, and only then is the memory they
-// write into freed.
+// write into freed. Those that ended (failed) go first: each holds its
+// gloo context, whose sockets must close with the old group for a peer
+// still blocked in that collective to see it fail.
 void FullyShardedDataParallel::Regroup(
     const std::function<ProcessGroup*()>& regroup) {
   Impl& d = *impl_;
   std::vector<c10::intrusive_ptr<c10d::Work>> in_flight;
   for (auto& u : d.units) {
-    if (u.gather_work) in_flight.push_back(std::move(u.gather_work));
-    if (u.rs_work) in_flight.push_back(std::move(u.rs_work));
-    u.gather_work.reset();
-    u.rs_work.reset();
+    for (auto* w : {&u.gather_work, &u.rs_work}) {
+      if (*w && !(*w)->isCompleted()) in_flight.push_back(std::move(*w));
+      w->reset();
+    }
   }
   d.net.reset();  // its queue's jobs fail on the dead rank's absence
   ProcessGroup* pg = regroup();

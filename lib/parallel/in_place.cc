@@ -133,6 +133,25 @@ void ThrowIfGroupBroken(const char* where) {
   }
 }
 
+// Work::wait(timeout) throws when the slice ends with the work still in
+// flight; an error of the work itself comes with it completed.
+void WaitUnlessGroupBroken(const c10::intrusive_ptr<c10d::Work>& work,
+                           bool sliced, const char* where) {
+  if (!sliced) {
+    work->wait();
+    return;
+  }
+  for (;;) {
+    try {
+      work->wait(std::chrono::milliseconds(100));
+      return;
+    } catch (...) {
+      if (work->isCompleted()) throw;
+    }
+    ThrowIfGroupBroken(where);
+  }
+}
+
 std::string StageName(int master_port, int restart_count, int rank) {
   return "/" + rendezvous::in_place::StagePrefix(master_port) +
          std::to_string(restart_count) + "-" + std::to_string(rank);

@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include <torch/csrc/distributed/c10d/Work.hpp>
+
 #include "lib/formats/checkpoint_payload.h"
 #include "lib/torch_compat.h"
 #include "rendezvous/util/status.h"
@@ -30,6 +32,14 @@ void AnnounceAttempt(int attempt);
 void ResetGroupAttempts(int attempt);
 // Throws Error naming `where` when the group is broken.
 void ThrowIfGroupBroken(const char* where);
+// Waits for `work` to end (rethrowing its error). `sliced` (a gloo group):
+// in slices, throwing as ThrowIfGroupBroken once the group is broken,
+// since a collective that a live rank elsewhere left (it saw the dead
+// rank; this one's part of the ring did not) never ends on gloo. The work
+// stays in flight until the old group goes (Strategy::Regroup). NCCL's
+// waits are NCCL's own (its abort).
+void WaitUnlessGroupBroken(const c10::intrusive_ptr<c10d::Work>& work,
+                           bool sliced, const char* where);
 
 // Who holds what: `held` is each rank's step (-1: nothing, a
 // replacement), `staged` the step it staged in shared memory (-1: none).

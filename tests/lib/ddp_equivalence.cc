@@ -9,19 +9,26 @@
 //     initialised differently: the broadcast must carry every dtype) ends a
 //     step with each gradient the mean of every rank's own, computed here:
 //     float64 and float32 to 1e-12 and 1e-6, bfloat16 within one unit in
-//     its last place.
+//     its last place;
+//  4. a wait in slices (WaitUnlessGroupBroken: DDP's and FSDP's on gloo)
+//     outlasts its slices: the last rank joins an all-reduce 350 ms late,
+//     and every rank gets the sum.
 // Prints "ddp_equivalence: ... OK" on rank 0; exits 1 on a mismatch.
 // With --torch DIR, runs 3. only and rank 0 writes, for PyTorch's own DDP to
 // be run on the same start and batch (tests/lib/ddp_torch_peer.py):
 // DIR/start.pt (rank 0's parameters, the batch) and DIR/ours.pt (the
 // gradients after DDP's all-reduce), torch.save's format.
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/torch.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <thread>
 
 #include "lib/ddp.h"
+#include "lib/parallel/in_place.h"
 #include "lib/process_group.h"
 
 namespace {
@@ -204,6 +211,14 @@ std::string MixedDtypes(dtrun::train::Distributed& dist,
   return bad;
 }
 
+bool SlicedWaitOutlastsItsSlices(dtrun::train::Distributed& dist) {
+  if (dist.rank() == dist.world_size() - 1 && dist.world_size() > 1)
+    std::this_thread::sleep_for(std::chrono::milliseconds(350));
+  std::vector<at::Tensor> t{torch::ones({4})};
+  dtrun::train::WaitUnlessGroupBroken(dist.pg().allreduce(t), true, "test");
+  return t[0].eq(dist.world_size()).all().item<bool>();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -229,6 +244,11 @@ int main(int argc, char** argv) {
         shm ? "shared memory allowed" : "process group", plain, kBatch,
         accumulated, good ? "OK" : "MISMATCH");
   }
+  const bool sliced = SlicedWaitOutlastsItsSlices(*dist);
+  std::printf("ddp_equivalence: rank %d of %d: a wait in slices %s\n",
+              dist->rank(), dist->world_size(),
+              sliced ? "outlasts its slices OK" : "MISMATCH");
+  ok = ok && sliced;
   const std::string mixed = MixedDtypes(*dist);
   std::printf(
       "ddp_equivalence: rank %d of %d: float64, bfloat16 and float32 "
