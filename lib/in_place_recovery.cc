@@ -157,7 +157,6 @@ Carried InPlaceRecovery::Carry(int64_t held) {
                        [](const torch::Tensor& t) { return t.detach(); })
                 .parts;
   k.step = held;
-  k.skipped = *c_.skipped;
   k.epoch = c_.ckpt ? c_.ckpt->epoch() : 0;
   return k;
 }
@@ -294,15 +293,15 @@ void InPlaceRecovery::FollowNewRound(const std::string& failure) {
 }
 
 // What a rank behind needs: the strategy's state (model, optimizer, the
-// user's and the loss scale's) and the loop's own counters, the live
-// tensors. Each step reseeds its generator (Step), so none is sent.
+// user's, the loss scale's and the count of skipped steps) and the
+// checkpoints' epoch, the live tensors. Each step reseeds its generator (Step),
+// so none is sent.
 TensorMap InPlaceRecovery::LiveState() {
   TensorMap state =
       c_.strategy
           ->Copy(*c_.opt, true,
                  [](const torch::Tensor& t) { return t.detach(); })
           .parts;
-  state["trainer.skipped"] = torch::tensor({*c_.skipped}, torch::kLong);
   state["trainer.epoch"] =
       torch::tensor({c_.ckpt ? c_.ckpt->epoch() : int64_t{0}}, torch::kLong);
   return state;
@@ -373,10 +372,8 @@ int64_t InPlaceRecovery::ShareState(int64_t held, const Staged& staged,
                                  c_.dist->env().restart_count, s.source))
             : Result<TensorMap>(ReceiveState(pg, s.source));
     if (!state.ok()) throw Error(state.status().message());
-    *c_.skipped = state->at("trainer.skipped").item<int64_t>();
     if (c_.ckpt)
       c_.ckpt->JoinInPlace(state->at("trainer.epoch").item<int64_t>());
-    state->erase("trainer.skipped");
     state->erase("trainer.epoch");
     if (c_.ckpt) c_.ckpt->Fence();
     Status restored = c_.strategy->Restore(*state, *c_.opt);

@@ -32,7 +32,6 @@ namespace dtrun::train {
 struct Carried {
   TensorMap state;  // the strategy's, as Strategy::Restore takes it
   int64_t step = 0;
-  int64_t skipped = 0;
   int64_t epoch = 0;
 };
 
@@ -49,14 +48,14 @@ class Strategy;
 
 class InPlaceRecovery {
  public:
-  // Everything outlives it; `ckpt` may be null (no checkpoint.dir).
-  // `skipped`: the loop's count of skipped steps, part of the state.
+  // Everything outlives it; `ckpt` may be null (no checkpoint.dir). The
+  // loop's count of skipped steps is in the strategy's state
+  // ("trainer.skipped_steps", Trainer::KeepSkippedInState).
   struct Context {
     Distributed* dist = nullptr;
     Strategy* strategy = nullptr;
     torch::optim::Optimizer* opt = nullptr;
     Checkpointer* ckpt = nullptr;
-    int64_t* skipped = nullptr;
     // Going back before the first checkpoint (FSDP): the strategy's state
     // made the model's as first made (Strategy::StartOver).
     std::function<void()> start_over;

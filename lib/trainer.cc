@@ -157,9 +157,9 @@ bool Trainer::StartsBlank() const {
 // too, once a worker fails, but the user reads this at the start).
 void Trainer::SetUpInPlace() {
   if (InPlaceRecovery::Possible(*dist_, *strategy_, ckpt_.get())) {
-    in_place_ = std::make_unique<InPlaceRecovery>(InPlaceRecovery::Context{
-        dist_.get(), strategy_.get(), opt_.get(), ckpt_.get(), &skipped_,
-        [this] { StartOver(); }});
+    in_place_ = std::make_unique<InPlaceRecovery>(
+        InPlaceRecovery::Context{dist_.get(), strategy_.get(), opt_.get(),
+                                 ckpt_.get(), [this] { StartOver(); }});
   } else if (const std::string why =
                  InPlaceRecovery::WhyNot(*dist_, *strategy_, ckpt_.get());
              !why.empty() && rank_ == 0) {
@@ -228,7 +228,6 @@ int64_t Trainer::ResumeFromPeers(std::string* source) {
     Status s = strategy_->Restore(carried_->state, *opt_);
     if (!s.ok()) throw Error(s.message());
     held = carried_->step;
-    skipped_ = carried_->skipped;
     if (ckpt_) ckpt_->JoinInPlace(carried_->epoch);
     carried_.reset();
   }
