@@ -46,6 +46,8 @@ p.add_argument("--nodes", type=int, default=1)
 p.add_argument("--nproc", type=int, default=0, help="ranks per node (3 on one, else 2)")
 p.add_argument("--verbose", action="store_true", help="each run's recovery lines")
 ARGS = p.parse_args()
+if ARGS.nodes < 1 or ARGS.nproc < 0 or ARGS.runs < 1 or ARGS.kills < 0:
+    p.error("--nodes and --runs must be >= 1, --nproc and --kills >= 0")
 NPROC = ARGS.nproc or (3 if ARGS.nodes == 1 else 2)
 # On several nodes, a silent node is declared dead within seconds.
 FAST = ("keep_alive_interval=0.5,keep_alive_max_attempt=6,last_call_timeout=1,"
